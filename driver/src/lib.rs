@@ -1,0 +1,7 @@
+//! usnvme-driver: a userspace, polled-mode NVMe driver over VFIO.
+//!
+//! Layers, bottom up: `pci` (sysfs discovery), `vfio` (container, group, device, BAR0),
+//! `spec` (the NVMe data structures), then the controller and its queue pairs.
+
+pub mod pci;
+pub mod spec;

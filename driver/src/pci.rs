@@ -1,0 +1,1 @@
+//! PCI discovery through sysfs.

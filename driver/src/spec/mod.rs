@@ -1,0 +1,1 @@
+//! NVMe specification types.
