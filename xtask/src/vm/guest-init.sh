@@ -1,0 +1,68 @@
+#!/bin/sh
+# /init of the usnvme test-bed guest (busybox). Built into the initramfs by `cargo xtask vm-setup`.
+# Kernel command line knobs, all set by `cargo xtask vm-run`:
+#   usnvme.kernel_nvme=K  leave the first K NVMe controllers (BDF order) to the kernel nvme driver (-1: all)
+#   usnvme.work=DIR       host folder shared read-write (9p tag "work"), mounted at the same path
+#   usnvme.run=FILE       shell script (on the work share) run in `chroot /host`, then power off
+# Lines starting with "USNVME-VM:" are harness messages that vm-run parses and hides.
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/hugepages /dev/pts
+mount -t hugetlbfs none /dev/hugepages
+mount -t devpts devpts /dev/pts
+arg() { for w in $(cat /proc/cmdline); do case "$w" in "$1="*) echo "${w#*=}";; esac; done; }
+KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work)
+[ -n "$KNVME" ] || KNVME=0
+
+# Modules in dependency order (insmod resolves nothing); the kernel nvme driver only when asked.
+for m in $(cat /mods/order); do
+  case "$m" in nvme.ko|nvme-core.ko) continue;; esac
+  insmod /mods/$m 2>/dev/null || echo "USNVME-VM: warning: insmod $m failed"
+done
+
+# Every NVMe controller (class 0x0108xx) past the first K goes to vfio-pci, before nvme.ko can claim it.
+i=0; nvfio=0; nkern=0
+for d in /sys/bus/pci/devices/*; do
+  case "$(cat $d/class)" in 0x0108*) ;; *) continue;; esac
+  a=${d##*/}
+  if [ "$KNVME" = -1 ] || [ $i -lt "$KNVME" ]; then
+    nkern=$((nkern+1))
+  else
+    [ -e $d/driver ] && echo $a > $d/driver/unbind
+    echo vfio-pci > $d/driver_override
+    echo $a > /sys/bus/pci/drivers_probe
+    nvfio=$((nvfio+1))
+  fi
+  i=$((i+1))
+done
+if [ $nkern -gt 0 ]; then
+  insmod /mods/nvme-core.ko && insmod /mods/nvme.ko || echo "USNVME-VM: warning: loading the nvme driver failed"
+  # namespaces appear asynchronously: wait (bounded) until every kernel controller has its block device
+  t=0; while [ "$(ls /sys/block | grep -c '^nvme')" -lt $nkern ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t+1)); done
+fi
+
+# Host root read-only and the writable work folder, over virtio-9p.
+if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /host; then
+  for d in dev proc sys; do mount --rbind /$d /host/$d; done
+  mount -t tmpfs tmpfs /host/tmp
+  mount -t tmpfs tmpfs /host/run 2>/dev/null
+  if [ -n "$WORK" ]; then mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 work /host$WORK || echo "USNVME-VM: error: cannot mount the work share at $WORK"; fi
+else
+  echo "USNVME-VM: error: cannot mount the host root over 9p"
+fi
+echo "USNVME-VM: ready vfio=$nvfio nvme=$nkern uptime=$(cut -d' ' -f1 /proc/uptime)"
+
+if [ -n "$RUN" ]; then
+  chroot /host /bin/sh $RUN </dev/null
+  rc=$?
+  echo "USNVME-VM: exit code=$rc uptime=$(cut -d' ' -f1 /proc/uptime)"
+  sync
+  # Fallback channel when the rc file cannot be written: isa-debug-exit makes QEMU exit with (rc<<1)|1.
+  [ $rc -gt 127 ] && rc=127
+  printf "\\$(printf %o $rc)" | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+  poweroff -f
+fi
+setsid cttyhack sh
+poweroff -f

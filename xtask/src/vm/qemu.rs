@@ -1,0 +1,333 @@
+//! The guest's QEMU command line: q35 with an emulated Intel IOMMU, one PCIe root port per NVMe
+//! controller (optionally on two NUMA nodes through `pxb-pcie` expander bridges), the host root and
+//! a work folder over virtio-9p, and `isa-debug-exit` as a fallback exit-code channel.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use super::setup::{Assets, QBOOT, SEABIOS};
+
+/// Where each emulated drive keeps its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// QEMU `null-co`: reads return zeroes, writes are dropped (fast, for throughput).
+    Null,
+    /// Sparse raw image files on the host (for data checks).
+    File,
+}
+
+/// How many controllers stay on the kernel `nvme` driver (the rest go to vfio-pci).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelNvme {
+    First(usize),
+    All,
+}
+
+/// One guest.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub drives: usize,
+    pub backend: Backend,
+    pub disk_size: u64,
+    /// Logical block sizes, assigned to the drives round-robin.
+    pub logical_block_sizes: Vec<u32>,
+    pub kernel_nvme: KernelNvme,
+    pub nvme_opts: Option<String>,
+    pub numa_nodes: usize,
+    pub hugepages_bytes: u64,
+    pub cpus: usize,
+    pub mem_bytes: u64,
+    pub qmp: Option<PathBuf>,
+    /// The images of the file backend: `nvme{k}.img`.
+    pub disk_dir: PathBuf,
+    /// Shared read-write with the guest at the same path.
+    pub work_dir: PathBuf,
+}
+
+pub const MAX_DRIVES: usize = 64;
+const MIB: u64 = 1 << 20;
+
+impl VmConfig {
+    /// Checks the combination before anything boots.
+    pub fn validate(&self) -> Result<()> {
+        if self.drives > MAX_DRIVES {
+            bail!("--drives {}: at most {MAX_DRIVES} drives", self.drives);
+        }
+        if !(1..=2).contains(&self.numa_nodes) {
+            bail!("--numa-nodes {}: 1 or 2", self.numa_nodes);
+        }
+        if self.cpus == 0 || self.cpus < self.numa_nodes {
+            bail!("--cpus {}: at least 1, and at least one per NUMA node ({})", self.cpus, self.numa_nodes);
+        }
+        if let Some(bad) = self.logical_block_sizes.iter().find(|s| **s != 512 && **s != 4096) {
+            bail!("--logical-block-size {bad}: 512 or 4096");
+        }
+        if self.logical_block_sizes.is_empty() {
+            bail!("--logical-block-size: give 512, 4096 or a list such as 512,4096");
+        }
+        if self.disk_size < MIB || self.disk_size % 4096 != 0 {
+            bail!("--disk-size {}: at least 1M and a multiple of 4 KiB", self.disk_size);
+        }
+        if self.hugepages_bytes % (2 * MIB) != 0 {
+            bail!("--hugepages: a multiple of 2M");
+        }
+        if self.mem_bytes < 512 * MIB || self.hugepages_bytes + 256 * MIB > self.mem_bytes {
+            bail!(
+                "--mem {} MiB with --hugepages {} MiB: the guest needs at least 256 MiB beyond its hugepages",
+                self.mem_bytes / MIB,
+                self.hugepages_bytes / MIB
+            );
+        }
+        if self.mem_bytes % (self.numa_nodes as u64 * MIB) != 0 {
+            bail!("--mem must split evenly in MiB over {} NUMA nodes", self.numa_nodes);
+        }
+        Ok(())
+    }
+
+    pub fn drive_image(&self, k: usize) -> PathBuf {
+        self.disk_dir.join(format!("nvme{k}.img"))
+    }
+
+    pub fn logical_block_size(&self, k: usize) -> u32 {
+        self.logical_block_sizes[k % self.logical_block_sizes.len()]
+    }
+
+    /// Drives on the kernel driver, a count.
+    pub fn kernel_drives(&self) -> usize {
+        match self.kernel_nvme {
+            KernelNvme::First(k) => k.min(self.drives),
+            KernelNvme::All => self.drives,
+        }
+    }
+
+    /// The NUMA node of drive `k`: the first half on node 0.
+    pub fn drive_node(&self, k: usize) -> usize {
+        if self.numa_nodes == 2 && k >= self.drives.div_ceil(2) {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// The kernel command line. `run` is the guest script, `debug` keeps kernel messages.
+    pub fn kernel_cmdline(&self, run: Option<&Path>) -> String {
+        let mut s = String::from("console=ttyS0 panic=-1 quiet loglevel=1 init_on_alloc=0 intel_iommu=on");
+        if self.hugepages_bytes > 0 {
+            s += &format!(" hugepagesz=2M hugepages={}", self.hugepages_bytes / (2 * MIB));
+        }
+        let k = match self.kernel_nvme {
+            KernelNvme::All => -1,
+            KernelNvme::First(k) => k as i64,
+        };
+        s += &format!(" usnvme.kernel_nvme={k} usnvme.work={}", self.work_dir.display());
+        if let Some(run) = run {
+            s += &format!(" usnvme.run={}", run.display());
+        }
+        s
+    }
+
+    /// The full QEMU argument list.
+    pub fn qemu_args(&self, assets: &Assets, run: Option<&Path>, trace_log: &Path) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |args: &[&str]| a.extend(args.iter().map(|s| s.to_string()));
+        push(&["-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot"]);
+        if kvm_usable() {
+            push(&["-M", "q35,kernel-irqchip=split", "-accel", "kvm", "-cpu", "host"]);
+        } else {
+            push(&["-M", "q35", "-accel", "tcg,thread=multi", "-cpu", "max"]);
+        }
+        let smp = self.cpus.to_string();
+        let mem = format!("{}M", self.mem_bytes / MIB);
+        push(&["-smp", &smp, "-m", &mem]);
+        push(&["-device", "intel-iommu,intremap=on,caching-mode=on"]);
+        let vmlinux = assets.vmlinux.display().to_string();
+        let initrd = assets.initramfs.display().to_string();
+        let cmdline = self.kernel_cmdline(run);
+        push(&["-kernel", &vmlinux, "-initrd", &initrd, "-append", &cmdline]);
+        // 9p devices sit on pcie.0 explicitly: with expander bridges QEMU would otherwise pick one.
+        let work = self.work_dir.display().to_string();
+        push(&["-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap"]);
+        push(&["-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot,bus=pcie.0,addr=0x2"]);
+        push(&["-fsdev", &format!("local,id=work,path={work},security_model=none,multidevs=remap")]);
+        push(&["-device", "virtio-9p-pci,fsdev=work,mount_tag=work,bus=pcie.0,addr=0x3"]);
+        push(&["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
+        let trace = trace_log.display().to_string();
+        push(&["-trace", "vtd_dmar_fault", "-D", &trace]);
+        if let Some(qmp) = &self.qmp {
+            push(&["-qmp", &format!("unix:{},server=on,wait=off", qmp.display())]);
+        }
+        if self.numa_nodes == 2 {
+            // qboot does not enumerate expander buses: the drives would vanish.
+            push(&["-bios", SEABIOS]);
+            let half = format!("{}M", self.mem_bytes / 2 / MIB);
+            let cpus0 = self.cpus / 2;
+            for node in 0..2 {
+                let (first, last) = if node == 0 { (0, cpus0 - 1) } else { (cpus0, self.cpus - 1) };
+                push(&["-object", &format!("memory-backend-ram,id=mem{node},size={half}")]);
+                push(&["-numa", &format!("node,nodeid={node},cpus={first}-{last},memdev=mem{node}")]);
+                let bus_nr = 64 * (node + 1);
+                push(&[
+                    "-device",
+                    &format!("pxb-pcie,id=pxb{node},bus_nr={bus_nr},numa_node={node},bus=pcie.0,addr=0x{:x}", 8 + node),
+                ]);
+            }
+        } else {
+            push(&["-bios", QBOOT]);
+        }
+        for k in 0..self.drives {
+            a.extend(self.drive_args(k));
+        }
+        a
+    }
+
+    fn drive_args(&self, k: usize) -> Vec<String> {
+        let mut a = Vec::new();
+        match self.backend {
+            Backend::Null => {
+                a.push("-blockdev".into());
+                a.push(format!("driver=null-co,node-name=nvm{k},size={},read-zeroes=on", self.disk_size));
+            }
+            Backend::File => {
+                a.push("-blockdev".into());
+                a.push(format!(
+                    "driver=file,node-name=img{k},filename={},cache.direct=on,aio=threads",
+                    self.drive_image(k).display()
+                ));
+                a.push("-blockdev".into());
+                a.push(format!("driver=raw,node-name=nvm{k},file=img{k}"));
+            }
+        }
+        // One root port per drive, 8 functions per slot: on pcie.0 from slot 0x10, or on the
+        // drive's node's expander bridge from slot 0.
+        let (bus, index) = if self.numa_nodes == 2 {
+            let node = self.drive_node(k);
+            let first = if node == 0 { 0 } else { self.drives.div_ceil(2) };
+            (format!("pxb{node}"), k - first)
+        } else {
+            ("pcie.0".to_string(), k + 0x10 * 8)
+        };
+        let (slot, function) = (index / 8, index % 8);
+        let multifunction = if function == 0 { ",multifunction=on" } else { "" };
+        a.push("-device".into());
+        a.push(format!(
+            "pcie-root-port,id=rp{k},chassis={},bus={bus},addr={slot:x}.{function}{multifunction}",
+            k + 1
+        ));
+        let lbs = self.logical_block_size(k);
+        let mut nvme = format!("nvme,serial=usnvme{k},drive=nvm{k},bus=rp{k}");
+        if lbs != 512 {
+            nvme += &format!(",logical_block_size={lbs},physical_block_size={lbs}");
+        }
+        if let Some(opts) = &self.nvme_opts {
+            nvme += &format!(",{opts}");
+        }
+        a.push("-device".into());
+        a.push(nvme);
+        a
+    }
+}
+
+/// KVM only where the real kvm_intel / kvm_amd module is loaded (here `/dev/kvm` can belong to
+/// something that cannot run a stock kernel).
+pub fn kvm_usable() -> bool {
+    let module = Path::new("/sys/module/kvm_intel").exists() || Path::new("/sys/module/kvm_amd").exists();
+    module && std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
+}
+
+/// PCI address of a requester id (the `sid` of a DMA fault).
+pub fn sid_to_bdf(sid: u16) -> String {
+    format!("0000:{:02x}:{:02x}.{:x}", sid >> 8, (sid >> 3) & 0x1f, sid & 7)
+}
+
+/// DMA faults in QEMU's trace log: (faulting device, the trace line).
+pub fn dma_faults(trace_log: &str) -> Vec<(String, String)> {
+    trace_log
+        .lines()
+        .filter(|l| l.contains("vtd_dmar_fault"))
+        .map(|l| {
+            let sid = l
+                .split_whitespace()
+                .skip_while(|w| *w != "sid")
+                .nth(1)
+                .and_then(|s| u16::from_str_radix(s.trim_start_matches("0x"), 16).ok());
+            (sid.map(sid_to_bdf).unwrap_or_else(|| "unknown device".into()), l.trim().to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(drives: usize, numa: usize) -> VmConfig {
+        VmConfig {
+            drives,
+            backend: Backend::Null,
+            disk_size: 1 << 30,
+            logical_block_sizes: vec![512, 4096],
+            kernel_nvme: KernelNvme::First(0),
+            nvme_opts: Some("mdts=2".into()),
+            numa_nodes: numa,
+            hugepages_bytes: 1 << 30,
+            cpus: 2,
+            mem_bytes: 4 << 30,
+            qmp: None,
+            disk_dir: "/d".into(),
+            work_dir: "/w".into(),
+        }
+    }
+
+    fn assets() -> Assets {
+        Assets { vmlinux: "/v".into(), initramfs: "/i".into(), kernel_release: "r".into() }
+    }
+
+    #[test]
+    fn one_root_port_per_drive_with_block_sizes_round_robin() {
+        let args = config(24, 1).qemu_args(&assets(), None, Path::new("/t"));
+        let ports: Vec<&String> = args.iter().filter(|a| a.starts_with("pcie-root-port")).collect();
+        assert_eq!(ports.len(), 24);
+        assert!(ports[0].contains("bus=pcie.0,addr=10.0,multifunction=on"));
+        assert!(ports[9].contains("addr=11.1") && !ports[9].contains("multifunction"));
+        let nvme: Vec<&String> = args.iter().filter(|a| a.starts_with("nvme,")).collect();
+        assert_eq!(nvme.len(), 24);
+        assert!(!nvme[0].contains("logical_block_size"));
+        assert!(nvme[1].contains("logical_block_size=4096") && nvme[1].ends_with(",mdts=2"));
+        assert!(args.contains(&QBOOT.to_string()));
+    }
+
+    #[test]
+    fn two_numa_nodes_put_half_the_drives_on_each_expander_bridge() {
+        let c = config(24, 2);
+        let args = c.qemu_args(&assets(), None, Path::new("/t"));
+        let ports: Vec<&String> = args.iter().filter(|a| a.starts_with("pcie-root-port")).collect();
+        assert_eq!(ports.iter().filter(|p| p.contains("bus=pxb0")).count(), 12);
+        assert_eq!(ports.iter().filter(|p| p.contains("bus=pxb1")).count(), 12);
+        assert!(ports[12].contains("bus=pxb1,addr=0.0"));
+        assert!(args.iter().any(|a| a.contains("pxb-pcie,id=pxb1,bus_nr=128,numa_node=1")));
+        assert!(args.contains(&SEABIOS.to_string()));
+        assert_eq!((c.drive_node(11), c.drive_node(12)), (0, 1));
+    }
+
+    #[test]
+    fn rejects_impossible_configurations() {
+        let mut c = config(65, 1);
+        assert!(c.validate().is_err());
+        c.drives = 4;
+        assert!(c.validate().is_ok());
+        c.logical_block_sizes = vec![1024];
+        assert!(c.validate().is_err());
+        c.logical_block_sizes = vec![512];
+        c.hugepages_bytes = 4 << 30;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn decodes_dma_faults_from_the_trace_log() {
+        let log = "1234@1.5:vtd_dmar_fault sid 0x0100 fault 6 addr 0x1000 write 0\nother\n";
+        let faults = dma_faults(log);
+        assert_eq!(faults.len(), 1);
+        assert_eq!(faults[0].0, "0000:01:00.0");
+        assert_eq!(sid_to_bdf(0x4119), "0000:41:03.1");
+    }
+}

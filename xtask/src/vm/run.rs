@@ -1,0 +1,358 @@
+//! `cargo xtask vm-run [options] -- PROGRAM [ARGS…]`: boot the guest, bind the NVMe controllers,
+//! run PROGRAM in `chroot` of the host root, stream its output, exit with its exit code.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use super::qemu::{self, Backend, KernelNvme, VmConfig};
+use super::{setup, vm_dir};
+use crate::cmd::sh_quote;
+
+/// Exit codes of vm-run itself (any other code is the program's).
+pub const EXIT_DMA_FAULT: u8 = 123;
+pub const EXIT_TIMEOUT: u8 = 124;
+pub const EXIT_VM_FAILED: u8 = 125;
+
+#[derive(Args, Debug, Clone)]
+#[command(after_help = "Exit codes: the program's own; 123 DMA fault (unless --allow-dma-faults); \
+124 timeout (QEMU killed); 125 the guest never reported an exit code (kernel panic, QEMU error).")]
+pub struct RunArgs {
+    /// Emulated NVMe controllers, each behind its own PCIe root port.
+    #[arg(long, default_value_t = 24)]
+    pub drives: usize,
+    /// Where the drives keep data: null (dropped, reads zeroes) or file (sparse images under target/).
+    #[arg(long, value_enum, default_value_t = Backend::Null)]
+    pub backend: Backend,
+    /// Size of each drive, e.g. 1G or 512M.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub disk_size: u64,
+    /// 512 or 4096, or a list assigned round-robin (512,4096).
+    #[arg(long, default_value = "512", value_delimiter = ',')]
+    pub logical_block_size: Vec<u32>,
+    /// Leave the first K drives (all without K) on the kernel nvme driver.
+    #[arg(long, value_name = "K", num_args = 0..=1, default_missing_value = "all")]
+    pub kernel_nvme: Option<String>,
+    /// Extra QEMU properties for every controller, e.g. mdts=2,max_ioqpairs=1.
+    #[arg(long, value_name = "PROPS")]
+    pub nvme_opts: Option<String>,
+    /// 2: a guest with two NUMA nodes, half the drives on each.
+    #[arg(long, default_value_t = 1)]
+    pub numa_nodes: usize,
+    /// 2 MiB hugepages to reserve in the guest, as a size.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub hugepages: u64,
+    /// Guest CPUs.
+    #[arg(long, default_value_t = 2)]
+    pub cpus: usize,
+    /// Guest memory.
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub mem: u64,
+    /// Seconds before QEMU is killed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// A QMP socket, e.g. to hot-remove a drive with device_del while I/O runs.
+    #[arg(long, value_name = "SOCKET")]
+    pub qmp: Option<PathBuf>,
+    /// Do not fail the run on DMA faults (still reported).
+    #[arg(long)]
+    pub allow_dma_faults: bool,
+    /// Keep (and reuse) the image files of the file backend.
+    #[arg(long)]
+    pub keep_disks: bool,
+    /// Folder of the image files (default target/vm/disks).
+    #[arg(long)]
+    pub disk_dir: Option<PathBuf>,
+    /// Environment for the program, NAME=VALUE (repeatable). RUST_LOG and RUST_BACKTRACE pass through.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// The program (a host path) and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub program: Vec<String>,
+}
+
+/// What happened in one boot.
+#[derive(Debug)]
+pub struct Outcome {
+    /// vm-run's exit code: the program's, or one of the EXIT_ codes.
+    pub exit_code: u8,
+    pub boot_to_ready: Option<Duration>,
+    pub dma_faults: Vec<(String, String)>,
+}
+
+pub fn main(args: RunArgs) -> Result<ExitCode> {
+    let outcome = run(&args)?;
+    Ok(ExitCode::from(outcome.exit_code))
+}
+
+impl RunArgs {
+    pub fn config(&self) -> Result<VmConfig> {
+        let kernel_nvme = match self.kernel_nvme.as_deref() {
+            None => KernelNvme::First(0),
+            Some("all") => KernelNvme::All,
+            Some(k) => KernelNvme::First(
+                k.parse().with_context(|| format!("--kernel-nvme {k}: a number of drives, or no value for all"))?,
+            ),
+        };
+        let work_dir = vm_dir().join("work");
+        let config = VmConfig {
+            drives: self.drives,
+            backend: self.backend,
+            disk_size: self.disk_size,
+            logical_block_sizes: self.logical_block_size.clone(),
+            kernel_nvme,
+            nvme_opts: self.nvme_opts.clone(),
+            numa_nodes: self.numa_nodes,
+            hugepages_bytes: self.hugepages,
+            cpus: self.cpus,
+            mem_bytes: self.mem,
+            qmp: self.qmp.clone(),
+            disk_dir: self.disk_dir.clone().unwrap_or_else(|| vm_dir().join("disks")),
+            work_dir,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Boots, runs, reports. Errors are failures of the harness itself (before the guest runs).
+pub fn run(args: &RunArgs) -> Result<Outcome> {
+    let config = args.config()?;
+    for e in &args.env {
+        if !e.contains('=') {
+            bail!("--env {e}: use NAME=VALUE");
+        }
+    }
+    let (assets, _) = setup::ensure()?;
+    std::fs::create_dir_all(&config.work_dir)?;
+    let run_dir = config.work_dir.join(format!("run-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&run_dir)?;
+    let script = run_dir.join("cmd.sh");
+    std::fs::write(&script, guest_script(args, &config, &run_dir)?)?;
+    if config.backend == Backend::File {
+        prepare_disks(&config, args.keep_disks)?;
+    }
+    let trace_log = run_dir.join("qemu-trace.log");
+    let qemu_args = config.qemu_args(&assets, Some(&script), &trace_log);
+    if let Some(qmp) = &config.qmp {
+        let _ = std::fs::remove_file(qmp);
+    }
+
+    let started = Instant::now();
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(&qemu_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("vm-run: cannot start qemu-system-x86_64. Fix: cargo xtask vm-setup")?;
+    let qemu_pid = child.id();
+    let accel = if qemu::kvm_usable() { "kvm" } else { "tcg" };
+    eprintln!("vm-run: booting {} drives ({accel}), qemu pid {qemu_pid}", config.drives);
+
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let mut stderr = child.stderr.take().context("qemu stderr")?;
+    let console = std::thread::spawn(move || stream_console(stdout, started));
+    let qemu_errors = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+
+    let deadline = started + Duration::from_secs(args.timeout);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            // Only our own QEMU, by PID.
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let console = console.join().unwrap_or_default();
+    let qemu_errors = qemu_errors.join().unwrap_or_default();
+    let dma_faults = qemu::dma_faults(&std::fs::read_to_string(&trace_log).unwrap_or_default());
+
+    let guest_rc = std::fs::read_to_string(run_dir.join("rc")).ok().and_then(|s| s.trim().parse::<u8>().ok());
+    let mut exit_code = match (status, guest_rc) {
+        (None, _) => {
+            eprintln!("vm-run: timed out after {} s; QEMU (pid {qemu_pid}) killed", args.timeout);
+            EXIT_TIMEOUT
+        }
+        (Some(_), Some(rc)) => rc,
+        // isa-debug-exit: QEMU exits with (rc << 1) | 1
+        (Some(st), None) if st.code().is_some_and(|c| c & 1 == 1 && c > 1) => {
+            ((st.code().unwrap_or(0) >> 1) & 0x7f) as u8
+        }
+        (Some(st), None) => {
+            if console.kernel_panic {
+                eprintln!("vm-run: the guest kernel panicked (see the output above)");
+            } else {
+                eprintln!("vm-run: the guest ended without reporting an exit code (QEMU {st})");
+            }
+            if !qemu_errors.trim().is_empty() {
+                eprintln!("vm-run: QEMU said:\n{}", qemu_errors.trim());
+            }
+            EXIT_VM_FAILED
+        }
+    };
+    if !dma_faults.is_empty() {
+        eprintln!("vm-run: {} DMA fault(s) blocked by the IOMMU:", dma_faults.len());
+        for (device, line) in dma_faults.iter().take(10) {
+            eprintln!("vm-run:   device {device}: {line}");
+        }
+        if !args.allow_dma_faults && exit_code != EXIT_TIMEOUT {
+            exit_code = EXIT_DMA_FAULT;
+        }
+    }
+    if config.backend == Backend::File && !args.keep_disks {
+        for k in 0..config.drives {
+            let _ = std::fs::remove_file(config.drive_image(k));
+        }
+    }
+    if exit_code == EXIT_VM_FAILED || exit_code == EXIT_TIMEOUT {
+        eprintln!("vm-run: run files kept in {}", run_dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    Ok(Outcome { exit_code, boot_to_ready: console.ready, dma_faults })
+}
+
+/// What the console told us.
+#[derive(Debug, Default)]
+struct Console {
+    ready: Option<Duration>,
+    kernel_panic: bool,
+}
+
+/// Prints the program's output as it comes; interprets and hides the harness's own lines.
+fn stream_console(stdout: impl Read, started: Instant) -> Console {
+    let mut console = Console::default();
+    let reader = BufReader::new(stdout);
+    for line in reader.split(b'\n') {
+        let Ok(line) = line else { break };
+        let line = String::from_utf8_lossy(&line);
+        let line = line.trim_end_matches('\r');
+        if let Some(msg) = line.strip_prefix("USNVME-VM: ") {
+            if let Some(ready) = msg.strip_prefix("ready ") {
+                let elapsed = started.elapsed();
+                console.ready = Some(elapsed);
+                let field = |k: &str| ready.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or("?");
+                eprintln!(
+                    "vm-run: {} drives bound to vfio-pci, {} to nvme, {:.1} s after QEMU started",
+                    field("vfio="),
+                    field("nvme="),
+                    elapsed.as_secs_f64()
+                );
+            } else if !msg.starts_with("exit code") {
+                eprintln!("vm-run: guest: {msg}");
+            }
+            continue;
+        }
+        if line.contains("Kernel panic - not syncing") {
+            console.kernel_panic = true;
+        }
+        println!("{line}");
+    }
+    console
+}
+
+/// The script the guest runs in `chroot` of the host root: the caller's folder, environment, the
+/// program, and its exit code into `rc` on the work share.
+fn guest_script(args: &RunArgs, config: &VmConfig, run_dir: &Path) -> Result<String> {
+    let cwd = std::env::current_dir()?;
+    let mut s = String::from("# written by cargo xtask vm-run\n");
+    s += &format!("cd {} 2>/dev/null || cd /\n", sh_quote(&cwd.display().to_string()));
+    let mut env: Vec<(String, String)> = ["RUST_LOG", "RUST_BACKTRACE", "RUST_TEST_THREADS"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    let lbs: Vec<String> = config.logical_block_sizes.iter().map(u32::to_string).collect();
+    env.extend([
+        ("USNVME_VM".into(), "1".into()),
+        ("USNVME_VM_DRIVES".into(), config.drives.to_string()),
+        ("USNVME_VM_KERNEL_DRIVES".into(), config.kernel_drives().to_string()),
+        ("USNVME_VM_NUMA_NODES".into(), config.numa_nodes.to_string()),
+        ("USNVME_VM_BACKEND".into(), format!("{:?}", config.backend).to_lowercase()),
+        ("USNVME_VM_LOGICAL_BLOCK_SIZES".into(), lbs.join(",")),
+        ("USNVME_VM_DISK_SIZE".into(), config.disk_size.to_string()),
+        ("USNVME_VM_WORK".into(), config.work_dir.display().to_string()),
+        ("USNVME_VM_RUN".into(), run_dir.display().to_string()),
+        ("HOME".into(), "/tmp".into()),
+    ]);
+    for e in &args.env {
+        if let Some((k, v)) = e.split_once('=') {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+    for (k, v) in env {
+        s += &format!("export {k}={}\n", sh_quote(&v));
+    }
+    let program: Vec<String> = args.program.iter().map(|a| sh_quote(a)).collect();
+    s += &program.join(" ");
+    s += "\nrc=$?\n";
+    s += &format!("echo $rc > {}\n", sh_quote(&run_dir.join("rc").display().to_string()));
+    s += "exit $rc\n";
+    Ok(s)
+}
+
+/// Fresh sparse images, or the kept ones when asked to keep (and they have the right size).
+fn prepare_disks(config: &VmConfig, keep: bool) -> Result<()> {
+    std::fs::create_dir_all(&config.disk_dir)
+        .with_context(|| format!("creating {}", config.disk_dir.display()))?;
+    for k in 0..config.drives {
+        let path = config.drive_image(k);
+        let reuse = keep && std::fs::metadata(&path).is_ok_and(|m| m.len() == config.disk_size);
+        if !reuse {
+            let _ = std::fs::remove_file(&path);
+            let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            f.set_len(config.disk_size)?;
+        }
+    }
+    Ok(())
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// `1G`, `512M`, `64K`, `4096` (bytes); binary units.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("'{s}' is not a size: use bytes or K, M, G, T (e.g. 512M)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_in_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! `cargo xtask vm-setup`: host packages, the Debian guest kernel, and the initramfs, cached under
+//! `target/vm/`. Idempotent: a second call checks and does nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use super::{initramfs, kmod, vm_dir};
+use crate::cmd;
+
+/// Host packages the test bed needs, with the file that shows each is installed.
+const PACKAGES: &[(&str, &str)] = &[
+    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
+    ("busybox-static", "/bin/busybox"),
+    ("fio", "/usr/bin/fio"),
+];
+
+/// Firmware: qboot boots fastest; SeaBIOS is needed to enumerate `pxb-pcie` expander buses (NUMA).
+pub const QBOOT: &str = "/usr/share/qemu/qboot.rom";
+pub const SEABIOS: &str = "/usr/share/seabios/bios-256k.bin";
+
+/// What a boot needs, all present.
+#[derive(Debug, Clone)]
+pub struct Assets {
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+    pub kernel_release: String,
+}
+
+/// The command: set up, say what was done.
+pub fn run() -> Result<()> {
+    let (assets, changed) = ensure()?;
+    if changed {
+        println!(
+            "vm-setup: ready: guest kernel {} ({}), initramfs {}",
+            assets.kernel_release,
+            assets.vmlinux.display(),
+            assets.initramfs.display()
+        );
+    } else {
+        println!("vm-setup: already set up, nothing to do (guest kernel {})", assets.kernel_release);
+    }
+    Ok(())
+}
+
+/// Makes sure everything is installed and built; returns the assets and whether anything changed.
+pub fn ensure() -> Result<(Assets, bool)> {
+    let mut changed = install_packages()?;
+    let dir = vm_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+
+    let deb = kernel_deb(&dir.join("cache"))?;
+    let kernel_dir = dir.join("kernel");
+    let stamp_kernel = kernel_dir.join(".from");
+    let deb_name = deb.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if std::fs::read_to_string(&stamp_kernel).ok().as_deref() != Some(deb_name.as_str()) {
+        eprintln!("vm-setup: extracting {deb_name}");
+        let _ = std::fs::remove_dir_all(&kernel_dir);
+        cmd::run(
+            "vm-setup: extract the guest kernel",
+            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&kernel_dir),
+            "dpkg-deb comes with dpkg on Debian; delete the cached .deb under target/vm/cache if it is damaged",
+        )?;
+        std::fs::write(&stamp_kernel, &deb_name)?;
+        changed = true;
+    }
+    let release = kernel_release(&kernel_dir)?;
+
+    let vmlinux = dir.join("vmlinux");
+    let vmlinux_stamp = dir.join("vmlinux.from");
+    if !vmlinux.exists() || std::fs::read_to_string(&vmlinux_stamp).ok().as_deref() != Some(release.as_str()) {
+        eprintln!("vm-setup: unpacking vmlinux (raw ELF, boots through PVH)");
+        extract_vmlinux(&kernel_dir.join(format!("boot/vmlinuz-{release}")), &vmlinux)?;
+        std::fs::write(&vmlinux_stamp, &release)?;
+        changed = true;
+    }
+
+    // The initramfs depends on the kernel, the init script and busybox: rebuild when any changes.
+    let initramfs = dir.join("initramfs.cpio.gz");
+    let initramfs_stamp = dir.join("initramfs.from");
+    let busybox = Path::new("/bin/busybox");
+    let busybox_len = std::fs::metadata(busybox).map(|m| m.len()).unwrap_or(0);
+    let want = format!("{release}\n{busybox_len}\n{}", initramfs::INIT_SCRIPT);
+    if !initramfs.exists() || std::fs::read_to_string(&initramfs_stamp).ok().as_deref() != Some(want.as_str()) {
+        eprintln!("vm-setup: building the initramfs");
+        let modules_dir = kernel_dir.join("lib/modules").join(&release);
+        let index = kmod::index(&modules_dir.join("kernel"))
+            .context("vm-setup: index the guest kernel modules")?;
+        let builtin = std::fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
+        let modules = kmod::load_order(&index, &builtin).context("vm-setup: resolve the guest kernel modules")?;
+        let applets = cmd::output(
+            "vm-setup: list busybox applets",
+            Command::new(busybox).arg("--list"),
+            "reinstall busybox-static: apt-get install --reinstall busybox-static",
+        )?;
+        let applets: Vec<String> = applets.lines().map(str::to_string).collect();
+        let tmp = initramfs.with_extension("tmp");
+        initramfs::build(&tmp, busybox, &applets, &modules).context("vm-setup: build the initramfs")?;
+        std::fs::rename(&tmp, &initramfs)?;
+        std::fs::write(&initramfs_stamp, want)?;
+        changed = true;
+    }
+    Ok((Assets { vmlinux, initramfs, kernel_release: release }, changed))
+}
+
+/// Installs missing host packages with apt; `apt-get update` once if the first try fails.
+fn install_packages() -> Result<bool> {
+    let missing: Vec<&str> =
+        PACKAGES.iter().filter(|(_, file)| !Path::new(file).exists()).map(|(p, _)| *p).collect();
+    if missing.is_empty() {
+        return Ok(false);
+    }
+    eprintln!("vm-setup: installing {}", missing.join(" "));
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    let fix = "run as root on Debian/Ubuntu with the package archive reachable, or install these packages by hand";
+    let ok = install().map(|s| s.success()).unwrap_or(false);
+    if !ok {
+        cmd::run("vm-setup: apt-get update", Command::new("apt-get").args(["update", "-q"]), fix)?;
+        let status = install().with_context(|| format!("vm-setup: cannot run apt-get. Fix: {fix}"))?;
+        if !status.success() {
+            bail!("vm-setup: apt-get install {} failed ({status}). Fix: {fix}", missing.join(" "));
+        }
+    }
+    if let Some((pkg, file)) = PACKAGES.iter().find(|(_, f)| !Path::new(f).exists()) {
+        bail!("vm-setup: {pkg} is installed but {file} is missing. Fix: apt-get install --reinstall {pkg}");
+    }
+    Ok(true)
+}
+
+/// The guest kernel package: the cached .deb if there is one (old ABIs leave the archive), else the
+/// one `linux-image-amd64` depends on now, downloaded into the cache.
+fn kernel_deb(cache: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(cache)?;
+    if let Some(deb) = cached_kernel_deb(cache)? {
+        return Ok(deb);
+    }
+    let fix = "run `apt-get update` as root with the Debian archive reachable";
+    let depends = |step| cmd::output(step, Command::new("apt-cache").args(["depends", "linux-image-amd64"]), fix);
+    let mut pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
+    if pkg.is_none() {
+        cmd::run("vm-setup: apt-get update", Command::new("apt-get").args(["update", "-q"]), fix)?;
+        pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
+    }
+    let Some(pkg) = pkg else {
+        bail!("vm-setup: linux-image-amd64 depends on no linux-image package. Fix: {fix}");
+    };
+    eprintln!("vm-setup: downloading {pkg}");
+    cmd::output(
+        "vm-setup: download the guest kernel",
+        Command::new("apt-get").arg("download").arg(&pkg).current_dir(cache),
+        fix,
+    )?;
+    cached_kernel_deb(cache)?.with_context(|| format!("vm-setup: apt-get download {pkg} left no .deb in {}", cache.display()))
+}
+
+fn cached_kernel_deb(cache: &Path) -> Result<Option<PathBuf>> {
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(cache)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("linux-image-") && n.ends_with(".deb"))
+        })
+        .collect();
+    debs.sort();
+    Ok(debs.pop())
+}
+
+/// `linux-image-6.1.0-57-amd64` from `apt-cache depends linux-image-amd64`.
+fn kernel_package_name(depends: &str) -> Option<String> {
+    depends
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-") && !p.contains('<'))
+        .map(str::to_string)
+}
+
+/// The one release under `lib/modules` of the extracted package.
+fn kernel_release(kernel_dir: &Path) -> Result<String> {
+    let modules = kernel_dir.join("lib/modules");
+    let mut releases: Vec<String> = std::fs::read_dir(&modules)
+        .with_context(|| format!("vm-setup: {} is missing; delete target/vm and run again", modules.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    releases.sort();
+    releases.pop().with_context(|| format!("vm-setup: no kernel release in {}", modules.display()))
+}
+
+/// A bzImage's payload is an xz stream (CONFIG_KERNEL_XZ); the raw ELF inside boots via PVH,
+/// skipping the guest's own decompressor (seconds under emulation).
+fn extract_vmlinux(vmlinuz: &Path, out: &Path) -> Result<()> {
+    let image = std::fs::read(vmlinuz).with_context(|| format!("vm-setup: reading {}", vmlinuz.display()))?;
+    let magic = b"\xfd7zXZ\x00";
+    let start = image
+        .windows(magic.len())
+        .position(|w| w == magic)
+        .with_context(|| format!("vm-setup: {} has no xz payload; this kernel is not supported", vmlinuz.display()))?;
+    let elf = decode_one_xz_stream(&image[start..])
+        .with_context(|| format!("vm-setup: unpacking {}", vmlinuz.display()))?;
+    if !elf.starts_with(b"\x7fELF") {
+        bail!("vm-setup: the payload of {} is not an ELF kernel", vmlinuz.display());
+    }
+    let tmp = out.with_extension("tmp");
+    std::fs::write(&tmp, &elf)?;
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+/// Decodes the first xz stream of `input` (with the x86 BCJ filter the kernel uses), ignoring what
+/// follows it (the kernel's own size trailer).
+fn decode_one_xz_stream(input: &[u8]) -> Result<Vec<u8>> {
+    let mut stream = xz2::stream::Stream::new_stream_decoder(u64::MAX, 0)?;
+    let mut out = Vec::with_capacity(input.len() * 4);
+    loop {
+        if out.capacity() - out.len() < (1 << 20) {
+            out.reserve(16 << 20);
+        }
+        let consumed = stream.total_in() as usize;
+        match stream.process_vec(&input[consumed.min(input.len())..], &mut out, xz2::stream::Action::Run)? {
+            xz2::stream::Status::StreamEnd => return Ok(out),
+            _ if stream.total_in() as usize >= input.len() && out.capacity() > out.len() => {
+                bail!("the xz stream ends early")
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_package_name;
+
+    #[test]
+    fn finds_the_kernel_package_in_apt_cache_output() {
+        let out = "linux-image-amd64\n  Depends: linux-image-6.1.0-57-amd64\n";
+        assert_eq!(kernel_package_name(out).as_deref(), Some("linux-image-6.1.0-57-amd64"));
+        assert_eq!(kernel_package_name("linux-image-amd64\n"), None);
+    }
+}
