@@ -41,12 +41,6 @@ pub fn cmd_line(cmd: &Command) -> String {
         .join(" ")
 }
 
-/// Whether `name` is an executable on PATH.
-pub fn have(name: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(name).is_file()))
-        .unwrap_or(false)
-}
 
 /// Quotes `s` for a POSIX shell.
 pub fn sh_quote(s: &str) -> String {

@@ -75,18 +75,8 @@ pub struct RunArgs {
     pub program: Vec<String>,
 }
 
-/// What happened in one boot.
-#[derive(Debug)]
-pub struct Outcome {
-    /// vm-run's exit code: the program's, or one of the EXIT_ codes.
-    pub exit_code: u8,
-    pub boot_to_ready: Option<Duration>,
-    pub dma_faults: Vec<(String, String)>,
-}
-
 pub fn main(args: RunArgs) -> Result<ExitCode> {
-    let outcome = run(&args)?;
-    Ok(ExitCode::from(outcome.exit_code))
+    Ok(ExitCode::from(run(&args)?))
 }
 
 impl RunArgs {
@@ -119,8 +109,9 @@ impl RunArgs {
     }
 }
 
-/// Boots, runs, reports. Errors are failures of the harness itself (before the guest runs).
-pub fn run(args: &RunArgs) -> Result<Outcome> {
+/// Boots, runs, reports; returns vm-run's exit code: the program's, or one of the EXIT_ codes.
+/// Errors are failures of the harness itself, before the guest runs.
+pub fn run(args: &RunArgs) -> Result<u8> {
     let config = args.config()?;
     for e in &args.env {
         if !e.contains('=') {
@@ -222,7 +213,7 @@ pub fn run(args: &RunArgs) -> Result<Outcome> {
     } else {
         let _ = std::fs::remove_dir_all(&run_dir);
     }
-    Ok(Outcome { exit_code, boot_to_ready: console.ready, dma_faults })
+    Ok(exit_code)
 }
 
 /// What the console told us.
