@@ -3,5 +3,7 @@
 //! Layers, bottom up: `pci` (sysfs discovery), `vfio` (container, group, device, BAR0),
 //! `spec` (the NVMe data structures), then the controller and its queue pairs.
 
+pub mod mmio;
 pub mod pci;
 pub mod spec;
+pub mod vfio;
