@@ -29,7 +29,8 @@ pub struct OutOfBounds {
 impl Bar {
     /// Maps `len` bytes of `fd` at `offset` (a VFIO region) read-write and shared.
     pub fn map(fd: &impl AsRawFd, offset: u64, len: usize) -> std::io::Result<Bar> {
-        let offset = libc::off_t::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let offset = libc::off_t::try_from(offset)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object; the fd is
         // valid for the call; failure is checked.
         let ptr = unsafe {
@@ -45,7 +46,8 @@ impl Bar {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?;
+        let base = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?;
         Ok(Bar { base, len })
     }
 
@@ -58,9 +60,14 @@ impl Bar {
     }
 
     fn check(&self, offset: usize, width: usize) -> Result<*mut u8, OutOfBounds> {
-        let ok = offset % width == 0 && offset.checked_add(width).is_some_and(|end| end <= self.len);
+        let ok =
+            offset % width == 0 && offset.checked_add(width).is_some_and(|end| end <= self.len);
         if !ok {
-            return Err(OutOfBounds { offset, width, len: self.len });
+            return Err(OutOfBounds {
+                offset,
+                width,
+                len: self.len,
+            });
         }
         // In bounds: `offset + width <= len`, so the pointer stays inside the mapping.
         Ok(self.base.as_ptr().wrapping_add(offset))

@@ -27,13 +27,22 @@ pub enum VfioError {
     #[error("{addr} is in IOMMU group {group}, which has other devices not bound to vfio-pci: bind the whole group")]
     GroupNotViable { addr: String, group: String },
     #[error("{addr}: /dev/vfio/vfio cannot be opened (is the vfio-pci module loaded, and are you root?): {source}")]
-    Container { addr: String, source: vfio_ioctls::VfioError },
+    Container {
+        addr: String,
+        source: vfio_ioctls::VfioError,
+    },
     #[error("{addr}: cannot open the VFIO device (is another process using it?): {source}")]
-    Device { addr: String, source: vfio_ioctls::VfioError },
+    Device {
+        addr: String,
+        source: vfio_ioctls::VfioError,
+    },
     #[error("{addr}: BAR0 is {size} bytes, too small for an NVMe controller")]
     SmallBar { addr: String, size: u64 },
     #[error("{addr}: mapping BAR0 failed: {source}")]
-    MapBar { addr: String, source: std::io::Error },
+    MapBar {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// A PCI function opened through VFIO, with BAR0 mapped and bus mastering on.
@@ -46,7 +55,10 @@ pub struct VfioPciDevice {
 
 impl std::fmt::Debug for VfioPciDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VfioPciDevice").field("addr", &self.addr).field("bar0", &self.bar0).finish()
+        f.debug_struct("VfioPciDevice")
+            .field("addr", &self.addr)
+            .field("bar0", &self.bar0)
+            .finish()
     }
 }
 
@@ -59,28 +71,56 @@ impl VfioPciDevice {
         }
         let driver = link_name(&dev_path.join("driver")).unwrap_or_else(|| "no driver".into());
         if driver != "vfio-pci" {
-            return Err(VfioError::NotVfio { addr: addr.into(), driver });
+            return Err(VfioError::NotVfio {
+                addr: addr.into(),
+                driver,
+            });
         }
-        let container = VfioContainer::new(None)
-            .map(Arc::new)
-            .map_err(|source| VfioError::Container { addr: addr.into(), source })?;
+        let container =
+            VfioContainer::new(None)
+                .map(Arc::new)
+                .map_err(|source| VfioError::Container {
+                    addr: addr.into(),
+                    source,
+                })?;
         let ops: Arc<dyn VfioOps> = container.clone();
         let device = VfioDevice::new(&dev_path, ops, false).map_err(|source| match source {
             vfio_ioctls::VfioError::GroupViable => VfioError::GroupNotViable {
                 addr: addr.into(),
                 group: link_name(&dev_path.join("iommu_group")).unwrap_or_else(|| "?".into()),
             },
-            source => VfioError::Device { addr: addr.into(), source },
+            source => VfioError::Device {
+                addr: addr.into(),
+                source,
+            },
         })?;
         let size = device.get_region_size(BAR0_REGION);
         if size < 0x2000 {
-            return Err(VfioError::SmallBar { addr: addr.into(), size });
+            return Err(VfioError::SmallBar {
+                addr: addr.into(),
+                size,
+            });
         }
-        let bar0 = Bar::map(&device, device.get_region_offset(BAR0_REGION), size as usize)
-            .map_err(|source| VfioError::MapBar { addr: addr.into(), source })?;
-        let this = VfioPciDevice { addr: addr.into(), bar0, device, container };
+        let bar0 = Bar::map(
+            &device,
+            device.get_region_offset(BAR0_REGION),
+            size as usize,
+        )
+        .map_err(|source| VfioError::MapBar {
+            addr: addr.into(),
+            source,
+        })?;
+        let this = VfioPciDevice {
+            addr: addr.into(),
+            bar0,
+            device,
+            container,
+        };
         let cmd = this.config_read16(PCI_COMMAND);
-        this.config_write16(PCI_COMMAND, cmd | CMD_MEMORY_SPACE | CMD_BUS_MASTER | CMD_INTX_DISABLE);
+        this.config_write16(
+            PCI_COMMAND,
+            cmd | CMD_MEMORY_SPACE | CMD_BUS_MASTER | CMD_INTX_DISABLE,
+        );
         Ok(this)
     }
 
@@ -103,7 +143,8 @@ impl VfioPciDevice {
     }
 
     pub fn config_write16(&self, offset: u64, value: u16) {
-        self.device.region_write(CONFIG_REGION, &value.to_le_bytes(), offset);
+        self.device
+            .region_write(CONFIG_REGION, &value.to_le_bytes(), offset);
     }
 }
 

@@ -21,9 +21,15 @@ impl VmBed {
     /// Reads the environment; panics (failing the test) outside the test bed.
     pub fn from_env() -> VmBed {
         let var = |k: &str| {
-            std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run VM tests with `cargo xtask vm-test`"))
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: run VM tests with `cargo xtask vm-test`")
+            })
         };
-        let num = |k: &str| var(k).parse::<usize>().unwrap_or_else(|_| panic!("{k} is not a number"));
+        let num = |k: &str| {
+            var(k)
+                .parse::<usize>()
+                .unwrap_or_else(|_| panic!("{k} is not a number"))
+        };
         VmBed {
             drives: num("USNVME_VM_DRIVES"),
             kernel_drives: num("USNVME_VM_KERNEL_DRIVES"),

@@ -9,8 +9,13 @@ use usnvme_tests::VmBed;
 fn list_shows_every_drive_on_vfio_in_its_own_viable_group() {
     let bed = VmBed::from_env();
     let out = bed.usnvme(&["list", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let controllers: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON array");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let controllers: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("JSON array");
     assert_eq!(controllers.len(), bed.drives);
     let mut groups = HashSet::new();
     for c in &controllers {
@@ -31,8 +36,16 @@ fn list_table_summarises_the_drivers() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{table}");
     assert!(
-        table.contains(&format!("{} NVMe controllers: {} on vfio-pci", bed.drives, bed.drives - bed.kernel_drives)),
+        table.contains(&format!(
+            "{} NVMe controllers: {} on vfio-pci",
+            bed.drives,
+            bed.drives - bed.kernel_drives
+        )),
         "{table}"
     );
-    assert_eq!(table.matches("vfio-pci").count(), bed.drives - bed.kernel_drives + 1, "{table}");
+    assert_eq!(
+        table.matches("vfio-pci").count(),
+        bed.drives - bed.kernel_drives + 1,
+        "{table}"
+    );
 }

@@ -41,10 +41,12 @@ pub fn cmd_line(cmd: &Command) -> String {
         .join(" ")
 }
 
-
 /// Quotes `s` for a POSIX shell.
 pub fn sh_quote(s: &str) -> String {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b)) {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b))
+    {
         return s.to_string();
     }
     format!("'{}'", s.replace('\'', r"'\''"))

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -16,7 +15,11 @@ fn target_dir() -> PathBuf {
 /// A program built by `cargo xtask vm-test` before these tests run.
 fn program(name: &str) -> String {
     let p = target_dir().join("debug").join(name);
-    assert!(p.exists(), "{} is missing: run these tests through `cargo xtask vm-test`", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run these tests through `cargo xtask vm-test`",
+        p.display()
+    );
     p.display().to_string()
 }
 
@@ -47,16 +50,29 @@ fn exit_codes_come_back_exactly() {
         cmd.extend_from_slice(args);
         let out = vm_run(&["--drives", "1"], &cmd);
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert_eq!(out.status.code(), Some(code), "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-        assert!(stdout.contains(says), "{args:?}: program output missing:\n{stdout}");
-        assert!(!stdout.contains("USNVME-VM:"), "harness lines leak into the output:\n{stdout}");
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(
+            stdout.contains(says),
+            "{args:?}: program output missing:\n{stdout}"
+        );
+        assert!(
+            !stdout.contains("USNVME-VM:"),
+            "harness lines leak into the output:\n{stdout}"
+        );
     }
 }
 
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_guest_kernel_panic_is_reported_not_hung() {
-    let out = vm_run(&["--drives", "1", "--timeout", "120"], &[&program("vm-probe"), "kernel-panic"]);
+    let out = vm_run(
+        &["--drives", "1", "--timeout", "120"],
+        &[&program("vm-probe"), "kernel-panic"],
+    );
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "stderr:\n{stderr}");
     assert!(stderr.contains("kernel panicked"), "stderr:\n{stderr}");
@@ -77,7 +93,10 @@ fn output_is_streamed_while_the_program_runs() {
     let first = lines.find_map(|l| l.ok().filter(|l| l.contains("first line")));
     assert!(first.is_some(), "the first line never came");
     // The probe sleeps 3 s before its second line: vm-run must still be running now.
-    assert!(child.try_wait().expect("wait").is_none(), "the first line arrived only after the run ended");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the first line arrived only after the run ended"
+    );
     assert!(lines.any(|l| l.is_ok_and(|l| l.contains("second line"))));
     assert!(child.wait().expect("wait").success());
 }
@@ -86,7 +105,10 @@ fn output_is_streamed_while_the_program_runs() {
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_timeout_kills_its_own_qemu_and_nothing_else() {
     let started = Instant::now();
-    let out = vm_run(&["--drives", "1", "--timeout", "25"], &["/bin/sleep", "600"]);
+    let out = vm_run(
+        &["--drives", "1", "--timeout", "25"],
+        &["/bin/sleep", "600"],
+    );
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(124), "stderr:\n{stderr}");
     assert!(started.elapsed() < Duration::from_secs(120));
@@ -96,8 +118,14 @@ fn a_timeout_kills_its_own_qemu_and_nothing_else() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|p| p.parse().ok())
         .expect("vm-run names its QEMU's pid");
-    assert!(!PathBuf::from(format!("/proc/{pid}")).exists(), "QEMU {pid} is still there");
-    assert!(stderr.contains(&format!("QEMU (pid {pid}) killed")), "stderr:\n{stderr}");
+    assert!(
+        !PathBuf::from(format!("/proc/{pid}")).exists(),
+        "QEMU {pid} is still there"
+    );
+    assert!(
+        stderr.contains(&format!("QEMU (pid {pid}) killed")),
+        "stderr:\n{stderr}"
+    );
 }
 
 #[test]
@@ -106,19 +134,36 @@ fn a_dma_fault_fails_the_run_and_names_the_device() {
     let probe = program("vm-probe");
     let out = vm_run(&["--drives", "2"], &[&probe, "dma-fault", "0000:01:00.0"]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(stdout.contains("fetched from unmapped IOVA"), "the probe did not run:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("fetched from unmapped IOVA"),
+        "the probe did not run:\n{stdout}\n{stderr}"
+    );
     assert_eq!(out.status.code(), Some(123), "stderr:\n{stderr}");
     assert!(stderr.contains("DMA fault"), "stderr:\n{stderr}");
-    assert!(stderr.contains("device 0000:01:00.0"), "the faulting device is not named:\n{stderr}");
+    assert!(
+        stderr.contains("device 0000:01:00.0"),
+        "the faulting device is not named:\n{stderr}"
+    );
 
-    let out = vm_run(&["--drives", "1", "--allow-dma-faults"], &[&probe, "dma-fault"]);
+    let out = vm_run(
+        &["--drives", "1", "--allow-dma-faults"],
+        &[&probe, "dma-fault"],
+    );
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("DMA fault"), "still reported when allowed");
+    assert!(
+        text(&out.stderr).contains("DMA fault"),
+        "still reported when allowed"
+    );
 }
 
 fn list_json(out: &Output) -> Vec<serde_json::Value> {
     let stdout = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
     let start = stdout.find('[').expect("a JSON array");
     serde_json::from_str::<Vec<serde_json::Value>>(&stdout[start..]).expect("valid JSON")
 }
@@ -126,10 +171,18 @@ fn list_json(out: &Output) -> Vec<serde_json::Value> {
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn two_numa_nodes_put_twelve_drives_on_each() {
-    let out = vm_run(&["--drives", "24", "--numa-nodes", "2"], &[&program("usnvme"), "list", "--json"]);
+    let out = vm_run(
+        &["--drives", "24", "--numa-nodes", "2"],
+        &[&program("usnvme"), "list", "--json"],
+    );
     let controllers = list_json(&out);
     assert_eq!(controllers.len(), 24);
-    let on = |node: u64| controllers.iter().filter(|c| c["numa_node"] == node).count();
+    let on = |node: u64| {
+        controllers
+            .iter()
+            .filter(|c| c["numa_node"] == node)
+            .count()
+    };
     assert_eq!((on(0), on(1)), (12, 12), "{controllers:#?}");
     assert!(controllers.iter().all(|c| c["driver"] == "vfio-pci"));
 }
@@ -137,7 +190,10 @@ fn two_numa_nodes_put_twelve_drives_on_each() {
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn kernel_nvme_leaves_the_first_drives_on_the_kernel_driver() {
-    let out = vm_run(&["--drives", "4", "--kernel-nvme", "2"], &[&program("usnvme"), "list", "--json"]);
+    let out = vm_run(
+        &["--drives", "4", "--kernel-nvme", "2"],
+        &[&program("usnvme"), "list", "--json"],
+    );
     let controllers = list_json(&out);
     assert_eq!(controllers.len(), 4);
     for (i, c) in controllers.iter().enumerate() {
@@ -145,7 +201,12 @@ fn kernel_nvme_leaves_the_first_drives_on_the_kernel_driver() {
             assert_eq!(c["driver"], "nvme", "{c:#}");
             let blocks = c["block_devices"].as_array().expect("block devices");
             assert_eq!(blocks.len(), 1, "{c:#}");
-            assert!(blocks[0]["name"].as_str().is_some_and(|n| n.starts_with("nvme")), "{c:#}");
+            assert!(
+                blocks[0]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("nvme")),
+                "{c:#}"
+            );
         } else {
             assert_eq!(c["driver"], "vfio-pci", "{c:#}");
         }

@@ -98,7 +98,9 @@ fn dma_fault(bdf: Option<&str>) -> ExitCode {
     }
 }
 
-fn wait(mut done: impl FnMut() -> Result<bool, Box<dyn std::error::Error>>) -> Result<(), Box<dyn std::error::Error>> {
+fn wait(
+    mut done: impl FnMut() -> Result<bool, Box<dyn std::error::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     while !done()? {
         if start.elapsed() > Duration::from_secs(5) {

@@ -23,7 +23,13 @@ pub const WANTED: &[&str] = &[
 ];
 
 /// Modules without which the guest cannot work at all.
-const REQUIRED: &[&str] = &["vfio_iommu_type1", "vfio_pci", "virtio_pci", "9pnet_virtio", "9p"];
+const REQUIRED: &[&str] = &[
+    "vfio_iommu_type1",
+    "vfio_pci",
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+];
 
 /// Module names treat '-' and '_' alike.
 fn canonical(name: &str) -> String {
@@ -35,7 +41,9 @@ pub fn index(kernel_dir: &Path) -> Result<HashMap<String, PathBuf>> {
     let mut map = HashMap::new();
     let mut stack = vec![kernel_dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
             let path = entry?.path();
             if path.is_dir() {
                 stack.push(path);
@@ -50,7 +58,9 @@ pub fn index(kernel_dir: &Path) -> Result<HashMap<String, PathBuf>> {
 /// `nvme-core` for `.../nvme-core.ko` or `.ko.xz`.
 fn module_name(path: &Path) -> Option<String> {
     let file = path.file_name()?.to_str()?;
-    let stem = file.strip_suffix(".ko").or_else(|| file.strip_suffix(".ko.xz"))?;
+    let stem = file
+        .strip_suffix(".ko")
+        .or_else(|| file.strip_suffix(".ko.xz"))?;
     Some(stem.to_string())
 }
 
@@ -172,8 +182,14 @@ mod tests {
 
     #[test]
     fn reads_hard_and_pre_soft_dependencies() {
-        let m = fake_module(&["softdep=pre: crct10dif post: x", "depends=crct10dif_common,crc-64"]);
-        assert_eq!(dependencies(&m), vec!["crct10dif", "crct10dif_common", "crc_64"]);
+        let m = fake_module(&[
+            "softdep=pre: crct10dif post: x",
+            "depends=crct10dif_common,crc-64",
+        ]);
+        assert_eq!(
+            dependencies(&m),
+            vec!["crct10dif", "crct10dif_common", "crc_64"]
+        );
         assert!(dependencies(&fake_module(&["depends="])).is_empty());
     }
 
@@ -183,7 +199,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("drivers")).unwrap();
         let write = |name: &str, info: &[&str]| {
-            std::fs::write(dir.join("drivers").join(format!("{name}.ko")), fake_module(info)).unwrap();
+            std::fs::write(
+                dir.join("drivers").join(format!("{name}.ko")),
+                fake_module(info),
+            )
+            .unwrap();
         };
         write("vfio", &["depends="]);
         write("vfio_iommu_type1", &["depends=vfio"]);
@@ -209,7 +229,10 @@ mod tests {
         std::fs::remove_file(dir.join("drivers/9p.ko")).unwrap();
         let idx = index(&dir).unwrap();
         assert!(load_order(&idx, "").is_err(), "9p is required");
-        assert!(load_order(&idx, "kernel/fs/9p/9p.ko\n").is_ok(), "unless built in");
+        assert!(
+            load_order(&idx, "kernel/fs/9p/9p.ko\n").is_ok(),
+            "unless built in"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -58,16 +58,27 @@ impl VmConfig {
             bail!("--numa-nodes {}: 1 or 2", self.numa_nodes);
         }
         if self.cpus == 0 || self.cpus < self.numa_nodes {
-            bail!("--cpus {}: at least 1, and at least one per NUMA node ({})", self.cpus, self.numa_nodes);
+            bail!(
+                "--cpus {}: at least 1, and at least one per NUMA node ({})",
+                self.cpus,
+                self.numa_nodes
+            );
         }
-        if let Some(bad) = self.logical_block_sizes.iter().find(|s| **s != 512 && **s != 4096) {
+        if let Some(bad) = self
+            .logical_block_sizes
+            .iter()
+            .find(|s| **s != 512 && **s != 4096)
+        {
             bail!("--logical-block-size {bad}: 512 or 4096");
         }
         if self.logical_block_sizes.is_empty() {
             bail!("--logical-block-size: give 512, 4096 or a list such as 512,4096");
         }
         if self.disk_size < MIB || self.disk_size % 4096 != 0 {
-            bail!("--disk-size {}: at least 1M and a multiple of 4 KiB", self.disk_size);
+            bail!(
+                "--disk-size {}: at least 1M and a multiple of 4 KiB",
+                self.disk_size
+            );
         }
         if self.hugepages_bytes % (2 * MIB) != 0 {
             bail!("--hugepages: a multiple of 2M");
@@ -80,7 +91,10 @@ impl VmConfig {
             );
         }
         if self.mem_bytes % (self.numa_nodes as u64 * MIB) != 0 {
-            bail!("--mem must split evenly in MiB over {} NUMA nodes", self.numa_nodes);
+            bail!(
+                "--mem must split evenly in MiB over {} NUMA nodes",
+                self.numa_nodes
+            );
         }
         Ok(())
     }
@@ -112,15 +126,22 @@ impl VmConfig {
 
     /// The kernel command line. `run` is the guest script, `debug` keeps kernel messages.
     pub fn kernel_cmdline(&self, run: Option<&Path>) -> String {
-        let mut s = String::from("console=ttyS0 panic=-1 quiet loglevel=1 init_on_alloc=0 intel_iommu=on");
+        let mut s =
+            String::from("console=ttyS0 panic=-1 quiet loglevel=1 init_on_alloc=0 intel_iommu=on");
         if self.hugepages_bytes > 0 {
-            s += &format!(" hugepagesz=2M hugepages={}", self.hugepages_bytes / (2 * MIB));
+            s += &format!(
+                " hugepagesz=2M hugepages={}",
+                self.hugepages_bytes / (2 * MIB)
+            );
         }
         let k = match self.kernel_nvme {
             KernelNvme::All => -1,
             KernelNvme::First(k) => k as i64,
         };
-        s += &format!(" usnvme.kernel_nvme={k} usnvme.work={}", self.work_dir.display());
+        s += &format!(
+            " usnvme.kernel_nvme={k} usnvme.work={}",
+            self.work_dir.display()
+        );
         if let Some(run) = run {
             s += &format!(" usnvme.run={}", run.display());
         }
@@ -131,9 +152,24 @@ impl VmConfig {
     pub fn qemu_args(&self, assets: &Assets, run: Option<&Path>, trace_log: &Path) -> Vec<String> {
         let mut a: Vec<String> = Vec::new();
         let mut push = |args: &[&str]| a.extend(args.iter().map(|s| s.to_string()));
-        push(&["-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot"]);
+        push(&[
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+        ]);
         if kvm_usable() {
-            push(&["-M", "q35,kernel-irqchip=split", "-accel", "kvm", "-cpu", "host"]);
+            push(&[
+                "-M",
+                "q35,kernel-irqchip=split",
+                "-accel",
+                "kvm",
+                "-cpu",
+                "host",
+            ]);
         } else {
             push(&["-M", "q35", "-accel", "tcg,thread=multi", "-cpu", "max"]);
         }
@@ -147,15 +183,30 @@ impl VmConfig {
         push(&["-kernel", &vmlinux, "-initrd", &initrd, "-append", &cmdline]);
         // 9p devices sit on pcie.0 explicitly: with expander bridges QEMU would otherwise pick one.
         let work = self.work_dir.display().to_string();
-        push(&["-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap"]);
-        push(&["-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot,bus=pcie.0,addr=0x2"]);
-        push(&["-fsdev", &format!("local,id=work,path={work},security_model=none,multidevs=remap")]);
-        push(&["-device", "virtio-9p-pci,fsdev=work,mount_tag=work,bus=pcie.0,addr=0x3"]);
+        push(&[
+            "-fsdev",
+            "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+        ]);
+        push(&[
+            "-device",
+            "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot,bus=pcie.0,addr=0x2",
+        ]);
+        push(&[
+            "-fsdev",
+            &format!("local,id=work,path={work},security_model=none,multidevs=remap"),
+        ]);
+        push(&[
+            "-device",
+            "virtio-9p-pci,fsdev=work,mount_tag=work,bus=pcie.0,addr=0x3",
+        ]);
         push(&["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
         let trace = trace_log.display().to_string();
         push(&["-trace", "vtd_dmar_fault", "-D", &trace]);
         if let Some(qmp) = &self.qmp {
-            push(&["-qmp", &format!("unix:{},server=on,wait=off", qmp.display())]);
+            push(&[
+                "-qmp",
+                &format!("unix:{},server=on,wait=off", qmp.display()),
+            ]);
         }
         if self.numa_nodes == 2 {
             // qboot does not enumerate expander buses: the drives would vanish.
@@ -163,9 +214,19 @@ impl VmConfig {
             let half = format!("{}M", self.mem_bytes / 2 / MIB);
             let cpus0 = self.cpus / 2;
             for node in 0..2 {
-                let (first, last) = if node == 0 { (0, cpus0 - 1) } else { (cpus0, self.cpus - 1) };
-                push(&["-object", &format!("memory-backend-ram,id=mem{node},size={half}")]);
-                push(&["-numa", &format!("node,nodeid={node},cpus={first}-{last},memdev=mem{node}")]);
+                let (first, last) = if node == 0 {
+                    (0, cpus0 - 1)
+                } else {
+                    (cpus0, self.cpus - 1)
+                };
+                push(&[
+                    "-object",
+                    &format!("memory-backend-ram,id=mem{node},size={half}"),
+                ]);
+                push(&[
+                    "-numa",
+                    &format!("node,nodeid={node},cpus={first}-{last},memdev=mem{node}"),
+                ]);
                 let bus_nr = 64 * (node + 1);
                 push(&[
                     "-device",
@@ -186,7 +247,10 @@ impl VmConfig {
         match self.backend {
             Backend::Null => {
                 a.push("-blockdev".into());
-                a.push(format!("driver=null-co,node-name=nvm{k},size={},read-zeroes=on", self.disk_size));
+                a.push(format!(
+                    "driver=null-co,node-name=nvm{k},size={},read-zeroes=on",
+                    self.disk_size
+                ));
             }
             Backend::File => {
                 a.push("-blockdev".into());
@@ -202,13 +266,21 @@ impl VmConfig {
         // drive's node's expander bridge from slot 0.
         let (bus, index) = if self.numa_nodes == 2 {
             let node = self.drive_node(k);
-            let first = if node == 0 { 0 } else { self.drives.div_ceil(2) };
+            let first = if node == 0 {
+                0
+            } else {
+                self.drives.div_ceil(2)
+            };
             (format!("pxb{node}"), k - first)
         } else {
             ("pcie.0".to_string(), k + 0x10 * 8)
         };
         let (slot, function) = (index / 8, index % 8);
-        let multifunction = if function == 0 { ",multifunction=on" } else { "" };
+        let multifunction = if function == 0 {
+            ",multifunction=on"
+        } else {
+            ""
+        };
         a.push("-device".into());
         a.push(format!(
             "pcie-root-port,id=rp{k},chassis={},bus={bus},addr={slot:x}.{function}{multifunction}",
@@ -231,13 +303,24 @@ impl VmConfig {
 /// KVM only where the real kvm_intel / kvm_amd module is loaded (here `/dev/kvm` can belong to
 /// something that cannot run a stock kernel).
 pub fn kvm_usable() -> bool {
-    let module = Path::new("/sys/module/kvm_intel").exists() || Path::new("/sys/module/kvm_amd").exists();
-    module && std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
+    let module =
+        Path::new("/sys/module/kvm_intel").exists() || Path::new("/sys/module/kvm_amd").exists();
+    module
+        && std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok()
 }
 
 /// PCI address of a requester id (the `sid` of a DMA fault).
 pub fn sid_to_bdf(sid: u16) -> String {
-    format!("0000:{:02x}:{:02x}.{:x}", sid >> 8, (sid >> 3) & 0x1f, sid & 7)
+    format!(
+        "0000:{:02x}:{:02x}.{:x}",
+        sid >> 8,
+        (sid >> 3) & 0x1f,
+        sid & 7
+    )
 }
 
 /// DMA faults in QEMU's trace log: (faulting device, the trace line).
@@ -251,9 +334,25 @@ pub fn dma_faults(trace_log: &str) -> Vec<(String, String)> {
                 .skip_while(|w| *w != "sid")
                 .nth(1)
                 .and_then(|s| u16::from_str_radix(s.trim_start_matches("0x"), 16).ok());
-            (sid.map(sid_to_bdf).unwrap_or_else(|| "unknown device".into()), l.trim().to_string())
+            (
+                sid.map(sid_to_bdf)
+                    .unwrap_or_else(|| "unknown device".into()),
+                l.trim().to_string(),
+            )
         })
         .collect()
+}
+
+/// Faults per device, in order of first appearance.
+pub fn group_by_device(faults: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for (device, line) in faults {
+        match groups.iter_mut().find(|(d, _)| d == device) {
+            Some((_, lines)) => lines.push(line.clone()),
+            None => groups.push((device.clone(), vec![line.clone()])),
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -279,13 +378,20 @@ mod tests {
     }
 
     fn assets() -> Assets {
-        Assets { vmlinux: "/v".into(), initramfs: "/i".into(), kernel_release: "r".into() }
+        Assets {
+            vmlinux: "/v".into(),
+            initramfs: "/i".into(),
+            kernel_release: "r".into(),
+        }
     }
 
     #[test]
     fn one_root_port_per_drive_with_block_sizes_round_robin() {
         let args = config(24, 1).qemu_args(&assets(), None, Path::new("/t"));
-        let ports: Vec<&String> = args.iter().filter(|a| a.starts_with("pcie-root-port")).collect();
+        let ports: Vec<&String> = args
+            .iter()
+            .filter(|a| a.starts_with("pcie-root-port"))
+            .collect();
         assert_eq!(ports.len(), 24);
         assert!(ports[0].contains("bus=pcie.0,addr=10.0,multifunction=on"));
         assert!(ports[9].contains("addr=11.1") && !ports[9].contains("multifunction"));
@@ -300,11 +406,16 @@ mod tests {
     fn two_numa_nodes_put_half_the_drives_on_each_expander_bridge() {
         let c = config(24, 2);
         let args = c.qemu_args(&assets(), None, Path::new("/t"));
-        let ports: Vec<&String> = args.iter().filter(|a| a.starts_with("pcie-root-port")).collect();
+        let ports: Vec<&String> = args
+            .iter()
+            .filter(|a| a.starts_with("pcie-root-port"))
+            .collect();
         assert_eq!(ports.iter().filter(|p| p.contains("bus=pxb0")).count(), 12);
         assert_eq!(ports.iter().filter(|p| p.contains("bus=pxb1")).count(), 12);
         assert!(ports[12].contains("bus=pxb1,addr=0.0"));
-        assert!(args.iter().any(|a| a.contains("pxb-pcie,id=pxb1,bus_nr=128,numa_node=1")));
+        assert!(args
+            .iter()
+            .any(|a| a.contains("pxb-pcie,id=pxb1,bus_nr=128,numa_node=1")));
         assert!(args.contains(&SEABIOS.to_string()));
         assert_eq!((c.drive_node(11), c.drive_node(12)), (0, 1));
     }
@@ -328,6 +439,14 @@ mod tests {
         let faults = dma_faults(log);
         assert_eq!(faults.len(), 1);
         assert_eq!(faults[0].0, "0000:01:00.0");
+        let two = [
+            faults[0].clone(),
+            ("0000:02:00.0".into(), "x".into()),
+            faults[0].clone(),
+        ];
+        let groups = group_by_device(&two);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].1.len(), 2);
         assert_eq!(sid_to_bdf(0x4119), "0000:41:03.1");
     }
 }

@@ -19,8 +19,10 @@ pub const EXIT_TIMEOUT: u8 = 124;
 pub const EXIT_VM_FAILED: u8 = 125;
 
 #[derive(Args, Debug, Clone)]
-#[command(after_help = "Exit codes: the program's own; 123 DMA fault (unless --allow-dma-faults); \
-124 timeout (QEMU killed); 125 the guest never reported an exit code (kernel panic, QEMU error).")]
+#[command(
+    after_help = "Exit codes: the program's own; 123 DMA fault (unless --allow-dma-faults); \
+124 timeout (QEMU killed); 125 the guest never reported an exit code (kernel panic, QEMU error)."
+)]
 pub struct RunArgs {
     /// Emulated NVMe controllers, each behind its own PCIe root port.
     #[arg(long, default_value_t = 24)]
@@ -84,9 +86,9 @@ impl RunArgs {
         let kernel_nvme = match self.kernel_nvme.as_deref() {
             None => KernelNvme::First(0),
             Some("all") => KernelNvme::All,
-            Some(k) => KernelNvme::First(
-                k.parse().with_context(|| format!("--kernel-nvme {k}: a number of drives, or no value for all"))?,
-            ),
+            Some(k) => KernelNvme::First(k.parse().with_context(|| {
+                format!("--kernel-nvme {k}: a number of drives, or no value for all")
+            })?),
         };
         let work_dir = vm_dir().join("work");
         let config = VmConfig {
@@ -101,7 +103,10 @@ impl RunArgs {
             cpus: self.cpus,
             mem_bytes: self.mem,
             qmp: self.qmp.clone(),
-            disk_dir: self.disk_dir.clone().unwrap_or_else(|| vm_dir().join("disks")),
+            disk_dir: self
+                .disk_dir
+                .clone()
+                .unwrap_or_else(|| vm_dir().join("disks")),
             work_dir,
         };
         config.validate()?;
@@ -120,7 +125,9 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     }
     let (assets, _) = setup::ensure()?;
     std::fs::create_dir_all(&config.work_dir)?;
-    let run_dir = config.work_dir.join(format!("run-{}-{}", std::process::id(), unique()));
+    let run_dir = config
+        .work_dir
+        .join(format!("run-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&run_dir)?;
     let script = run_dir.join("cmd.sh");
     std::fs::write(&script, guest_script(args, &config, &run_dir)?)?;
@@ -143,7 +150,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         .context("vm-run: cannot start qemu-system-x86_64. Fix: cargo xtask vm-setup")?;
     let qemu_pid = child.id();
     let accel = if qemu::kvm_usable() { "kvm" } else { "tcg" };
-    eprintln!("vm-run: booting {} drives ({accel}), qemu pid {qemu_pid}", config.drives);
+    eprintln!(
+        "vm-run: booting {} drives ({accel}), qemu pid {qemu_pid}",
+        config.drives
+    );
 
     let stdout = child.stdout.take().context("qemu stdout")?;
     let mut stderr = child.stderr.take().context("qemu stderr")?;
@@ -171,10 +181,15 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let qemu_errors = qemu_errors.join().unwrap_or_default();
     let dma_faults = qemu::dma_faults(&std::fs::read_to_string(&trace_log).unwrap_or_default());
 
-    let guest_rc = std::fs::read_to_string(run_dir.join("rc")).ok().and_then(|s| s.trim().parse::<u8>().ok());
+    let guest_rc = std::fs::read_to_string(run_dir.join("rc"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u8>().ok());
     let mut exit_code = match (status, guest_rc) {
         (None, _) => {
-            eprintln!("vm-run: timed out after {} s; QEMU (pid {qemu_pid}) killed", args.timeout);
+            eprintln!(
+                "vm-run: timed out after {} s; QEMU (pid {qemu_pid}) killed",
+                args.timeout
+            );
             EXIT_TIMEOUT
         }
         (Some(_), Some(rc)) => rc,
@@ -195,9 +210,16 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         }
     };
     if !dma_faults.is_empty() {
-        eprintln!("vm-run: {} DMA fault(s) blocked by the IOMMU:", dma_faults.len());
-        for (device, line) in dma_faults.iter().take(10) {
-            eprintln!("vm-run:   device {device}: {line}");
+        eprintln!(
+            "vm-run: {} DMA fault(s) blocked by the IOMMU:",
+            dma_faults.len()
+        );
+        for (device, faults) in qemu::group_by_device(&dma_faults) {
+            eprintln!(
+                "vm-run:   device {device}: {} fault(s), first: {}",
+                faults.len(),
+                faults[0]
+            );
         }
         if !args.allow_dma_faults && exit_code != EXIT_TIMEOUT {
             exit_code = EXIT_DMA_FAULT;
@@ -235,12 +257,18 @@ fn stream_console(stdout: impl Read, started: Instant) -> Console {
             if let Some(ready) = msg.strip_prefix("ready ") {
                 let elapsed = started.elapsed();
                 console.ready = Some(elapsed);
-                let field = |k: &str| ready.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or("?");
+                let field = |k: &str| {
+                    ready
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix(k))
+                        .unwrap_or("?")
+                };
                 eprintln!(
-                    "vm-run: {} drives bound to vfio-pci, {} to nvme, {:.1} s after QEMU started",
+                    "vm-run: {} drives bound to vfio-pci, {} to nvme, {:.1} s after QEMU started (guest uptime {} s)",
                     field("vfio="),
                     field("nvme="),
-                    elapsed.as_secs_f64()
+                    elapsed.as_secs_f64(),
+                    field("uptime=")
                 );
             } else if !msg.starts_with("exit code") {
                 eprintln!("vm-run: guest: {msg}");
@@ -260,21 +288,37 @@ fn stream_console(stdout: impl Read, started: Instant) -> Console {
 fn guest_script(args: &RunArgs, config: &VmConfig, run_dir: &Path) -> Result<String> {
     let cwd = std::env::current_dir()?;
     let mut s = String::from("# written by cargo xtask vm-run\n");
-    s += &format!("cd {} 2>/dev/null || cd /\n", sh_quote(&cwd.display().to_string()));
+    s += &format!(
+        "cd {} 2>/dev/null || cd /\n",
+        sh_quote(&cwd.display().to_string())
+    );
     let mut env: Vec<(String, String)> = ["RUST_LOG", "RUST_BACKTRACE", "RUST_TEST_THREADS"]
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
-    let lbs: Vec<String> = config.logical_block_sizes.iter().map(u32::to_string).collect();
+    let lbs: Vec<String> = config
+        .logical_block_sizes
+        .iter()
+        .map(u32::to_string)
+        .collect();
     env.extend([
         ("USNVME_VM".into(), "1".into()),
         ("USNVME_VM_DRIVES".into(), config.drives.to_string()),
-        ("USNVME_VM_KERNEL_DRIVES".into(), config.kernel_drives().to_string()),
+        (
+            "USNVME_VM_KERNEL_DRIVES".into(),
+            config.kernel_drives().to_string(),
+        ),
         ("USNVME_VM_NUMA_NODES".into(), config.numa_nodes.to_string()),
-        ("USNVME_VM_BACKEND".into(), format!("{:?}", config.backend).to_lowercase()),
+        (
+            "USNVME_VM_BACKEND".into(),
+            format!("{:?}", config.backend).to_lowercase(),
+        ),
         ("USNVME_VM_LOGICAL_BLOCK_SIZES".into(), lbs.join(",")),
         ("USNVME_VM_DISK_SIZE".into(), config.disk_size.to_string()),
-        ("USNVME_VM_WORK".into(), config.work_dir.display().to_string()),
+        (
+            "USNVME_VM_WORK".into(),
+            config.work_dir.display().to_string(),
+        ),
         ("USNVME_VM_RUN".into(), run_dir.display().to_string()),
         ("HOME".into(), "/tmp".into()),
     ]);
@@ -289,7 +333,10 @@ fn guest_script(args: &RunArgs, config: &VmConfig, run_dir: &Path) -> Result<Str
     let program: Vec<String> = args.program.iter().map(|a| sh_quote(a)).collect();
     s += &program.join(" ");
     s += "\nrc=$?\n";
-    s += &format!("echo $rc > {}\n", sh_quote(&run_dir.join("rc").display().to_string()));
+    s += &format!(
+        "echo $rc > {}\n",
+        sh_quote(&run_dir.join("rc").display().to_string())
+    );
     s += "exit $rc\n";
     Ok(s)
 }
@@ -303,7 +350,8 @@ fn prepare_disks(config: &VmConfig, keep: bool) -> Result<()> {
         let reuse = keep && std::fs::metadata(&path).is_ok_and(|m| m.len() == config.disk_size);
         if !reuse {
             let _ = std::fs::remove_file(&path);
-            let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let f = std::fs::File::create(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
             f.set_len(config.disk_size)?;
         }
     }
@@ -320,7 +368,10 @@ fn unique() -> u128 {
 /// `1G`, `512M`, `64K`, `4096` (bytes); binary units.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (num, shift) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 10),
         Some('M' | 'm') => (&t[..t.len() - 1], 20),

@@ -39,7 +39,10 @@ pub fn run() -> Result<()> {
             assets.initramfs.display()
         );
     } else {
-        println!("vm-setup: already set up, nothing to do (guest kernel {})", assets.kernel_release);
+        println!(
+            "vm-setup: already set up, nothing to do (guest kernel {})",
+            assets.kernel_release
+        );
     }
     Ok(())
 }
@@ -53,7 +56,10 @@ pub fn ensure() -> Result<(Assets, bool)> {
     let deb = kernel_deb(&dir.join("cache"))?;
     let kernel_dir = dir.join("kernel");
     let stamp_kernel = kernel_dir.join(".from");
-    let deb_name = deb.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let deb_name = deb
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     if std::fs::read_to_string(&stamp_kernel).ok().as_deref() != Some(deb_name.as_str()) {
         eprintln!("vm-setup: extracting {deb_name}");
         let _ = std::fs::remove_dir_all(&kernel_dir);
@@ -69,9 +75,14 @@ pub fn ensure() -> Result<(Assets, bool)> {
 
     let vmlinux = dir.join("vmlinux");
     let vmlinux_stamp = dir.join("vmlinux.from");
-    if !vmlinux.exists() || std::fs::read_to_string(&vmlinux_stamp).ok().as_deref() != Some(release.as_str()) {
+    if !vmlinux.exists()
+        || std::fs::read_to_string(&vmlinux_stamp).ok().as_deref() != Some(release.as_str())
+    {
         eprintln!("vm-setup: unpacking vmlinux (raw ELF, boots through PVH)");
-        extract_vmlinux(&kernel_dir.join(format!("boot/vmlinuz-{release}")), &vmlinux)?;
+        extract_vmlinux(
+            &kernel_dir.join(format!("boot/vmlinuz-{release}")),
+            &vmlinux,
+        )?;
         std::fs::write(&vmlinux_stamp, &release)?;
         changed = true;
     }
@@ -82,13 +93,17 @@ pub fn ensure() -> Result<(Assets, bool)> {
     let busybox = Path::new("/bin/busybox");
     let busybox_len = std::fs::metadata(busybox).map(|m| m.len()).unwrap_or(0);
     let want = format!("{release}\n{busybox_len}\n{}", initramfs::INIT_SCRIPT);
-    if !initramfs.exists() || std::fs::read_to_string(&initramfs_stamp).ok().as_deref() != Some(want.as_str()) {
+    if !initramfs.exists()
+        || std::fs::read_to_string(&initramfs_stamp).ok().as_deref() != Some(want.as_str())
+    {
         eprintln!("vm-setup: building the initramfs");
         let modules_dir = kernel_dir.join("lib/modules").join(&release);
         let index = kmod::index(&modules_dir.join("kernel"))
             .context("vm-setup: index the guest kernel modules")?;
-        let builtin = std::fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
-        let modules = kmod::load_order(&index, &builtin).context("vm-setup: resolve the guest kernel modules")?;
+        let builtin =
+            std::fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
+        let modules = kmod::load_order(&index, &builtin)
+            .context("vm-setup: resolve the guest kernel modules")?;
         let applets = cmd::output(
             "vm-setup: list busybox applets",
             Command::new(busybox).arg("--list"),
@@ -96,18 +111,29 @@ pub fn ensure() -> Result<(Assets, bool)> {
         )?;
         let applets: Vec<String> = applets.lines().map(str::to_string).collect();
         let tmp = initramfs.with_extension("tmp");
-        initramfs::build(&tmp, busybox, &applets, &modules).context("vm-setup: build the initramfs")?;
+        initramfs::build(&tmp, busybox, &applets, &modules)
+            .context("vm-setup: build the initramfs")?;
         std::fs::rename(&tmp, &initramfs)?;
         std::fs::write(&initramfs_stamp, want)?;
         changed = true;
     }
-    Ok((Assets { vmlinux, initramfs, kernel_release: release }, changed))
+    Ok((
+        Assets {
+            vmlinux,
+            initramfs,
+            kernel_release: release,
+        },
+        changed,
+    ))
 }
 
 /// Installs missing host packages with apt; `apt-get update` once if the first try fails.
 fn install_packages() -> Result<bool> {
-    let missing: Vec<&str> =
-        PACKAGES.iter().filter(|(_, file)| !Path::new(file).exists()).map(|(p, _)| *p).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, file)| !Path::new(file).exists())
+        .map(|(p, _)| *p)
+        .collect();
     if missing.is_empty() {
         return Ok(false);
     }
@@ -122,10 +148,18 @@ fn install_packages() -> Result<bool> {
     let fix = "run as root on Debian/Ubuntu with the package archive reachable, or install these packages by hand";
     let ok = install().map(|s| s.success()).unwrap_or(false);
     if !ok {
-        cmd::run("vm-setup: apt-get update", Command::new("apt-get").args(["update", "-q"]), fix)?;
-        let status = install().with_context(|| format!("vm-setup: cannot run apt-get. Fix: {fix}"))?;
+        cmd::run(
+            "vm-setup: apt-get update",
+            Command::new("apt-get").args(["update", "-q"]),
+            fix,
+        )?;
+        let status =
+            install().with_context(|| format!("vm-setup: cannot run apt-get. Fix: {fix}"))?;
         if !status.success() {
-            bail!("vm-setup: apt-get install {} failed ({status}). Fix: {fix}", missing.join(" "));
+            bail!(
+                "vm-setup: apt-get install {} failed ({status}). Fix: {fix}",
+                missing.join(" ")
+            );
         }
     }
     if let Some((pkg, file)) = PACKAGES.iter().find(|(_, f)| !Path::new(f).exists()) {
@@ -142,10 +176,20 @@ fn kernel_deb(cache: &Path) -> Result<PathBuf> {
         return Ok(deb);
     }
     let fix = "run `apt-get update` as root with the Debian archive reachable";
-    let depends = |step| cmd::output(step, Command::new("apt-cache").args(["depends", "linux-image-amd64"]), fix);
+    let depends = |step| {
+        cmd::output(
+            step,
+            Command::new("apt-cache").args(["depends", "linux-image-amd64"]),
+            fix,
+        )
+    };
     let mut pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
     if pkg.is_none() {
-        cmd::run("vm-setup: apt-get update", Command::new("apt-get").args(["update", "-q"]), fix)?;
+        cmd::run(
+            "vm-setup: apt-get update",
+            Command::new("apt-get").args(["update", "-q"]),
+            fix,
+        )?;
         pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
     }
     let Some(pkg) = pkg else {
@@ -154,10 +198,18 @@ fn kernel_deb(cache: &Path) -> Result<PathBuf> {
     eprintln!("vm-setup: downloading {pkg}");
     cmd::output(
         "vm-setup: download the guest kernel",
-        Command::new("apt-get").arg("download").arg(&pkg).current_dir(cache),
+        Command::new("apt-get")
+            .arg("download")
+            .arg(&pkg)
+            .current_dir(cache),
         fix,
     )?;
-    cached_kernel_deb(cache)?.with_context(|| format!("vm-setup: apt-get download {pkg} left no .deb in {}", cache.display()))
+    cached_kernel_deb(cache)?.with_context(|| {
+        format!(
+            "vm-setup: apt-get download {pkg} left no .deb in {}",
+            cache.display()
+        )
+    })
 }
 
 fn cached_kernel_deb(cache: &Path) -> Result<Option<PathBuf>> {
@@ -186,26 +238,42 @@ fn kernel_package_name(depends: &str) -> Option<String> {
 fn kernel_release(kernel_dir: &Path) -> Result<String> {
     let modules = kernel_dir.join("lib/modules");
     let mut releases: Vec<String> = std::fs::read_dir(&modules)
-        .with_context(|| format!("vm-setup: {} is missing; delete target/vm and run again", modules.display()))?
+        .with_context(|| {
+            format!(
+                "vm-setup: {} is missing; delete target/vm and run again",
+                modules.display()
+            )
+        })?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
     releases.sort();
-    releases.pop().with_context(|| format!("vm-setup: no kernel release in {}", modules.display()))
+    releases
+        .pop()
+        .with_context(|| format!("vm-setup: no kernel release in {}", modules.display()))
 }
 
 /// A bzImage's payload is an xz stream (CONFIG_KERNEL_XZ); the raw ELF inside boots via PVH,
 /// skipping the guest's own decompressor (seconds under emulation).
 fn extract_vmlinux(vmlinuz: &Path, out: &Path) -> Result<()> {
-    let image = std::fs::read(vmlinuz).with_context(|| format!("vm-setup: reading {}", vmlinuz.display()))?;
+    let image = std::fs::read(vmlinuz)
+        .with_context(|| format!("vm-setup: reading {}", vmlinuz.display()))?;
     let magic = b"\xfd7zXZ\x00";
     let start = image
         .windows(magic.len())
         .position(|w| w == magic)
-        .with_context(|| format!("vm-setup: {} has no xz payload; this kernel is not supported", vmlinuz.display()))?;
+        .with_context(|| {
+            format!(
+                "vm-setup: {} has no xz payload; this kernel is not supported",
+                vmlinuz.display()
+            )
+        })?;
     let elf = decode_one_xz_stream(&image[start..])
         .with_context(|| format!("vm-setup: unpacking {}", vmlinuz.display()))?;
     if !elf.starts_with(b"\x7fELF") {
-        bail!("vm-setup: the payload of {} is not an ELF kernel", vmlinuz.display());
+        bail!(
+            "vm-setup: the payload of {} is not an ELF kernel",
+            vmlinuz.display()
+        );
     }
     let tmp = out.with_extension("tmp");
     std::fs::write(&tmp, &elf)?;
@@ -223,7 +291,11 @@ fn decode_one_xz_stream(input: &[u8]) -> Result<Vec<u8>> {
             out.reserve(16 << 20);
         }
         let consumed = stream.total_in() as usize;
-        match stream.process_vec(&input[consumed.min(input.len())..], &mut out, xz2::stream::Action::Run)? {
+        match stream.process_vec(
+            &input[consumed.min(input.len())..],
+            &mut out,
+            xz2::stream::Action::Run,
+        )? {
             xz2::stream::Status::StreamEnd => return Ok(out),
             _ if stream.total_in() as usize >= input.len() && out.capacity() > out.len() => {
                 bail!("the xz stream ends early")
@@ -240,7 +312,10 @@ mod tests {
     #[test]
     fn finds_the_kernel_package_in_apt_cache_output() {
         let out = "linux-image-amd64\n  Depends: linux-image-6.1.0-57-amd64\n";
-        assert_eq!(kernel_package_name(out).as_deref(), Some("linux-image-6.1.0-57-amd64"));
+        assert_eq!(
+            kernel_package_name(out).as_deref(),
+            Some("linux-image-6.1.0-57-amd64")
+        );
         assert_eq!(kernel_package_name("linux-image-amd64\n"), None);
     }
 }

@@ -35,17 +35,39 @@ pub fn run(args: VmTestArgs) -> Result<()> {
     let root = crate::workspace_root();
     cmd::run(
         "vm-test: build the programs the VM runs",
-        Command::new("cargo").args(["build", "-p", "usnvme-tools", "-p", "usnvme-tests", "--bins"]).current_dir(&root),
+        Command::new("cargo")
+            .args([
+                "build",
+                "-p",
+                "usnvme-tools",
+                "-p",
+                "usnvme-tests",
+                "--bins",
+            ])
+            .current_dir(&root),
         "fix the build errors above",
     )?;
     if !args.guest_only {
         eprintln!("vm-test: the harness's own tests (one boot each)");
         let mut c = Command::new("cargo");
-        c.args(["test", "-p", "xtask", "--test", "vm_run", "--", "--ignored", "--test-threads=1"]);
+        c.args([
+            "test",
+            "-p",
+            "xtask",
+            "--test",
+            "vm_run",
+            "--",
+            "--ignored",
+            "--test-threads=1",
+        ]);
         if let Some(f) = &args.filter {
             c.arg(f);
         }
-        cmd::run("vm-test: harness tests", c.current_dir(&root), "see the failing test's output above")?;
+        cmd::run(
+            "vm-test: harness tests",
+            c.current_dir(&root),
+            "see the failing test's output above",
+        )?;
     }
     if !args.harness_only {
         guest_suites(args.filter.as_deref())?;
@@ -58,7 +80,13 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let json = cmd::output(
         "vm-test: build the VM test suites",
         Command::new("cargo")
-            .args(["test", "-p", "usnvme-tests", "--no-run", "--message-format=json"])
+            .args([
+                "test",
+                "-p",
+                "usnvme-tests",
+                "--no-run",
+                "--message-format=json",
+            ])
             .current_dir(&root),
         "fix the build errors (run `cargo test -p usnvme-tests --no-run` to see them)",
     )?;
@@ -71,8 +99,14 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let script = work.join("vm-test-suites.sh");
     let mut s = String::from("# written by cargo xtask vm-test\nfailed=0; passed=0\n");
     for exe in &suites {
-        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut line = format!("{} --ignored --test-threads=1", sh_quote(&exe.display().to_string()));
+        let name = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut line = format!(
+            "{} --ignored --test-threads=1",
+            sh_quote(&exe.display().to_string())
+        );
         if let Some(f) = filter {
             line += &format!(" {}", sh_quote(f));
         }
@@ -106,12 +140,21 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         ],
         program: vec!["/bin/sh".into(), script.display().to_string()],
     };
-    eprintln!("vm-test: {} suite(s) in one boot on {SUITE_DRIVES} drives", suites.len());
+    eprintln!(
+        "vm-test: {} suite(s) in one boot on {SUITE_DRIVES} drives",
+        suites.len()
+    );
     let exit_code = run::run(&args)?;
     if exit_code != 0 {
-        bail!("vm-test: the VM test suites failed (vm-run exit code {})", exit_code);
+        bail!(
+            "vm-test: the VM test suites failed (vm-run exit code {})",
+            exit_code
+        );
     }
-    eprintln!("vm-test: all VM test suites passed; images kept in {}", disk_dir.display());
+    eprintln!(
+        "vm-test: all VM test suites passed; images kept in {}",
+        disk_dir.display()
+    );
     Ok(())
 }
 
@@ -119,7 +162,9 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
 fn test_executables(json: &str) -> Vec<PathBuf> {
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        // integration-test targets only: the lib and bin unit tests of usnvme-tests run on the host
         .filter(|v| v["reason"] == "compiler-artifact" && v["profile"]["test"] == true)
+        .filter(|v| v["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")))
         .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
         .collect()
 }
@@ -130,9 +175,10 @@ mod tests {
 
     #[test]
     fn picks_test_executables_from_cargo_json() {
-        let json = r#"{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/debug/deps/vm_list-1"}
-{"reason":"compiler-artifact","profile":{"test":false},"executable":"/t/debug/usnvme"}
-{"reason":"compiler-artifact","profile":{"test":true},"executable":null}
+        let json = r#"{"reason":"compiler-artifact","target":{"kind":["test"]},"profile":{"test":true},"executable":"/t/debug/deps/vm_list-1"}
+{"reason":"compiler-artifact","target":{"kind":["lib"]},"profile":{"test":true},"executable":"/t/debug/deps/usnvme_tests-1"}
+{"reason":"compiler-artifact","target":{"kind":["bin"]},"profile":{"test":false},"executable":"/t/debug/usnvme"}
+{"reason":"compiler-artifact","target":{"kind":["test"]},"profile":{"test":true},"executable":null}
 {"reason":"build-finished","success":true}"#;
         let exes = test_executables(json);
         assert_eq!(exes.len(), 1);
