@@ -212,3 +212,77 @@ fn kernel_nvme_leaves_the_first_drives_on_the_kernel_driver() {
         }
     }
 }
+
+/// Sends QMP commands on `socket` (retrying the connect while QEMU starts) and returns the replies.
+fn qmp(socket: &std::path::Path, commands: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    use std::io::Write;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stream = loop {
+        match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => {
+                panic!("no QMP socket at {}: {e}", socket.display())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut writer = stream;
+    let mut read = || {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("QMP reply");
+        serde_json::from_str::<serde_json::Value>(&line).expect("QMP JSON")
+    };
+    assert!(read().get("QMP").is_some(), "QMP greeting");
+    let mut replies = Vec::new();
+    for c in std::iter::once(&serde_json::json!({"execute": "qmp_capabilities"})).chain(commands) {
+        writeln!(writer, "{c}").expect("QMP write");
+        // skip asynchronous events until the command's own reply
+        let reply = loop {
+            let r = read();
+            if r.get("event").is_none() {
+                break r;
+            }
+        };
+        replies.push(reply);
+    }
+    replies
+}
+
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn the_qmp_socket_hot_removes_a_drive_from_the_running_guest() {
+    let socket = std::env::temp_dir().join(format!("usnvme-qmp-{}.sock", std::process::id()));
+    // The guest program waits (bounded) until only one controller is left on vfio-pci.
+    let wait_for_removal = "for i in $(seq 600); do \
+        [ $(ls /sys/bus/pci/drivers/vfio-pci | grep -c :) = 1 ] && { echo removed; exit 0; }; sleep 0.1; done; exit 1";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["vm-run", "--drives", "2", "--qmp"])
+        .arg(&socket)
+        .args(["--", "/bin/sh", "-c", wait_for_removal])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("xtask runs");
+    // Remove only once the guest has bound both drives: before its PCIe hotplug driver runs, the
+    // request is lost.
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let bound = stderr
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("drives bound to vfio-pci"));
+    assert!(bound, "the guest never bound its drives");
+    let replies = qmp(
+        &socket,
+        &[serde_json::json!({"execute": "device_del", "arguments": {"id": "nvme1"}})],
+    );
+    assert!(
+        replies.iter().all(|r| r.get("return").is_some()),
+        "{replies:?}"
+    );
+    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", rest.join("\n"));
+    assert!(text(&out.stdout).contains("removed"));
+    let _ = std::fs::remove_file(&socket);
+}

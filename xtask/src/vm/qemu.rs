@@ -287,7 +287,7 @@ impl VmConfig {
             k + 1
         ));
         let lbs = self.logical_block_size(k);
-        let mut nvme = format!("nvme,serial=usnvme{k},drive=nvm{k},bus=rp{k}");
+        let mut nvme = format!("nvme,id=nvme{k},serial=usnvme{k},drive=nvm{k},bus=rp{k}");
         if lbs != 512 {
             nvme += &format!(",logical_block_size={lbs},physical_block_size={lbs}");
         }

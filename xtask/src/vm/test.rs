@@ -164,7 +164,11 @@ fn test_executables(json: &str) -> Vec<PathBuf> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         // integration-test targets only: the lib and bin unit tests of usnvme-tests run on the host
         .filter(|v| v["reason"] == "compiler-artifact" && v["profile"]["test"] == true)
-        .filter(|v| v["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")))
+        .filter(|v| {
+            v["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"))
+        })
         .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
         .collect()
 }
