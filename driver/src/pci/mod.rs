@@ -5,10 +5,14 @@
 //! its IOMMU group and whether VFIO can use that group, its PCIe link, and the kernel block devices
 //! on it together with whether they are mounted, used as swap or held by LVM/md/dm.
 //!
-//! Everything is read under a root directory (`/` by default), so tests run on a fake tree (see
-//! [`fake`]). Only the PCI device list is essential: any other attribute that is missing, unreadable
-//! or odd (QEMU's emulated devices report some unusual values) degrades to `None`/unknown instead
-//! of failing the listing.
+//! Everything is read under a root directory (`/` by default), so tests run on a fake tree (the
+//! `fake` module, behind the `fake-sysfs` feature). Only the PCI device list is essential: any
+//! other attribute that is missing, unreadable or odd (QEMU's emulated devices report some unusual
+//! values) degrades to `None`/unknown instead of failing the listing.
+
+#[cfg(any(test, feature = "fake-sysfs"))]
+pub mod fake;
+mod usage;
 
 use std::fmt;
 use std::fs;
@@ -17,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
+
+pub use usage::BlockDeviceInfo;
+use usage::UsageScan;
 
 /// The PCI base class and subclass of NVM Express controllers (mass storage, non-volatile memory),
 /// i.e. the `class` attribute shifted right by 8 (the low byte is the programming interface).
@@ -323,30 +330,6 @@ pub struct GroupBlocker {
 impl fmt::Display for GroupBlocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} on {}", self.device, self.driver)
-    }
-}
-
-/// A kernel block device on a controller (a namespace such as `nvme0n1`) and whether it is used.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BlockDeviceInfo {
-    /// The kernel name, e.g. `nvme0n1`.
-    pub name: String,
-    /// Its size in bytes (`size` counts 512-byte sectors whatever the LBA size); `None` if unreadable.
-    pub size_bytes: Option<u64>,
-    /// Its partitions, e.g. `nvme0n1p1`.
-    pub partitions: Vec<String>,
-    /// Where it or one of its partitions is mounted.
-    pub mounted_at: Vec<String>,
-    /// Whether it or one of its partitions is active swap.
-    pub swap: bool,
-    /// The devices stacked on it or its partitions (LVM/dm, md), e.g. `dm-0`.
-    pub holders: Vec<String>,
-}
-
-impl BlockDeviceInfo {
-    /// Whether unbinding the controller would pull the disk out from under something.
-    pub fn in_use(&self) -> bool {
-        !self.mounted_at.is_empty() || self.swap || !self.holders.is_empty()
     }
 }
 
@@ -684,436 +667,6 @@ fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     key(a).cmp(&key(b)).then_with(|| a.cmp(b))
 }
 
-// ---------------------------------------------------------------------------------------------
-// Block devices and their use
-// ---------------------------------------------------------------------------------------------
-
-/// A mount, from `/proc/self/mounts` or `/proc/self/mountinfo`.
-#[derive(Debug)]
-struct Mount {
-    /// The kernel name of the source device, when it is one (`nvme0n1p1`).
-    source: Option<String>,
-    /// Its `major:minor` (mountinfo only): catches `/dev/root` and other unhelpful names.
-    devno: Option<String>,
-    target: String,
-}
-
-/// A disk in `sys/block` and the sysfs directories that tie it to a PCI device.
-#[derive(Debug)]
-struct Disk {
-    name: String,
-    /// Its canonical directory, its `device` link, and the paths of a multipath head.
-    anchors: Vec<PathBuf>,
-}
-
-/// What is needed to tell which block devices sit on a controller and whether they are in use,
-/// read once per listing.
-#[derive(Debug)]
-struct UsageScan {
-    block_dir: PathBuf,
-    disks: Vec<Disk>,
-    mounts: Vec<Mount>,
-    swaps: Vec<String>,
-}
-
-impl UsageScan {
-    fn new(root: &Path) -> Self {
-        let block_dir = root.join("sys/block");
-        let disks = dir_names(&block_dir)
-            .into_iter()
-            .filter_map(|name| {
-                let dir = block_dir.join(&name);
-                // The per-path devices of native NVMe multipath (nvme0c0n1) are hidden: not
-                // usable, and their head (nvme0n1) is what gets mounted.
-                if is_nvme_path_device(&name) || attr(&dir, "hidden").as_deref() == Some("1") {
-                    return None;
-                }
-                let mut anchors: Vec<PathBuf> = [dir.clone(), dir.join("device")]
-                    .iter()
-                    .filter_map(|p| fs::canonicalize(p).ok())
-                    .collect();
-                // A multipath head lives under the virtual nvme-subsystem; its paths lead to the
-                // controllers.
-                let multipath = dir.join("multipath");
-                anchors.extend(
-                    dir_names(&multipath)
-                        .iter()
-                        .filter_map(|p| fs::canonicalize(multipath.join(p)).ok()),
-                );
-                Some(Disk { name, anchors })
-            })
-            .collect();
-        let mut mounts = parse_mounts(root, &read_optional(&root.join("proc/self/mounts")));
-        mounts.extend(parse_mountinfo(&read_optional(
-            &root.join("proc/self/mountinfo"),
-        )));
-        let swaps = parse_swaps(root, &read_optional(&root.join("proc/swaps")));
-        Self {
-            block_dir,
-            disks,
-            mounts,
-            swaps,
-        }
-    }
-
-    /// The block devices whose sysfs paths lie under the PCI device directory `device_dir`.
-    fn block_devices_of(&self, device_dir: &Path) -> Vec<BlockDeviceInfo> {
-        let Ok(device_dir) = fs::canonicalize(device_dir) else {
-            return Vec::new();
-        };
-        self.disks
-            .iter()
-            .filter(|disk| disk.anchors.iter().any(|a| a.starts_with(&device_dir)))
-            .map(|disk| self.describe(&disk.name))
-            .collect()
-    }
-
-    fn describe(&self, name: &str) -> BlockDeviceInfo {
-        let dir = self.block_dir.join(name);
-        let partitions: Vec<String> = dir_names(&dir)
-            .into_iter()
-            .filter(|p| dir.join(p).join("partition").exists())
-            .collect();
-        let mut names = vec![name.to_owned()];
-        names.extend(partitions.iter().cloned());
-        let devnos: Vec<String> = std::iter::once(dir.clone())
-            .chain(partitions.iter().map(|p| dir.join(p)))
-            .filter_map(|d| attr(&d, "dev"))
-            .collect();
-        let mut holders: Vec<String> = std::iter::once(dir.clone())
-            .chain(partitions.iter().map(|p| dir.join(p)))
-            .flat_map(|d| dir_names(&d.join("holders")))
-            .collect();
-        holders.sort_by(|a, b| natural_cmp(a, b));
-        holders.dedup();
-        let mut mounted_at: Vec<String> = Vec::new();
-        for mount in &self.mounts {
-            let by_name = mount.source.as_ref().is_some_and(|s| names.contains(s));
-            let by_devno = mount.devno.as_ref().is_some_and(|d| devnos.contains(d));
-            if (by_name || by_devno) && !mounted_at.contains(&mount.target) {
-                mounted_at.push(mount.target.clone());
-            }
-        }
-        BlockDeviceInfo {
-            name: name.to_owned(),
-            size_bytes: attr(&dir, "size")
-                .and_then(|s| s.parse::<u64>().ok())
-                .and_then(|sectors| sectors.checked_mul(512)),
-            partitions,
-            mounted_at,
-            swap: self.swaps.iter().any(|s| names.contains(s)),
-            holders,
-        }
-    }
-}
-
-/// `nvme<subsys>c<ctrl>n<ns>`: a hidden path device of native NVMe multipath.
-fn is_nvme_path_device(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    name.strip_prefix("nvme")
-        .and_then(|rest| rest.split_once('c'))
-        .and_then(|(subsys, rest)| rest.split_once('n').map(|(ctrl, ns)| (subsys, ctrl, ns)))
-        .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
-}
-
-/// A file under /proc; empty if missing or unreadable (then nothing counts as mounted).
-fn read_optional(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_else(|e| {
-        log::debug!("cannot read {}: {e}", path.display());
-        String::new()
-    })
-}
-
-/// Decodes the octal escapes (`\040` for a space) that /proc uses in paths.
-fn unescape_octal(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            if let Some(code) = bytes.get(i + 1..i + 4).and_then(|d| {
-                let d = std::str::from_utf8(d).ok()?;
-                parse_octal(d)
-            }) {
-                out.push(code);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn parse_octal(d: &str) -> Option<u8> {
-    if !d.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        return None;
-    }
-    u8::from_str_radix(d, 8).ok()
-}
-
-/// The kernel name of the device a /proc path names: `/dev/nvme0n1p1` gives `nvme0n1p1`;
-/// symlinks (`/dev/disk/by-uuid/...`, `/dev/mapper/...`) are followed under `root`.
-fn device_name(root: &Path, path: &str) -> Option<String> {
-    let rel = path.strip_prefix("/dev/")?;
-    let dev_dir = fs::canonicalize(root.join("dev")).ok();
-    if let (Ok(target), Some(dev_dir)) = (fs::canonicalize(root.join("dev").join(rel)), dev_dir) {
-        if target.parent() == Some(dev_dir.as_path()) {
-            return target.file_name()?.to_str().map(str::to_owned);
-        }
-    }
-    (!rel.contains('/')).then(|| rel.to_owned())
-}
-
-fn parse_mounts(root: &Path, text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let source = unescape_octal(fields.next()?);
-            let target = unescape_octal(fields.next()?);
-            Some(Mount {
-                source: device_name(root, &source),
-                devno: None,
-                target,
-            })
-        })
-        .collect()
-}
-
-fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    // `36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw`
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let devno = fields.get(2)?;
-            let target = fields.get(4)?;
-            Some(Mount {
-                source: None,
-                devno: Some((*devno).to_owned()),
-                target: unescape_octal(target),
-            })
-        })
-        .collect()
-}
-
-fn parse_swaps(root: &Path, text: &str) -> Vec<String> {
-    // `Filename  Type  Size  Used  Priority` then one line per swap area.
-    text.lines()
-        .skip(1)
-        .filter_map(|line| line.split_whitespace().next())
-        .filter_map(|path| device_name(root, &unescape_octal(path)))
-        .collect()
-}
-
-// ---------------------------------------------------------------------------------------------
-// A fake tree for tests
-// ---------------------------------------------------------------------------------------------
-
-pub mod fake {
-    //! A fake sysfs/procfs tree in a temporary directory, laid out as the kernel does (device
-    //! directories under `sys/devices`, symlinks from `sys/bus/pci/devices`, `driver` and
-    //! `iommu_group` links, namespaces under `nvme/nvmeX/`, `sys/block` links), for the tests of
-    //! this crate and of the crates above it. Setup failures panic: it is a test fixture.
-    //! The tree is removed on drop.
-
-    use std::fs;
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    use super::Sysfs;
-
-    /// A fake root directory: pass [`FakeSysfs::root`] (or [`FakeSysfs::sysfs`]) to the code
-    /// under test.
-    #[derive(Debug)]
-    pub struct FakeSysfs {
-        root: PathBuf,
-    }
-
-    impl Default for FakeSysfs {
-        fn default() -> Self {
-            Self::new()
-        }
-    }
-
-    impl Drop for FakeSysfs {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.root);
-        }
-    }
-
-    impl FakeSysfs {
-        /// An empty root in a fresh directory under [`std::env::temp_dir`].
-        pub fn new() -> Self {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let root = std::env::temp_dir().join(format!(
-                "usnvme-fake-sysfs-{}-{n}-{nanos}",
-                std::process::id()
-            ));
-            let _ = fs::remove_dir_all(&root);
-            fs::create_dir_all(&root).expect("create the fake sysfs root");
-            Self { root }
-        }
-
-        /// The root directory.
-        pub fn root(&self) -> &Path {
-            &self.root
-        }
-
-        /// A [`Sysfs`] reading this tree.
-        pub fn sysfs(&self) -> Sysfs {
-            Sysfs::with_root(&self.root)
-        }
-
-        /// Creates the directory `rel` (relative to the root) and its parents.
-        pub fn mkdir(&self, rel: impl AsRef<Path>) {
-            let path = self.root.join(rel);
-            fs::create_dir_all(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-        }
-
-        /// Writes `contents` to the file `rel`, creating its directory.
-        pub fn write(&self, rel: impl AsRef<Path>, contents: &str) {
-            let path = self.root.join(rel);
-            if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent)
-                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
-            }
-            fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-        }
-
-        /// Makes `link` a symlink to `target` (both relative to the root), creating the
-        /// directory of `link`.
-        pub fn symlink(&self, link: impl AsRef<Path>, target: impl AsRef<Path>) {
-            let link = self.root.join(link);
-            if let Some(parent) = link.parent() {
-                fs::create_dir_all(parent)
-                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
-            }
-            std::os::unix::fs::symlink(self.root.join(target), &link)
-                .unwrap_or_else(|e| panic!("symlink {}: {e}", link.display()));
-        }
-
-        /// Adds the PCI device `address` with its `class`, `vendor` and `device` attributes,
-        /// unbound, without NUMA node, IOMMU group or link attributes.
-        pub fn add_pci_device(
-            &self,
-            address: &str,
-            class: u32,
-            vendor: u16,
-            device: u16,
-        ) -> FakeDevice<'_> {
-            let dir = PathBuf::from("sys/devices/pci0000:00").join(address);
-            self.write(dir.join("class"), &format!("{class:#08x}\n"));
-            self.write(dir.join("vendor"), &format!("{vendor:#06x}\n"));
-            self.write(dir.join("device"), &format!("{device:#06x}\n"));
-            self.symlink(format!("sys/bus/pci/devices/{address}"), &dir);
-            FakeDevice {
-                fake: self,
-                dir,
-                address: address.to_owned(),
-            }
-        }
-
-        /// Adds the partition `part` (`major:minor` `devno`) to the disk `disk` of `sys/block`.
-        pub fn add_partition(&self, disk: &str, part: &str, devno: &str) {
-            let dir = PathBuf::from("sys/block").join(disk).join(part);
-            self.write(dir.join("partition"), "1\n");
-            self.write(dir.join("dev"), &format!("{devno}\n"));
-            self.write(dir.join("size"), "2048\n");
-            self.mkdir(dir.join("holders"));
-        }
-
-        /// Stacks `holder` (e.g. `dm-0`) on the block device at `block` (a disk of `sys/block`
-        /// or `disk/partition`).
-        pub fn add_holder(&self, block: &str, holder: &str) {
-            let holder_dir = format!("sys/devices/virtual/block/{holder}");
-            self.mkdir(&holder_dir);
-            self.symlink(format!("sys/block/{block}/holders/{holder}"), holder_dir);
-        }
-    }
-
-    /// A PCI device of a [`FakeSysfs`], to configure further.
-    #[derive(Debug)]
-    pub struct FakeDevice<'a> {
-        fake: &'a FakeSysfs,
-        dir: PathBuf,
-        address: String,
-    }
-
-    impl FakeDevice<'_> {
-        /// The device's directory, relative to the root.
-        pub fn dir(&self) -> &Path {
-            &self.dir
-        }
-
-        /// Writes the attribute `name`.
-        pub fn attr(self, name: &str, value: &str) -> Self {
-            self.fake.write(self.dir.join(name), &format!("{value}\n"));
-            self
-        }
-
-        /// Binds it to `driver`.
-        pub fn bind(self, driver: &str) -> Self {
-            let driver_dir = format!("sys/bus/pci/drivers/{driver}");
-            self.fake.mkdir(&driver_dir);
-            self.fake.symlink(self.dir.join("driver"), driver_dir);
-            self
-        }
-
-        /// Sets `numa_node` (e.g. `"1"`, or `"-1"` for unknown).
-        pub fn numa_node(self, node: &str) -> Self {
-            self.attr("numa_node", node)
-        }
-
-        /// Puts it in IOMMU group `group`.
-        pub fn iommu_group(self, group: u32) -> Self {
-            let group_dir = format!("sys/kernel/iommu_groups/{group}");
-            self.fake
-                .symlink(format!("{group_dir}/devices/{}", self.address), &self.dir);
-            self.fake.symlink(self.dir.join("iommu_group"), group_dir);
-            self
-        }
-
-        /// Sets the link attributes, e.g. `("16.0 GT/s PCIe", "4", "32.0 GT/s PCIe", "4")`.
-        pub fn link(
-            self,
-            current_speed: &str,
-            current_width: &str,
-            max_speed: &str,
-            max_width: &str,
-        ) -> Self {
-            self.attr("current_link_speed", current_speed)
-                .attr("current_link_width", current_width)
-                .attr("max_link_speed", max_speed)
-                .attr("max_link_width", max_width)
-        }
-
-        /// Adds the namespace block device `name` (`major:minor` `devno`, `sectors` of 512
-        /// bytes) to the kernel controller `ctrl` (e.g. `nvme0`) of this device, linked from
-        /// `sys/block/<name>` and `sys/class/nvme/<ctrl>`.
-        pub fn namespace(self, ctrl: &str, name: &str, sectors: u64, devno: &str) -> Self {
-            let ctrl_dir = self.dir.join("nvme").join(ctrl);
-            let ns_dir = ctrl_dir.join(name);
-            self.fake
-                .write(ns_dir.join("size"), &format!("{sectors}\n"));
-            self.fake.write(ns_dir.join("dev"), &format!("{devno}\n"));
-            self.fake.mkdir(ns_dir.join("holders"));
-            self.fake.symlink(ns_dir.join("device"), &ctrl_dir);
-            self.fake.symlink(format!("sys/block/{name}"), &ns_dir);
-            let class_link = format!("sys/class/nvme/{ctrl}");
-            if fs::symlink_metadata(self.fake.root.join(&class_link)).is_err() {
-                self.fake.symlink(class_link, &ctrl_dir);
-            }
-            self
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::fake::FakeSysfs;
@@ -1161,16 +714,11 @@ mod tests {
         }
     }
 
-    /// An NVMe controller bound to `nvme`, alone in its group, on a Gen5 x4 link.
-    fn nvme_ctrl<'a>(fake: &'a FakeSysfs, address: &str) -> fake::FakeDevice<'a> {
-        fake.add_pci_device(address, 0x010802, 0x1b36, 0x0010)
-    }
-
     #[test]
     fn lists_only_nvme_controllers_sorted() {
         let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:03:00.0");
-        nvme_ctrl(&fake, "0000:01:00.0");
+        fake.add_nvme_controller("0000:03:00.0");
+        fake.add_nvme_controller("0000:01:00.0");
         fake.add_pci_device("0000:00:1f.2", 0x010601, 0x8086, 0x2922); // AHCI
         fake.add_pci_device("0000:00:02.0", 0x030000, 0x1234, 0x1111); // VGA
         fake.add_pci_device("0000:02:00.0", 0x010800, 0x1234, 0x5678); // NVMHCI prog-if
@@ -1216,10 +764,11 @@ mod tests {
     #[test]
     fn driver_symlink_kinds() {
         let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:01:00.0").bind("nvme");
-        nvme_ctrl(&fake, "0000:02:00.0").bind("vfio-pci");
-        nvme_ctrl(&fake, "0000:03:00.0");
-        nvme_ctrl(&fake, "0000:04:00.0").bind("uio_pci_generic");
+        fake.add_nvme_controller("0000:01:00.0").bind("nvme");
+        fake.add_nvme_controller("0000:02:00.0").bind("vfio-pci");
+        fake.add_nvme_controller("0000:03:00.0");
+        fake.add_nvme_controller("0000:04:00.0")
+            .bind("uio_pci_generic");
         let list = fake.sysfs().list_nvme_controllers().expect("list");
         let drivers: Vec<Driver> = list.into_iter().map(|c| c.driver).collect();
         assert_eq!(
@@ -1239,10 +788,10 @@ mod tests {
     #[test]
     fn numa_node_minus_one_is_unknown() {
         let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:01:00.0").numa_node("-1");
-        nvme_ctrl(&fake, "0000:02:00.0").numa_node("1");
-        nvme_ctrl(&fake, "0000:03:00.0").numa_node("bogus");
-        nvme_ctrl(&fake, "0000:04:00.0");
+        fake.add_nvme_controller("0000:01:00.0").numa_node("-1");
+        fake.add_nvme_controller("0000:02:00.0").numa_node("1");
+        fake.add_nvme_controller("0000:03:00.0").numa_node("bogus");
+        fake.add_nvme_controller("0000:04:00.0");
         let list = fake.sysfs().list_nvme_controllers().expect("list");
         let nodes: Vec<Option<u32>> = list.iter().map(|c| c.numa_node).collect();
         assert_eq!(nodes, [None, Some(1), None, None]);
@@ -1252,7 +801,7 @@ mod tests {
     fn iommu_group_viability() {
         let fake = FakeSysfs::new();
         // Group 1: the controller, a bridge on pcieport, an unbound function, a pci-stub one.
-        nvme_ctrl(&fake, "0000:01:00.0")
+        fake.add_nvme_controller("0000:01:00.0")
             .bind("vfio-pci")
             .iommu_group(1);
         fake.add_pci_device("0000:00:01.0", 0x060400, 0x8086, 0x1234)
@@ -1264,17 +813,23 @@ mod tests {
             .bind("pci-stub")
             .iommu_group(1);
         // Group 2: the controller (still on nvme) shares it with a NIC on e1000e.
-        nvme_ctrl(&fake, "0000:02:00.0").bind("nvme").iommu_group(2);
+        fake.add_nvme_controller("0000:02:00.0")
+            .bind("nvme")
+            .iommu_group(2);
         fake.add_pci_device("0000:02:00.1", 0x020000, 0x8086, 0x10d3)
             .bind("e1000e")
             .iommu_group(2);
         // Group 3: alone, on nvme: viable once rebound.
-        nvme_ctrl(&fake, "0000:03:00.0").bind("nvme").iommu_group(3);
+        fake.add_nvme_controller("0000:03:00.0")
+            .bind("nvme")
+            .iommu_group(3);
         // Group 4: two controllers, the other one still on nvme.
-        nvme_ctrl(&fake, "0000:04:00.0")
+        fake.add_nvme_controller("0000:04:00.0")
             .bind("vfio-pci")
             .iommu_group(4);
-        nvme_ctrl(&fake, "0000:04:00.1").bind("nvme").iommu_group(4);
+        fake.add_nvme_controller("0000:04:00.1")
+            .bind("nvme")
+            .iommu_group(4);
 
         let list = fake.sysfs().list_nvme_controllers().expect("list");
         let by = |a: &str| list.iter().find(|c| c.address == addr(a)).expect("listed");
@@ -1328,10 +883,13 @@ mod tests {
         assert_eq!(LinkState::from_sysfs(None, None), LinkState::default());
 
         let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:01:00.0").link("32.0 GT/s PCIe", "4", "32.0 GT/s PCIe", "4");
-        nvme_ctrl(&fake, "0000:02:00.0").link("16.0 GT/s PCIe", "4", "32.0 GT/s PCIe", "4");
-        nvme_ctrl(&fake, "0000:03:00.0").link("Unknown", "0", "Unknown", "0");
-        nvme_ctrl(&fake, "0000:04:00.0"); // no PCIe capability: no attributes
+        fake.add_nvme_controller("0000:01:00.0")
+            .link("32.0 GT/s PCIe", "4", "32.0 GT/s PCIe", "4");
+        fake.add_nvme_controller("0000:02:00.0")
+            .link("16.0 GT/s PCIe", "4", "32.0 GT/s PCIe", "4");
+        fake.add_nvme_controller("0000:03:00.0")
+            .link("Unknown", "0", "Unknown", "0");
+        fake.add_nvme_controller("0000:04:00.0"); // no PCIe capability: no attributes
         let list = fake.sysfs().list_nvme_controllers().expect("list");
         let shown: Vec<String> = list.iter().map(|c| c.link.to_string()).collect();
         assert_eq!(
@@ -1348,100 +906,9 @@ mod tests {
     }
 
     #[test]
-    fn block_devices_and_their_use() {
-        let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:01:00.0")
-            .bind("nvme")
-            .namespace("nvme0", "nvme0n1", 2_000_000, "259:0")
-            .namespace("nvme0", "nvme0n2", 1000, "259:1")
-            .namespace("nvme0", "nvme0n10", 1000, "259:2")
-            .namespace("nvme0", "nvme0n3", 1000, "259:3")
-            .namespace("nvme0", "nvme0n4", 1000, "259:4");
-        nvme_ctrl(&fake, "0000:02:00.0")
-            .bind("nvme")
-            .namespace("nvme1", "nvme1n1", 1000, "259:9");
-        nvme_ctrl(&fake, "0000:03:00.0").bind("vfio-pci");
-        // nvme0n1p1 mounted (escaped space), nvme0n1p2 held by dm-0, nvme0n2 swap, nvme0n3 the
-        // root filesystem seen as /dev/root, nvme0n10 and nvme0n4 idle, nvme1n1 mounted via a
-        // /dev/disk/by-uuid symlink.
-        fake.add_partition("nvme0n1", "nvme0n1p1", "259:5");
-        fake.add_partition("nvme0n1", "nvme0n1p2", "259:6");
-        fake.add_holder("nvme0n1/nvme0n1p2", "dm-0");
-        fake.mkdir("dev/disk/by-uuid");
-        fake.write("dev/nvme1n1", "");
-        fake.symlink("dev/disk/by-uuid/1234", "dev/nvme1n1");
-        fake.write(
-            "proc/self/mounts",
-            "sysfs /sys sysfs rw 0 0\n\
-             /dev/nvme0n1p1 /mnt/my\\040data ext4 rw 0 0\n\
-             /dev/root / ext4 rw 0 0\n\
-             /dev/disk/by-uuid/1234 /srv xfs rw 0 0\n\
-             /dev/nvme0n10000 /elsewhere ext4 rw 0 0\n",
-        );
-        fake.write(
-            "proc/self/mountinfo",
-            "22 1 259:3 / / rw,relatime - ext4 /dev/root rw\n\
-             23 22 0:21 / /sys rw - sysfs sysfs rw\n",
-        );
-        fake.write(
-            "proc/swaps",
-            "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
-             /dev/nvme0n2                            partition\t499996\t\t0\t\t-2\n",
-        );
-        let list = fake.sysfs().list_nvme_controllers().expect("list");
-        let c0 = &list[0];
-        let names: Vec<&str> = c0.block_devices.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["nvme0n1", "nvme0n2", "nvme0n3", "nvme0n4", "nvme0n10"]
-        );
-        let [n1, n2, n3, n4, n10] = &c0.block_devices[..] else {
-            panic!("5 namespaces expected");
-        };
-        assert_eq!(n1.size_bytes, Some(2_000_000 * 512));
-        assert_eq!(n1.partitions, ["nvme0n1p1", "nvme0n1p2"]);
-        assert_eq!(n1.mounted_at, ["/mnt/my data"]);
-        assert_eq!(n1.holders, ["dm-0"]);
-        assert!(!n1.swap && n1.in_use());
-        assert!(n2.swap && n2.mounted_at.is_empty() && n2.holders.is_empty() && n2.in_use());
-        assert_eq!(n3.mounted_at, ["/"]);
-        assert!(!n4.in_use() && !n10.in_use());
-        assert!(c0.in_use());
-        assert_eq!(list[1].block_devices.len(), 1);
-        assert_eq!(list[1].block_devices[0].mounted_at, ["/srv"]);
-        assert!(list[2].block_devices.is_empty());
-    }
-
-    #[test]
-    fn multipath_head_belongs_to_its_controllers() {
-        let fake = FakeSysfs::new();
-        let ctrl = nvme_ctrl(&fake, "0000:01:00.0").bind("nvme");
-        // Native multipath: the head nvme0n1 lives under the virtual subsystem, the hidden path
-        // device nvme0c0n1 under the controller.
-        let path_dir = ctrl.dir().join("nvme/nvme0/nvme0c0n1");
-        fake.write(path_dir.join("size"), "1000\n");
-        fake.symlink("sys/block/nvme0c0n1", &path_dir);
-        let head = "sys/devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1";
-        fake.write(format!("{head}/size"), "1000\n");
-        fake.symlink(format!("{head}/multipath/nvme0c0n1"), &path_dir);
-        fake.symlink("sys/block/nvme0n1", head);
-        nvme_ctrl(&fake, "0000:02:00.0").bind("nvme");
-        let list = fake.sysfs().list_nvme_controllers().expect("list");
-        let names: Vec<&str> = list[0]
-            .block_devices
-            .iter()
-            .map(|b| b.name.as_str())
-            .collect();
-        assert_eq!(names, ["nvme0n1"]);
-        assert!(list[1].block_devices.is_empty());
-        assert!(is_nvme_path_device("nvme12c3n45") && !is_nvme_path_device("nvme0n1"));
-        assert!(!is_nvme_path_device("nvmecn1") && !is_nvme_path_device("nvme0c0n"));
-    }
-
-    #[test]
     fn device_by_address() {
         let fake = FakeSysfs::new();
-        nvme_ctrl(&fake, "0000:01:00.0")
+        fake.add_nvme_controller("0000:01:00.0")
             .bind("vfio-pci")
             .numa_node("0");
         fake.add_pci_device("0000:00:02.0", 0x030000, 0x1234, 0x1111);
@@ -1474,8 +941,6 @@ mod tests {
 
     #[test]
     fn helpers() {
-        assert_eq!(unescape_octal(r"/a\040b\011c\134d\08"), "/a b\tc\\d\\08");
-        assert_eq!(unescape_octal(r"end\04"), r"end\04");
         assert_eq!(parse_hex("0x010802"), Some(0x010802));
         assert_eq!(parse_hex("0x"), None);
         assert_eq!(parse_hex("-0x1"), None);
