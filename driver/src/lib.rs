@@ -3,7 +3,16 @@
 //! Layers, bottom up: `pci` (sysfs discovery), `vfio` (container, group, device, BAR0),
 //! `spec` (the NVMe data structures), then the controller and its queue pairs.
 
+pub mod controller;
+pub mod error;
 pub mod mmio;
 pub mod pci;
+pub mod prp;
+pub mod queue;
+pub mod regs;
 pub mod spec;
 pub mod vfio;
+
+pub use controller::{Controller, ControllerOptions, Namespace, QueuePairOptions};
+pub use error::{Error, SubmitError};
+pub use queue::{Completion, IoBuffer, QueuePair, QueueStats};

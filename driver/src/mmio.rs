@@ -4,6 +4,8 @@
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 
+use crate::regs::Registers;
+
 /// A memory-mapped PCI BAR. Accesses are volatile, naturally aligned and bounds-checked.
 #[derive(Debug)]
 pub struct Bar {
@@ -11,28 +13,18 @@ pub struct Bar {
     len: usize,
 }
 
-// SAFETY: the mapping is plain device memory with no thread affinity; the owner decides sharing.
+// SAFETY: the mapping is device memory with no thread affinity; it is only accessed through
+// volatile reads and writes of single registers, never through Rust references.
 unsafe impl Send for Bar {}
-// SAFETY: all access is by volatile reads/writes of single registers; concurrent register access is
-// the device's concern, and no Rust references into the mapping are ever created.
+// SAFETY: as above; concurrent register access is the device's concern.
 unsafe impl Sync for Bar {}
-
-/// An access outside the BAR or misaligned: a driver bug, reported instead of touching memory.
-#[derive(Debug, thiserror::Error)]
-#[error("register access at offset {offset:#x} (width {width}) outside BAR of {len:#x} bytes or misaligned")]
-pub struct OutOfBounds {
-    pub offset: usize,
-    pub width: usize,
-    pub len: usize,
-}
 
 impl Bar {
     /// Maps `len` bytes of `fd` at `offset` (a VFIO region) read-write and shared.
     pub fn map(fd: &impl AsRawFd, offset: u64, len: usize) -> std::io::Result<Bar> {
-        let offset = libc::off_t::try_from(offset)
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let offset = libc::off_t::try_from(offset).map_err(|_| std::io::ErrorKind::InvalidInput)?;
         // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object; the fd is
-        // valid for the call; failure is checked.
+        // valid for the call; failure is checked below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -46,8 +38,7 @@ impl Bar {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let base = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?;
+        let base = NonNull::new(ptr.cast::<u8>()).ok_or(std::io::ErrorKind::AddrNotAvailable)?;
         Ok(Bar { base, len })
     }
 
@@ -59,46 +50,46 @@ impl Bar {
         self.len == 0
     }
 
-    fn check(&self, offset: usize, width: usize) -> Result<*mut u8, OutOfBounds> {
-        let ok =
-            offset % width == 0 && offset.checked_add(width).is_some_and(|end| end <= self.len);
-        if !ok {
-            return Err(OutOfBounds {
-                offset,
-                width,
-                len: self.len,
-            });
-        }
-        // In bounds: `offset + width <= len`, so the pointer stays inside the mapping.
-        Ok(self.base.as_ptr().wrapping_add(offset))
+    /// The register's address, if `offset` is 4-aligned and inside the BAR.
+    fn register(&self, offset: usize) -> Option<*mut u32> {
+        let inside = offset % 4 == 0 && offset.checked_add(4).is_some_and(|end| end <= self.len);
+        inside.then(|| self.base.as_ptr().wrapping_add(offset).cast::<u32>())
+    }
+}
+
+impl Registers for Bar {
+    fn read32(&self, offset: usize) -> u32 {
+        let Some(p) = self.register(offset) else {
+            debug_assert!(
+                false,
+                "register read at {offset:#x} outside BAR0 ({:#x} bytes)",
+                self.len
+            );
+            log::error!(
+                "register read at {offset:#x} outside BAR0 ({:#x} bytes)",
+                self.len
+            );
+            return u32::MAX;
+        };
+        // SAFETY: `register` proved p is 4-aligned and inside the live mapping; volatile for MMIO.
+        unsafe { p.read_volatile() }
     }
 
-    pub fn read32(&self, offset: usize) -> Result<u32, OutOfBounds> {
-        let p = self.check(offset, 4)?;
-        // SAFETY: `check` proved p is 4-aligned and inside the live mapping; volatile for MMIO.
-        Ok(unsafe { p.cast::<u32>().read_volatile() })
-    }
-
-    pub fn write32(&self, offset: usize, value: u32) -> Result<(), OutOfBounds> {
-        let p = self.check(offset, 4)?;
+    fn write32(&self, offset: usize, value: u32) {
+        let Some(p) = self.register(offset) else {
+            debug_assert!(
+                false,
+                "register write at {offset:#x} outside BAR0 ({:#x} bytes)",
+                self.len
+            );
+            log::error!(
+                "register write at {offset:#x} outside BAR0 ({:#x} bytes)",
+                self.len
+            );
+            return;
+        };
         // SAFETY: as in read32.
-        unsafe { p.cast::<u32>().write_volatile(value) };
-        Ok(())
-    }
-
-    /// 64-bit registers (CAP, ASQ, ACQ) as two 32-bit accesses, low first, which every
-    /// controller must accept (the spec allows it; some reject 64-bit MMIO).
-    pub fn read64(&self, offset: usize) -> Result<u64, OutOfBounds> {
-        self.check(offset, 8)?;
-        let lo = self.read32(offset)? as u64;
-        let hi = self.read32(offset + 4)? as u64;
-        Ok(lo | (hi << 32))
-    }
-
-    pub fn write64(&self, offset: usize, value: u64) -> Result<(), OutOfBounds> {
-        self.check(offset, 8)?;
-        self.write32(offset, value as u32)?;
-        self.write32(offset + 4, (value >> 32) as u32)
+        unsafe { p.write_volatile(value) }
     }
 }
 

@@ -50,3 +50,82 @@ impl VmBed {
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.usnvme.display()))
     }
 }
+
+/// Deterministic test data: `len` bytes that differ for every `seed` and position.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+        })
+        .collect()
+}
+
+/// FNV-1a 64: the checksum the host-side image check (`cargo xtask vm-test`) recomputes.
+pub fn fnv1a64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// Records what a VM test wrote, so that after the guest exits the host can check the bytes in
+/// the drive's image file. One line per write: `IMAGE OFFSET LEN FNV1A64`.
+pub fn expect_on_host(drive: usize, byte_offset: u64, data: &[u8]) {
+    use std::io::Write;
+    let Ok(run) = std::env::var("USNVME_VM_WORK") else {
+        return;
+    };
+    let path = PathBuf::from(run).join("expect-images.txt");
+    let line = format!(
+        "nvme{drive}.img {byte_offset} {} {:016x}\n",
+        data.len(),
+        fnv1a64(data)
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record expectations in {}: {e}", path.display());
+    }
+}
+
+/// The drive index of a test-bed controller, from its serial number (`usnvme{k}`).
+pub fn drive_index(serial: &str) -> Option<usize> {
+    serial.trim().strip_prefix("usnvme")?.parse().ok()
+}
+
+/// Every NVMe controller bound to vfio-pci, by address.
+pub fn vfio_controllers() -> Vec<usnvme_driver::pci::PciAddress> {
+    let sysfs = usnvme_driver::pci::Sysfs::new();
+    let mut list: Vec<_> = sysfs
+        .list_nvme_controllers()
+        .unwrap_or_else(|e| panic!("listing controllers: {e}"))
+        .into_iter()
+        .filter(|c| c.driver == usnvme_driver::pci::Driver::VfioPci)
+        .map(|c| c.address)
+        .collect();
+    list.sort();
+    list
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_differ_by_seed_and_are_repeatable() {
+        assert_eq!(pattern(7, 64), pattern(7, 64));
+        assert_ne!(pattern(7, 64), pattern(8, 64));
+        assert_ne!(pattern(7, 4096)[..2048], pattern(7, 4096)[2048..]);
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(drive_index("usnvme17  "), Some(17));
+        assert_eq!(drive_index("other"), None);
+    }
+}

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use usnvme_driver::vfio::VfioPciDevice;
+use usnvme_driver::regs::Registers;
+use usnvme_driver::vfio::Vfio;
 
 const USAGE: &str = "usage: vm-probe exit N | panic | kernel-panic | stream | dma-fault [BDF]";
 
@@ -62,28 +63,33 @@ fn dma_fault(bdf: Option<&str>) -> ExitCode {
             }
         },
     };
-    let dev = match VfioPciDevice::open(sysfs, &addr) {
+    let opened = addr.parse().map_err(|e| format!("{e}")).and_then(|a| {
+        Vfio::new(sysfs)
+            .and_then(|v| v.open(a))
+            .map_err(|e| e.to_string())
+    });
+    let dev = match opened {
         Ok(d) => d,
         Err(e) => {
             eprintln!("vm-probe: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let bar = dev.bar0();
+    let bar = dev.bar0().clone();
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         const CC: usize = 0x14;
         const CSTS: usize = 0x1c;
         const UNMAPPED_IOVA: u64 = 0x4000_0000;
-        bar.write32(CC, 0)?;
-        wait(|| Ok(bar.read32(CSTS)? & 1 == 0))?;
-        bar.write32(0x24, (15 << 16) | 15)?; // AQA: 16-entry admin queues
-        bar.write64(0x28, UNMAPPED_IOVA)?; // ASQ
-        bar.write64(0x30, UNMAPPED_IOVA + 0x1000)?; // ACQ
-        bar.write32(CC, (4 << 20) | (6 << 16) | 1)?; // IOCQES 4, IOSQES 6, EN
-        wait(|| Ok(bar.read32(CSTS)? & 1 == 1))?;
-        bar.write32(0x1000, 1)?; // admin SQ tail doorbell: fetch one command
+        bar.write32(CC, 0);
+        wait(|| Ok(bar.read32(CSTS) & 1 == 0))?;
+        bar.write32(0x24, (15 << 16) | 15); // AQA: 16-entry admin queues
+        bar.write64(0x28, UNMAPPED_IOVA); // ASQ
+        bar.write64(0x30, UNMAPPED_IOVA + 0x1000); // ACQ
+        bar.write32(CC, (4 << 20) | (6 << 16) | 1); // IOCQES 4, IOSQES 6, EN
+        wait(|| Ok(bar.read32(CSTS) & 1 == 1))?;
+        bar.write32(0x1000, 1); // admin SQ tail doorbell: fetch one command
         std::thread::sleep(Duration::from_millis(500));
-        bar.write32(CC, 0)?;
+        bar.write32(CC, 0);
         Ok(())
     })();
     match result {

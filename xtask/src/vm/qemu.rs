@@ -255,11 +255,14 @@ impl VmConfig {
             Backend::File => {
                 a.push("-blockdev".into());
                 a.push(format!(
-                    "driver=file,node-name=img{k},filename={},cache.direct=on,aio=threads",
+                    "driver=file,node-name=img{k},filename={},cache.direct=on,aio=threads,discard=unmap",
                     self.drive_image(k).display()
                 ));
                 a.push("-blockdev".into());
-                a.push(format!("driver=raw,node-name=nvm{k},file=img{k}"));
+                // discard=unmap: Dataset Management deallocate really punches holes
+                a.push(format!(
+                    "driver=raw,node-name=nvm{k},file=img{k},discard=unmap"
+                ));
             }
         }
         // One root port per drive, 8 functions per slot: on pcie.0 from slot 0x10, or on the

@@ -4,10 +4,11 @@
 //! VM tests are `#[ignore = "VM: ..."]` tests: `cargo test` on the host skips them, the guest runs
 //! them with `--ignored`, one at a time (they share the drives).
 
-use std::path::PathBuf;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::qemu::Backend;
@@ -90,9 +91,25 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
             .current_dir(&root),
         "fix the build errors (run `cargo test -p usnvme-tests --no-run` to see them)",
     )?;
-    let suites = test_executables(&json);
+    let mut suites = test_executables(&json);
     if suites.is_empty() {
         bail!("vm-test: cargo built no test executables for usnvme-tests");
+    }
+    // A filter naming a suite (e.g. `vm_driver`) runs that whole suite; else it filters tests.
+    let suite_name = |p: &PathBuf| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let mut filter = filter;
+    if let Some(f) = filter {
+        if suites
+            .iter()
+            .any(|s| suite_name(s).starts_with(&format!("{f}-")))
+        {
+            suites.retain(|s| suite_name(s).starts_with(&format!("{f}-")));
+            filter = None;
+        }
     }
     let work = vm_dir().join("work");
     std::fs::create_dir_all(&work)?;
@@ -104,7 +121,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mut line = format!(
-            "{} --ignored --test-threads=1",
+            "{} --ignored --test-threads=1 --color never",
             sh_quote(&exe.display().to_string())
         );
         if let Some(f) = filter {
@@ -117,6 +134,8 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
 
     let disk_dir = vm_dir().join("test-disks");
     let _ = std::fs::remove_dir_all(&disk_dir);
+    let expectations = work.join(EXPECTATIONS);
+    let _ = std::fs::remove_file(&expectations);
     let usnvme = crate::target_dir().join("debug/usnvme");
     let args = RunArgs {
         drives: SUITE_DRIVES,
@@ -151,11 +170,62 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
             exit_code
         );
     }
+    let checked = check_images(&expectations, &disk_dir)?;
     eprintln!(
-        "vm-test: all VM test suites passed; images kept in {}",
+        "vm-test: all VM test suites passed; {checked} writes found intact in the image files on the host ({})",
         disk_dir.display()
     );
     Ok(())
+}
+
+/// Written by the guest tests (`usnvme_tests::expect_on_host`): `IMAGE OFFSET LEN FNV1A64` per line.
+const EXPECTATIONS: &str = "expect-images.txt";
+
+/// Checks, on the host, that each write a guest test recorded is in the drive's image file.
+fn check_images(expectations: &Path, disk_dir: &Path) -> Result<usize> {
+    let Ok(text) = std::fs::read_to_string(expectations) else {
+        return Ok(0);
+    };
+    let mut checked = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let parsed = match f.as_slice() {
+            [image, offset, len, hash] => offset
+                .parse::<u64>()
+                .ok()
+                .zip(len.parse::<usize>().ok())
+                .zip(u64::from_str_radix(hash, 16).ok())
+                .map(|((o, l), h)| (*image, o, l, h)),
+            _ => None,
+        };
+        let Some((image, offset, len, hash)) = parsed else {
+            bail!(
+                "vm-test: malformed expectation line {line:?} in {}",
+                expectations.display()
+            );
+        };
+        let path = disk_dir.join(image);
+        let mut data = vec![0u8; len];
+        let mut file = std::fs::File::open(&path)
+            .with_context(|| format!("vm-test: opening {}", path.display()))?;
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(&mut data)
+            .with_context(|| format!("vm-test: reading {} at {offset}", path.display()))?;
+        if fnv1a64(&data) != hash {
+            bail!(
+                "vm-test: {image}: the {len} bytes at offset {offset} are not what the guest wrote"
+            );
+        }
+        checked += 1;
+    }
+    Ok(checked)
+}
+
+/// FNV-1a 64, as `usnvme_tests::fnv1a64` computes it in the guest.
+fn fnv1a64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Test executables from `cargo test --no-run --message-format=json`.
@@ -176,6 +246,29 @@ fn test_executables(json: &str) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::test_executables;
+
+    #[test]
+    fn finds_what_the_guest_wrote_in_the_image_and_refuses_anything_else() {
+        let dir = std::env::temp_dir().join(format!("usnvme-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut image = vec![0u8; 8192];
+        image[4096..4100].copy_from_slice(b"data");
+        std::fs::write(dir.join("nvme3.img"), &image).unwrap();
+        let exp = dir.join("expect.txt");
+        std::fs::write(
+            &exp,
+            format!("nvme3.img 4096 4 {:016x}\n", super::fnv1a64(b"data")),
+        )
+        .unwrap();
+        assert_eq!(super::check_images(&exp, &dir).unwrap(), 1);
+        std::fs::write(
+            &exp,
+            format!("nvme3.img 0 4 {:016x}\n", super::fnv1a64(b"data")),
+        )
+        .unwrap();
+        assert!(super::check_images(&exp, &dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn picks_test_executables_from_cargo_json() {

@@ -1,0 +1,814 @@
+//! A controller: bring-up as the spec says, the admin queue, identify, features, log pages,
+//! I/O queue pair creation, and shutdown on drop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use usnvme_hugepages::{DmaRegion, IovaSpace, Memory, PageSize};
+use vm_memory::Bytes;
+
+use crate::error::Error;
+use crate::pci::PciAddress;
+use crate::prp::PAGE;
+use crate::queue::{Doorbells, IoBuffer, Layout, NamespaceGeometry, QueuePair, QueueSetup, Shadow};
+use crate::regs::Registers;
+use crate::spec::command::{num_queues_allocated, Cns, QueuePriority};
+use crate::spec::identify::{Oacs, SglSupport};
+use crate::spec::log::LogPageId;
+use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell, ShutdownStatus};
+use crate::spec::{
+    Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, IdentifyNamespace,
+    NamespaceList, SmartLog, Sqe, Status, Vs,
+};
+use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
+
+/// The largest transfer the driver issues in one command, whatever MDTS allows: one PRP-list
+/// page of entries.
+const DRIVER_MAX_TRANSFER: u64 = 2 << 20;
+/// Admin data buffer: the largest page the driver reads or writes (Identify: 4 KiB).
+const ADMIN_DATA: usize = 16 << 10;
+
+/// How to bring a controller up.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// I/O queue pairs to ask for (Set Features Number of Queues); the controller may grant fewer.
+    pub io_queues: u16,
+    pub admin_depth: u16,
+    /// How long an admin command may take.
+    pub admin_timeout: Duration,
+    /// Use Doorbell Buffer Config when the controller offers it (OACS bit 8).
+    pub shadow_doorbells: bool,
+    /// Describe data with SGLs instead of PRPs where the controller supports them.
+    pub sgl: bool,
+    /// Page size of the driver's DMA memory: 2 MiB hugepages for devices; 4 KiB for `sim`.
+    pub page: PageSize,
+    /// NUMA node of the admin memory (None: anywhere).
+    pub node: Option<u32>,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        ControllerOptions {
+            io_queues: 64,
+            admin_depth: 32,
+            admin_timeout: Duration::from_secs(10),
+            shadow_doorbells: true,
+            sgl: false,
+            page: PageSize::Huge2M,
+            node: None,
+        }
+    }
+}
+
+/// Options of one I/O queue pair.
+#[derive(Debug, Clone, Copy)]
+pub struct QueuePairOptions {
+    /// Ring entries (capped at CAP.MQES + 1); at most depth - 1 commands are in flight.
+    pub depth: u16,
+    /// NUMA node of the rings and PRP lists (None: the controller's default).
+    pub node: Option<u32>,
+}
+
+impl Default for QueuePairOptions {
+    fn default() -> Self {
+        QueuePairOptions {
+            depth: 256,
+            node: None,
+        }
+    }
+}
+
+/// A namespace as Identify Namespace describes it.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    pub nsid: u32,
+    /// Bytes per logical block of the LBA format in use.
+    pub block_size: u32,
+    pub blocks: u64,
+    pub metadata_size: u16,
+    pub identify: Box<IdentifyNamespace>,
+}
+
+impl Namespace {
+    pub fn capacity_bytes(&self) -> u64 {
+        self.blocks.saturating_mul(self.block_size as u64)
+    }
+}
+
+/// A controller, shared by the threads that own its queue pairs.
+#[derive(Clone)]
+pub struct Controller {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("name", &self.shared.name)
+            .finish()
+    }
+}
+
+struct Shared {
+    name: String,
+    regs: Arc<dyn Registers>,
+    space: Arc<IovaSpace>,
+    cap: Cap,
+    version: Vs,
+    identify: Box<IdentifyController>,
+    namespaces: Vec<Namespace>,
+    geometry: Arc<[NamespaceGeometry]>,
+    max_transfer: u64,
+    granted: u16,
+    sgl: bool,
+    admin: Mutex<Admin>,
+    qids: Mutex<Vec<bool>>,
+    shadow: Option<Arc<DmaRegion>>,
+    options: ControllerOptions,
+    link: Option<PcieLink>,
+    _device: Option<VfioPciDevice>,
+}
+
+struct Admin {
+    queue: QueuePair,
+    data: DmaRegion,
+    next_token: u64,
+}
+
+impl Controller {
+    /// Opens the controller at `addr` (bound to vfio-pci) and brings it up.
+    pub fn open(
+        vfio: &Arc<Vfio>,
+        addr: PciAddress,
+        options: ControllerOptions,
+    ) -> Result<Controller, Error> {
+        let device = vfio.open(addr)?;
+        let regs: Arc<dyn Registers> = device.bar0().clone();
+        let link = device.pcie_link();
+        Controller::init(
+            addr.to_string(),
+            regs,
+            vfio.iova_space(),
+            Some(device),
+            link,
+            options,
+        )
+    }
+
+    /// Brings up the controller behind `regs`, with DMA memory mapped in `space`.
+    /// `device` keeps a VFIO device open for the controller's lifetime.
+    pub fn init(
+        name: String,
+        regs: Arc<dyn Registers>,
+        space: Arc<IovaSpace>,
+        device: Option<VfioPciDevice>,
+        link: Option<PcieLink>,
+        options: ControllerOptions,
+    ) -> Result<Controller, Error> {
+        let cap = Cap(regs.read64(reg::CAP));
+        if cap.0 == u64::MAX {
+            return Err(Error::Gone { device: name });
+        }
+        let version = Vs(regs.read32(reg::VS));
+        if !cap.css_nvm() {
+            return Err(Error::Unsupported {
+                device: name,
+                what: "the NVM command set (CAP.CSS)".into(),
+            });
+        }
+        if cap.min_page_size() > PAGE || cap.max_page_size() < PAGE {
+            return Err(Error::Unsupported {
+                device: name,
+                what: format!(
+                    "4 KiB memory pages (CAP.MPSMIN {} / MPSMAX {} bytes)",
+                    cap.min_page_size(),
+                    cap.max_page_size()
+                ),
+            });
+        }
+        let ready_timeout = Duration::from_millis(cap.to_ms().max(500));
+        disable(&name, &*regs, ready_timeout)?;
+
+        // Admin queue.
+        let depth = options.admin_depth.clamp(
+            2,
+            cap.max_queue_entries().min(Aqa::MAX_ENTRIES as u32) as u16,
+        );
+        let layout = Layout::new(depth, 2);
+        let memory = map(&name, &space, layout.bytes, &options, options.node)?;
+        let data = map(&name, &space, ADMIN_DATA, &options, options.node)?;
+        let admin_queue = QueuePair::new(QueueSetup {
+            qid: 0,
+            layout,
+            memory,
+            doorbells: Doorbells {
+                regs: regs.clone(),
+                sq_tail: sq_tail_doorbell(0, cap.dstrd()),
+                cq_head: cq_head_doorbell(0, cap.dstrd()),
+                shadow: None,
+            },
+            namespaces: Arc::from(Vec::new()),
+            max_transfer: ADMIN_DATA as u64,
+            use_sgl: false,
+            on_drop: None,
+        });
+        regs.write32(reg::AQA, Aqa::new(depth, depth).0);
+        regs.write64(reg::ASQ, admin_queue.sq_iova());
+        regs.write64(reg::ACQ, admin_queue.cq_iova());
+        let cc = Cc::new()
+            .with_iocqes(4)
+            .with_iosqes(6)
+            .with_mps(0)
+            .with_css(Cc::CSS_NVM)
+            .with_ams(0)
+            .with_en(true);
+        regs.write32(reg::CC, cc.0);
+        wait_ready(&name, &*regs, true, ready_timeout, "enable")?;
+        let mut admin = Admin {
+            queue: admin_queue,
+            data,
+            next_token: 0,
+        };
+
+        // Identify.
+        let mut buf = vec![0u8; 4096];
+        admin.execute(
+            &name,
+            &*regs,
+            Sqe::identify(Cns::Controller, 0),
+            Some((&mut buf, false)),
+            options.admin_timeout,
+        )?;
+        let identify = Box::new(
+            IdentifyController::from_slice(&buf).ok_or_else(|| invalid(&name, "identify data"))?,
+        );
+        let max_transfer = identify
+            .mdts_bytes(PAGE)
+            .unwrap_or(DRIVER_MAX_TRANSFER)
+            .min(DRIVER_MAX_TRANSFER);
+        let sgl = options.sgl
+            && !matches!(
+                identify.sgl_support(),
+                SglSupport::Unsupported | SglSupport::Reserved
+            );
+        if options.sgl && !sgl {
+            log::warn!("{name}: SGLs asked for but not supported; using PRPs");
+        }
+        let namespaces = identify_namespaces(&name, &*regs, &mut admin, &identify, &options)?;
+        let geometry = geometry_table(&namespaces);
+
+        // I/O queues: use what is granted.
+        let asked = options.io_queues.max(1) as u32;
+        let dw0 = admin.execute(
+            &name,
+            &*regs,
+            Sqe::set_num_queues(asked, asked),
+            None,
+            options.admin_timeout,
+        )?;
+        let (nsq, ncq) = num_queues_allocated(dw0);
+        let granted = nsq.min(ncq).min(asked).min(u16::MAX as u32 - 1) as u16;
+
+        // Shadow doorbells: page 0 holds the doorbells, page 1 the EventIdx values.
+        let mut shadow = None;
+        let entry_bytes = 2 * cap.doorbell_stride() * (granted as usize + 1);
+        if options.shadow_doorbells
+            && identify.oacs().contains(Oacs::DOORBELL_BUFFER_CONFIG)
+            && entry_bytes <= PAGE as usize
+        {
+            let pages = map(&name, &space, 2 * PAGE as usize, &options, options.node)?;
+            let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
+            match admin.execute(&name, &*regs, sqe, None, options.admin_timeout) {
+                Ok(_) => shadow = Some(Arc::new(pages)),
+                Err(e) => {
+                    log::warn!("{name}: Doorbell Buffer Config failed, using MMIO doorbells: {e}")
+                }
+            }
+        }
+        log::info!(
+            "{name}: NVMe {version}, {} namespace(s), {granted} I/O queues, MDTS {max_transfer} bytes, shadow doorbells {}",
+            namespaces.len(),
+            if shadow.is_some() { "on" } else { "off" }
+        );
+        let shared = Shared {
+            name,
+            regs,
+            space,
+            cap,
+            version,
+            identify,
+            namespaces,
+            geometry,
+            max_transfer,
+            granted,
+            sgl,
+            admin: Mutex::new(admin),
+            qids: Mutex::new(vec![false; granted as usize + 1]),
+            shadow,
+            options,
+            link,
+            _device: device,
+        };
+        Ok(Controller {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The BDF, or `sim:N`.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.shared.cap
+    }
+
+    pub fn version(&self) -> Vs {
+        self.shared.version
+    }
+
+    pub fn identify(&self) -> &IdentifyController {
+        &self.shared.identify
+    }
+
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.shared.namespaces
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
+        self.shared
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or_else(|| Error::NoNamespace {
+                device: self.shared.name.clone(),
+                nsid,
+                active: self.shared.namespaces.iter().map(|n| n.nsid).collect(),
+            })
+    }
+
+    /// Largest transfer of one command in bytes (MDTS, capped by the driver).
+    pub fn max_transfer(&self) -> u64 {
+        self.shared.max_transfer
+    }
+
+    /// I/O queue pairs the controller granted.
+    pub fn io_queues_granted(&self) -> u16 {
+        self.shared.granted
+    }
+
+    pub fn shadow_doorbells(&self) -> bool {
+        self.shared.shadow.is_some()
+    }
+
+    pub fn uses_sgl(&self) -> bool {
+        self.shared.sgl
+    }
+
+    pub fn pcie_link(&self) -> Option<PcieLink> {
+        self.shared.link
+    }
+
+    /// The IOVA space the controller's DMA memory lives in (buffers for its I/O come from here).
+    pub fn iova_space(&self) -> &Arc<IovaSpace> {
+        &self.shared.space
+    }
+
+    /// Creates an I/O queue pair for the calling thread.
+    pub fn create_queue_pair(&self, opts: QueuePairOptions) -> Result<QueuePair, Error> {
+        let s = &self.shared;
+        let depth = opts
+            .depth
+            .clamp(2, s.cap.max_queue_entries().min(u16::MAX as u32) as u16);
+        let qid = {
+            let mut qids = s.qids.lock();
+            let free = qids.iter().skip(1).position(|used| !used).map(|i| i + 1);
+            let Some(qid) = free else {
+                return Err(Error::NoQueue {
+                    device: s.name.clone(),
+                    granted: s.granted,
+                });
+            };
+            qids[qid] = true;
+            qid as u16
+        };
+        let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
+        let layout = Layout::new(depth, s.max_transfer / PAGE + 1);
+        let memory = match map(
+            &s.name,
+            &s.space,
+            layout.bytes,
+            &s.options,
+            opts.node.or(s.options.node),
+        ) {
+            Ok(m) => m,
+            Err(e) => {
+                release(s);
+                return Err(e);
+            }
+        };
+        let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
+        if let Err(e) = self.admin(Sqe::create_io_cq(qid, depth as u32, cq_iova)) {
+            release(s);
+            return Err(e);
+        }
+        if let Err(e) = self.admin(Sqe::create_io_sq(
+            qid,
+            depth as u32,
+            sq_iova,
+            qid,
+            QueuePriority::Urgent,
+        )) {
+            let _ = self.admin(Sqe::delete_io_cq(qid));
+            release(s);
+            return Err(e);
+        }
+        let stride = s.cap.doorbell_stride();
+        let shadow = s.shadow.as_ref().map(|pages| Shadow {
+            pages: pages.clone(),
+            sq_tail: 2 * qid as usize * stride,
+            cq_head: (2 * qid as usize + 1) * stride,
+            eventidx: PAGE as usize,
+            always_mmio: false,
+        });
+        let owner = self.clone();
+        Ok(QueuePair::new(QueueSetup {
+            qid,
+            layout,
+            memory,
+            doorbells: Doorbells {
+                regs: s.regs.clone(),
+                sq_tail: sq_tail_doorbell(qid, s.cap.dstrd()),
+                cq_head: cq_head_doorbell(qid, s.cap.dstrd()),
+                shadow,
+            },
+            namespaces: s.geometry.clone(),
+            max_transfer: s.max_transfer,
+            use_sgl: s.sgl,
+            on_drop: Some(Box::new(move |qid| owner.delete_queue(qid))),
+        }))
+    }
+
+    /// Deletes an I/O queue pair's queues on the controller (SQ first) and frees its id.
+    fn delete_queue(&self, qid: u16) {
+        for sqe in [Sqe::delete_io_sq(qid), Sqe::delete_io_cq(qid)] {
+            if let Err(e) = self.admin(sqe) {
+                log::warn!("{}: deleting I/O queue {qid}: {e}", self.shared.name);
+            }
+        }
+        self.shared.qids.lock()[qid as usize] = false;
+    }
+
+    /// Runs one admin command without data; returns CQE dword 0.
+    pub fn admin(&self, sqe: Sqe) -> Result<u32, Error> {
+        let s = &self.shared;
+        s.admin
+            .lock()
+            .execute(&s.name, &*s.regs, sqe, None, s.options.admin_timeout)
+    }
+
+    /// Runs one admin command that reads `len` bytes (at most 16 KiB) from the controller.
+    pub fn admin_read(&self, sqe: Sqe, len: usize) -> Result<(u32, Vec<u8>), Error> {
+        let s = &self.shared;
+        let mut buf = vec![0u8; len];
+        let dw0 = s.admin.lock().execute(
+            &s.name,
+            &*s.regs,
+            sqe,
+            Some((&mut buf, false)),
+            s.options.admin_timeout,
+        )?;
+        Ok((dw0, buf))
+    }
+
+    /// A log page of `len` bytes (namespace 0xffffffff for controller-wide ones).
+    pub fn log_page(&self, lid: LogPageId, nsid: u32, len: usize) -> Result<Vec<u8>, Error> {
+        Ok(self
+            .admin_read(Sqe::get_log_page(lid, nsid, len as u32, 0), len)?
+            .1)
+    }
+
+    /// SMART / Health Information, controller wide.
+    pub fn smart_log(&self) -> Result<SmartLog, Error> {
+        let raw = self.log_page(LogPageId::SmartHealth, 0xffff_ffff, SmartLog::SIZE)?;
+        SmartLog::from_slice(&raw).ok_or_else(|| invalid(&self.shared.name, "SMART log"))
+    }
+
+    /// The newest `count` Error Information entries (fewer if the controller keeps fewer).
+    pub fn error_log(&self, count: usize) -> Result<Vec<ErrorLogEntry>, Error> {
+        let entries = count.clamp(1, 1 + self.shared.identify.elpe as usize);
+        let raw = self.log_page(
+            LogPageId::ErrorInformation,
+            0xffff_ffff,
+            entries * ErrorLogEntry::SIZE,
+        )?;
+        Ok(raw
+            .chunks_exact(ErrorLogEntry::SIZE)
+            .filter_map(ErrorLogEntry::from_slice)
+            .filter(|e| !e.is_empty())
+            .collect())
+    }
+
+    pub fn firmware_log(&self) -> Result<FirmwareSlotLog, Error> {
+        let raw = self.log_page(LogPageId::FirmwareSlot, 0xffff_ffff, FirmwareSlotLog::SIZE)?;
+        FirmwareSlotLog::from_slice(&raw)
+            .ok_or_else(|| invalid(&self.shared.name, "firmware slot log"))
+    }
+
+    /// Asks the controller to abort command `cid` on submission queue `sqid`. Returns whether it
+    /// was aborted (CQE dword 0 bit 0 clear).
+    pub fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error> {
+        Ok(self.admin(Sqe::abort(sqid, cid))? & 1 == 0)
+    }
+
+    /// CSTS now (all ones when the device is gone).
+    pub fn status(&self) -> Csts {
+        Csts(self.shared.regs.read32(reg::CSTS))
+    }
+}
+
+impl Admin {
+    /// Submits `sqe` and polls for its completion. `data`: a buffer and whether it goes to the
+    /// controller; it travels through the admin data region.
+    fn execute(
+        &mut self,
+        name: &str,
+        regs: &dyn Registers,
+        sqe: Sqe,
+        data: Option<(&mut [u8], bool)>,
+        timeout: Duration,
+    ) -> Result<u32, Error> {
+        let command = crate::spec::AdminOpcode::from_raw(sqe.opcode())
+            .map(|o| o.name())
+            .unwrap_or("admin command");
+        let token = self.next_token;
+        self.next_token += 1;
+        let submitted = match &data {
+            Some((buf, to_device)) => {
+                if *to_device {
+                    self.data
+                        .slice(0, buf.len())
+                        .and_then(|s| s.write_slice(buf, 0))
+                        .map_err(|_| invalid(name, "admin data"))?;
+                }
+                let buffer = IoBuffer {
+                    iova: self.data.iova(),
+                    len: buf.len() as u32,
+                };
+                self.queue.submit_data(sqe, buffer, token)
+            }
+            None => self.queue.submit(sqe, token),
+        };
+        submitted.map_err(|e| Error::Invalid {
+            device: name.into(),
+            what: format!("{command}: {e}"),
+        })?;
+        let started = Instant::now();
+        let mut spins = 0u32;
+        let (status, dw0) = loop {
+            let mut result: Option<(Status, u32)> = None;
+            self.queue.poll(|c| {
+                if c.token == token {
+                    result = Some((c.status, c.dw0));
+                }
+            });
+            if let Some(r) = result {
+                break r;
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                let csts = Csts(regs.read32(reg::CSTS));
+                if csts.0 == u32::MAX {
+                    self.queue.kill();
+                    return Err(Error::Gone {
+                        device: name.into(),
+                    });
+                }
+                if csts.cfs() {
+                    return Err(Error::Fatal {
+                        device: name.into(),
+                        during: command.into(),
+                    });
+                }
+                if started.elapsed() > timeout {
+                    return Err(Error::Timeout {
+                        device: name.into(),
+                        what: command.into(),
+                        after: timeout,
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        };
+        if !status.is_success() {
+            return Err(Error::Command {
+                device: name.into(),
+                command,
+                status,
+            });
+        }
+        if let Some((buf, false)) = data {
+            let slice = self
+                .data
+                .slice(0, buf.len())
+                .map_err(|_| invalid(name, "admin data"))?;
+            slice
+                .read_slice(buf, 0)
+                .map_err(|_| invalid(name, "admin data"))?;
+        }
+        Ok(dw0)
+    }
+}
+
+fn invalid(name: &str, what: &str) -> Error {
+    Error::Invalid {
+        device: name.into(),
+        what: format!("short or malformed {what}"),
+    }
+}
+
+fn map(
+    name: &str,
+    space: &Arc<IovaSpace>,
+    len: usize,
+    options: &ControllerOptions,
+    node: Option<u32>,
+) -> Result<DmaRegion, Error> {
+    let memory = Memory::allocate(len, options.page, node).map_err(|source| Error::Memory {
+        device: name.into(),
+        source,
+    })?;
+    space.map(memory).map_err(|source| Error::Map {
+        device: name.into(),
+        source,
+    })
+}
+
+/// CC.EN = 0 and wait for CSTS.RDY = 0 (after letting a controller that is still becoming ready
+/// finish, as the spec asks).
+fn disable(name: &str, regs: &dyn Registers, timeout: Duration) -> Result<(), Error> {
+    let cc = Cc(regs.read32(reg::CC));
+    let csts = Csts(regs.read32(reg::CSTS));
+    if csts.0 == u32::MAX {
+        return Err(Error::Gone {
+            device: name.into(),
+        });
+    }
+    if cc.en() && !csts.rdy() && !csts.cfs() {
+        let _ = wait_ready(name, regs, true, timeout, "enable (before reset)");
+    }
+    if cc.en() || csts.rdy() {
+        regs.write32(reg::CC, Cc(cc.0).with_en(false).0);
+    }
+    wait_ready(name, regs, false, timeout, "disable")
+}
+
+/// Waits for CSTS.RDY to become `ready`.
+fn wait_ready(
+    name: &str,
+    regs: &dyn Registers,
+    ready: bool,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), Error> {
+    let started = Instant::now();
+    loop {
+        let csts = Csts(regs.read32(reg::CSTS));
+        if csts.0 == u32::MAX {
+            return Err(Error::Gone {
+                device: name.into(),
+            });
+        }
+        if ready && csts.cfs() {
+            return Err(Error::Fatal {
+                device: name.into(),
+                during: what.into(),
+            });
+        }
+        if csts.rdy() == ready {
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(Error::Timeout {
+                device: name.into(),
+                what: format!("controller {what} (CSTS.RDY)"),
+                after: timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn identify_namespaces(
+    name: &str,
+    regs: &dyn Registers,
+    admin: &mut Admin,
+    ctrl: &IdentifyController,
+    options: &ControllerOptions,
+) -> Result<Vec<Namespace>, Error> {
+    let mut buf = vec![0u8; 4096];
+    // Active Namespace ID list (NVMe 1.1+); older controllers: every id up to NN.
+    let ids: Vec<u32> = match admin.execute(
+        name,
+        regs,
+        Sqe::identify(Cns::ActiveNamespaceList, 0),
+        Some((&mut buf, false)),
+        options.admin_timeout,
+    ) {
+        Ok(_) => NamespaceList::from_slice(&buf)
+            .map(|l| l.iter().collect())
+            .unwrap_or_default(),
+        Err(Error::Command { .. }) => (1..=ctrl.nn.min(1024)).collect(),
+        Err(e) => return Err(e),
+    };
+    let mut namespaces = Vec::new();
+    for nsid in ids {
+        admin.execute(
+            name,
+            regs,
+            Sqe::identify(Cns::Namespace, nsid),
+            Some((&mut buf, false)),
+            options.admin_timeout,
+        )?;
+        let Some(id) = IdentifyNamespace::from_slice(&buf) else {
+            continue;
+        };
+        if id.nsze == 0 {
+            continue; // inactive
+        }
+        let Some(block_size) = id.lba_size_bytes().filter(|b| (512..=1 << 16).contains(b)) else {
+            log::warn!("{name}: namespace {nsid} has an unusable LBA format; skipped");
+            continue;
+        };
+        namespaces.push(Namespace {
+            nsid,
+            block_size: block_size as u32,
+            blocks: id.nsze,
+            metadata_size: id.metadata_size(),
+            identify: Box::new(id),
+        });
+    }
+    Ok(namespaces)
+}
+
+/// Geometry indexed by nsid - 1, for O(1) checks on the I/O path.
+fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
+    let len = namespaces
+        .iter()
+        .map(|n| n.nsid)
+        .max()
+        .unwrap_or(0)
+        .min(4096) as usize;
+    let mut table = vec![
+        NamespaceGeometry {
+            nsid: 0,
+            block_size: 0,
+            blocks: 0
+        };
+        len
+    ];
+    for n in namespaces.iter().filter(|n| (n.nsid as usize) <= len) {
+        table[n.nsid as usize - 1] = NamespaceGeometry {
+            nsid: n.nsid,
+            block_size: n.block_size,
+            blocks: n.blocks,
+        };
+    }
+    Arc::from(table)
+}
+
+impl Drop for Shared {
+    /// Normal shutdown (CC.SHN, wait for SHST complete), then disable. DMA memory is unmapped
+    /// when the regions drop, after the controller has stopped using it.
+    fn drop(&mut self) {
+        let regs = &*self.regs;
+        let csts = Csts(regs.read32(reg::CSTS));
+        if csts.0 == u32::MAX {
+            log::warn!("{}: device gone; nothing to shut down", self.name);
+            return;
+        }
+        let cc = Cc(regs.read32(reg::CC));
+        if cc.en() && !csts.cfs() {
+            regs.write32(reg::CC, cc.with_shn(Cc::SHN_NORMAL).0);
+            let started = Instant::now();
+            let limit = Duration::from_millis(self.cap.to_ms().clamp(1000, 10_000));
+            while Csts(regs.read32(reg::CSTS)).shst() != ShutdownStatus::Complete {
+                if started.elapsed() > limit {
+                    log::warn!("{}: shutdown did not complete within {limit:?}", self.name);
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }
+        if let Err(e) = disable(
+            &self.name,
+            regs,
+            Duration::from_millis(self.cap.to_ms().max(500)),
+        ) {
+            log::warn!("{}: disabling after shutdown: {e}", self.name);
+        }
+    }
+}

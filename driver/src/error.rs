@@ -1,0 +1,71 @@
+//! The driver's errors: each names the device, the command and the NVMe status by name, and says
+//! what to do where the fix is a setup step.
+
+use std::time::Duration;
+
+use crate::spec::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Vfio(#[from] crate::vfio::VfioError),
+    #[error("{device}: DMA memory: {source}")]
+    Memory {
+        device: String,
+        source: usnvme_hugepages::MemoryError,
+    },
+    #[error("{device}: DMA mapping: {source}")]
+    Map {
+        device: String,
+        source: usnvme_hugepages::MapError,
+    },
+    #[error("{device}: {command} failed: {status}")]
+    Command {
+        device: String,
+        command: &'static str,
+        status: Status,
+    },
+    #[error("{device}: {what} did not complete within {after:?}")]
+    Timeout {
+        device: String,
+        what: String,
+        after: Duration,
+    },
+    #[error("{device}: controller fatal status (CSTS.CFS) during {during}; the controller needs a reset")]
+    Fatal { device: String, during: String },
+    #[error("{device}: the device is gone (its registers read all ones): removed or dead")]
+    Gone { device: String },
+    #[error("{device}: unsupported: {what}")]
+    Unsupported { device: String, what: String },
+    #[error("{device}: namespace {nsid} does not exist (active namespaces: {active:?})")]
+    NoNamespace {
+        device: String,
+        nsid: u32,
+        active: Vec<u32>,
+    },
+    #[error("{device}: no I/O queue left: the controller granted {granted} and all are in use")]
+    NoQueue { device: String, granted: u16 },
+    #[error("{device}: invalid argument: {what}")]
+    Invalid { device: String, what: String },
+}
+
+/// Why an I/O was not submitted. Nothing was queued and the token is not returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the queue is full ({in_flight} commands in flight): poll for completions first")]
+    QueueFull { in_flight: u16 },
+    #[error("namespace {nsid} does not exist on this controller")]
+    InvalidNamespace { nsid: u32 },
+    #[error("{bytes} bytes exceed the controller's maximum transfer (MDTS) of {max} bytes: split the I/O")]
+    ExceedsMdts { bytes: u64, max: u64 },
+    #[error("{bytes} bytes is not a whole number of {block_size}-byte blocks")]
+    NotBlockMultiple { bytes: u64, block_size: u32 },
+    #[error("{blocks} blocks in one command: 1 to 65536")]
+    BlockCount { blocks: u64 },
+    #[error("buffer IOVA {iova:#x} is not dword aligned")]
+    Misaligned { iova: u64 },
+    #[error("the controller does not support {what}")]
+    Unsupported { what: &'static str },
+    #[error("the queue pair is unusable after a controller failure: reset the controller")]
+    Dead,
+}

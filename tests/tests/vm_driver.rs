@@ -1,0 +1,378 @@
+//! The VFIO driver on the test bed's emulated drives (file backend, 512 B and 4 KiB blocks).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use usnvme_driver::pci::PciAddress;
+use usnvme_driver::spec::Status;
+use usnvme_driver::vfio::{Vfio, VfioError};
+use usnvme_driver::{
+    Completion, Controller, ControllerOptions, Error, IoBuffer, QueuePair, QueuePairOptions,
+    SubmitError,
+};
+use usnvme_hugepages::{BufferPool, DmaBuffer, PageSize};
+use usnvme_tests::{drive_index, expect_on_host, pattern, vfio_controllers, VmBed};
+
+const NSID: u32 = 1;
+
+fn open(vfio: &Arc<Vfio>, addr: PciAddress) -> Controller {
+    Controller::open(vfio, addr, ControllerOptions::default())
+        .unwrap_or_else(|e| panic!("{addr}: {e}"))
+}
+
+fn open_all() -> (Arc<Vfio>, Vec<Controller>) {
+    let vfio = Vfio::new("/sys").expect("VFIO container");
+    let ctrls = vfio_controllers()
+        .into_iter()
+        .map(|a| open(&vfio, a))
+        .collect();
+    (vfio, ctrls)
+}
+
+fn pool(ctrl: &Controller, size: usize, count: usize) -> BufferPool {
+    BufferPool::new(ctrl.iova_space(), size, count, PageSize::Huge2M, None).expect("buffer pool")
+}
+
+/// Submits one command and polls until it completes; returns its status.
+fn wait_one(
+    qp: &mut QueuePair,
+    submit: impl FnOnce(&mut QueuePair) -> Result<(), SubmitError>,
+) -> Status {
+    submit(qp).expect("submitted");
+    let mut done: Option<Completion> = None;
+    let started = std::time::Instant::now();
+    while done.is_none() {
+        qp.poll(|c| done = Some(c));
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "no completion within 30 s"
+        );
+    }
+    let c = done.expect("completion");
+    assert_eq!(c.token, 7, "the token comes back");
+    c.status
+}
+
+fn span(buf: &DmaBuffer, offset: usize, len: usize) -> IoBuffer {
+    IoBuffer {
+        iova: buf.iova_at(offset),
+        len: len as u32,
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn every_drive_is_identified_and_its_health_log_read() {
+    let bed = VmBed::from_env();
+    let (_vfio, ctrls) = open_all();
+    assert_eq!(ctrls.len(), bed.drives - bed.kernel_drives);
+    for ctrl in &ctrls {
+        let id = ctrl.identify();
+        let k = drive_index(&id.serial())
+            .unwrap_or_else(|| panic!("{}: serial {:?}", ctrl.name(), id.serial()));
+        assert_eq!(id.model(), "QEMU NVMe Ctrl", "{}", ctrl.name());
+        assert_eq!(ctrl.namespaces().len(), 1);
+        let ns = &ctrl.namespaces()[0];
+        assert_eq!(
+            ns.block_size,
+            bed.logical_block_sizes[k % bed.logical_block_sizes.len()],
+            "drive {k}"
+        );
+        assert_eq!(ns.capacity_bytes(), 1 << 30);
+        assert!(ctrl.io_queues_granted() >= 2);
+        let smart = ctrl.smart_log().expect("SMART log");
+        let celsius = smart.temperature_celsius();
+        assert!((-20..=100).contains(&celsius), "temperature {celsius}");
+        assert!(smart.critical_warnings().0 == 0);
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn data_round_trips_through_every_prp_shape_and_lands_in_the_image() {
+    let (_vfio, ctrls) = open_all();
+    for ctrl in &ctrls {
+        let k = drive_index(&ctrl.identify().serial()).expect("test bed serial");
+        let bs = ctrl.namespace(NSID).expect("namespace 1").block_size as usize;
+        let mdts = ctrl.max_transfer() as usize;
+        let mut qp = ctrl
+            .create_queue_pair(QueuePairOptions::default())
+            .expect("queue pair");
+        let mut buffers = pool(ctrl, 2 << 20, 2);
+        let (wbuf, rbuf) = (
+            buffers.alloc().expect("buffer"),
+            buffers.alloc().expect("buffer"),
+        );
+        let mut lba = 8u64;
+        // sizes x buffer offsets: PRP1 only, PRP1 + PRP2, PRP lists, and buffers starting mid-page
+        for size in [512, 4096, 8192, 128 << 10, mdts] {
+            if size < bs {
+                continue;
+            }
+            for offset in [0usize, 512, 3584] {
+                let seed = (k as u64) << 32 | lba;
+                let data = pattern(seed, size);
+                wbuf.write_from(&data, offset).expect("fill");
+                rbuf.fill(0xee);
+                let st = wait_one(&mut qp, |q| {
+                    q.write(NSID, lba, span(&wbuf, offset, size), 7)
+                });
+                assert!(
+                    st.is_success(),
+                    "{}: write {size} at +{offset}: {st}",
+                    ctrl.name()
+                );
+                let st = wait_one(&mut qp, |q| {
+                    q.read(NSID, lba, span(&rbuf, offset + 4, size), 7)
+                });
+                assert!(
+                    st.is_success(),
+                    "{}: read {size} at +{offset}: {st}",
+                    ctrl.name()
+                );
+                let mut back = vec![0u8; size];
+                rbuf.read_into(&mut back, offset + 4).expect("read back");
+                assert!(
+                    back == data,
+                    "{}: {size} bytes at buffer offset {offset}: data differs",
+                    ctrl.name()
+                );
+                expect_on_host(k, lba * bs as u64, &data);
+                lba += (size / bs) as u64 + 1;
+            }
+        }
+        let st = wait_one(&mut qp, |q| q.flush_cache(NSID, 7));
+        assert!(st.is_success(), "flush: {st}");
+        buffers.free(wbuf).expect("own buffer");
+        buffers.free(rbuf).expect("own buffer");
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn write_zeroes_reads_back_zeroes_and_deallocate_is_accepted() {
+    let (_vfio, ctrls) = open_all();
+    let ctrl = &ctrls[0];
+    let bs = ctrl.namespace(NSID).expect("namespace").block_size as usize;
+    let mut qp = ctrl
+        .create_queue_pair(QueuePairOptions::default())
+        .expect("queue pair");
+    let mut buffers = pool(ctrl, 64 << 10, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let lba = 100_000u64;
+    let len = 16 * bs;
+    buf.write_from(&pattern(99, len), 0).expect("fill");
+    assert!(wait_one(&mut qp, |q| q.write(NSID, lba, span(&buf, 0, len), 7)).is_success());
+    assert!(wait_one(&mut qp, |q| q.write_zeroes(NSID, lba + 4, 8, 7)).is_success());
+    buf.fill(0xaa);
+    assert!(wait_one(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7)).is_success());
+    let mut back = vec![0u8; len];
+    buf.read_into(&mut back, 0).expect("read back");
+    let expect = pattern(99, len);
+    assert_eq!(
+        back[..4 * bs],
+        expect[..4 * bs],
+        "blocks before the zeroed range are kept"
+    );
+    assert!(
+        back[4 * bs..12 * bs].iter().all(|b| *b == 0),
+        "zeroed blocks read back as zeroes"
+    );
+    assert_eq!(
+        back[12 * bs..],
+        expect[12 * bs..],
+        "blocks after the zeroed range are kept"
+    );
+    let st = wait_one(&mut qp, |q| q.deallocate(NSID, lba, 16, 7));
+    assert!(st.is_success(), "deallocate: {st}");
+    // DLFEAT 001b: deallocated blocks read as zeroes
+    if ctrl.namespace(NSID).expect("namespace").identify.dlfeat & 7 == 1 {
+        assert!(wait_one(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7)).is_success());
+        buf.read_into(&mut back, 0).expect("read back");
+        assert!(
+            back.iter().all(|b| *b == 0),
+            "deallocated blocks read as zeroes"
+        );
+    }
+    buffers.free(buf).expect("own buffer");
+}
+
+/// Keeps `depth` I/Os in flight on `qp` until `total` completed: writes of a pattern, each read
+/// back and checked; every completion matched to its token exactly once.
+fn hammer(
+    qp: &mut QueuePair,
+    bs: usize,
+    first_lba: u64,
+    total: usize,
+    depth: usize,
+    pool: &mut BufferPool,
+) {
+    let io = 4096usize;
+    let blocks = (io / bs) as u64;
+    let mut outstanding: HashMap<u64, (DmaBuffer, u64, bool)> = HashMap::new();
+    let (mut issued, mut completed, mut next_token) = (0usize, 0usize, 1u64);
+    while completed < total {
+        while outstanding.len() < depth && issued < total {
+            let Some(buf) = pool.alloc() else { break };
+            let slot = (issued % 512) as u64;
+            let lba = first_lba + slot * blocks;
+            let is_write = (issued / 512) % 2 == 0;
+            if is_write {
+                buf.write_from(&pattern(lba, io), 0).expect("fill");
+            }
+            let b = IoBuffer {
+                iova: buf.iova(),
+                len: io as u32,
+            };
+            let r = if is_write {
+                qp.write(NSID, lba, b, next_token)
+            } else {
+                qp.read(NSID, lba, b, next_token)
+            };
+            match r {
+                Ok(()) => {
+                    outstanding.insert(next_token, (buf, lba, is_write));
+                    next_token += 1;
+                    issued += 1;
+                }
+                Err(SubmitError::QueueFull { .. }) => {
+                    pool.free(buf).expect("own buffer");
+                    break;
+                }
+                Err(e) => panic!("submit: {e}"),
+            }
+        }
+        qp.poll(|c| {
+            let (buf, lba, is_write) = outstanding
+                .remove(&c.token)
+                .expect("a token that was given, once");
+            assert!(c.status.is_success(), "lba {lba}: {}", c.status);
+            if !is_write {
+                let mut back = vec![0u8; io];
+                buf.read_into(&mut back, 0).expect("read back");
+                assert!(
+                    back == pattern(lba, io),
+                    "lba {lba}: read differs from what was written"
+                );
+            }
+            pool.free(buf).expect("own buffer");
+            completed += 1;
+        });
+    }
+    assert!(outstanding.is_empty());
+    assert_eq!(qp.in_flight(), 0);
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn two_threads_each_with_a_queue_pair_on_one_drive() {
+    let (_vfio, ctrls) = open_all();
+    let ctrl = ctrls[1].clone();
+    let bs = ctrl.namespace(NSID).expect("namespace").block_size as usize;
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let ctrl = ctrl.clone();
+            s.spawn(move || {
+                let mut qp = ctrl
+                    .create_queue_pair(QueuePairOptions {
+                        depth: 256,
+                        node: None,
+                    })
+                    .expect("queue pair");
+                let mut buffers = pool(&ctrl, 4096, 256);
+                let first = ctrl.namespace(NSID).expect("namespace").blocks / 4 * (t + 1);
+                hammer(&mut qp, bs, first, 4096, 255, &mut buffers);
+            });
+        }
+    });
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn one_thread_with_queue_pairs_on_every_drive() {
+    let (_vfio, ctrls) = open_all();
+    let mut qps: Vec<(QueuePair, usize, u64, BufferPool)> = ctrls
+        .iter()
+        .map(|c| {
+            let ns = c.namespace(NSID).expect("namespace");
+            let qp = c
+                .create_queue_pair(QueuePairOptions {
+                    depth: 64,
+                    node: None,
+                })
+                .expect("queue pair");
+            (qp, ns.block_size as usize, ns.blocks / 2, pool(c, 4096, 64))
+        })
+        .collect();
+    for (qp, bs, middle, buffers) in &mut qps {
+        hammer(qp, *bs, *middle, 1024, 63, buffers);
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn errors_come_back_by_name_and_kind() {
+    let (vfio, ctrls) = open_all();
+    let ctrl = &ctrls[0];
+    let ns = ctrl.namespace(NSID).expect("namespace");
+    let mut qp = ctrl
+        .create_queue_pair(QueuePairOptions::default())
+        .expect("queue pair");
+    let mut buffers = pool(ctrl, 4 << 20, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let bs = ns.block_size as usize;
+
+    let st = wait_one(&mut qp, |q| q.read(NSID, ns.blocks, span(&buf, 0, bs), 7));
+    assert_eq!(st.code(), Status::LBA_OUT_OF_RANGE, "{st}");
+    assert_eq!(st.name(), "LBA Out of Range");
+
+    let too_big = ctrl.max_transfer() as usize + bs;
+    let e = qp
+        .read(NSID, 0, span(&buf, 0, too_big), 7)
+        .expect_err("larger than MDTS");
+    assert!(matches!(e, SubmitError::ExceedsMdts { .. }), "{e}");
+    let e = qp
+        .read(2, 0, span(&buf, 0, bs), 7)
+        .expect_err("no namespace 2");
+    assert_eq!(e, SubmitError::InvalidNamespace { nsid: 2 });
+    let e = ctrl.namespace(2).expect_err("no namespace 2");
+    assert!(matches!(e, Error::NoNamespace { nsid: 2, .. }), "{e}");
+
+    let nowhere: PciAddress = "0000:7f:1f.7".parse().expect("address");
+    let e =
+        Controller::open(&vfio, nowhere, ControllerOptions::default()).expect_err("no such device");
+    assert!(matches!(e, Error::Vfio(VfioError::NoDevice { .. })), "{e}");
+    assert!(e.to_string().contains("usnvme list"), "{e}");
+    buffers.free(buf).expect("own buffer");
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_drive_not_bound_to_vfio_is_refused_with_the_fix() {
+    let addr = *vfio_controllers().last().expect("a drive");
+    let dev = Path::new("/sys/bus/pci/devices").join(addr.to_string());
+    std::fs::write(dev.join("driver/unbind"), addr.to_string()).expect("unbind");
+    let vfio = Vfio::new("/sys").expect("VFIO container");
+    let e =
+        Controller::open(&vfio, addr, ControllerOptions::default()).expect_err("not on vfio-pci");
+    // give the drive back to vfio-pci before asserting, so later tests see all drives
+    std::fs::write("/sys/bus/pci/drivers_probe", addr.to_string()).expect("rebind");
+    assert!(matches!(e, Error::Vfio(VfioError::NotVfio { .. })), "{e}");
+    assert!(e.to_string().contains("usnvme setup bind"), "{e}");
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn no_hugepages_reserved_is_an_error_that_says_how_to_reserve_them() {
+    let nr = Path::new("/proc/sys/vm/nr_hugepages");
+    let before = std::fs::read_to_string(nr).expect("nr_hugepages");
+    std::fs::write(nr, "0").expect("release hugepages");
+    let vfio = Vfio::new("/sys").expect("VFIO container");
+    let addr = vfio_controllers()[0];
+    let result = Controller::open(&vfio, addr, ControllerOptions::default());
+    std::fs::write(nr, before.trim()).expect("restore hugepages");
+    let e = result.expect_err("no hugepages");
+    assert!(matches!(e, Error::Memory { .. }), "{e}");
+    assert!(e.to_string().contains("usnvme setup --hugepages"), "{e}");
+}
