@@ -28,6 +28,14 @@ pub struct VmTestArgs {
     pub harness_only: bool,
 }
 
+/// Packages whose `#[ignore = "VM: ..."]` tests (integration and unit) run in the guest.
+const SUITE_PACKAGES: &[&str] = &[
+    "usnvme-hugepages",
+    "usnvme-driver",
+    "usnvme-engine",
+    "usnvme-tests",
+];
+
 /// The guest suites' drives: 24, file-backed, 512 B and 4 KiB logical blocks alternating.
 pub const SUITE_DRIVES: usize = 24;
 
@@ -81,13 +89,8 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let json = cmd::output(
         "vm-test: build the VM test suites",
         Command::new("cargo")
-            .args([
-                "test",
-                "-p",
-                "usnvme-tests",
-                "--no-run",
-                "--message-format=json",
-            ])
+            .args(["test", "--no-run", "--message-format=json"])
+            .args(SUITE_PACKAGES.iter().flat_map(|p| ["-p", p]))
             .current_dir(&root),
         "fix the build errors (run `cargo test -p usnvme-tests --no-run` to see them)",
     )?;
@@ -232,12 +235,11 @@ fn fnv1a64(data: &[u8]) -> u64 {
 fn test_executables(json: &str) -> Vec<PathBuf> {
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        // integration-test targets only: the lib and bin unit tests of usnvme-tests run on the host
+        // integration tests and library unit tests (bins hold no VM tests)
         .filter(|v| v["reason"] == "compiler-artifact" && v["profile"]["test"] == true)
         .filter(|v| {
-            v["target"]["kind"]
-                .as_array()
-                .is_some_and(|k| k.iter().any(|k| k == "test"))
+            let kinds = v["target"]["kind"].as_array();
+            kinds.is_some_and(|k| k.iter().any(|k| k == "test" || k == "lib"))
         })
         .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
         .collect()
@@ -273,12 +275,13 @@ mod tests {
     #[test]
     fn picks_test_executables_from_cargo_json() {
         let json = r#"{"reason":"compiler-artifact","target":{"kind":["test"]},"profile":{"test":true},"executable":"/t/debug/deps/vm_list-1"}
-{"reason":"compiler-artifact","target":{"kind":["lib"]},"profile":{"test":true},"executable":"/t/debug/deps/usnvme_tests-1"}
+{"reason":"compiler-artifact","target":{"kind":["lib"]},"profile":{"test":true},"executable":"/t/debug/deps/usnvme_hugepages-1"}
 {"reason":"compiler-artifact","target":{"kind":["bin"]},"profile":{"test":false},"executable":"/t/debug/usnvme"}
 {"reason":"compiler-artifact","target":{"kind":["test"]},"profile":{"test":true},"executable":null}
 {"reason":"build-finished","success":true}"#;
         let exes = test_executables(json);
-        assert_eq!(exes.len(), 1);
+        assert_eq!(exes.len(), 2);
         assert!(exes[0].ends_with("vm_list-1"));
+        assert!(exes[1].ends_with("usnvme_hugepages-1"));
     }
 }
