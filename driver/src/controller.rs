@@ -224,6 +224,8 @@ impl Controller {
             .with_ams(0)
             .with_en(true);
         regs.write32(reg::CC, cc.0);
+        // Whatever fails from here on leaves the controller disabled, not half configured.
+        let mut guard = DisableOnError { name: &name, regs: &*regs, timeout: ready_timeout, armed: true };
         wait_ready(&name, &*regs, true, ready_timeout, "enable")?;
         let mut admin = Admin {
             queue: admin_queue,
@@ -291,6 +293,8 @@ impl Controller {
             namespaces.len(),
             if shadow.is_some() { "on" } else { "off" }
         );
+        guard.armed = false;
+        drop(guard);
         let shared = Shared {
             name,
             regs,
@@ -525,6 +529,24 @@ impl Controller {
     /// CSTS now (all ones when the device is gone).
     pub fn status(&self) -> Csts {
         Csts(self.shared.regs.read32(reg::CSTS))
+    }
+}
+
+/// Disables a controller whose bring-up failed after it was enabled.
+struct DisableOnError<'a> {
+    name: &'a str,
+    regs: &'a dyn Registers,
+    timeout: Duration,
+    armed: bool,
+}
+
+impl Drop for DisableOnError<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = disable(self.name, self.regs, self.timeout) {
+                log::warn!("{}: disabling after a failed bring-up: {e}", self.name);
+            }
+        }
     }
 }
 
