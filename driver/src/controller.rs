@@ -225,7 +225,12 @@ impl Controller {
             .with_en(true);
         regs.write32(reg::CC, cc.0);
         // Whatever fails from here on leaves the controller disabled, not half configured.
-        let mut guard = DisableOnError { name: &name, regs: &*regs, timeout: ready_timeout, armed: true };
+        let mut guard = DisableOnError {
+            name: &name,
+            regs: &*regs,
+            timeout: ready_timeout,
+            armed: true,
+        };
         wait_ready(&name, &*regs, true, ready_timeout, "enable")?;
         let mut admin = Admin {
             queue: admin_queue,

@@ -42,7 +42,7 @@ pub enum VfioError {
     NoIommuGroup { addr: PciAddress },
     #[error("{addr} is in IOMMU group {group}, which has devices not bound to vfio-pci: bind the whole group (`usnvme setup bind`)")]
     GroupNotViable { addr: PciAddress, group: String },
-    #[error("cannot open /dev/vfio/vfio (load vfio-pci and run as root): {0}")]
+    #[error("cannot open /dev/vfio/vfio (load vfio-pci and run as root)")]
     Container(#[source] vfio_ioctls::VfioError),
     #[error("{addr}: cannot open the VFIO device; is another process using it? ({source})")]
     Device {

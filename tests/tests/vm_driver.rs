@@ -382,17 +382,34 @@ fn no_hugepages_reserved_is_an_error_that_says_how_to_reserve_them() {
 fn sgl_data_blocks_carry_data_like_prps() {
     let vfio = Vfio::new("/sys").expect("VFIO container");
     for addr in vfio_controllers().into_iter().take(2) {
-        let ctrl = Controller::open(&vfio, addr, ControllerOptions { sgl: true, ..Default::default() }).expect("open");
+        let ctrl = Controller::open(
+            &vfio,
+            addr,
+            ControllerOptions {
+                sgl: true,
+                ..Default::default()
+            },
+        )
+        .expect("open");
         assert!(ctrl.uses_sgl(), "{addr}: QEMU's NVMe supports SGLs");
         let bs = ctrl.namespace(NSID).expect("namespace").block_size as usize;
-        let mut qp = ctrl.create_queue_pair(QueuePairOptions::default()).expect("queue pair");
+        let mut qp = ctrl
+            .create_queue_pair(QueuePairOptions::default())
+            .expect("queue pair");
         let mut buffers = pool(&ctrl, 1 << 20, 2);
-        let (w, r) = (buffers.alloc().expect("buffer"), buffers.alloc().expect("buffer"));
+        let (w, r) = (
+            buffers.alloc().expect("buffer"),
+            buffers.alloc().expect("buffer"),
+        );
         for (size, offset) in [(bs, 0), (64 << 10, 512), (ctrl.max_transfer() as usize, 0)] {
             let data = pattern(size as u64 + offset as u64, size);
             w.write_from(&data, offset).expect("fill");
-            assert!(wait_one(&mut qp, |q| q.write(NSID, 2048, span(&w, offset, size), 7)).is_success());
-            assert!(wait_one(&mut qp, |q| q.read(NSID, 2048, span(&r, offset, size), 7)).is_success());
+            assert!(
+                wait_one(&mut qp, |q| q.write(NSID, 2048, span(&w, offset, size), 7)).is_success()
+            );
+            assert!(
+                wait_one(&mut qp, |q| q.read(NSID, 2048, span(&r, offset, size), 7)).is_success()
+            );
             let mut back = vec![0u8; size];
             r.read_into(&mut back, offset).expect("read back");
             assert!(back == data, "{addr}: {size} bytes through an SGL differ");
@@ -407,24 +424,44 @@ fn sgl_data_blocks_carry_data_like_prps() {
 fn a_full_queue_is_an_error_never_an_overwrite() {
     let (_vfio, ctrls) = open_all();
     let ctrl = &ctrls[2];
-    assert!(ctrl.shadow_doorbells(), "QEMU offers Doorbell Buffer Config");
-    let mut qp = ctrl.create_queue_pair(QueuePairOptions { depth: 16, node: None }).expect("queue pair");
+    assert!(
+        ctrl.shadow_doorbells(),
+        "QEMU offers Doorbell Buffer Config"
+    );
+    let mut qp = ctrl
+        .create_queue_pair(QueuePairOptions {
+            depth: 16,
+            node: None,
+        })
+        .expect("queue pair");
     for token in 0..15 {
-        qp.flush_cache(NSID, token).expect("room for depth - 1 commands");
+        qp.flush_cache(NSID, token)
+            .expect("room for depth - 1 commands");
     }
-    assert_eq!(qp.flush_cache(NSID, 99), Err(SubmitError::QueueFull { in_flight: 15 }));
+    assert_eq!(
+        qp.flush_cache(NSID, 99),
+        Err(SubmitError::QueueFull { in_flight: 15 })
+    );
     let mut tokens = Vec::new();
     let started = std::time::Instant::now();
     while tokens.len() < 15 {
         qp.poll(|c| tokens.push(c.token));
-        assert!(started.elapsed().as_secs() < 30, "completions missing: {tokens:?}");
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "completions missing: {tokens:?}"
+        );
     }
     tokens.sort();
-    assert_eq!(tokens, (0..15).collect::<Vec<_>>(), "each token once, 99 never");
+    assert_eq!(
+        tokens,
+        (0..15).collect::<Vec<_>>(),
+        "each token once, 99 never"
+    );
     // the ring wraps around many times with the queue kept full
     for round in 0..50u64 {
         for i in 0..15 {
-            qp.flush_cache(NSID, round * 100 + i).expect("room after completions");
+            qp.flush_cache(NSID, round * 100 + i)
+                .expect("room after completions");
         }
         let mut n = 0;
         while n < 15 {
@@ -442,16 +479,33 @@ fn the_iommu_ranges_come_from_vfio_and_regions_are_mapped_once() {
     let space = vfio.iova_space();
     let ranges = space.mapper().iova_ranges();
     assert!(!ranges.is_empty());
-    assert!(ranges.iter().all(|r| r.end <= 1 << 39), "the test VM's IOMMU has 39 address bits: {ranges:x?}");
+    assert!(
+        ranges.iter().all(|r| r.end <= 1 << 39),
+        "the test VM's IOMMU has 39 address bits: {ranges:x?}"
+    );
     let before = space.mappings();
     // admin rings, admin data and shadow doorbells: three regions per controller
     assert_eq!(before, 3 * ctrls.len());
-    let qps: Vec<QueuePair> =
-        ctrls.iter().map(|c| c.create_queue_pair(QueuePairOptions::default()).expect("queue pair")).collect();
+    let qps: Vec<QueuePair> = ctrls
+        .iter()
+        .map(|c| {
+            c.create_queue_pair(QueuePairOptions::default())
+                .expect("queue pair")
+        })
+        .collect();
     let buffers = pool(&ctrls[0], 4096, 4096);
-    assert_eq!(space.mappings(), before + qps.len() + 1, "one mapping per region, not per buffer");
-    let aborted = ctrls[0].abort(qps[0].qid(), 0xfff0).expect("Abort is answered");
-    assert!(!aborted, "a command id that is not in flight cannot be aborted");
+    assert_eq!(
+        space.mappings(),
+        before + qps.len() + 1,
+        "one mapping per region, not per buffer"
+    );
+    let aborted = ctrls[0]
+        .abort(qps[0].qid(), 0xfff0)
+        .expect("Abort is answered");
+    assert!(
+        !aborted,
+        "a command id that is not in flight cannot be aborted"
+    );
     drop(buffers);
     drop(qps);
     assert_eq!(space.mappings(), before);

@@ -40,11 +40,21 @@ static GLOBAL: Counting = Counting;
 #[ignore = "VM: run by `cargo xtask vm-test`"]
 fn submitting_and_polling_allocate_nothing() {
     let vfio = Vfio::new("/sys").expect("VFIO container");
-    let ctrl = Controller::open(&vfio, vfio_controllers()[3], ControllerOptions::default()).expect("open");
+    let ctrl =
+        Controller::open(&vfio, vfio_controllers()[3], ControllerOptions::default()).expect("open");
     let bs = ctrl.namespace(1).expect("namespace").block_size;
-    let mut qp = ctrl.create_queue_pair(QueuePairOptions { depth: 128, node: None }).expect("queue pair");
-    let buffers = BufferPool::new(ctrl.iova_space(), 8192, 1, PageSize::Huge2M, None).expect("pool");
-    let buf = IoBuffer { iova: buffers.region().iova(), len: 8192 };
+    let mut qp = ctrl
+        .create_queue_pair(QueuePairOptions {
+            depth: 128,
+            node: None,
+        })
+        .expect("queue pair");
+    let buffers =
+        BufferPool::new(ctrl.iova_space(), 8192, 1, PageSize::Huge2M, None).expect("pool");
+    let buf = IoBuffer {
+        iova: buffers.region().iova(),
+        len: 8192,
+    };
     let blocks = 8192 / bs as u64;
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -52,7 +62,11 @@ fn submitting_and_polling_allocate_nothing() {
     while completed < 20_000 {
         while submitted < 20_000 && qp.in_flight() < 64 {
             let lba = (submitted % 1000) * blocks;
-            let r = if submitted % 2 == 0 { qp.write(1, lba, buf, submitted) } else { qp.read(1, lba, buf, submitted) };
+            let r = if submitted % 2 == 0 {
+                qp.write(1, lba, buf, submitted)
+            } else {
+                qp.read(1, lba, buf, submitted)
+            };
             if r.is_err() {
                 break;
             }
@@ -65,5 +79,8 @@ fn submitting_and_polling_allocate_nothing() {
     }
     let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(failed, 0);
-    assert_eq!(allocated, 0, "the I/O path allocated {allocated} times in 20 000 I/Os");
+    assert_eq!(
+        allocated, 0,
+        "the I/O path allocated {allocated} times in 20 000 I/Os"
+    );
 }

@@ -4,7 +4,12 @@
 //! `run` function; `main` parses, dispatches, and turns errors into `usnvme: error: ...` and exit
 //! status 1 (clap's usage errors exit 2).
 
+mod format;
+mod health;
+mod identify;
 mod list;
+mod open;
+mod signals;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -29,17 +34,40 @@ struct Cli {
 enum Command {
     /// List the NVMe controllers: driver, NUMA node, IOMMU group, PCIe link, block devices.
     List(list::Args),
+    /// Identify controllers and namespaces: model, serial, firmware, features, LBA formats.
+    Identify(identify::Args),
+    /// SMART / Health of controllers: temperature, wear, spare, errors, PCIe link, and a verdict.
+    Health(health::Args),
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
-    match run(cli) {
+    if let Err(e) = signals::install() {
+        log::warn!("cannot install the Ctrl-C handler: {e}");
+    }
+    let result = run(cli);
+    if let Some(signal) = signals::received() {
+        eprintln!(
+            "usnvme: interrupted by {}; the controllers were shut down",
+            signals::name(signal)
+        );
+        return ExitCode::from(signals::exit_status(signal));
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // `usnvme list | head`: the reader went away, which is not our failure.
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("usnvme: error: {e:#}");
+            match e.downcast_ref::<open::Failures>() {
+                // One line per controller that failed (the others were reported).
+                Some(open::Failures(failures)) => {
+                    for failure in failures {
+                        eprintln!("usnvme: error: {}", error_text(failure));
+                    }
+                }
+                None => eprintln!("usnvme: error: {}", error_text(&e)),
+            }
             ExitCode::FAILURE
         }
     }
@@ -48,11 +76,15 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let sysfs = sysfs();
     let mut stdout = io::stdout().lock();
-    match cli.command {
-        Command::List(args) => list::run(&sysfs, &args, &mut stdout)?,
-    }
-    stdout.flush()?;
-    Ok(())
+    let result = match cli.command {
+        Command::List(args) => list::run(&sysfs, &args, &mut stdout),
+        Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
+        Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
+    };
+    // What was reported goes out before the errors about the rest.
+    let flushed = stdout.flush();
+    result?;
+    Ok(flushed?)
 }
 
 /// The sysfs/procfs view: `/`, or the root named by `USNVME_SYSFS_ROOT`.
@@ -67,10 +99,61 @@ fn sysfs() -> Sysfs {
     }
 }
 
+/// The error and its causes, `: `-separated, like `{e:#}`, but without a cause whose text is
+/// already there: errors that print their source in their own message (as the VFIO ones do)
+/// would otherwise say the same thing two or three times.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
+}
+
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
         cause
             .downcast_ref::<io::Error>()
             .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its source in its own message, and also returns it as its source.
+    #[derive(Debug)]
+    struct Repeats(io::Error);
+
+    impl std::fmt::Display for Repeats {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot open the container: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn error_text_says_each_cause_once() {
+        let e = anyhow::Error::new(Repeats(io::Error::other("no such file")));
+        assert_eq!(
+            format!("{e:#}"),
+            "cannot open the container: no such file: no such file"
+        );
+        assert_eq!(error_text(&e), "cannot open the container: no such file");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_text(&e), "outer: inner");
+    }
 }

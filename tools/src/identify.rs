@@ -1,0 +1,399 @@
+//! `usnvme identify`: what each controller and namespace says about itself (Identify Controller,
+//! Identify Namespace) and what the driver negotiated with it, as text or JSON.
+
+use std::io::Write;
+
+use anyhow::Result;
+use serde::Serialize;
+use usnvme_driver::pci::{PciAddress, Sysfs};
+use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
+use usnvme_driver::{Controller, Namespace};
+
+use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
+use crate::open;
+
+/// Arguments of `usnvme identify`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Controllers to identify (like 0000:01:00.0 or 01:00.0); default: every NVMe controller
+    /// bound to vfio-pci.
+    #[arg(value_name = "BDF")]
+    pub bdfs: Vec<PciAddress>,
+    /// Print a JSON array, one object per controller, instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    open::report(sysfs, &args.bdfs, args.json, out, report, render)
+}
+
+/// One controller, as `--json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControllerReport {
+    pub address: String,
+    pub model: String,
+    pub serial: String,
+    pub firmware: String,
+    /// PCI Vendor ID and Subsystem Vendor ID.
+    pub vendor_id: u16,
+    pub subsystem_vendor_id: u16,
+    pub controller_id: u16,
+    /// From the VS register.
+    pub nvme_version: String,
+    /// Maximum Data Transfer Size; `null`: no limit.
+    pub mdts_bytes: Option<u64>,
+    /// The largest transfer the driver issues in one command (MDTS, capped by the driver).
+    pub max_transfer_bytes: u64,
+    /// NN: the largest namespace ID the controller supports.
+    pub number_of_namespaces: u32,
+    /// Optional Admin Command Support, by name.
+    pub oacs: Vec<&'static str>,
+    /// Optional NVM Command Support, by name.
+    pub oncs: Vec<&'static str>,
+    /// `none`, `byte aligned` or `dword aligned` (`reserved` for the reserved value).
+    pub sgl_support: &'static str,
+    pub volatile_write_cache: bool,
+    /// I/O queue pairs the controller granted (the driver asks for 64).
+    pub io_queue_pairs: u16,
+    /// Doorbell Buffer Config in use.
+    pub shadow_doorbells: bool,
+    pub subsystem_nqn: String,
+    /// The active namespaces.
+    pub namespaces: Vec<NamespaceReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NamespaceReport {
+    pub nsid: u32,
+    /// Data bytes per block and metadata bytes per block of the LBA format in use.
+    pub block_size: u32,
+    pub metadata_size: u16,
+    /// NSZE: the size in blocks, and in bytes.
+    pub blocks: u64,
+    pub capacity_bytes: u64,
+    /// NCAP: blocks that may be allocated.
+    pub capacity_blocks: u64,
+    /// NUSE: blocks allocated.
+    pub utilization_blocks: u64,
+    pub lba_format_in_use: usize,
+    pub lba_formats: Vec<LbaFormatReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LbaFormatReport {
+    pub index: usize,
+    /// Data bytes per block; `null` for an invalid format.
+    pub data_size: Option<u64>,
+    pub metadata_size: u16,
+    /// RP: 0 best, 1 better, 2 good, 3 degraded.
+    pub relative_performance: u8,
+    pub performance: &'static str,
+    pub in_use: bool,
+}
+
+/// The facts of `ctrl`.
+pub fn report(ctrl: &Controller) -> Result<ControllerReport> {
+    let id = ctrl.identify();
+    Ok(ControllerReport {
+        address: ctrl.name().to_owned(),
+        model: id.model(),
+        serial: id.serial(),
+        firmware: id.firmware(),
+        vendor_id: id.vid,
+        subsystem_vendor_id: id.ssvid,
+        controller_id: id.cntlid,
+        nvme_version: ctrl.version().to_string(),
+        mdts_bytes: id.mdts_bytes(ctrl.cap().min_page_size()),
+        max_transfer_bytes: ctrl.max_transfer(),
+        number_of_namespaces: id.nn,
+        oacs: id.oacs().names().collect(),
+        oncs: id.oncs().names().collect(),
+        sgl_support: match id.sgl_support() {
+            SglSupport::Unsupported => "none",
+            SglSupport::Any => "byte aligned",
+            SglSupport::DwordAligned => "dword aligned",
+            SglSupport::Reserved => "reserved",
+        },
+        volatile_write_cache: id.vwc_present(),
+        io_queue_pairs: ctrl.io_queues_granted(),
+        shadow_doorbells: ctrl.shadow_doorbells(),
+        subsystem_nqn: id.subnqn(),
+        namespaces: ctrl.namespaces().iter().map(namespace).collect(),
+    })
+}
+
+fn namespace(ns: &Namespace) -> NamespaceReport {
+    let id: &IdentifyNamespace = &ns.identify;
+    let in_use = id.formatted_lba_index();
+    let count = id.number_of_lba_formats().min(id.lbaf.len());
+    NamespaceReport {
+        nsid: ns.nsid,
+        block_size: ns.block_size,
+        metadata_size: ns.metadata_size,
+        blocks: ns.blocks,
+        capacity_bytes: ns.capacity_bytes(),
+        capacity_blocks: id.ncap,
+        utilization_blocks: id.nuse,
+        lba_format_in_use: in_use,
+        lba_formats: id.lbaf[..count]
+            .iter()
+            .enumerate()
+            .map(|(index, f)| LbaFormatReport {
+                index,
+                data_size: f.data_size(),
+                metadata_size: f.ms,
+                relative_performance: f.rp & 3,
+                performance: performance_name(f.rp),
+                in_use: index == in_use,
+            })
+            .collect(),
+    }
+}
+
+fn performance_name(rp: u8) -> &'static str {
+    match rp & 3 {
+        0 => "best",
+        1 => "better",
+        2 => "good",
+        _ => "degraded",
+    }
+}
+
+/// The text form of one controller.
+pub fn render(c: &ControllerReport) -> String {
+    let mut f = Fields::new();
+    f.heading(0, &c.address);
+    f.field(1, "Model", &c.model);
+    f.field(1, "Serial", &c.serial);
+    f.field(1, "Firmware", &c.firmware);
+    f.field(
+        1,
+        "PCI vendor",
+        format!(
+            "{:04x} (subsystem vendor {:04x})",
+            c.vendor_id, c.subsystem_vendor_id
+        ),
+    );
+    f.field(1, "Controller ID", c.controller_id);
+    f.field(1, "NVMe version", &c.nvme_version);
+    let mut mdts = c
+        .mdts_bytes
+        .map_or_else(|| "no limit".to_owned(), |b| iec_bytes(b.into()));
+    if c.mdts_bytes != Some(c.max_transfer_bytes) {
+        mdts.push_str(&format!(
+            " (the driver issues up to {} per command)",
+            iec_bytes(c.max_transfer_bytes.into())
+        ));
+    }
+    f.field(1, "Max transfer (MDTS)", mdts);
+    f.field(
+        1,
+        "Namespaces",
+        format!(
+            "{} active (NN {})",
+            c.namespaces.len(),
+            c.number_of_namespaces
+        ),
+    );
+    f.field(
+        1,
+        "Admin features (OACS)",
+        names_or_none(c.oacs.iter().copied()),
+    );
+    f.field(
+        1,
+        "NVM features (ONCS)",
+        names_or_none(c.oncs.iter().copied()),
+    );
+    let sgl = match c.sgl_support {
+        "none" => "no".to_owned(),
+        how => format!("yes, {how}"),
+    };
+    f.field(1, "SGL support", sgl);
+    let vwc = if c.volatile_write_cache {
+        "present"
+    } else {
+        "none"
+    };
+    f.field(1, "Volatile write cache", vwc);
+    f.field(
+        1,
+        "I/O queue pairs",
+        format!("{} granted", c.io_queue_pairs),
+    );
+    f.field(
+        1,
+        "Shadow doorbells",
+        if c.shadow_doorbells { "on" } else { "off" },
+    );
+    if !c.subsystem_nqn.is_empty() {
+        f.field(1, "Subsystem NQN", &c.subsystem_nqn);
+    }
+    if c.namespaces.is_empty() {
+        f.field(1, "Active namespaces", "none");
+    }
+    for ns in &c.namespaces {
+        render_namespace(&mut f, ns);
+    }
+    f.render()
+}
+
+fn render_namespace(f: &mut Fields, ns: &NamespaceReport) {
+    f.heading(1, format!("Namespace {}", ns.nsid));
+    f.field(
+        2,
+        "Size",
+        format!(
+            "{} ({}): {} blocks of {} B",
+            si_bytes(ns.capacity_bytes.into()),
+            iec_bytes(ns.capacity_bytes.into()),
+            ns.blocks,
+            ns.block_size
+        ),
+    );
+    f.field(
+        2,
+        "Capacity (NCAP)",
+        format!(
+            "{} blocks ({}% of size)",
+            ns.capacity_blocks,
+            percent(ns.capacity_blocks, ns.blocks)
+        ),
+    );
+    f.field(
+        2,
+        "Utilization (NUSE)",
+        format!(
+            "{} blocks ({}% of size)",
+            ns.utilization_blocks,
+            percent(ns.utilization_blocks, ns.blocks)
+        ),
+    );
+    for lbaf in &ns.lba_formats {
+        f.field(
+            2,
+            format!("LBA format {}", lbaf.index),
+            lba_format_text(lbaf),
+        );
+    }
+}
+
+/// `512 B data + 8 B metadata, best performance (in use)`.
+fn lba_format_text(lbaf: &LbaFormatReport) -> String {
+    let data = lbaf
+        .data_size
+        .map_or_else(|| "invalid".to_owned(), |size| format!("{size} B"));
+    let mut text = format!(
+        "{data} data + {} B metadata, {} performance",
+        lbaf.metadata_size, lbaf.performance
+    );
+    if lbaf.in_use {
+        text.push_str(" (in use)");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ControllerReport {
+        let lbaf = |index, data_size, metadata_size, rp, in_use| LbaFormatReport {
+            index,
+            data_size,
+            metadata_size,
+            relative_performance: rp,
+            performance: performance_name(rp),
+            in_use,
+        };
+        ControllerReport {
+            address: "0000:01:00.0".into(),
+            model: "QEMU NVMe Ctrl".into(),
+            serial: "usnvme0".into(),
+            firmware: "9.2.0".into(),
+            vendor_id: 0x1b36,
+            subsystem_vendor_id: 0x1af4,
+            controller_id: 0,
+            nvme_version: "1.4.0".into(),
+            mdts_bytes: Some(512 << 10),
+            max_transfer_bytes: 512 << 10,
+            number_of_namespaces: 256,
+            oacs: vec!["Format NVM", "Doorbell Buffer Config"],
+            oncs: vec![],
+            sgl_support: "byte aligned",
+            volatile_write_cache: true,
+            io_queue_pairs: 64,
+            shadow_doorbells: true,
+            subsystem_nqn: String::new(),
+            namespaces: vec![NamespaceReport {
+                nsid: 1,
+                block_size: 4096,
+                metadata_size: 0,
+                blocks: 262_144,
+                capacity_bytes: 1 << 30,
+                capacity_blocks: 262_144,
+                utilization_blocks: 65_536,
+                lba_format_in_use: 1,
+                lba_formats: vec![
+                    lbaf(0, Some(512), 0, 0, false),
+                    lbaf(1, Some(4096), 0, 0, true),
+                    lbaf(2, None, 8, 3, false),
+                ],
+            }],
+        }
+    }
+
+    #[test]
+    fn text_layout() {
+        let text = render(&sample());
+        let expect = "\
+0000:01:00.0
+  Model:                  QEMU NVMe Ctrl
+  Serial:                 usnvme0
+  Firmware:               9.2.0
+  PCI vendor:             1b36 (subsystem vendor 1af4)
+  Controller ID:          0
+  NVMe version:           1.4.0
+  Max transfer (MDTS):    512 KiB
+  Namespaces:             1 active (NN 256)
+  Admin features (OACS):  Format NVM, Doorbell Buffer Config
+  NVM features (ONCS):    none
+  SGL support:            yes, byte aligned
+  Volatile write cache:   present
+  I/O queue pairs:        64 granted
+  Shadow doorbells:       on
+  Namespace 1
+    Size:                 1.07 GB (1 GiB): 262144 blocks of 4096 B
+    Capacity (NCAP):      262144 blocks (100% of size)
+    Utilization (NUSE):   65536 blocks (25% of size)
+    LBA format 0:         512 B data + 0 B metadata, best performance
+    LBA format 1:         4096 B data + 0 B metadata, best performance (in use)
+    LBA format 2:         invalid data + 8 B metadata, degraded performance
+";
+        assert_eq!(text, expect);
+    }
+
+    #[test]
+    fn mdts_notes_the_driver_cap() {
+        let mut c = sample();
+        c.mdts_bytes = None;
+        c.max_transfer_bytes = 2 << 20;
+        assert!(render(&c).contains(
+            "Max transfer (MDTS):    no limit (the driver issues up to 2 MiB per command)"
+        ));
+    }
+
+    #[test]
+    fn json_numbers_are_numbers() {
+        let json = serde_json::to_value(sample()).expect("JSON");
+        assert_eq!(json["vendor_id"], 0x1b36);
+        assert_eq!(json["mdts_bytes"], 512 << 10);
+        assert_eq!(json["namespaces"][0]["capacity_bytes"], 1u64 << 30);
+        assert_eq!(json["namespaces"][0]["lba_formats"][1]["in_use"], true);
+        assert_eq!(
+            json["namespaces"][0]["lba_formats"][2]["data_size"],
+            serde_json::Value::Null
+        );
+    }
+}

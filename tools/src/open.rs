@@ -1,0 +1,215 @@
+//! What `identify` and `health` share: which controllers to open (the BDFs given, or every NVMe
+//! controller bound to vfio-pci), opening them all at once, a report from each, and the report
+//! printed as text or JSON. A controller that fails does not stop the others; every failure is
+//! reported and the command exits 1.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use usnvme_driver::pci::{Driver, PciAddress, Sysfs};
+use usnvme_driver::vfio::Vfio;
+use usnvme_driver::{Controller, ControllerOptions};
+
+/// Printed (on standard output for text, standard error with `--json`) when no BDF is given and
+/// no NVMe controller is bound to vfio-pci. Not an error: there is nothing to report.
+pub const NO_CONTROLLERS: &str = "no NVMe controllers are bound to vfio-pci: bind them with \
+     `usnvme setup bind` (`usnvme list` shows every NVMe controller and its driver)";
+
+/// Some controllers failed; each error names its controller. `main` prints one
+/// `usnvme: error:` line per failure.
+#[derive(Debug)]
+pub struct Failures(pub Vec<anyhow::Error>);
+
+impl fmt::Display for Failures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(|e| format!("{e:#}")).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+impl std::error::Error for Failures {}
+
+/// The controllers to open: those given (in order, without repeats), or every NVMe controller
+/// bound to vfio-pci when none is given.
+pub fn targets(sysfs: &Sysfs, given: &[PciAddress]) -> Result<Vec<PciAddress>> {
+    if !given.is_empty() {
+        let mut targets = Vec::with_capacity(given.len());
+        for addr in given {
+            if !targets.contains(addr) {
+                targets.push(*addr);
+            }
+        }
+        return Ok(targets);
+    }
+    let controllers = sysfs
+        .list_nvme_controllers()
+        .context("cannot list the NVMe controllers")?;
+    Ok(controllers
+        .into_iter()
+        .filter(|c| c.driver == Driver::VfioPci)
+        .map(|c| c.address)
+        .collect())
+}
+
+/// Opens every controller in `targets` (each on its own thread: bring-up and shutdown wait on
+/// the controller, up to seconds on real drives), runs `job` on it, then shuts it down.
+/// Results come back in the order of `targets`.
+pub fn each<T: Send>(
+    sysfs: &Sysfs,
+    targets: &[PciAddress],
+    job: impl Fn(&Controller) -> Result<T> + Sync,
+) -> Result<Vec<Result<T>>> {
+    if targets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let vfio = Vfio::new(sysfs.root().join("sys"))?;
+    let run = |addr: PciAddress| -> Result<T> {
+        if crate::signals::received().is_some() {
+            anyhow::bail!("{addr}: skipped: interrupted");
+        }
+        let ctrl = open(&vfio, addr)?;
+        job(&ctrl)
+        // `ctrl` drops here: queues deleted, CC.SHN shutdown, DMA unmapped.
+    };
+    if let [addr] = targets {
+        return Ok(vec![run(*addr)]);
+    }
+    Ok(std::thread::scope(|scope| {
+        let threads: Vec<_> = targets
+            .iter()
+            .map(|&addr| {
+                std::thread::Builder::new()
+                    .name(format!("usnvme {addr}"))
+                    .spawn_scoped(scope, move || run(addr))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .zip(targets)
+            .map(|(thread, addr)| match thread {
+                Ok(thread) => thread.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("{addr}: the thread serving it panicked"))
+                }),
+                Err(e) => {
+                    Err(anyhow::Error::new(e).context(format!("{addr}: cannot start a thread")))
+                }
+            })
+            .collect()
+    }))
+}
+
+fn open(vfio: &Arc<Vfio>, addr: PciAddress) -> Result<Controller> {
+    // The driver's errors name the controller and the fix (bind it, reserve hugepages, ...).
+    Ok(Controller::open(vfio, addr, ControllerOptions::default())?)
+}
+
+/// The whole of `identify` and `health`: a report from every target controller, printed on `out`
+/// as text (`render`, one block per controller, a blank line between) or as a JSON array.
+pub fn report<T: Serialize + Send>(
+    sysfs: &Sysfs,
+    given: &[PciAddress],
+    json: bool,
+    out: &mut dyn Write,
+    job: impl Fn(&Controller) -> Result<T> + Sync,
+    render: impl Fn(&T) -> String,
+) -> Result<()> {
+    let targets = targets(sysfs, given)?;
+    if targets.is_empty() {
+        let text = if json {
+            eprintln!("usnvme: {NO_CONTROLLERS}");
+            "[]\n".to_owned()
+        } else {
+            format!("{NO_CONTROLLERS}\n")
+        };
+        return out
+            .write_all(text.as_bytes())
+            .context("cannot write to standard output");
+    }
+    let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    for result in each(sysfs, &targets, job)? {
+        match result {
+            Ok(report) => reports.push(report),
+            Err(e) => failures.push(e),
+        }
+    }
+    let text = if json {
+        let mut text =
+            serde_json::to_string_pretty(&reports).context("cannot encode the report as JSON")?;
+        text.push('\n');
+        text
+    } else {
+        let blocks: Vec<String> = reports.iter().map(render).collect();
+        blocks.join("\n")
+    };
+    out.write_all(text.as_bytes())
+        .context("cannot write to standard output")?;
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failures(failures).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use usnvme_driver::pci::fake::FakeSysfs;
+
+    use super::*;
+
+    fn addr(s: &str) -> PciAddress {
+        s.parse().expect("a PCI address")
+    }
+
+    #[test]
+    fn targets_are_the_given_ones_or_every_vfio_controller() {
+        let fake = FakeSysfs::new();
+        fake.add_pci_device("0000:01:00.0", 0x010802, 0x1b36, 0x0010)
+            .bind("vfio-pci");
+        fake.add_pci_device("0000:02:00.0", 0x010802, 0x1b36, 0x0010)
+            .bind("nvme");
+        fake.add_pci_device("0000:03:00.0", 0x010802, 0x1b36, 0x0010)
+            .bind("vfio-pci");
+        let sysfs = fake.sysfs();
+        assert_eq!(
+            targets(&sysfs, &[]).expect("targets"),
+            [addr("01:00.0"), addr("03:00.0")]
+        );
+        assert_eq!(
+            targets(&sysfs, &[addr("02:00.0"), addr("01:00.0"), addr("02:00.0")]).expect("targets"),
+            [addr("02:00.0"), addr("01:00.0")]
+        );
+    }
+
+    #[test]
+    fn no_controller_on_vfio_is_not_an_error_and_says_what_to_do() {
+        let fake = FakeSysfs::new();
+        fake.add_pci_device("0000:02:00.0", 0x010802, 0x1b36, 0x0010)
+            .bind("nvme");
+        let mut out = Vec::new();
+        let job = |_: &Controller| -> Result<u32> { unreachable!("nothing to open") };
+        report(&fake.sysfs(), &[], false, &mut out, job, |_| String::new()).expect("no error");
+        let text = String::from_utf8(out).expect("UTF-8");
+        assert!(text.contains("usnvme setup bind"), "{text}");
+        assert!(text.contains("usnvme list"), "{text}");
+
+        let mut out = Vec::new();
+        report(&fake.sysfs(), &[], true, &mut out, job, |_| String::new()).expect("no error");
+        assert_eq!(out, b"[]\n");
+    }
+
+    #[test]
+    fn failures_display_one_line_each() {
+        let f = Failures(vec![
+            anyhow::anyhow!("0000:01:00.0: gone"),
+            anyhow::anyhow!("cause").context("0000:02:00.0: failed"),
+        ]);
+        assert_eq!(
+            f.to_string(),
+            "0000:01:00.0: gone\n0000:02:00.0: failed: cause"
+        );
+    }
+}
