@@ -457,6 +457,7 @@ impl QueuePair {
         self.flush();
         let mut done = 0usize;
         let mut consumed = false;
+        let old_head = self.cq_head;
         // Never more than one ring's worth per poll, so the head cannot lap the controller.
         for _ in 0..self.depth {
             let offset = self.layout.cq + self.cq_head as usize * CQE_BYTES;
@@ -511,7 +512,7 @@ impl QueuePair {
                 &self.doorbells.regs,
                 self.doorbells.cq_head,
                 shadow,
-                self.cq_head,
+                old_head,
                 self.cq_head,
             ) {
                 self.stats.cq_doorbells += 1;

@@ -6,7 +6,6 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::cmd;
-use crate::vm::qemu::Backend;
 use crate::vm::run::{self, RunArgs};
 
 /// fmt, clippy with warnings denied, the workspace tests, then the VM tests.
@@ -70,25 +69,7 @@ pub fn demo() -> Result<ExitCode> {
         "fix the build errors above",
     )?;
     let usnvme = crate::target_dir().join("release/usnvme");
-    let args = RunArgs {
-        drives: 24,
-        backend: Backend::Null,
-        disk_size: 1 << 30,
-        logical_block_size: vec![512],
-        kernel_nvme: None,
-        nvme_opts: None,
-        numa_nodes: 1,
-        hugepages: 1 << 30,
-        cpus: 2,
-        mem: 4 << 30,
-        timeout: 600,
-        qmp: None,
-        allow_dma_faults: false,
-        keep_disks: false,
-        disk_dir: None,
-        env: Vec::new(),
-        program: vec![usnvme.display().to_string(), "list".into()],
-    };
+    let args = RunArgs::for_program(vec![usnvme.display().to_string(), "list".into()]);
     let exit_code = run::run(&args)?;
     Ok(ExitCode::from(exit_code))
 }

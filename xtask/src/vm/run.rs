@@ -82,6 +82,19 @@ pub fn main(args: RunArgs) -> Result<ExitCode> {
 }
 
 impl RunArgs {
+    /// The command line's defaults (24 null drives, 2 CPUs, 4G, 1G of hugepages) for `program`.
+    pub fn for_program(program: Vec<String>) -> RunArgs {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            args: RunArgs,
+        }
+        let argv = ["vm-run".to_string(), "--".to_string()]
+            .into_iter()
+            .chain(program);
+        <Defaults as clap::Parser>::parse_from(argv).args
+    }
+
     pub fn config(&self) -> Result<VmConfig> {
         let kernel_nvme = match self.kernel_nvme.as_deref() {
             None => KernelNvme::First(0),
@@ -387,7 +400,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, RunArgs};
+
+    #[test]
+    fn programmatic_runs_get_the_command_line_defaults() {
+        let a = RunArgs::for_program(vec!["/bin/true".into(), "--drives".into()]);
+        assert_eq!(a.program, ["/bin/true", "--drives"]);
+        assert_eq!(
+            (a.drives, a.disk_size, a.cpus, a.timeout),
+            (24, 1 << 30, 2, 600)
+        );
+        assert_eq!(a.logical_block_size, [512]);
+        assert!(a.config().is_ok());
+    }
 
     #[test]
     fn sizes_in_binary_units() {

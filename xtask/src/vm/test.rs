@@ -141,26 +141,16 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let _ = std::fs::remove_file(&expectations);
     let usnvme = crate::target_dir().join("debug/usnvme");
     let args = RunArgs {
-        drives: SUITE_DRIVES,
         backend: Backend::File,
-        disk_size: 1 << 30,
         logical_block_size: vec![512, 4096],
-        kernel_nvme: None,
-        nvme_opts: None,
-        numa_nodes: 1,
-        hugepages: 1 << 30,
-        cpus: 2,
-        mem: 4 << 30,
         timeout: 1800,
-        qmp: None,
-        allow_dma_faults: false,
         keep_disks: true,
         disk_dir: Some(disk_dir.clone()),
         env: vec![
             format!("USNVME_BIN={}", usnvme.display()),
             format!("USNVME_VM_DISK_DIR={}", disk_dir.display()),
         ],
-        program: vec!["/bin/sh".into(), script.display().to_string()],
+        ..RunArgs::for_program(vec!["/bin/sh".into(), script.display().to_string()])
     };
     eprintln!(
         "vm-test: {} suite(s) in one boot on {SUITE_DRIVES} drives",
