@@ -1,6 +1,7 @@
 //! A controller: bring-up as the spec says, the admin queue, identify, features, log pages,
 //! I/O queue pair creation, and shutdown on drop.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,6 +69,9 @@ pub struct QueuePairOptions {
     pub depth: u16,
     /// NUMA node of the rings and PRP lists (None: the controller's default).
     pub node: Option<u32>,
+    /// A command older than this is aborted; if it is still there after another timeout, the
+    /// controller is reset (None: never, e.g. for benchmarks that must not read the clock).
+    pub timeout: Option<Duration>,
 }
 
 impl Default for QueuePairOptions {
@@ -75,6 +79,7 @@ impl Default for QueuePairOptions {
         QueuePairOptions {
             depth: 256,
             node: None,
+            timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -124,6 +129,8 @@ struct Shared {
     sgl: bool,
     admin: Mutex<Admin>,
     qids: Mutex<Vec<bool>>,
+    generation: AtomicU64,
+    ready_timeout: Duration,
     shadow: Option<Arc<DmaRegion>>,
     options: ControllerOptions,
     link: Option<PcieLink>,
@@ -211,19 +218,10 @@ impl Controller {
             namespaces: Arc::from(Vec::new()),
             max_transfer: ADMIN_DATA as u64,
             use_sgl: false,
-            on_drop: None,
+            timeout: None,
+            generation: 0,
+            owner: None,
         });
-        regs.write32(reg::AQA, Aqa::new(depth, depth).0);
-        regs.write64(reg::ASQ, admin_queue.sq_iova());
-        regs.write64(reg::ACQ, admin_queue.cq_iova());
-        let cc = Cc::new()
-            .with_iocqes(4)
-            .with_iosqes(6)
-            .with_mps(0)
-            .with_css(Cc::CSS_NVM)
-            .with_ams(0)
-            .with_en(true);
-        regs.write32(reg::CC, cc.0);
         // Whatever fails from here on leaves the controller disabled, not half configured.
         let mut guard = DisableOnError {
             name: &name,
@@ -231,7 +229,7 @@ impl Controller {
             timeout: ready_timeout,
             armed: true,
         };
-        wait_ready(&name, &*regs, true, ready_timeout, "enable")?;
+        enable(&name, &*regs, &admin_queue, ready_timeout)?;
         let mut admin = Admin {
             queue: admin_queue,
             data,
@@ -314,6 +312,8 @@ impl Controller {
             sgl,
             admin: Mutex::new(admin),
             qids: Mutex::new(vec![false; granted as usize + 1]),
+            generation: AtomicU64::new(0),
+            ready_timeout,
             shadow,
             options,
             link,
@@ -404,32 +404,18 @@ impl Controller {
         };
         let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
         let layout = Layout::new(depth, s.max_transfer / PAGE + 1);
-        let memory = match map(
-            &s.name,
-            &s.space,
-            layout.bytes,
-            &s.options,
-            opts.node.or(s.options.node),
-        ) {
+        let node = opts.node.or(s.options.node);
+        let memory = match map(&s.name, &s.space, layout.bytes, &s.options, node) {
             Ok(m) => m,
             Err(e) => {
                 release(s);
                 return Err(e);
             }
         };
+        // The generation before creating: a reset racing with us makes the queue pair reconnect.
+        let generation = self.generation();
         let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
-        if let Err(e) = self.admin(Sqe::create_io_cq(qid, depth as u32, cq_iova)) {
-            release(s);
-            return Err(e);
-        }
-        if let Err(e) = self.admin(Sqe::create_io_sq(
-            qid,
-            depth as u32,
-            sq_iova,
-            qid,
-            QueuePriority::Urgent,
-        )) {
-            let _ = self.admin(Sqe::delete_io_cq(qid));
+        if let Err(e) = self.create_queues(qid, depth, sq_iova, cq_iova) {
             release(s);
             return Err(e);
         }
@@ -441,7 +427,6 @@ impl Controller {
             eventidx: PAGE as usize,
             always_mmio: false,
         });
-        let owner = self.clone();
         Ok(QueuePair::new(QueueSetup {
             qid,
             layout,
@@ -455,18 +440,88 @@ impl Controller {
             namespaces: s.geometry.clone(),
             max_transfer: s.max_transfer,
             use_sgl: s.sgl,
-            on_drop: Some(Box::new(move |qid| owner.delete_queue(qid))),
+            timeout: opts.timeout,
+            generation,
+            owner: Some(self.clone()),
         }))
     }
 
-    /// Deletes an I/O queue pair's queues on the controller (SQ first) and frees its id.
-    fn delete_queue(&self, qid: u16) {
-        for sqe in [Sqe::delete_io_sq(qid), Sqe::delete_io_cq(qid)] {
-            if let Err(e) = self.admin(sqe) {
-                log::warn!("{}: deleting I/O queue {qid}: {e}", self.shared.name);
+    /// Creates I/O completion queue `qid` and its submission queue on the controller.
+    pub(crate) fn create_queues(
+        &self,
+        qid: u16,
+        depth: u16,
+        sq_iova: u64,
+        cq_iova: u64,
+    ) -> Result<(), Error> {
+        self.admin(Sqe::create_io_cq(qid, depth as u32, cq_iova))?;
+        let sq = Sqe::create_io_sq(qid, depth as u32, sq_iova, qid, QueuePriority::Urgent);
+        if let Err(e) = self.admin(sq) {
+            let _ = self.admin(Sqe::delete_io_cq(qid));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A queue pair is done with `qid`: delete its queues (SQ first) if they still exist.
+    pub(crate) fn release_queue(&self, qid: u16, delete: bool) {
+        if delete {
+            for sqe in [Sqe::delete_io_sq(qid), Sqe::delete_io_cq(qid)] {
+                if let Err(e) = self.admin(sqe) {
+                    log::warn!("{}: deleting I/O queue {qid}: {e}", self.shared.name);
+                }
             }
         }
-        self.shared.qids.lock()[qid as usize] = false;
+        if let Some(used) = self.shared.qids.lock().get_mut(qid as usize) {
+            *used = false;
+        }
+    }
+
+    /// How many times the controller was reset; queue pairs compare it once per poll.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Resets the controller (after a fatal status, a command that an abort did not end, or on
+    /// request): disable, bring the admin queue up again, renegotiate queues and shadow
+    /// doorbells. Every queue pair then fails its commands in flight with "Command Aborted By
+    /// Host" and re-creates its queues on its next poll.
+    pub fn reset(&self) -> Result<(), Error> {
+        let s = &self.shared;
+        let mut admin = s.admin.lock();
+        log::warn!("{}: resetting the controller", s.name);
+        let regs = &*s.regs;
+        disable(&s.name, regs, s.ready_timeout)?;
+        admin.queue.fail_all(Status::ABORTED_BY_HOST, &mut |_| {});
+        admin.queue.reset_rings();
+        enable(&s.name, regs, &admin.queue, s.ready_timeout)?;
+        let asked = s.options.io_queues.max(1) as u32;
+        let dw0 = admin.execute(
+            &s.name,
+            regs,
+            Sqe::set_num_queues(asked, asked),
+            None,
+            s.options.admin_timeout,
+        )?;
+        let (nsq, ncq) = num_queues_allocated(dw0);
+        if nsq.min(ncq) < s.granted as u32 {
+            log::warn!(
+                "{}: after the reset only {} I/O queues are granted",
+                s.name,
+                nsq.min(ncq)
+            );
+        }
+        if let Some(pages) = &s.shadow {
+            let zeroes = vec![0u8; pages.len()];
+            pages
+                .slice(0, zeroes.len())
+                .and_then(|p| p.write_slice(&zeroes, 0))
+                .map_err(|_| invalid(&s.name, "shadow doorbells"))?;
+            let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
+            admin.execute(&s.name, regs, sqe, None, s.options.admin_timeout)?;
+        }
+        s.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Runs one admin command without data; returns CQE dword 0.
@@ -672,6 +727,28 @@ fn map(
         device: name.into(),
         source,
     })
+}
+
+/// Programs the admin queue (AQA, ASQ, ACQ) and the configuration (4 KiB pages, NVM command
+/// set, 64-byte SQEs, 16-byte CQEs), sets CC.EN and waits for CSTS.RDY.
+fn enable(
+    name: &str,
+    regs: &dyn Registers,
+    admin: &QueuePair,
+    timeout: Duration,
+) -> Result<(), Error> {
+    regs.write32(reg::AQA, Aqa::new(admin.depth(), admin.depth()).0);
+    regs.write64(reg::ASQ, admin.sq_iova());
+    regs.write64(reg::ACQ, admin.cq_iova());
+    let cc = Cc::new()
+        .with_iocqes(4)
+        .with_iosqes(6)
+        .with_mps(0)
+        .with_css(Cc::CSS_NVM)
+        .with_ams(0)
+        .with_en(true);
+    regs.write32(reg::CC, cc.0);
+    wait_ready(name, regs, true, timeout, "enable")
 }
 
 /// CC.EN = 0 and wait for CSTS.RDY = 0 (after letting a controller that is still becoming ready

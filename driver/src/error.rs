@@ -66,6 +66,6 @@ pub enum SubmitError {
     Misaligned { iova: u64 },
     #[error("the controller does not support {what}")]
     Unsupported { what: &'static str },
-    #[error("the queue pair is unusable after a controller failure: reset the controller")]
+    #[error("the controller failed or is gone: this queue pair is unusable (see the log)")]
     Dead,
 }

@@ -277,7 +277,7 @@ fn two_threads_each_with_a_queue_pair_on_one_drive() {
                 let mut qp = ctrl
                     .create_queue_pair(QueuePairOptions {
                         depth: 256,
-                        node: None,
+                        ..Default::default()
                     })
                     .expect("queue pair");
                 let mut buffers = pool(&ctrl, 4096, 256);
@@ -299,7 +299,7 @@ fn one_thread_with_queue_pairs_on_every_drive() {
             let qp = c
                 .create_queue_pair(QueuePairOptions {
                     depth: 64,
-                    node: None,
+                    ..Default::default()
                 })
                 .expect("queue pair");
             (qp, ns.block_size as usize, ns.blocks / 2, pool(c, 4096, 64))
@@ -434,7 +434,7 @@ fn a_full_queue_is_an_error_never_an_overwrite() {
     let mut qp = ctrl
         .create_queue_pair(QueuePairOptions {
             depth: 16,
-            node: None,
+            ..Default::default()
         })
         .expect("queue pair");
     for token in 0..15 {
@@ -512,4 +512,64 @@ fn the_iommu_ranges_come_from_vfio_and_regions_are_mapped_once() {
     drop(buffers);
     drop(qps);
     assert_eq!(space.mappings(), before);
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_reset_fails_what_was_in_flight_and_the_queue_pairs_keep_working() {
+    let (_vfio, ctrls) = open_all();
+    let ctrl = &ctrls[4];
+    let bs = ctrl.namespace(NSID).expect("namespace").block_size as usize;
+    let lba = ctrl.namespace(NSID).expect("namespace").blocks / 8;
+    let mut qp = ctrl
+        .create_queue_pair(QueuePairOptions::default())
+        .expect("queue pair");
+    let mut other = ctrl
+        .create_queue_pair(QueuePairOptions::default())
+        .expect("second queue pair");
+    let mut buffers = pool(ctrl, 4096, 64);
+    let bufs: Vec<DmaBuffer> = (0..33).map(|_| buffers.alloc().expect("buffer")).collect();
+    for (i, b) in bufs.iter().take(32).enumerate() {
+        b.write_from(&pattern(i as u64, 4096), 0).expect("fill");
+        qp.write(
+            NSID,
+            lba + (i * 4096 / bs) as u64,
+            span(b, 0, 4096),
+            i as u64,
+        )
+        .expect("queued");
+    }
+    qp.flush();
+    let generation = ctrl.generation();
+    ctrl.reset().expect("reset");
+    assert_eq!(ctrl.generation(), generation + 1);
+    // Everything in flight comes back exactly once, aborted by the host or already done.
+    let mut seen = [false; 32];
+    let started = std::time::Instant::now();
+    while seen.iter().any(|s| !s) {
+        qp.poll(|c| {
+            assert!(!seen[c.token as usize], "token {} twice", c.token);
+            seen[c.token as usize] = true;
+            assert!(
+                c.status.is_success() || c.status.code() == Status::ABORTED_BY_HOST,
+                "{}",
+                c.status
+            );
+        });
+        assert!(started.elapsed().as_secs() < 30);
+    }
+    // Both queue pairs were re-created: new I/O works and reads back what it wrote.
+    for q in [&mut qp, &mut other] {
+        let data = pattern(1234, 4096);
+        bufs[32].write_from(&data, 0).expect("fill");
+        assert!(wait_one(q, |q| q.write(NSID, lba, span(&bufs[32], 0, 4096), 7)).is_success());
+        bufs[32].fill(0);
+        assert!(wait_one(q, |q| q.read(NSID, lba, span(&bufs[32], 0, 4096), 7)).is_success());
+        let mut back = vec![0u8; 4096];
+        bufs[32].read_into(&mut back, 0).expect("read back");
+        assert!(back == data, "data after the reset");
+    }
+    for b in bufs {
+        buffers.free(b).expect("own buffer");
+    }
 }

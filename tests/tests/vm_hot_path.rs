@@ -46,7 +46,7 @@ fn submitting_and_polling_allocate_nothing() {
     let mut qp = ctrl
         .create_queue_pair(QueuePairOptions {
             depth: 128,
-            node: None,
+            ..Default::default()
         })
         .expect("queue pair");
     let buffers =

@@ -7,12 +7,16 @@
 //! once. No allocation, lock or system call per I/O. With shadow doorbells (Doorbell Buffer
 //! Config) MMIO is written only when the controller's EventIdx asks for it.
 
+mod recovery;
+
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use usnvme_hugepages::DmaRegion;
 use vm_memory::Bytes;
 
+use crate::controller::Controller;
 use crate::error::SubmitError;
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
@@ -61,7 +65,10 @@ pub struct QueueStats {
 #[derive(Debug, Clone, Copy, Default)]
 struct Tracker {
     token: u64,
+    /// Milliseconds since the queue pair was created, when submitted (or when its abort was sent).
+    started_ms: u32,
     busy: bool,
+    abort_sent: bool,
 }
 
 /// Where the doorbells of this queue are: MMIO offsets, and the shadow doorbell / EventIdx
@@ -144,9 +151,16 @@ pub struct QueuePair {
     memory: DmaRegion,
     doorbells: Doorbells,
     stats: QueueStats,
+    /// Milliseconds since `clock`, refreshed once per poll when timeouts are on.
+    now_ms: u32,
     // cold
+    timeout_ms: u32,
+    clock: Instant,
+    /// The controller's reset generation this queue pair's queues belong to.
+    generation: u64,
     qid: u16,
-    on_drop: Option<Box<dyn FnOnce(u16) + Send>>,
+    /// The controller that owns the queues (None for the admin queue).
+    owner: Option<Controller>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -169,7 +183,10 @@ pub(crate) struct QueueSetup {
     pub namespaces: Arc<[NamespaceGeometry]>,
     pub max_transfer: u64,
     pub use_sgl: bool,
-    pub on_drop: Option<Box<dyn FnOnce(u16) + Send>>,
+    /// Commands older than this are aborted, then the controller is reset (None: never).
+    pub timeout: Option<std::time::Duration>,
+    pub generation: u64,
+    pub owner: Option<Controller>,
 }
 
 impl QueuePair {
@@ -195,8 +212,14 @@ impl QueuePair {
             memory: setup.memory,
             doorbells: setup.doorbells,
             stats: QueueStats::default(),
+            now_ms: 0,
+            timeout_ms: setup
+                .timeout
+                .map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128 / 2) as u32),
+            clock: Instant::now(),
+            generation: setup.generation,
             qid: setup.qid,
-            on_drop: setup.on_drop,
+            owner: setup.owner,
         }
     }
 
@@ -233,6 +256,15 @@ impl QueuePair {
     /// Marks the queue pair unusable (controller failed or removed): submissions are refused.
     pub(crate) fn kill(&mut self) {
         self.dead = true;
+    }
+
+    /// Whether the controller was reset since this queue pair's queues were created.
+    fn stale(&self) -> bool {
+        self.owner.as_ref().is_some_and(|o| self.stale_for(o))
+    }
+
+    fn stale_for(&self, owner: &Controller) -> bool {
+        owner.generation() != self.generation
     }
 
     /// Read `buf.len` bytes at `slba` into `buf`.
@@ -389,6 +421,11 @@ impl QueuePair {
     }
 
     fn take_cid(&mut self) -> Result<u16, SubmitError> {
+        // An idle queue pair catches up with a controller reset here (nothing to fail); a busy
+        // one does in `poll`, where its commands in flight can be handed back.
+        if self.in_flight == 0 && self.stale() {
+            self.reconnect(&mut |_| {});
+        }
         if self.dead {
             return Err(SubmitError::Dead);
         }
@@ -425,7 +462,12 @@ impl QueuePair {
             self.dead = true;
             return;
         }
-        self.trackers[cid as usize] = Tracker { token, busy: true };
+        self.trackers[cid as usize] = Tracker {
+            token,
+            started_ms: self.now_ms,
+            busy: true,
+            abort_sent: false,
+        };
         self.sq_tail = (self.sq_tail + 1) % self.depth;
         self.in_flight += 1;
         self.stats.submitted += 1;
@@ -433,7 +475,8 @@ impl QueuePair {
 
     /// Rings the SQ tail doorbell if commands were queued since the last time.
     pub fn flush(&mut self) {
-        if self.sq_tail != self.sq_tail_rung {
+        // After a controller reset the queues are gone until `poll` re-creates them.
+        if self.sq_tail != self.sq_tail_rung && !self.stale() {
             // SQEs must be visible in memory before the controller hears of them.
             fence(Ordering::Release);
             let (old, new) = (self.sq_tail_rung, self.sq_tail);
@@ -454,6 +497,9 @@ impl QueuePair {
     /// Rings queued commands, then hands every available completion (at most one ring's worth)
     /// to `on_completion`. Returns how many completed.
     pub fn poll(&mut self, mut on_completion: impl FnMut(Completion)) -> usize {
+        if self.stale() {
+            self.reconnect(&mut on_completion);
+        }
         self.flush();
         let mut done = 0usize;
         let mut consumed = false;
@@ -518,6 +564,9 @@ impl QueuePair {
                 self.stats.cq_doorbells += 1;
             }
         }
+        if self.timeout_ms > 0 && self.in_flight > 0 {
+            self.check_timeouts(&mut on_completion);
+        }
         done
     }
 }
@@ -569,9 +618,10 @@ fn check_block_count(blocks: u64) -> Result<(), SubmitError> {
 }
 
 impl Drop for QueuePair {
+    /// Deletes the queues on the controller (unless a reset already did) and frees the queue id.
     fn drop(&mut self) {
-        if let Some(on_drop) = self.on_drop.take() {
-            on_drop(self.qid);
+        if let Some(owner) = self.owner.take() {
+            owner.release_queue(self.qid, !self.stale_for(&owner) && !self.dead);
         }
     }
 }

@@ -1,0 +1,144 @@
+//! When commands do not complete: abort what timed out, reset the controller when an abort does
+//! not help or the controller reports a fatal status, re-create the queues after a reset, and
+//! fail everything when the device is gone. All of it runs on the owning thread, from `poll`,
+//! off the fast path.
+
+use super::{Completion, QueuePair, CQE_BYTES};
+use crate::spec::Status;
+
+impl QueuePair {
+    /// Hands every command in flight back to the caller with `status`, freeing its tracker.
+    pub(crate) fn fail_all(&mut self, status: Status, on_completion: &mut dyn FnMut(Completion)) {
+        for cid in 0..self.trackers.len() {
+            let t = self.trackers[cid];
+            if t.busy {
+                self.trackers[cid].busy = false;
+                self.free_cids.push(cid as u16);
+                self.in_flight -= 1;
+                on_completion(Completion {
+                    token: t.token,
+                    status,
+                    dw0: 0,
+                });
+            }
+        }
+    }
+
+    /// Empty rings, as after creation: the CQ zeroed (phase tags 0), indices back to 0.
+    pub(crate) fn reset_rings(&mut self) {
+        let zeroes = vec![0u8; self.depth as usize * CQE_BYTES];
+        let zeroed = self
+            .memory
+            .slice(self.layout.cq, zeroes.len())
+            .is_ok_and(|cq| vm_memory::Bytes::write_slice(&cq, &zeroes, 0).is_ok());
+        if !zeroed {
+            self.dead = true;
+        }
+        (
+            self.sq_tail,
+            self.sq_head,
+            self.sq_tail_rung,
+            self.cq_head,
+            self.cq_phase,
+        ) = (0, 0, 0, 0, true);
+    }
+
+    /// After a controller reset: the commands in flight were lost with the old queues; they come
+    /// back as "Command Aborted By Host", and the queues are created again.
+    pub(super) fn reconnect(&mut self, on_completion: &mut dyn FnMut(Completion)) {
+        let Some(owner) = self.owner.clone() else {
+            return;
+        };
+        self.generation = owner.generation();
+        self.fail_all(Status::ABORTED_BY_HOST, on_completion);
+        self.reset_rings();
+        if self.dead {
+            return;
+        }
+        let (sq, cq) = (self.sq_iova(), self.cq_iova());
+        match owner.create_queues(self.qid, self.depth, sq, cq) {
+            Ok(()) => log::info!(
+                "{}: queue {} re-created after a reset",
+                owner.name(),
+                self.qid
+            ),
+            Err(e) => {
+                log::error!(
+                    "{}: queue {} cannot be re-created after a reset: {e}",
+                    owner.name(),
+                    self.qid
+                );
+                self.dead = true;
+            }
+        }
+    }
+
+    /// Aborts commands older than the timeout; resets the controller when a command is still
+    /// there after its abort, or CSTS.CFS is set; fails everything when the device is gone.
+    pub(super) fn check_timeouts(&mut self, on_completion: &mut dyn FnMut(Completion)) {
+        let now = self.clock.elapsed().as_millis().min(u32::MAX as u128) as u32;
+        self.now_ms = now;
+        let timeout = self.timeout_ms;
+        let overdue = |t: &super::Tracker| t.busy && now.wrapping_sub(t.started_ms) > timeout;
+        if !self.trackers.iter().any(overdue) {
+            return;
+        }
+        let Some(owner) = self.owner.clone() else {
+            return;
+        };
+        let csts = owner.status();
+        if csts.0 == u32::MAX {
+            log::error!(
+                "{}: the device is gone: failing {} command(s) on queue {}",
+                owner.name(),
+                self.in_flight,
+                self.qid
+            );
+            self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
+            self.dead = true;
+            return;
+        }
+        let mut reset = csts.cfs();
+        for cid in 0..self.trackers.len() {
+            if reset {
+                break;
+            }
+            let t = self.trackers[cid];
+            if !overdue(&t) {
+                continue;
+            }
+            if t.abort_sent {
+                reset = true;
+                break;
+            }
+            log::warn!(
+                "{}: command {cid} on queue {} did not complete within {timeout} ms: aborting it",
+                owner.name(),
+                self.qid
+            );
+            self.trackers[cid].abort_sent = true;
+            self.trackers[cid].started_ms = now;
+            if let Err(e) = owner.abort(self.qid, cid as u16) {
+                log::warn!(
+                    "{}: abort failed ({e}): resetting the controller",
+                    owner.name()
+                );
+                reset = true;
+            }
+        }
+        if reset {
+            match owner.reset() {
+                Ok(()) => self.reconnect(on_completion),
+                Err(e) => {
+                    log::error!(
+                        "{}: reset failed, queue {} is dead: {e}",
+                        owner.name(),
+                        self.qid
+                    );
+                    self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
+                    self.dead = true;
+                }
+            }
+        }
+    }
+}
