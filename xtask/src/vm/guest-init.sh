@@ -12,6 +12,8 @@ mount -t devtmpfs dev /dev
 mkdir -p /dev/hugepages /dev/pts
 mount -t hugetlbfs none /dev/hugepages
 mount -t devpts devpts /dev/pts
+up() { cut -d' ' -f1 /proc/uptime; }
+T_INIT=$(up)
 arg() { for w in $(cat /proc/cmdline); do case "$w" in "$1="*) echo "${w#*=}";; esac; done; }
 KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work)
 [ -n "$KNVME" ] || KNVME=0
@@ -22,6 +24,7 @@ for m in $(cat /mods/order); do
   insmod /mods/$m 2>/dev/null || echo "USNVME-VM: warning: insmod $m failed"
 done
 
+T_MODULES=$(up)
 # Every NVMe controller (class 0x0108xx) past the first K goes to vfio-pci, before nvme.ko can claim it.
 i=0; nvfio=0; nkern=0
 for d in /sys/bus/pci/devices/*; do
@@ -52,7 +55,7 @@ if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose host
 else
   echo "USNVME-VM: error: cannot mount the host root over 9p"
 fi
-echo "USNVME-VM: ready vfio=$nvfio nvme=$nkern uptime=$(cut -d' ' -f1 /proc/uptime)"
+echo "USNVME-VM: ready vfio=$nvfio nvme=$nkern init=$T_INIT modules=$T_MODULES uptime=$(up)"
 
 if [ -n "$RUN" ]; then
   chroot /host /bin/sh $RUN </dev/null

@@ -277,10 +277,13 @@ fn stream_console(stdout: impl Read, started: Instant) -> Console {
                         .unwrap_or("?")
                 };
                 eprintln!(
-                    "vm-run: {} drives bound to vfio-pci, {} to nvme, {:.1} s after QEMU started (guest uptime {} s)",
+                    "vm-run: {} drives bound to vfio-pci, {} to nvme, {:.1} s after QEMU started \
+                     (guest: kernel {} s, modules loaded {} s, ready {} s)",
                     field("vfio="),
                     field("nvme="),
                     elapsed.as_secs_f64(),
+                    field("init="),
+                    field("modules="),
                     field("uptime=")
                 );
             } else if !msg.starts_with("exit code") {
