@@ -10,6 +10,7 @@ pub mod pci;
 pub mod prp;
 pub mod queue;
 pub mod regs;
+pub mod sim;
 pub mod spec;
 pub mod vfio;
 

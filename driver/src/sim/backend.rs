@@ -78,9 +78,7 @@ impl Store {
             let (chunk, within) = (pos / CHUNK as u64, pos as usize % CHUNK);
             let n = (CHUNK - within).min(data.len() - done);
             let mut shard = Self::shard(shards, chunk).lock();
-            let stored = shard
-                .entry(chunk)
-                .or_insert_with(|| Box::new([0; CHUNK]));
+            let stored = shard.entry(chunk).or_insert_with(|| Box::new([0; CHUNK]));
             stored[within..within + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
@@ -114,7 +112,7 @@ impl Store {
         if last - first > 64 * 1024 {
             // a huge range: walk what is stored rather than the range
             for shard in shards.iter() {
-                shard.lock().retain(|&k| !(first..last).contains(&k));
+                shard.lock().retain(|&k, _| !(first..last).contains(&k));
             }
         } else {
             for k in first..last {
@@ -122,6 +120,11 @@ impl Store {
             }
         }
         zero_part(last * chunk, end);
+    }
+
+    /// Whether written data is kept (and so must be read from the host).
+    pub fn keeps_data(&self) -> bool {
+        matches!(self, Store::Ram(_))
     }
 
     /// Chunks held in memory.

@@ -1,0 +1,325 @@
+//! NVM I/O commands (Read, Write, Flush, Write Zeroes, Dataset Management) and the data pointers:
+//! PRP1/PRP2 and PRP lists, SGL data blocks and segments, translated through the IOVA space.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use super::queue::Sq;
+use super::{Ctx, Outcome, SimNamespace};
+use crate::spec::command::{DSM_DEALLOCATE, SGL_DATA_BLOCK, SGL_LAST_SEGMENT, SGL_SEGMENT};
+use crate::spec::{DsmRange, IoOpcode, SglDescriptor, Sqe, Status};
+
+/// Bytes of the command where the fields are (for Error Information entries).
+const BYTE_NSID: u16 = 4;
+const BYTE_PRP1: u16 = 24;
+const BYTE_PRP2: u16 = 32;
+const BYTE_CDW10: u16 = 40;
+const BYTE_CDW12: u16 = 48;
+
+/// The most SGL descriptors one command may use, and segments it may chain.
+const MAX_SGL_DESCRIPTORS: u32 = 4096;
+
+pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
+    if sqe.fuse() != 0 {
+        return Outcome::fail(Status::INVALID_FIELD).at(1);
+    }
+    let op = IoOpcode::from_raw(sqe.opcode());
+    let result = match op {
+        Some(IoOpcode::Flush) => flush(ctx, sqe),
+        Some(IoOpcode::Read) => read_write(ctx, sq, sqe, false),
+        Some(IoOpcode::Write) => read_write(ctx, sq, sqe, true),
+        Some(IoOpcode::WriteZeroes) => write_zeroes(ctx, sqe),
+        Some(IoOpcode::DatasetManagement) => dataset_management(ctx, sq, sqe),
+        _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
+    };
+    result.unwrap_or_else(|e| e)
+}
+
+/// The namespace `nsid` names: its index and geometry.
+fn namespace(ctx: &Ctx, nsid: u32) -> Result<(usize, SimNamespace), Outcome> {
+    let namespaces = &ctx.inner.config.namespaces;
+    nsid.checked_sub(1)
+        .and_then(|i| namespaces.get(i as usize).map(|ns| (i as usize, *ns)))
+        .ok_or_else(|| Outcome::fail(Status::INVALID_NAMESPACE).at(BYTE_NSID))
+}
+
+/// Checks that `blocks` blocks from `slba` lie in the namespace.
+fn in_range(ns: &SimNamespace, slba: u64, blocks: u64) -> Result<(), Outcome> {
+    match slba.checked_add(blocks) {
+        Some(end) if end <= ns.blocks => Ok(()),
+        _ => Err(Outcome::fail(Status::LBA_OUT_OF_RANGE)
+            .at(BYTE_CDW10)
+            .lba(slba)),
+    }
+}
+
+fn flush(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
+    if sqe.nsid != u32::MAX {
+        namespace(ctx, sqe.nsid)?; // 0xffffffff: every namespace (VWC bits 2:1 say so)
+    }
+    Ok(Outcome::ok(0))
+}
+
+fn read_write(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, write: bool) -> Result<Outcome, Outcome> {
+    let (index, ns) = namespace(ctx, sqe.nsid)?;
+    let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
+    let len = blocks * ns.block_size as u64;
+    if len > ctx.inner.config.max_transfer(ctx.run.page) {
+        return Err(Outcome::fail(Status::INVALID_FIELD)
+            .at(BYTE_CDW12)
+            .lba(slba));
+    }
+    in_range(&ns, slba, blocks)?;
+    data_segments(ctx, sqe, len, &mut sq.segs).map_err(|e| e.lba(slba))?;
+    let store = &ctx.inner.stores[index];
+    let offset = slba * ns.block_size as u64;
+    let counters = &ctx.inner.counters;
+    if write {
+        if store.keeps_data() {
+            gather(ctx, &sq.segs, len, &mut sq.data).map_err(|e| e.lba(slba))?;
+            store.write(offset, &sq.data);
+        } else {
+            check_mapped(ctx, &sq.segs).map_err(|e| e.lba(slba))?;
+        }
+        counters
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .bytes_written
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+    } else {
+        sq.data.clear();
+        sq.data.resize(len as usize, 0);
+        store.read(offset, &mut sq.data);
+        scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
+        counters
+            .reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .bytes_read
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(Outcome::ok(0))
+}
+
+fn write_zeroes(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
+    let (index, ns) = namespace(ctx, sqe.nsid)?;
+    let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
+    in_range(&ns, slba, blocks)?;
+    let bs = ns.block_size as u64;
+    ctx.inner.stores[index].zero(slba * bs, blocks * bs);
+    Ok(Outcome::ok(0))
+}
+
+fn dataset_management(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
+    let (index, ns) = namespace(ctx, sqe.nsid)?;
+    let ranges = (sqe.cdw10 & 0xff) as u64 + 1;
+    let len = ranges * DsmRange::SIZE as u64;
+    data_segments(ctx, sqe, len, &mut sq.segs)?;
+    gather(ctx, &sq.segs, len, &mut sq.data)?;
+    // every range is checked before any is applied
+    for chunk in sq.data.chunks_exact(DsmRange::SIZE) {
+        let r = DsmRange::from_slice(chunk).unwrap_or_default();
+        in_range(&ns, r.slba, r.blocks as u64)?;
+    }
+    if sqe.cdw11 & DSM_DEALLOCATE != 0 {
+        let bs = ns.block_size as u64;
+        for chunk in sq.data.chunks_exact(DsmRange::SIZE) {
+            let r = DsmRange::from_slice(chunk).unwrap_or_default();
+            ctx.inner.stores[index].zero(r.slba * bs, r.blocks as u64 * bs);
+        }
+    }
+    Ok(Outcome::ok(0))
+}
+
+/// The data pointer of `sqe` for `len` bytes as IOVA segments in `out`: PRPs, or an SGL where the
+/// controller supports them.
+pub(super) fn data_segments(
+    ctx: &Ctx,
+    sqe: &Sqe,
+    len: u64,
+    out: &mut Vec<(u64, u32)>,
+) -> Result<(), Outcome> {
+    out.clear();
+    match sqe.psdt() {
+        0 => prp_segments(ctx, sqe.prp1, sqe.prp2, len, out),
+        1 | 2 if ctx.inner.config.sgl => sgl_segments(ctx, sqe.sgl(), len, out),
+        _ => Err(Outcome::fail(Status::INVALID_FIELD).at(1)),
+    }
+}
+
+fn push(out: &mut Vec<(u64, u32)>, addr: u64, len: u64) {
+    match out.last_mut() {
+        Some((a, l)) if *a + *l as u64 == addr && *l as u64 + len <= u32::MAX as u64 => {
+            *l += len as u32
+        }
+        _ => out.push((addr, len as u32)),
+    }
+}
+
+fn dma_error(ctx: &Ctx, iova: u64, what: &str) -> Outcome {
+    ctx.inner.dma_fault(iova, what);
+    Outcome::fail(Status::DATA_TRANSFER_ERROR)
+}
+
+/// PRP1 (dword aligned, may start mid-page), then PRP2 as the second page (page aligned) or a
+/// PRP list pointer (qword aligned); every list entry page aligned; the last entry of a full list
+/// page points to the next list page.
+fn prp_segments(
+    ctx: &Ctx,
+    prp1: u64,
+    prp2: u64,
+    len: u64,
+    out: &mut Vec<(u64, u32)>,
+) -> Result<(), Outcome> {
+    let page = ctx.run.page;
+    let bad = |byte| Outcome::fail(Status::PRP_OFFSET_INVALID).at(byte);
+    if prp1 % 4 != 0 {
+        return Err(bad(BYTE_PRP1));
+    }
+    let first = (page - prp1 % page).min(len);
+    push(out, prp1, first);
+    let mut left = len - first;
+    if left == 0 {
+        return Ok(());
+    }
+    if left <= page {
+        if prp2 % page != 0 {
+            return Err(bad(BYTE_PRP2));
+        }
+        push(out, prp2, left);
+        return Ok(());
+    }
+    if prp2 % 8 != 0 {
+        return Err(bad(BYTE_PRP2));
+    }
+    let mut entry = prp2;
+    while left > 0 {
+        let value = ctx
+            .mem
+            .read_obj::<u64>(GuestAddress(entry))
+            .map_err(|_| dma_error(ctx, entry, "PRP list"))?;
+        if value % page != 0 {
+            return Err(bad(BYTE_PRP2));
+        }
+        let last_in_page = (entry + 8) % page == 0;
+        if last_in_page && left > page {
+            entry = value; // the next list page
+            continue;
+        }
+        let n = left.min(page);
+        push(out, value, n);
+        left -= n;
+        entry += 8;
+    }
+    Ok(())
+}
+
+/// An SGL: one data block descriptor, or segments of data blocks, each segment but the last
+/// ending with a (last) segment descriptor. The data blocks must add up to exactly `len`.
+fn sgl_segments(
+    ctx: &Ctx,
+    first: SglDescriptor,
+    len: u64,
+    out: &mut Vec<(u64, u32)>,
+) -> Result<(), Outcome> {
+    let type_invalid = || Outcome::fail(Status::SGL_DESCRIPTOR_TYPE_INVALID).at(BYTE_PRP1);
+    let segment_invalid = || Outcome::fail(Status::INVALID_SGL_SEGMENT_DESCRIPTOR).at(BYTE_PRP1);
+    let length_invalid = || Outcome::fail(Status::DATA_SGL_LENGTH_INVALID).at(BYTE_PRP1);
+    let mut total = 0u64;
+    let mut data = |d: &SglDescriptor, out: &mut Vec<(u64, u32)>| {
+        if d.subtype() != 0 {
+            return Err(type_invalid());
+        }
+        total += d.length as u64;
+        if total > len {
+            return Err(length_invalid());
+        }
+        if d.length > 0 {
+            push(out, d.address, d.length as u64);
+        }
+        Ok(())
+    };
+    let mut desc = first;
+    let mut budget = MAX_SGL_DESCRIPTORS;
+    match desc.kind() {
+        SGL_DATA_BLOCK => data(&desc, out)?,
+        SGL_SEGMENT | SGL_LAST_SEGMENT => loop {
+            if desc.subtype() != 0 || desc.length == 0 || desc.length % 16 != 0 {
+                return Err(segment_invalid());
+            }
+            let last_segment = desc.kind() == SGL_LAST_SEGMENT;
+            let count = desc.length / 16;
+            let mut next = None;
+            for i in 0..count {
+                budget = budget.checked_sub(1).ok_or_else(|| {
+                    Outcome::fail(Status::INVALID_SGL_DESCRIPTOR_COUNT).at(BYTE_PRP1)
+                })?;
+                let addr = desc.address + i as u64 * 16;
+                let d = ctx
+                    .mem
+                    .read_obj::<SglDescriptor>(GuestAddress(addr))
+                    .map_err(|_| dma_error(ctx, addr, "SGL segment"))?;
+                match d.kind() {
+                    SGL_DATA_BLOCK => data(&d, out)?,
+                    SGL_SEGMENT | SGL_LAST_SEGMENT if i == count - 1 && !last_segment => {
+                        next = Some(d)
+                    }
+                    SGL_SEGMENT | SGL_LAST_SEGMENT => return Err(segment_invalid()),
+                    _ => return Err(type_invalid()),
+                }
+            }
+            match next {
+                Some(d) => desc = d,
+                None => break,
+            }
+        },
+        _ => return Err(type_invalid()),
+    }
+    if total != len {
+        return Err(length_invalid());
+    }
+    Ok(())
+}
+
+/// Copies the host's data from `segs` into `data` (`len` bytes).
+pub(super) fn gather(
+    ctx: &Ctx,
+    segs: &[(u64, u32)],
+    len: u64,
+    data: &mut Vec<u8>,
+) -> Result<(), Outcome> {
+    data.clear();
+    data.resize(len as usize, 0);
+    let mut at = 0usize;
+    for &(addr, n) in segs {
+        let n = n as usize;
+        ctx.mem
+            .read_slice(&mut data[at..at + n], GuestAddress(addr))
+            .map_err(|_| dma_error(ctx, addr, "data buffer"))?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Copies `data` to the host's `segs`.
+pub(super) fn scatter(ctx: &Ctx, segs: &[(u64, u32)], data: &[u8]) -> Result<(), Outcome> {
+    let mut at = 0usize;
+    for &(addr, n) in segs {
+        let n = n as usize;
+        ctx.mem
+            .write_slice(&data[at..at + n], GuestAddress(addr))
+            .map_err(|_| dma_error(ctx, addr, "data buffer"))?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Checks that the host's `segs` are mapped (a write to the null backend reads nothing).
+fn check_mapped(ctx: &Ctx, segs: &[(u64, u32)]) -> Result<(), Outcome> {
+    for &(addr, n) in segs {
+        if !ctx.mem.check_range(GuestAddress(addr), n as usize) {
+            return Err(dma_error(ctx, addr, "data buffer"));
+        }
+    }
+    Ok(())
+}

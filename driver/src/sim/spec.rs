@@ -1,0 +1,320 @@
+//! `sim:` device addresses: `sim:0`, `sim:0-23`, then options, e.g.
+//! `sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::{Backend, SimConfig, SimMode, SimNamespace};
+
+/// The drives a `sim:` address names and how they are configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimSpec {
+    /// Drive indices: drive N is `sim:N` with serial `simN`.
+    pub drives: Vec<u32>,
+    /// The configuration of each (its serial is set per drive).
+    pub config: SimConfig,
+}
+
+/// Why a `sim:` address does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimSpecError {
+    #[error("`{0}` is not a sim address: expected sim:N or sim:N-M, then options, e.g. sim:0-3,bs=4096,backend=ram")]
+    NotSim(String),
+    #[error("bad drive range `{0}`: expected N or N-M with N <= M and at most 4096 drives, e.g. sim:0 or sim:0-23")]
+    Drives(String),
+    #[error("unknown sim option `{name}`; valid options: {VALID}")]
+    UnknownOption { name: String },
+    #[error("bad value `{value}` for sim option `{name}`: expected {expected}")]
+    Value {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+const VALID: &str =
+    "bs=512|4096, size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
+queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
+latency=<e.g. 100us>, ooo=on|off";
+
+impl SimSpec {
+    /// Whether `s` is meant as a sim address (then parse it for the details).
+    pub fn is_sim(s: &str) -> bool {
+        s.starts_with("sim:")
+    }
+}
+
+impl fmt::Display for SimSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.drives.first(), self.drives.last()) {
+            (Some(a), Some(b)) if a != b => write!(f, "sim:{a}-{b}"),
+            (Some(a), _) => write!(f, "sim:{a}"),
+            _ => write!(f, "sim:"),
+        }
+    }
+}
+
+fn value_error(name: &str, value: &str, expected: &'static str) -> SimSpecError {
+    SimSpecError::Value {
+        name: name.into(),
+        value: value.into(),
+        expected,
+    }
+}
+
+/// `512`, `4K`, `1G`, `2TiB`: bytes, binary suffixes.
+fn parse_size(s: &str) -> Option<u64> {
+    let lower = s.to_ascii_lowercase();
+    let t = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (digits, shift) = match t.char_indices().last()? {
+        (i, 'k') => (&t[..i], 10),
+        (i, 'm') => (&t[..i], 20),
+        (i, 'g') => (&t[..i], 30),
+        (i, 't') => (&t[..i], 40),
+        _ => (t, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// `100us`, `1ms`, `2s`, `500ns`, `0`.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "ns" => Duration::from_nanos(n),
+        "us" | "µs" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "" if n == 0 => Duration::ZERO,
+        _ => return None,
+    })
+}
+
+fn parse_switch(name: &str, value: &str) -> Result<bool, SimSpecError> {
+    match value {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(value_error(name, value, "on or off")),
+    }
+}
+
+impl FromStr for SimSpec {
+    type Err = SimSpecError;
+
+    fn from_str(s: &str) -> Result<SimSpec, SimSpecError> {
+        let rest = s
+            .strip_prefix("sim:")
+            .ok_or_else(|| SimSpecError::NotSim(s.into()))?;
+        let mut parts = rest.split(',');
+        let range = parts.next().unwrap_or_default();
+        let drives_error = || SimSpecError::Drives(range.into());
+        let (a, b) = match range.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (range, range),
+        };
+        let (a, b): (u32, u32) = (
+            a.parse().map_err(|_| drives_error())?,
+            b.parse().map_err(|_| drives_error())?,
+        );
+        if a > b || b - a >= 4096 {
+            return Err(drives_error());
+        }
+        let mut config = SimConfig::default();
+        let (mut block_size, mut size, mut count) = (512u32, 1u64 << 30, 1usize);
+        let (mut threaded, mut latency, mut ooo) = (false, Duration::ZERO, false);
+        for option in parts {
+            let (name, value) = option.split_once('=').unwrap_or((option, ""));
+            let bad = |expected| value_error(name, value, expected);
+            match name {
+                "bs" => {
+                    block_size = match value {
+                        "512" => 512,
+                        "4096" | "4k" | "4K" => 4096,
+                        _ => return Err(bad("512 or 4096")),
+                    }
+                }
+                "size" => {
+                    size = parse_size(value)
+                        .filter(|&s| s > 0)
+                        .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
+                }
+                "ns" => {
+                    count = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1024).contains(n))
+                        .ok_or_else(|| bad("a namespace count from 1 to 1024"))?
+                }
+                "backend" => {
+                    config.backend = match value {
+                        "null" => Backend::Null,
+                        "ram" => Backend::Ram,
+                        _ => return Err(bad("null or ram")),
+                    }
+                }
+                "mdts" => {
+                    config.mdts = value
+                        .parse()
+                        .ok()
+                        .filter(|m| *m <= 20)
+                        .ok_or_else(|| bad("0 (no limit) to 20: transfers of 4 KiB << mdts"))?
+                }
+                "queues" => {
+                    config.io_queues = value
+                        .parse()
+                        .ok()
+                        .filter(|q| (1..u16::MAX).contains(q))
+                        .ok_or_else(|| bad("a number of I/O queue pairs from 1 to 65534"))?
+                }
+                "mqes" => {
+                    config.mqes =
+                        value.parse().ok().filter(|q| *q >= 1).ok_or_else(|| {
+                            bad("1 to 65535 (0's based: queues of mqes + 1 entries)")
+                        })?
+                }
+                "sgl" => config.sgl = parse_switch(name, value)?,
+                "dbbuf" => config.doorbell_buffer = parse_switch(name, value)?,
+                "ooo" => ooo = parse_switch(name, value)?,
+                "mode" => {
+                    threaded = match value {
+                        "inline" => false,
+                        "threaded" => true,
+                        _ => return Err(bad("inline or threaded")),
+                    }
+                }
+                "latency" => {
+                    latency =
+                        parse_duration(value).ok_or_else(|| bad("a duration, e.g. 100us, 1ms"))?
+                }
+                _ => {
+                    return Err(SimSpecError::UnknownOption { name: name.into() });
+                }
+            }
+        }
+        if size % block_size as u64 != 0 {
+            return Err(value_error(
+                "size",
+                &size.to_string(),
+                "a multiple of the block size",
+            ));
+        }
+        config.namespaces = vec![
+            SimNamespace {
+                block_size,
+                blocks: size / block_size as u64,
+            };
+            count
+        ];
+        if threaded || !latency.is_zero() || ooo {
+            config.mode = SimMode::Threaded {
+                latency,
+                out_of_order: ooo,
+            };
+        }
+        Ok(SimSpec {
+            drives: (a..=b).collect(),
+            config,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_with_and_without_options() {
+        let one: SimSpec = "sim:0".parse().expect("sim:0");
+        assert_eq!(one.drives, [0]);
+        assert_eq!(one.config, SimConfig::default());
+        assert_eq!(one.to_string(), "sim:0");
+        let many: SimSpec = "sim:0-23".parse().expect("range");
+        assert_eq!(many.drives.len(), 24);
+        assert_eq!(many.to_string(), "sim:0-23");
+
+        let full: SimSpec = "sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us"
+            .parse()
+            .expect("every option");
+        assert_eq!(full.drives, [3]);
+        let c = &full.config;
+        assert_eq!(
+            c.namespaces,
+            vec![
+                SimNamespace {
+                    block_size: 4096,
+                    blocks: 262_144
+                };
+                2
+            ]
+        );
+        assert_eq!(
+            (
+                c.backend,
+                c.mdts,
+                c.io_queues,
+                c.sgl,
+                c.doorbell_buffer,
+                c.mqes
+            ),
+            (Backend::Ram, 5, 4, false, false, 255)
+        );
+        assert_eq!(
+            c.mode,
+            SimMode::Threaded {
+                latency: Duration::from_micros(100),
+                out_of_order: false
+            }
+        );
+        let sized: SimSpec = "sim:1,size=64MiB,ooo=on".parse().expect("ooo");
+        assert_eq!(sized.config.namespaces[0].blocks, (64 << 20) / 512);
+        assert!(matches!(
+            sized.config.mode,
+            SimMode::Threaded {
+                out_of_order: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_option_and_what_is_valid() {
+        let e = "sim:0,colour=blue".parse::<SimSpec>().expect_err("unknown");
+        let text = e.to_string();
+        assert!(
+            text.contains("`colour`") && text.contains("backend=null|ram"),
+            "{text}"
+        );
+        let e = "sim:0,bs=1000".parse::<SimSpec>().expect_err("bad bs");
+        assert_eq!(
+            e.to_string(),
+            "bad value `1000` for sim option `bs`: expected 512 or 4096"
+        );
+        let e = "sim:0,latency=fast"
+            .parse::<SimSpec>()
+            .expect_err("bad latency");
+        assert!(e.to_string().contains("`latency`"), "{e}");
+        let e = "sim:0,size=1000"
+            .parse::<SimSpec>()
+            .expect_err("not block multiple");
+        assert!(e.to_string().contains("multiple of the block size"), "{e}");
+        assert!(matches!(
+            "sim:5-2".parse::<SimSpec>(),
+            Err(SimSpecError::Drives(_))
+        ));
+        assert!(matches!(
+            "sim:x".parse::<SimSpec>(),
+            Err(SimSpecError::Drives(_))
+        ));
+        assert!(matches!(
+            "0000:01:00.0".parse::<SimSpec>(),
+            Err(SimSpecError::NotSim(_))
+        ));
+        assert!(SimSpec::is_sim("sim:0") && !SimSpec::is_sim("0000:01:00.0"));
+        assert_eq!(parse_size("4k"), Some(4096));
+        assert_eq!(parse_size("2T"), Some(2 << 40));
+        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("3ms"), Some(Duration::from_millis(3)));
+    }
+}

@@ -1,0 +1,1361 @@
+//! The real driver (`Controller`, `QueuePair`) against the simulated controller, plus a few
+//! register-level checks with a hand-made host where the driver cannot misbehave on purpose.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use usnvme_hugepages::{BufferPool, DmaBuffer, DmaRegion, Memory, PageSize};
+use vm_memory::Bytes;
+
+use super::*;
+use crate::spec::command::{Cns, FeatureId, FeatureSelect, QueuePriority, SGL_BIT_BUCKET};
+use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
+use crate::spec::{AdminOpcode, Aqa, Cqe, IoOpcode, LogPageId, SglDescriptor, Sqe};
+use crate::{Completion, IoBuffer, QueuePair, QueuePairOptions, SubmitError};
+
+const NSID: u32 = 1;
+
+fn ram(block_size: u32, blocks: u64) -> SimConfig {
+    SimConfig {
+        namespaces: vec![SimNamespace { block_size, blocks }],
+        backend: Backend::Ram,
+        ..SimConfig::default()
+    }
+}
+
+fn options() -> ControllerOptions {
+    ControllerOptions {
+        io_queues: 4,
+        admin_depth: 16,
+        admin_timeout: Duration::from_secs(5),
+        page: PageSize::Small4K,
+        ..ControllerOptions::default()
+    }
+}
+
+fn start_with(config: SimConfig, options: ControllerOptions) -> (Arc<SimController>, Controller) {
+    let space = iova_space();
+    let sim = SimController::new(config, space.clone());
+    let ctrl = Controller::init("sim:t".into(), sim.clone(), space, None, None, options)
+        .expect("bring-up");
+    (sim, ctrl)
+}
+
+fn start(config: SimConfig) -> (Arc<SimController>, Controller) {
+    start_with(config, options())
+}
+
+fn queue(ctrl: &Controller, depth: u16) -> QueuePair {
+    ctrl.create_queue_pair(QueuePairOptions {
+        depth,
+        ..QueuePairOptions::default()
+    })
+    .expect("queue pair")
+}
+
+fn pool(size: usize, count: usize) -> BufferPool {
+    BufferPool::new(&iova_space(), size, count, PageSize::Small4K, None).expect("buffer pool")
+}
+
+fn span(buf: &DmaBuffer, offset: usize, len: usize) -> IoBuffer {
+    IoBuffer {
+        iova: buf.iova_at(offset),
+        len: len as u32,
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Polls until one completion arrives (at most 5 s).
+fn wait(qp: &mut QueuePair) -> Completion {
+    let started = Instant::now();
+    loop {
+        let mut done = None;
+        qp.poll(|c| done = Some(c));
+        if let Some(c) = done {
+            return c;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "no completion");
+        std::thread::yield_now();
+    }
+}
+
+/// Submits one command and waits for its completion; returns its status.
+fn run(
+    qp: &mut QueuePair,
+    submit: impl FnOnce(&mut QueuePair) -> Result<(), SubmitError>,
+) -> Status {
+    submit(qp).expect("submitted");
+    let c = wait(qp);
+    assert_eq!(c.token, 7, "the token comes back");
+    c.status
+}
+
+/// Polls a few times and returns what completed.
+fn drain(qp: &mut QueuePair) -> Vec<Completion> {
+    let mut all = Vec::new();
+    for _ in 0..5 {
+        qp.poll(|c| all.push(c));
+    }
+    all
+}
+
+fn command_status(e: Error) -> Status {
+    match e {
+        Error::Command { status, .. } => status.code(),
+        other => panic!("expected a command error, got {other}"),
+    }
+}
+
+#[test]
+fn bring_up_identify_and_logs_through_sim_open() {
+    let spec: SimSpec = "sim:0-1,backend=ram".parse().expect("spec");
+    let ctrls = open(&spec, options()).expect("open");
+    assert_eq!(ctrls.len(), 2);
+    for (k, ctrl) in ctrls.iter().enumerate() {
+        assert_eq!(ctrl.name(), format!("sim:{k}"));
+        let id = ctrl.identify();
+        assert_eq!(id.serial(), format!("sim{k}"));
+        assert_eq!(
+            (id.model().as_str(), id.firmware().as_str()),
+            ("usnvme sim", "1.0")
+        );
+        assert_eq!(ctrl.version().to_string(), "1.4.0");
+        assert_eq!((ctrl.cap().mqes(), ctrl.cap().to()), (2047, 20));
+        let ns = ctrl.namespace(NSID).expect("namespace 1");
+        assert_eq!((ns.block_size, ns.capacity_bytes()), (512, 1 << 30));
+        assert_eq!(
+            ns.identify.dlfeat & 7,
+            1,
+            "deallocated blocks read as zeroes"
+        );
+        assert_eq!(ctrl.max_transfer(), 512 << 10);
+        assert_eq!(ctrl.io_queues_granted(), 4);
+        assert!(ctrl.shadow_doorbells());
+        let smart = ctrl.smart_log().expect("SMART");
+        assert_eq!(smart.temperature_celsius(), 40);
+        assert_eq!(smart.critical_warnings().0, 0);
+        let fw = ctrl.firmware_log().expect("firmware log");
+        assert_eq!(
+            (fw.active_slot(), fw.revision(1).as_deref()),
+            (1, Some("1.0"))
+        );
+        assert!(ctrl.error_log(4).expect("error log").is_empty());
+        let nqueues = ctrl
+            .admin(Sqe::get_features(
+                FeatureId::NumberOfQueues,
+                FeatureSelect::Current,
+            ))
+            .expect("get features");
+        assert_eq!(nqueues, 0x0003_0003);
+        let (_, list) = ctrl
+            .admin_read(Sqe::identify(Cns::NamespaceDescriptorList, 1), 4096)
+            .expect("descriptors");
+        assert_eq!(&list[..2], &[2, 16], "an NGUID");
+    }
+
+    let spec: SimSpec = "sim:2-3,bs=4096,size=64M,ns=2,queues=2,mdts=5,sgl=off,dbbuf=off,mqes=63"
+        .parse()
+        .expect("spec");
+    let ctrls = open(
+        &spec,
+        ControllerOptions {
+            sgl: true,
+            ..options()
+        },
+    )
+    .expect("open");
+    for ctrl in &ctrls {
+        assert_eq!(ctrl.namespaces().len(), 2);
+        assert_eq!(ctrl.namespace(2).expect("ns 2").block_size, 4096);
+        assert_eq!(ctrl.namespace(2).expect("ns 2").capacity_bytes(), 64 << 20);
+        assert_eq!(ctrl.io_queues_granted(), 2);
+        assert_eq!(ctrl.max_transfer(), 128 << 10);
+        assert!(!ctrl.shadow_doorbells() && !ctrl.uses_sgl());
+        assert_eq!(ctrl.cap().mqes(), 63);
+        let a = queue(ctrl, 64);
+        let b = queue(ctrl, 64);
+        assert!(matches!(
+            ctrl.create_queue_pair(QueuePairOptions::default()),
+            Err(Error::NoQueue { granted: 2, .. })
+        ));
+        drop((a, b));
+    }
+}
+
+/// Every PRP shape (PRP1 only, PRP1 + PRP2, lists) and mid-page buffers, with PRPs and SGLs, on
+/// 512-byte and 4 KiB blocks.
+#[test]
+fn data_round_trips_through_every_data_pointer_shape() {
+    for (bs, sgl) in [(512u32, false), (4096, false), (512, true), (4096, true)] {
+        let (sim, ctrl) = start_with(
+            ram(bs, (64 << 20) / bs as u64),
+            ControllerOptions { sgl, ..options() },
+        );
+        assert_eq!(ctrl.uses_sgl(), sgl);
+        let mdts = ctrl.max_transfer() as usize;
+        let mut qp = queue(&ctrl, 16);
+        let mut buffers = pool(1 << 20, 2);
+        let (w, r) = (
+            buffers.alloc().expect("buffer"),
+            buffers.alloc().expect("buffer"),
+        );
+        let bs = bs as usize;
+        let mut lba = 8u64;
+        for size in [512, 4096, 8192, 128 << 10, mdts] {
+            if size < bs {
+                continue;
+            }
+            for offset in [0usize, 512, 3584] {
+                let data = pattern(lba, size);
+                w.write_from(&data, offset).expect("fill");
+                r.fill(0xee);
+                let st = run(&mut qp, |q| q.write(NSID, lba, span(&w, offset, size), 7));
+                assert!(st.is_success(), "write {size} at +{offset}: {st}");
+                let st = run(&mut qp, |q| {
+                    q.read(NSID, lba, span(&r, offset + 4, size), 7)
+                });
+                assert!(st.is_success(), "read {size} at +{offset}: {st}");
+                let mut back = vec![0u8; size];
+                r.read_into(&mut back, offset + 4).expect("read back");
+                assert!(
+                    back == data,
+                    "bs {bs}, sgl {sgl}: {size} bytes at +{offset} differ"
+                );
+                lba += (size / bs) as u64 + 1;
+            }
+        }
+        assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
+        assert!(sim.stored_chunks(NSID) > 0);
+        assert_eq!((sim.dma_faults(), sim.invalid_doorbells()), (0, 0));
+        buffers.free(w).expect("own");
+        buffers.free(r).expect("own");
+    }
+}
+
+#[test]
+fn write_zeroes_and_deallocate_read_back_zeroes_and_free_memory() {
+    for bs in [512usize, 4096] {
+        let (sim, ctrl) = start(ram(bs as u32, 4096));
+        let mut qp = queue(&ctrl, 8);
+        let mut buffers = pool(64 << 10, 1);
+        let buf = buffers.alloc().expect("buffer");
+        // 8 KiB-aligned, so that deallocation frees whole 4 KiB chunks
+        let (lba, len) = ((8192 / bs) as u64 * 100, 16 * bs);
+        let expect = pattern(99, len);
+        buf.write_from(&expect, 0).expect("fill");
+        assert!(run(&mut qp, |q| q.write(NSID, lba, span(&buf, 0, len), 7)).is_success());
+        assert!(run(&mut qp, |q| q.write_zeroes(NSID, lba + 4, 8, 7)).is_success());
+        buf.fill(0xaa);
+        assert!(run(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7)).is_success());
+        let mut back = vec![0u8; len];
+        buf.read_into(&mut back, 0).expect("read back");
+        assert_eq!(back[..4 * bs], expect[..4 * bs]);
+        assert!(back[4 * bs..12 * bs].iter().all(|&b| b == 0));
+        assert_eq!(back[12 * bs..], expect[12 * bs..]);
+        let held = sim.stored_chunks(NSID);
+        assert!(held > 0);
+        assert!(run(&mut qp, |q| q.deallocate(NSID, lba, 16, 7)).is_success());
+        assert!(sim.stored_chunks(NSID) < held, "the ram backend forgets");
+        assert!(run(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7)).is_success());
+        buf.read_into(&mut back, 0).expect("read back");
+        assert!(back.iter().all(|&b| b == 0));
+        let st = run(&mut qp, |q| q.deallocate(NSID, 4090, 16, 7));
+        assert_eq!(st.code(), Status::LBA_OUT_OF_RANGE);
+        buffers.free(buf).expect("own");
+    }
+}
+
+/// A 4-entry ring wraps 3000 times; phase tags toggle each time; every token comes back once.
+#[test]
+fn queue_wraps_around_thousands_of_times() {
+    for dbbuf in [true, false] {
+        let (_sim, ctrl) = start(SimConfig {
+            doorbell_buffer: dbbuf,
+            ..ram(512, 1024)
+        });
+        let mut qp = queue(&ctrl, 4);
+        let mut buffers = pool(4096, 1);
+        let buf = buffers.alloc().expect("buffer");
+        let total = 12_000u64;
+        let (mut next, mut done) = (0u64, 0u64);
+        while done < total {
+            while next < total && qp.in_flight() < 3 {
+                let lba = next % 1024;
+                let r = if next % 2 == 0 {
+                    qp.write(NSID, lba, span(&buf, 0, 512), next)
+                } else {
+                    qp.read(NSID, lba, span(&buf, 512, 512), next)
+                };
+                r.expect("room for three");
+                next += 1;
+            }
+            qp.poll(|c| {
+                assert!(c.status.is_success(), "{}", c.status);
+                assert_eq!(c.token, done, "inline mode completes in order");
+                done += 1;
+            });
+        }
+        let s = qp.stats();
+        assert_eq!((s.submitted, s.completed, s.garbage), (total, total, 0));
+        // with shadow doorbells the CQ head is rung only when it crosses EventIdx (0): once a lap
+        let laps = total / 4;
+        if dbbuf {
+            assert!(s.cq_doorbells <= laps + 1, "{s:?}");
+        } else {
+            assert!(s.cq_doorbells > laps + 1, "{s:?}");
+        }
+        buffers.free(buf).expect("own");
+    }
+}
+
+#[test]
+fn a_full_queue_refuses_then_one_poll_takes_everything() {
+    let (_sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    for t in 0..7 {
+        qp.flush_cache(NSID, t).expect("room");
+    }
+    assert_eq!(
+        qp.flush_cache(NSID, 7),
+        Err(SubmitError::QueueFull { in_flight: 7 })
+    );
+    let mut tokens = Vec::new();
+    assert_eq!(qp.poll(|c| tokens.push(c.token)), 7);
+    assert_eq!(tokens, (0..7).collect::<Vec<_>>());
+    qp.flush_cache(NSID, 8).expect("room again");
+    assert_eq!(wait(&mut qp).token, 8);
+}
+
+/// Duplicates fill the CQ beyond what one poll takes; the rest waits in the controller until
+/// the host frees entries, and comes in the next poll.
+#[test]
+fn more_completions_than_one_poll_takes() {
+    let (sim, ctrl) = start(SimConfig {
+        doorbell_buffer: false,
+        ..ram(512, 1024)
+    });
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Duplicate).times(0));
+    for t in 0..7 {
+        qp.flush_cache(NSID, t).expect("room");
+    }
+    let first = qp.poll(|_| {});
+    assert!(first < 7, "one poll cannot take 14 entries");
+    let mut rest = first;
+    for _ in 0..3 {
+        rest += qp.poll(|_| {});
+    }
+    assert_eq!(rest, 7);
+    assert_eq!(qp.stats().garbage, 7, "every duplicate is detected");
+    assert!(sim.completions() >= 14);
+}
+
+/// Threaded mode: completions out of order and late, matched to their tokens; data intact.
+#[test]
+fn threaded_out_of_order_completions_match_their_tokens() {
+    let (sim, ctrl) = start(SimConfig {
+        mode: SimMode::Threaded {
+            latency: Duration::from_micros(20),
+            out_of_order: true,
+        },
+        ..ram(512, 1 << 16)
+    });
+    let mut qp = queue(&ctrl, 64);
+    let mut buffers = pool(4096, 64);
+    let mut outstanding: HashMap<u64, (DmaBuffer, u64, bool)> = HashMap::new();
+    let (total, mut issued, mut completed, mut token) = (2000u64, 0u64, 0u64, 0u64);
+    let (mut inversions, mut last) = (0u64, 0u64);
+    let started = Instant::now();
+    while completed < total {
+        while issued < total && qp.in_flight() < 63 {
+            let buf = buffers.alloc().expect("buffer");
+            let lba = (issued % 1000) * 8;
+            let write = (issued / 1000) == 0;
+            if write {
+                buf.write_from(&pattern(lba, 4096), 0).expect("fill");
+            }
+            let b = span(&buf, 0, 4096);
+            let r = if write {
+                qp.write(NSID, lba, b, token)
+            } else {
+                qp.read(NSID, lba, b, token)
+            };
+            r.expect("submit");
+            outstanding.insert(token, (buf, lba, write));
+            token += 1;
+            issued += 1;
+        }
+        qp.poll(|c| {
+            let (buf, lba, write) = outstanding.remove(&c.token).expect("a token given once");
+            assert!(c.status.is_success(), "{}", c.status);
+            if !write {
+                let mut back = vec![0u8; 4096];
+                buf.read_into(&mut back, 0).expect("read back");
+                assert!(back == pattern(lba, 4096), "lba {lba}");
+            }
+            if c.token < last {
+                inversions += 1;
+            }
+            last = c.token;
+            buffers.free(buf).expect("own");
+            completed += 1;
+        });
+        assert!(started.elapsed() < Duration::from_secs(10), "stuck");
+    }
+    assert!(inversions > 0, "out of order");
+    assert_eq!(qp.stats().garbage, 0);
+    assert_eq!(sim.invalid_doorbells(), 0);
+}
+
+#[test]
+fn two_threads_each_with_a_queue_pair_on_one_controller() {
+    let (_sim, ctrl) = start(ram(4096, 1 << 14));
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let ctrl = ctrl.clone();
+            s.spawn(move || {
+                let mut qp = queue(&ctrl, 32);
+                let mut buffers = pool(4096, 2);
+                let (w, r) = (
+                    buffers.alloc().expect("buffer"),
+                    buffers.alloc().expect("buffer"),
+                );
+                for i in 0..300u64 {
+                    let lba = t * 8192 + i;
+                    let data = pattern(lba, 4096);
+                    w.write_from(&data, 0).expect("fill");
+                    assert!(run(&mut qp, |q| q.write(NSID, lba, span(&w, 0, 4096), 7)).is_success());
+                    assert!(run(&mut qp, |q| q.read(NSID, lba, span(&r, 0, 4096), 7)).is_success());
+                    let mut back = vec![0u8; 4096];
+                    r.read_into(&mut back, 0).expect("read back");
+                    assert!(back == data);
+                }
+                buffers.free(w).expect("own");
+                buffers.free(r).expect("own");
+            });
+        }
+    });
+}
+
+/// Shadow doorbells: the SQ tail is rung once per batch (EventIdx asks for it), the CQ head
+/// never; a queue id used again does not see the stale shadow values of its predecessor.
+#[test]
+fn shadow_doorbells_and_a_queue_id_used_again() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    for round in 0..3 {
+        let mut qp = queue(&ctrl, 16);
+        assert_eq!(qp.qid(), 1);
+        for i in 0..50 + round {
+            assert!(
+                run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success(),
+                "round {round} i {i}"
+            );
+        }
+        let s = qp.stats();
+        assert_eq!(s.sq_doorbells, 50 + round as u64);
+        assert!(s.cq_doorbells <= 1 + (50 + round as u64) / 16, "{s:?}");
+    }
+    assert_eq!(sim.invalid_doorbells(), 0);
+}
+
+fn crafted(qp: &mut QueuePair, sqe: Sqe) -> Status {
+    run(qp, |q| q.submit(sqe, 7))
+}
+
+#[test]
+fn bad_data_pointers_are_refused_by_name() {
+    let (sim, ctrl) = start(ram(512, 1 << 16));
+    let mut qp = queue(&ctrl, 16);
+    let mut buffers = pool(64 << 10, 2);
+    let (buf, list) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    let with = |mut sqe: Sqe, prp1: u64, prp2: u64| {
+        sqe.prp1 = prp1;
+        sqe.prp2 = prp2;
+        sqe
+    };
+    let base = buf.iova();
+    // 8 KiB: PRP1 + PRP2
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 16), base, base + 4096));
+    assert!(st.is_success(), "{st}");
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 16), base, base + 4096 + 8));
+    assert_eq!(
+        st.code(),
+        Status::PRP_OFFSET_INVALID,
+        "PRP2 not page aligned"
+    );
+    assert!(st.dnr());
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 1), base + 2, 0));
+    assert_eq!(
+        st.code(),
+        Status::PRP_OFFSET_INVALID,
+        "PRP1 not dword aligned"
+    );
+    // 12 KiB: PRP1 + a list of two entries
+    let entries = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
+    list.write_from(&entries(base + 4096, base + 8192), 0)
+        .expect("list");
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 24), base, list.iova()));
+    assert!(st.is_success(), "{st}");
+    list.write_from(&entries(base + 4096, base + 8192 + 16), 0)
+        .expect("list");
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 24), base, list.iova()));
+    assert_eq!(
+        st.code(),
+        Status::PRP_OFFSET_INVALID,
+        "list entry not page aligned"
+    );
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 24), base, list.iova() + 4));
+    assert_eq!(
+        st.code(),
+        Status::PRP_OFFSET_INVALID,
+        "list pointer not qword aligned"
+    );
+    // unmapped memory: what an IOMMU would fault on
+    let faults = sim.dma_faults();
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 1), 0x1000, 0));
+    assert_eq!(st.code(), Status::DATA_TRANSFER_ERROR);
+    list.write_from(&entries(base + 4096, 1 << 40), 0)
+        .expect("list");
+    let st = crafted(&mut qp, with(Sqe::write(1, 0, 24), base, list.iova()));
+    assert_eq!(
+        st.code(),
+        Status::DATA_TRANSFER_ERROR,
+        "unmapped list entry"
+    );
+    assert_eq!(sim.dma_faults(), faults + 2);
+    // larger than MDTS (512 KiB), never mind the data pointer
+    let st = crafted(&mut qp, with(Sqe::read(1, 0, 2048), base, 0));
+    assert_eq!(st.code(), Status::INVALID_FIELD);
+    // SGL on a controller asked to use PRPs is fine (the controller supports them) ...
+    let mut sgl = Sqe::read(1, 0, 8);
+    sgl.set_sgl(SglDescriptor::data_block(base + 3, 4096));
+    assert!(
+        crafted(&mut qp, sgl).is_success(),
+        "byte-aligned SGL data block"
+    );
+    // ... but not on one without SGL support
+    let (_sim2, ctrl2) = start(SimConfig {
+        sgl: false,
+        ..ram(512, 1024)
+    });
+    let mut qp2 = queue(&ctrl2, 4);
+    assert_eq!(crafted(&mut qp2, sgl).code(), Status::INVALID_FIELD);
+    buffers.free(buf).expect("own");
+    buffers.free(list).expect("own");
+}
+
+#[test]
+fn sgl_segments_are_walked_and_checked() {
+    let (_sim, ctrl) = start(ram(512, 1 << 16));
+    let mut qp = queue(&ctrl, 16);
+    let mut buffers = pool(64 << 10, 3);
+    let (w, r, descs) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    let data = pattern(5, 8192);
+    w.write_from(&data, 0).expect("fill");
+    // a segment of two data blocks in reverse order, then a last segment with one
+    let put = |at: usize, d: SglDescriptor| descs.write_from(d.as_bytes(), at).expect("desc");
+    put(0, SglDescriptor::data_block(w.iova_at(4096), 2048));
+    put(16, SglDescriptor::data_block(w.iova_at(6144), 2048));
+    put(32, SglDescriptor::last_segment(descs.iova_at(256), 16));
+    put(256, SglDescriptor::data_block(w.iova_at(0), 4096));
+    let mut sqe = Sqe::write(1, 40, 16);
+    sqe.set_sgl(SglDescriptor::segment(descs.iova(), 48));
+    assert!(crafted(&mut qp, sqe).is_success());
+    assert!(run(&mut qp, |q| q.read(NSID, 40, span(&r, 0, 8192), 7)).is_success());
+    let mut back = vec![0u8; 8192];
+    r.read_into(&mut back, 0).expect("read back");
+    assert_eq!(back[..4096], data[4096..]);
+    assert_eq!(back[4096..], data[..4096]);
+
+    let mut short = Sqe::write(1, 40, 17);
+    short.set_sgl(SglDescriptor::segment(descs.iova(), 48));
+    assert_eq!(
+        crafted(&mut qp, short).code(),
+        Status::DATA_SGL_LENGTH_INVALID
+    );
+    let mut bucket = Sqe::read(1, 0, 1);
+    bucket.set_sgl(SglDescriptor::new(SGL_BIT_BUCKET, 0, 512));
+    assert_eq!(
+        crafted(&mut qp, bucket).code(),
+        Status::SGL_DESCRIPTOR_TYPE_INVALID
+    );
+    put(16, SglDescriptor::segment(descs.iova_at(512), 16)); // a segment that is not last
+    let mut nested = Sqe::write(1, 40, 16);
+    nested.set_sgl(SglDescriptor::segment(descs.iova(), 48));
+    assert_eq!(
+        crafted(&mut qp, nested).code(),
+        Status::INVALID_SGL_SEGMENT_DESCRIPTOR
+    );
+    for b in [w, r, descs] {
+        buffers.free(b).expect("own");
+    }
+}
+
+#[test]
+fn bad_commands_fail_by_name_and_are_logged() {
+    let (sim, ctrl) = start(ram(512, 1 << 16));
+    let mut qp = queue(&ctrl, 16);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let st = run(&mut qp, |q| q.read(NSID, 1 << 16, span(&buf, 0, 512), 7));
+    assert_eq!(st.code(), Status::LBA_OUT_OF_RANGE);
+    assert_eq!(st.name(), "LBA Out of Range");
+    let mut wrap = Sqe::read(1, u64::MAX, 2);
+    wrap.prp1 = buf.iova();
+    assert_eq!(
+        crafted(&mut qp, wrap).code(),
+        Status::LBA_OUT_OF_RANGE,
+        "slba + nlb overflows"
+    );
+    let mut other = Sqe::read(9, 0, 1);
+    other.prp1 = buf.iova();
+    assert_eq!(crafted(&mut qp, other).code(), Status::INVALID_NAMESPACE);
+    assert_eq!(
+        crafted(&mut qp, Sqe::flush(0)).code(),
+        Status::INVALID_NAMESPACE
+    );
+    assert!(
+        crafted(&mut qp, Sqe::flush(u32::MAX)).is_success(),
+        "broadcast flush"
+    );
+    let mut odd = Sqe::new(0x7d);
+    odd.nsid = 1;
+    assert_eq!(crafted(&mut qp, odd).code(), Status::INVALID_OPCODE);
+    let mut fused = Sqe::flush(1);
+    fused.set_fuse(1);
+    assert_eq!(crafted(&mut qp, fused).code(), Status::INVALID_FIELD);
+
+    let log = ctrl.error_log(8).expect("error log");
+    assert_eq!(log.len(), 6);
+    assert_eq!(
+        log[0].status().code(),
+        Status::INVALID_FIELD,
+        "newest first"
+    );
+    let lba = log.last().expect("oldest");
+    assert_eq!(
+        (lba.status().code(), lba.lba, lba.sqid, lba.nsid),
+        (Status::LBA_OUT_OF_RANGE, 1 << 16, qp.qid(), 1)
+    );
+    assert_eq!(lba.parameter_error(), Some((40, 0)));
+    assert_eq!(sim.error_log().len(), 6);
+    assert_eq!(ctrl.smart_log().expect("smart").error_log_entries(), 6);
+
+    // admin
+    let e = ctrl.admin(Sqe::new(0xc4)).expect_err("unknown opcode");
+    assert_eq!(command_status(e), Status::INVALID_OPCODE);
+    let e = ctrl
+        .admin_read(Sqe::identify(Cns::Namespace, 9), 4096)
+        .expect_err("no namespace 9");
+    assert_eq!(command_status(e), Status::INVALID_NAMESPACE);
+    let e = ctrl
+        .log_page(LogPageId::DeviceSelfTest, u32::MAX, 512)
+        .expect_err("unsupported log");
+    assert_eq!(command_status(e), Status::INVALID_LOG_PAGE);
+    let e = ctrl
+        .admin(Sqe::set_num_queues(8, 8))
+        .expect_err("queues exist");
+    assert_eq!(command_status(e), Status::COMMAND_SEQUENCE_ERROR);
+    buffers.free(buf).expect("own");
+}
+
+/// Create/Delete I/O queue rules, through the driver's admin queue.
+#[test]
+fn queue_creation_rules() {
+    let (sim, ctrl) = start(SimConfig {
+        mqes: 63,
+        ..ram(512, 1024)
+    });
+    let space = iova_space();
+    let rings: DmaRegion = space
+        .map(Memory::allocate(8 << 10, PageSize::Small4K, None).expect("memory"))
+        .expect("map");
+    let (cq_at, sq_at) = (rings.iova(), rings.iova() + 4096);
+    let fails = |sqe: Sqe| command_status(ctrl.admin(sqe).expect_err("refused"));
+    assert_eq!(fails(Sqe::create_io_cq(0, 16, cq_at)), Status::INVALID_QID);
+    assert_eq!(
+        fails(Sqe::create_io_cq(5, 16, cq_at)),
+        Status::INVALID_QID,
+        "beyond the 4 granted"
+    );
+    assert_eq!(
+        fails(Sqe::create_io_cq(1, 1, cq_at)),
+        Status::INVALID_QUEUE_SIZE
+    );
+    assert_eq!(
+        fails(Sqe::create_io_cq(1, 65, cq_at)),
+        Status::INVALID_QUEUE_SIZE,
+        "MQES 63"
+    );
+    assert_eq!(
+        fails(Sqe::create_io_cq(1, 16, cq_at + 512)),
+        Status::PRP_OFFSET_INVALID
+    );
+    let mut not_contiguous = Sqe::create_io_cq(1, 16, cq_at);
+    not_contiguous.cdw11 &= !1;
+    assert_eq!(fails(not_contiguous), Status::INVALID_FIELD);
+    assert_eq!(
+        fails(Sqe::create_io_cq(1, 16, 1 << 40)),
+        Status::DATA_TRANSFER_ERROR
+    );
+    let sq = |qid, cqid| Sqe::create_io_sq(qid, 16, sq_at, cqid, QueuePriority::Urgent);
+    assert_eq!(fails(sq(1, 1)), Status::CQ_INVALID, "no CQ yet");
+    ctrl.admin(Sqe::create_io_cq(1, 16, cq_at)).expect("CQ 1");
+    assert_eq!(
+        fails(Sqe::create_io_cq(1, 16, cq_at)),
+        Status::INVALID_QID,
+        "exists"
+    );
+    assert_eq!(fails(sq(1, 2)), Status::CQ_INVALID);
+    ctrl.admin(sq(1, 1)).expect("SQ 1");
+    assert_eq!(fails(sq(1, 1)), Status::INVALID_QID, "exists");
+    assert_eq!(sim.io_queues(), (1, 1));
+    assert_eq!(fails(Sqe::delete_io_cq(1)), Status::INVALID_QUEUE_DELETION);
+    assert_eq!(fails(Sqe::delete_io_sq(2)), Status::INVALID_QID);
+    assert_eq!(fails(Sqe::delete_io_sq(0)), Status::INVALID_QID);
+    ctrl.admin(Sqe::delete_io_sq(1)).expect("delete SQ");
+    ctrl.admin(Sqe::delete_io_cq(1)).expect("delete CQ");
+    assert_eq!(sim.io_queues(), (0, 0));
+    assert_eq!(fails(Sqe::delete_io_cq(1)), Status::INVALID_QID);
+    assert_eq!(
+        fails(Sqe::doorbell_buffer_config(rings.iova() + 8, rings.iova())),
+        Status::INVALID_FIELD
+    );
+}
+
+#[test]
+fn fault_fail_comes_back_by_name_once() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Read as u8).with_lba(0..8),
+        FaultAction::Fail(Status::UNRECOVERED_READ_ERROR),
+    ));
+    assert!(run(&mut qp, |q| q.read(NSID, 100, span(&buf, 0, 512), 7)).is_success());
+    let st = run(&mut qp, |q| q.read(NSID, 4, span(&buf, 0, 1024), 7));
+    assert_eq!(st.code(), Status::UNRECOVERED_READ_ERROR);
+    assert_eq!(st.name(), "Unrecovered Read Error");
+    assert!(run(&mut qp, |q| q.read(NSID, 4, span(&buf, 0, 512), 7)).is_success());
+    assert_eq!(sim.faults_armed(), 0);
+    let log = ctrl.error_log(1).expect("error log");
+    assert_eq!(log[0].status().code(), Status::UNRECOVERED_READ_ERROR);
+    // an admin command too
+    sim.inject(Fault::new(
+        FaultWhen::admin(AdminOpcode::GetLogPage as u8),
+        FaultAction::Fail(Status::INTERNAL_ERROR),
+    ));
+    assert_eq!(
+        command_status(ctrl.smart_log().expect_err("fails")),
+        Status::INTERNAL_ERROR
+    );
+    buffers.free(buf).expect("own");
+}
+
+#[test]
+fn fault_delay_inline_completes_at_a_later_doorbell() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Delay(Duration::from_millis(30)),
+    ));
+    qp.flush_cache(NSID, 1).expect("submit");
+    assert!(drain(&mut qp).is_empty());
+    assert_eq!(qp.in_flight(), 1);
+    assert_eq!(sim.held(qp.qid()).len(), 1);
+    std::thread::sleep(Duration::from_millis(35));
+    assert!(
+        drain(&mut qp).is_empty(),
+        "inline: no doorbell, no completion"
+    );
+    qp.flush_cache(NSID, 2).expect("submit");
+    let mut tokens: Vec<u64> = drain(&mut qp).iter().map(|c| c.token).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, [1, 2]);
+}
+
+#[test]
+fn fault_delay_threaded_completes_on_time_and_abort_finds_it() {
+    let (sim, ctrl) = start(SimConfig {
+        mode: SimMode::Threaded {
+            latency: Duration::ZERO,
+            out_of_order: false,
+        },
+        ..ram(512, 1024)
+    });
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Delay(Duration::from_millis(20)),
+    ));
+    let started = Instant::now();
+    let st = run(&mut qp, |q| q.flush_cache(NSID, 7));
+    assert!(st.is_success());
+    assert!(started.elapsed() >= Duration::from_millis(20));
+
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Delay(Duration::from_secs(3600)),
+    ));
+    qp.flush_cache(NSID, 8).expect("submit");
+    qp.flush();
+    let held = sim.held(qp.qid());
+    while sim.held(qp.qid()).is_empty() {
+        std::thread::yield_now();
+    }
+    let held = if held.is_empty() {
+        sim.held(qp.qid())
+    } else {
+        held
+    };
+    assert_eq!(held.len(), 1);
+    assert!(
+        !ctrl.abort(qp.qid(), held[0] ^ 1).expect("abort"),
+        "no such command"
+    );
+    assert!(ctrl.abort(qp.qid(), held[0]).expect("abort"), "aborted");
+    let c = wait(&mut qp);
+    assert_eq!((c.token, c.status.code()), (8, Status::ABORT_REQUESTED));
+}
+
+#[test]
+fn fault_drop_leaves_the_command_in_flight_and_abort_cannot_help() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Drop));
+    qp.flush_cache(NSID, 1).expect("submit");
+    assert!(drain(&mut qp).is_empty());
+    assert_eq!(qp.in_flight(), 1);
+    let held = sim.held(qp.qid());
+    assert_eq!(held.len(), 1);
+    assert!(!ctrl.abort(qp.qid(), held[0]).expect("abort"));
+    assert!(
+        run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success(),
+        "others go on"
+    );
+    assert_eq!(qp.in_flight(), 1);
+}
+
+#[test]
+fn fault_fatal_sets_cfs_and_admin_commands_fail_until_a_reset() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Fatal,
+    ));
+    qp.flush_cache(NSID, 1).expect("submit");
+    assert!(drain(&mut qp).is_empty());
+    assert!(ctrl.status().cfs());
+    let e = ctrl.smart_log().expect_err("fatal");
+    assert!(matches!(e, Error::Fatal { .. }), "{e}");
+    // the driver's reset: CC.EN 1 -> 0 clears CFS and every queue; the queue pair reconnects
+    ctrl.reset().expect("reset");
+    let csts = ctrl.status();
+    assert!(csts.rdy() && !csts.cfs());
+    assert_eq!(sim.io_queues(), (0, 0), "a reset forgets the queues");
+    let c = wait(&mut qp);
+    assert_eq!((c.token, c.status.code()), (1, Status::ABORTED_BY_HOST));
+    assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
+    assert_eq!(sim.io_queues(), (1, 1), "re-created");
+
+    let (sim, ctrl) = start(ram(512, 1024));
+    sim.set_fatal();
+    let e = ctrl.admin(Sqe::get_features(
+        FeatureId::Arbitration,
+        FeatureSelect::Current,
+    ));
+    assert!(matches!(e, Err(Error::Fatal { .. })), "{e:?}");
+}
+
+fn timed_queue(ctrl: &Controller) -> QueuePair {
+    ctrl.create_queue_pair(QueuePairOptions {
+        depth: 8,
+        timeout: Some(Duration::from_millis(40)),
+        ..QueuePairOptions::default()
+    })
+    .expect("queue pair")
+}
+
+/// The driver's timeouts against the sim: an abort that helps, one that does not (then a reset),
+/// and a device that is gone.
+#[test]
+fn driver_timeouts_abort_then_reset() {
+    for threaded in [false, true] {
+        let mode = if threaded {
+            SimMode::Threaded {
+                latency: Duration::ZERO,
+                out_of_order: false,
+            }
+        } else {
+            SimMode::Inline
+        };
+        let (sim, ctrl) = start(SimConfig {
+            mode,
+            ..ram(512, 1024)
+        });
+        let mut qp = timed_queue(&ctrl);
+        // held by the controller: the abort finds it
+        sim.inject(Fault::new(
+            FaultWhen::opcode(IoOpcode::Flush as u8),
+            FaultAction::Delay(Duration::from_secs(3600)),
+        ));
+        let st = run(&mut qp, |q| q.flush_cache(NSID, 7));
+        assert_eq!(st.code(), Status::ABORT_REQUESTED, "threaded {threaded}");
+        // lost by the controller: the abort does not help, a reset does
+        sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Drop));
+        let st = run(&mut qp, |q| q.flush_cache(NSID, 7));
+        assert_eq!(st.code(), Status::ABORTED_BY_HOST, "threaded {threaded}");
+        assert!(
+            run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success(),
+            "works after the reset"
+        );
+        assert_eq!(ctrl.generation(), 1);
+    }
+}
+
+#[test]
+fn driver_fails_commands_when_the_device_is_gone() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = timed_queue(&ctrl);
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Remove));
+    let st = run(&mut qp, |q| q.flush_cache(NSID, 7));
+    assert_eq!(st.code(), Status::HOST_PATHING_ERROR);
+    assert_eq!(qp.flush_cache(NSID, 8), Err(SubmitError::Dead));
+}
+
+#[test]
+fn fault_remove_reads_all_ones_and_nothing_hangs() {
+    for how in ["remove()", "fault"] {
+        let started = Instant::now();
+        let (sim, ctrl) = start(ram(512, 1024));
+        let mut qp = queue(&ctrl, 8);
+        if how == "fault" {
+            sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Remove));
+            qp.flush_cache(NSID, 1).expect("submit");
+            assert!(drain(&mut qp).is_empty());
+        } else {
+            sim.remove();
+        }
+        assert_eq!(ctrl.status().0, u32::MAX);
+        assert_eq!(sim.read32(reg::CAP), u32::MAX);
+        let e = ctrl.smart_log().expect_err("gone");
+        assert!(matches!(e, Error::Gone { .. }), "{how}: {e}");
+        let e = ctrl.admin(Sqe::new(0x0a)).expect_err("gone");
+        assert!(!matches!(e, Error::Command { .. }), "{e}");
+        let _ = qp.flush_cache(NSID, 2);
+        assert!(drain(&mut qp).is_empty());
+        drop(qp);
+        drop(ctrl);
+        assert!(started.elapsed() < Duration::from_secs(2), "{how}: bounded");
+    }
+}
+
+#[test]
+fn fault_unknown_cid_and_duplicate_are_garbage_to_the_driver() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = queue(&ctrl, 8);
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::UnknownCid));
+    qp.flush_cache(NSID, 1).expect("submit");
+    assert!(drain(&mut qp).is_empty());
+    assert_eq!((qp.stats().garbage, qp.in_flight()), (1, 1));
+
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Duplicate));
+    qp.flush_cache(NSID, 2).expect("submit");
+    let got = drain(&mut qp);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].token, 2);
+    assert_eq!(qp.stats().garbage, 2);
+}
+
+/// A host that writes registers, rings and doorbells by hand: for what the driver never does.
+struct RawHost {
+    sim: Arc<SimController>,
+    mem: DmaRegion,
+    admin: RawQueue,
+    io: RawQueue,
+}
+
+/// Queue `qid`: SQ at `sq`, CQ at `cq` (offsets in the host memory), `depth` entries each.
+struct RawQueue {
+    qid: u16,
+    sq: usize,
+    cq: usize,
+    depth: u16,
+    tail: u16,
+    head: u16,
+    phase: bool,
+}
+
+impl RawQueue {
+    fn new(qid: u16, sq: usize, cq: usize, depth: u16) -> RawQueue {
+        RawQueue {
+            qid,
+            sq,
+            cq,
+            depth,
+            tail: 0,
+            head: 0,
+            phase: true,
+        }
+    }
+}
+
+impl RawHost {
+    fn new(config: SimConfig) -> RawHost {
+        let space = iova_space();
+        let mem = space
+            .map(Memory::allocate(32 << 10, PageSize::Small4K, None).expect("memory"))
+            .expect("map");
+        RawHost {
+            sim: SimController::new(config, space),
+            mem,
+            admin: RawQueue::new(0, 0, 4096, 8),
+            io: RawQueue::new(1, 8192, 12288, 8),
+        }
+    }
+
+    fn cc() -> Cc {
+        Cc::new().with_iosqes(6).with_iocqes(4).with_en(true)
+    }
+
+    /// Programs the admin queue and sets CC; returns CSTS.
+    fn enable_with(&mut self, cc: Cc, asq: u64, aqa: Aqa) -> Csts {
+        self.admin = RawQueue::new(0, 0, 4096, 8);
+        self.io = RawQueue::new(1, 8192, 12288, 8);
+        self.mem
+            .slice(0, 32 << 10)
+            .expect("all")
+            .write_slice(&[0; 32 << 10], 0)
+            .expect("zero");
+        self.sim.write32(reg::AQA, aqa.0);
+        self.sim.write64(reg::ASQ, asq);
+        self.sim.write64(reg::ACQ, self.mem.iova() + 4096);
+        self.sim.write32(reg::CC, cc.0);
+        Csts(self.sim.read32(reg::CSTS))
+    }
+
+    fn enable(&mut self) -> Csts {
+        let asq = self.mem.iova();
+        self.enable_with(RawHost::cc(), asq, Aqa::new(8, 8))
+    }
+
+    fn submit(&mut self, io: bool, sqe: Sqe) {
+        let q = if io { &mut self.io } else { &mut self.admin };
+        let at = q.sq + q.tail as usize * 64;
+        self.mem
+            .slice(at, 64)
+            .expect("sqe")
+            .write_obj(sqe, 0)
+            .expect("write");
+        q.tail = (q.tail + 1) % q.depth;
+        self.sim.write32(sq_tail_doorbell(q.qid, 0), q.tail as u32);
+    }
+
+    fn reap(&mut self, io: bool) -> Option<Cqe> {
+        let q = if io { &mut self.io } else { &mut self.admin };
+        let cqe: Cqe = self
+            .mem
+            .slice(q.cq + q.head as usize * 16, 16)
+            .expect("cqe")
+            .read_obj(0)
+            .expect("read");
+        if cqe.phase() != q.phase {
+            return None;
+        }
+        q.head = (q.head + 1) % q.depth;
+        if q.head == 0 {
+            q.phase = !q.phase;
+        }
+        self.sim.write32(cq_head_doorbell(q.qid, 0), q.head as u32);
+        Some(cqe)
+    }
+
+    fn admin(&mut self, mut sqe: Sqe, cid: u16) -> Cqe {
+        sqe.set_cid(cid);
+        self.submit(false, sqe);
+        self.reap(false).expect("inline admin completes at once")
+    }
+
+    fn create_io(&mut self) -> (Cqe, Cqe) {
+        let base = self.mem.iova();
+        let cq = self.admin(Sqe::create_io_cq(1, 8, base + 12288), 1);
+        let sq = self.admin(
+            Sqe::create_io_sq(1, 8, base + 8192, 1, QueuePriority::Urgent),
+            2,
+        );
+        (cq, sq)
+    }
+}
+
+#[test]
+fn enable_checks_the_admin_queue_configuration() {
+    let mut host = RawHost::new(SimConfig::default());
+    let base = host.mem.iova();
+    let bad = [
+        ("ASQ misaligned", RawHost::cc(), base + 64, Aqa::new(8, 8)),
+        ("ASQ unmapped", RawHost::cc(), 1 << 40, Aqa::new(8, 8)),
+        ("one-entry admin SQ", RawHost::cc(), base, Aqa::new(1, 8)),
+        ("IOSQES", RawHost::cc().with_iosqes(7), base, Aqa::new(8, 8)),
+        ("MPS", RawHost::cc().with_mps(5), base, Aqa::new(8, 8)),
+        (
+            "CSS",
+            RawHost::cc().with_css(Cc::CSS_ADMIN_ONLY),
+            base,
+            Aqa::new(8, 8),
+        ),
+    ];
+    for (what, cc, asq, aqa) in bad {
+        let csts = host.enable_with(cc, asq, aqa);
+        assert!(csts.cfs() && !csts.rdy(), "{what}: {csts:?}");
+        host.sim.write32(reg::CC, 0);
+        assert_eq!(
+            Csts(host.sim.read32(reg::CSTS)),
+            Csts(0),
+            "{what}: reset clears CFS"
+        );
+    }
+    assert_eq!(host.sim.dma_faults(), 1);
+    let csts = host.enable();
+    assert!(csts.rdy() && !csts.cfs());
+    assert_eq!(host.sim.read64(reg::ASQ), base);
+    assert_eq!(host.sim.read32(reg::VS), 0x0001_0400);
+    // shutdown notification
+    host.sim
+        .write32(reg::CC, RawHost::cc().with_shn(Cc::SHN_NORMAL).0);
+    assert_eq!(
+        Csts(host.sim.read32(reg::CSTS)).shst(),
+        ShutdownStatus::Complete
+    );
+}
+
+#[test]
+fn a_reset_forgets_every_queue_so_enable_starts_clean() {
+    let mut host = RawHost::new(SimConfig::default());
+    assert!(host.enable().rdy());
+    let (cq, sq) = host.create_io();
+    assert!(cq.status().is_success() && sq.status().is_success());
+    assert_eq!(host.sim.io_queues(), (1, 1));
+    host.sim.write32(reg::CC, 0);
+    assert!(!Csts(host.sim.read32(reg::CSTS)).rdy());
+    assert_eq!(host.sim.io_queues(), (0, 0));
+    assert!(host.enable().rdy());
+    let (cq, sq) = host.create_io();
+    assert!(cq.status().is_success(), "{}", cq.status());
+    assert!(sq.status().is_success(), "{}", sq.status());
+    host.submit(true, Sqe::flush(1));
+    assert!(host.reap(true).expect("completion").status().is_success());
+}
+
+#[test]
+fn command_id_conflicts_and_invalid_doorbells() {
+    let mut host = RawHost::new(ram(512, 1024));
+    host.enable();
+    host.create_io();
+    host.sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Delay(Duration::from_secs(3600)),
+    ));
+    let mut first = Sqe::flush(1);
+    first.set_cid(5);
+    host.submit(true, first);
+    assert!(host.reap(true).is_none(), "held");
+    let mut second = Sqe::write_zeroes(1, 0, 1);
+    second.set_cid(5);
+    host.submit(true, second);
+    let cqe = host.reap(true).expect("conflict reported");
+    assert_eq!((cqe.cid, cqe.status().code()), (5, Status::CID_CONFLICT));
+    assert_eq!(host.sim.held(1), [5], "the first keeps its id");
+
+    let before = host.sim.invalid_doorbells();
+    host.sim.write32(sq_tail_doorbell(1, 0), 8); // the queue has 8 entries: 0..=7
+    host.sim.write32(cq_head_doorbell(1, 0), 5); // one completion was posted
+    host.sim.write32(sq_tail_doorbell(3, 0), 1); // no such queue
+    host.sim.write32(sq_tail_doorbell(70, 0), 1); // beyond every queue
+    assert_eq!(host.sim.invalid_doorbells(), before + 4);
+    // the queue still works
+    host.sim.clear_faults();
+    let mut third = Sqe::flush(1);
+    third.set_cid(6);
+    host.submit(true, third);
+    let cqe = host.reap(true).expect("completion");
+    assert_eq!((cqe.cid, cqe.sqhd), (6, 3));
+    assert!(cqe.status().is_success());
+    // Asynchronous Event Requests are held, up to the limit
+    for cid in 10..14 {
+        host.submit(false, {
+            let mut s = Sqe::async_event_request();
+            s.set_cid(cid);
+            s
+        });
+        assert!(host.reap(false).is_none());
+    }
+    let cqe = host.admin(Sqe::async_event_request(), 14);
+    assert_eq!(cqe.status().code(), Status::AER_LIMIT_EXCEEDED);
+}
+
+#[test]
+fn the_controller_shuts_down_and_disables_when_the_driver_drops_it() {
+    let (sim, ctrl) = start(SimConfig::default());
+    let qp = queue(&ctrl, 8);
+    assert_eq!(sim.io_queues(), (1, 1));
+    drop(qp);
+    assert_eq!(
+        sim.io_queues(),
+        (0, 0),
+        "queues deleted with the queue pair"
+    );
+    drop(ctrl);
+    let csts = Csts(sim.read32(reg::CSTS));
+    assert!(!csts.rdy());
+    assert_eq!(csts.shst(), ShutdownStatus::Complete);
+    assert!(!Cc(sim.read32(reg::CC)).en());
+}
+
+mod model {
+    //! Random sequences of reads, writes, write-zeroes, deallocates and failures against a model
+    //! of the disk: what is read back always equals the model.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write {
+            lba: u64,
+            blocks: u32,
+            seed: u64,
+        },
+        Read {
+            lba: u64,
+            blocks: u32,
+        },
+        Zeroes {
+            lba: u64,
+            blocks: u32,
+        },
+        Deallocate {
+            lba: u64,
+            blocks: u32,
+        },
+        /// The next write fails (and so changes nothing).
+        FailNextWrite,
+    }
+
+    const BLOCKS: u64 = 256;
+
+    fn op() -> impl Strategy<Value = Op> {
+        let range = (0..BLOCKS).prop_flat_map(|lba| (Just(lba), 1..=(BLOCKS - lba).min(16) as u32));
+        prop_oneof![
+            4 => (range.clone(), any::<u64>())
+                .prop_map(|((lba, blocks), seed)| Op::Write { lba, blocks, seed }),
+            4 => range.clone().prop_map(|(lba, blocks)| Op::Read { lba, blocks }),
+            1 => range.clone().prop_map(|(lba, blocks)| Op::Zeroes { lba, blocks }),
+            1 => range.prop_map(|(lba, blocks)| Op::Deallocate { lba, blocks }),
+            1 => Just(Op::FailNextWrite),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn reads_always_equal_the_model(
+            block_size in prop_oneof![Just(512usize), Just(4096)],
+            threaded in any::<bool>(),
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let mode = if threaded {
+                SimMode::Threaded { latency: Duration::ZERO, out_of_order: true }
+            } else {
+                SimMode::Inline
+            };
+            let (sim, ctrl) = start(SimConfig { mode, ..ram(block_size as u32, BLOCKS) });
+            let mut qp = queue(&ctrl, 8);
+            let mut buffers = pool(64 << 10, 1);
+            let buf = buffers.alloc().expect("buffer");
+            let mut model = vec![0u8; BLOCKS as usize * block_size];
+            let mut fail_next = false;
+            for op in ops {
+                match op {
+                    Op::Write { lba, blocks, seed } => {
+                        let len = blocks as usize * block_size;
+                        let data = pattern(seed, len);
+                        buf.write_from(&data, 0).expect("fill");
+                        let st = run(&mut qp, |q| q.write(NSID, lba, span(&buf, 0, len), 7));
+                        if std::mem::take(&mut fail_next) {
+                            prop_assert_eq!(st.code(), Status::WRITE_FAULT);
+                        } else {
+                            prop_assert!(st.is_success(), "{}", st);
+                            let at = lba as usize * block_size;
+                            model[at..at + len].copy_from_slice(&data);
+                        }
+                    }
+                    Op::Read { lba, blocks } => {
+                        let len = blocks as usize * block_size;
+                        buf.fill(0x5a);
+                        let st = run(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7));
+                        prop_assert!(st.is_success(), "{}", st);
+                        let mut back = vec![0u8; len];
+                        buf.read_into(&mut back, 0).expect("read back");
+                        let at = lba as usize * block_size;
+                        prop_assert!(back == model[at..at + len], "lba {} blocks {}", lba, blocks);
+                    }
+                    Op::Zeroes { lba, blocks } | Op::Deallocate { lba, blocks } => {
+                        let st = if matches!(op, Op::Zeroes { .. }) {
+                            run(&mut qp, |q| q.write_zeroes(NSID, lba, blocks, 7))
+                        } else {
+                            run(&mut qp, |q| q.deallocate(NSID, lba, blocks, 7))
+                        };
+                        prop_assert!(st.is_success(), "{}", st);
+                        let at = lba as usize * block_size;
+                        model[at..at + blocks as usize * block_size].fill(0);
+                    }
+                    Op::FailNextWrite => {
+                        if !fail_next {
+                            sim.inject(Fault::new(
+                                FaultWhen::opcode(IoOpcode::Write as u8),
+                                FaultAction::Fail(Status::WRITE_FAULT),
+                            ));
+                            fail_next = true;
+                        }
+                    }
+                }
+            }
+            // everything, at the end
+            for chunk in 0..(BLOCKS as usize * block_size).div_ceil(64 << 10) {
+                let at = chunk * (64 << 10);
+                let len = (model.len() - at).min(64 << 10);
+                let lba = (at / block_size) as u64;
+                prop_assert!(run(&mut qp, |q| q.read(NSID, lba, span(&buf, 0, len), 7)).is_success());
+                let mut back = vec![0u8; len];
+                buf.read_into(&mut back, 0).expect("read back");
+                prop_assert!(back == model[at..at + len]);
+            }
+            prop_assert_eq!(sim.dma_faults(), 0);
+            buffers.free(buf).expect("own");
+        }
+    }
+}
