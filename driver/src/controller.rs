@@ -412,6 +412,23 @@ impl Controller {
                 return Err(e);
             }
         };
+        // A queue id used before may have left shadow doorbell and EventIdx values behind; the
+        // controller must see this queue start from zero (a reset clears all of them).
+        if let Some(pages) = &s.shadow {
+            let stride = s.cap.doorbell_stride();
+            for entry in [2 * qid as usize * stride, (2 * qid as usize + 1) * stride] {
+                for offset in [entry, PAGE as usize + entry] {
+                    if pages
+                        .slice(offset, 4)
+                        .and_then(|p| p.write_obj(0u32, 0))
+                        .is_err()
+                    {
+                        release(s);
+                        return Err(invalid(&s.name, "shadow doorbell page"));
+                    }
+                }
+            }
+        }
         // The generation before creating: a reset racing with us makes the queue pair reconnect.
         let generation = self.generation();
         let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
@@ -669,6 +686,12 @@ impl Admin {
                 }
                 if csts.cfs() {
                     return Err(Error::Fatal {
+                        device: name.into(),
+                        during: command.into(),
+                    });
+                }
+                if !csts.rdy() {
+                    return Err(Error::NotReady {
                         device: name.into(),
                         during: command.into(),
                     });

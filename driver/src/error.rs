@@ -33,6 +33,8 @@ pub enum Error {
     },
     #[error("{device}: controller fatal status (CSTS.CFS) during {during}; the controller needs a reset")]
     Fatal { device: String, during: String },
+    #[error("{device}: the controller is not ready (CSTS.RDY = 0) during {during}: it was disabled behind the driver's back; reset it")]
+    NotReady { device: String, during: String },
     #[error("{device}: the device is gone (its registers read all ones): removed or dead")]
     Gone { device: String },
     #[error("{device}: unsupported: {what}")]

@@ -4,6 +4,7 @@
 //! `spec` (the NVMe data structures), then the controller and its queue pairs.
 
 pub mod controller;
+pub mod device;
 pub mod error;
 pub mod mmio;
 pub mod pci;
@@ -15,5 +16,6 @@ pub mod spec;
 pub mod vfio;
 
 pub use controller::{Controller, ControllerOptions, Namespace, QueuePairOptions};
+pub use device::{DeviceSpec, Opener};
 pub use error::{Error, SubmitError};
 pub use queue::{Completion, IoBuffer, QueuePair, QueueStats};

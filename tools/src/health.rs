@@ -5,11 +5,12 @@ use std::io::Write;
 
 use anyhow::Result;
 use serde::Serialize;
-use usnvme_driver::pci::{PciAddress, Sysfs};
+use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::log::CriticalWarning;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Controller;
+use usnvme_driver::DeviceSpec;
 
 use crate::format::{names_or_none, si_bytes, Fields};
 use crate::open;
@@ -17,10 +18,10 @@ use crate::open;
 /// Arguments of `usnvme health`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Controllers to check (like 0000:01:00.0 or 01:00.0); default: every NVMe controller bound
+    /// Controllers to check (like 0000:01:00.0, 01:00.0, or simulated: sim:0-3); default: every NVMe controller bound
     /// to vfio-pci.
-    #[arg(value_name = "BDF")]
-    pub bdfs: Vec<PciAddress>,
+    #[arg(value_name = "DEVICE")]
+    pub bdfs: Vec<DeviceSpec>,
     /// Print a JSON array, one object per controller, instead of text.
     #[arg(long)]
     pub json: bool,

@@ -5,8 +5,9 @@ use std::io::Write;
 
 use anyhow::Result;
 use serde::Serialize;
-use usnvme_driver::pci::{PciAddress, Sysfs};
+use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
+use usnvme_driver::DeviceSpec;
 use usnvme_driver::{Controller, Namespace};
 
 use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
@@ -15,10 +16,10 @@ use crate::open;
 /// Arguments of `usnvme identify`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Controllers to identify (like 0000:01:00.0 or 01:00.0); default: every NVMe controller
+    /// Controllers to identify (like 0000:01:00.0, 01:00.0, or simulated: sim:0-3); default: every NVMe controller
     /// bound to vfio-pci.
-    #[arg(value_name = "BDF")]
-    pub bdfs: Vec<PciAddress>,
+    #[arg(value_name = "DEVICE")]
+    pub bdfs: Vec<DeviceSpec>,
     /// Print a JSON array, one object per controller, instead of text.
     #[arg(long)]
     pub json: bool,

@@ -5,13 +5,11 @@
 
 use std::fmt;
 use std::io::Write;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use usnvme_driver::pci::{Driver, PciAddress, Sysfs};
-use usnvme_driver::vfio::Vfio;
-use usnvme_driver::{Controller, ControllerOptions};
+use usnvme_driver::pci::{Driver, Sysfs};
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 
 /// Printed (on standard output for text, standard error with `--json`) when no BDF is given and
 /// no NVMe controller is bound to vfio-pci. Not an error: there is nothing to report.
@@ -32,14 +30,14 @@ impl fmt::Display for Failures {
 
 impl std::error::Error for Failures {}
 
-/// The controllers to open: those given (in order, without repeats), or every NVMe controller
-/// bound to vfio-pci when none is given.
-pub fn targets(sysfs: &Sysfs, given: &[PciAddress]) -> Result<Vec<PciAddress>> {
+/// The drives to open, one spec each: those given (in order, `sim:` ranges split, without
+/// repeats), or every NVMe controller bound to vfio-pci when none is given.
+pub fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
     if !given.is_empty() {
-        let mut targets = Vec::with_capacity(given.len());
-        for addr in given {
-            if !targets.contains(addr) {
-                targets.push(*addr);
+        let mut targets: Vec<DeviceSpec> = Vec::with_capacity(given.len());
+        for drive in given.iter().flat_map(DeviceSpec::drives) {
+            if !targets.contains(&drive) {
+                targets.push(drive);
             }
         }
         return Ok(targets);
@@ -50,7 +48,7 @@ pub fn targets(sysfs: &Sysfs, given: &[PciAddress]) -> Result<Vec<PciAddress>> {
     Ok(controllers
         .into_iter()
         .filter(|c| c.driver == Driver::VfioPci)
-        .map(|c| c.address)
+        .map(|c| DeviceSpec::Pci(c.address))
         .collect())
 }
 
@@ -59,28 +57,32 @@ pub fn targets(sysfs: &Sysfs, given: &[PciAddress]) -> Result<Vec<PciAddress>> {
 /// Results come back in the order of `targets`.
 pub fn each<T: Send>(
     sysfs: &Sysfs,
-    targets: &[PciAddress],
+    targets: &[DeviceSpec],
     job: impl Fn(&Controller) -> Result<T> + Sync,
 ) -> Result<Vec<Result<T>>> {
     if targets.is_empty() {
         return Ok(Vec::new());
     }
-    let vfio = Vfio::new(sysfs.root().join("sys"))?;
-    let run = |addr: PciAddress| -> Result<T> {
+    let opener = Opener::new(sysfs.root().join("sys"));
+    let run = |addr: &DeviceSpec| -> Result<T> {
         if crate::signals::received().is_some() {
             anyhow::bail!("{addr}: skipped: interrupted");
         }
-        let ctrl = open(&vfio, addr)?;
+        // The driver's errors name the controller and the fix (bind it, reserve hugepages, ...).
+        let ctrl = opener.open(addr, ControllerOptions::default())?;
+        let Some(ctrl) = ctrl.first() else {
+            anyhow::bail!("{addr}: no drive");
+        };
         job(&ctrl)
         // `ctrl` drops here: queues deleted, CC.SHN shutdown, DMA unmapped.
     };
     if let [addr] = targets {
-        return Ok(vec![run(*addr)]);
+        return Ok(vec![run(addr)]);
     }
     Ok(std::thread::scope(|scope| {
         let threads: Vec<_> = targets
             .iter()
-            .map(|&addr| {
+            .map(|addr| {
                 std::thread::Builder::new()
                     .name(format!("usnvme {addr}"))
                     .spawn_scoped(scope, move || run(addr))
@@ -101,16 +103,11 @@ pub fn each<T: Send>(
     }))
 }
 
-fn open(vfio: &Arc<Vfio>, addr: PciAddress) -> Result<Controller> {
-    // The driver's errors name the controller and the fix (bind it, reserve hugepages, ...).
-    Ok(Controller::open(vfio, addr, ControllerOptions::default())?)
-}
-
 /// The whole of `identify` and `health`: a report from every target controller, printed on `out`
 /// as text (`render`, one block per controller, a blank line between) or as a JSON array.
 pub fn report<T: Serialize + Send>(
     sysfs: &Sysfs,
-    given: &[PciAddress],
+    given: &[DeviceSpec],
     json: bool,
     out: &mut dyn Write,
     job: impl Fn(&Controller) -> Result<T> + Sync,
@@ -160,8 +157,8 @@ mod tests {
 
     use super::*;
 
-    fn addr(s: &str) -> PciAddress {
-        s.parse().expect("a PCI address")
+    fn addr(s: &str) -> DeviceSpec {
+        s.parse().expect("a drive address")
     }
 
     #[test]
