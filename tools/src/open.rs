@@ -73,7 +73,7 @@ pub fn each<T: Send>(
         let Some(ctrl) = ctrl.first() else {
             anyhow::bail!("{addr}: no drive");
         };
-        job(&ctrl)
+        job(ctrl)
         // `ctrl` drops here: queues deleted, CC.SHN shutdown, DMA unmapped.
     };
     if let [addr] = targets {
