@@ -1359,3 +1359,25 @@ mod model {
         }
     }
 }
+
+#[test]
+fn a_fatal_status_under_io_resets_the_controller_and_io_resumes() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let mut qp = timed_queue(&ctrl);
+    let mut other = timed_queue(&ctrl);
+    sim.inject(Fault::new(FaultWhen::any_io(), FaultAction::Fatal));
+    let st = run(&mut qp, |q| q.flush_cache(NSID, 7));
+    assert_eq!(st.code(), Status::ABORTED_BY_HOST, "{st}");
+    assert_eq!(
+        ctrl.generation(),
+        1,
+        "CSTS.CFS was seen and the controller reset"
+    );
+    assert!(!ctrl.status().cfs());
+    for q in [&mut qp, &mut other] {
+        assert!(
+            run(q, |q| q.flush_cache(NSID, 7)).is_success(),
+            "both queue pairs work again"
+        );
+    }
+}
