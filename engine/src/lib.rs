@@ -1,1 +1,12 @@
-pub fn placeholder() {}
+//! usnvme-engine: the machine-wide I/O system on top of the driver.
+//!
+//! - `topology`: NUMA nodes and their CPUs from sysfs, the CPUs this process may use.
+//! - `placement`: which reactor core serves which drive (by default, cores of the drive's node).
+//! - `block`: the block layer — `BlockDevice` (an NVMe namespace, a stripe over devices) and the
+//!   per-reactor `Channel` that submits and polls I/O.
+//! - `stats`: per-reactor, per-device counters and latency histograms, merged on request.
+//! - `engine` / `reactor`: attach drives in parallel, one pinned polling thread per core.
+
+pub mod placement;
+pub mod stats;
+pub mod topology;
