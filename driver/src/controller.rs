@@ -384,6 +384,12 @@ impl Controller {
         &self.shared.space
     }
 
+    /// The page size of the controller's DMA memory (hugepages for devices, 4 KiB for `sim`):
+    /// buffers for its I/O should use the same.
+    pub fn page_size(&self) -> PageSize {
+        self.shared.options.page
+    }
+
     /// Creates an I/O queue pair for the calling thread.
     pub fn create_queue_pair(&self, opts: QueuePairOptions) -> Result<QueuePair, Error> {
         let s = &self.shared;
@@ -676,7 +682,7 @@ impl Admin {
                 break r;
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 let csts = Csts(regs.read32(reg::CSTS));
                 if csts.0 == u32::MAX {
                     self.queue.kill();

@@ -52,7 +52,8 @@ impl Bar {
 
     /// The register's address, if `offset` is 4-aligned and inside the BAR.
     fn register(&self, offset: usize) -> Option<*mut u32> {
-        let inside = offset % 4 == 0 && offset.checked_add(4).is_some_and(|end| end <= self.len);
+        let inside =
+            offset.is_multiple_of(4) && offset.checked_add(4).is_some_and(|end| end <= self.len);
         inside.then(|| self.base.as_ptr().wrapping_add(offset).cast::<u32>())
     }
 }

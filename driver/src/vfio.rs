@@ -265,7 +265,7 @@ pub struct PcieLink {
 impl std::fmt::Display for PcieLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let gts = |x10: u32| {
-            if x10 % 10 == 0 {
+            if x10.is_multiple_of(10) {
                 format!("{}", x10 / 10)
             } else {
                 format!("{}.{}", x10 / 10, x10 % 10)

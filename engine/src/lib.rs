@@ -7,6 +7,7 @@
 //! - `stats`: per-reactor, per-device counters and latency histograms, merged on request.
 //! - `engine` / `reactor`: attach drives in parallel, one pinned polling thread per core.
 
+pub mod block;
 pub mod placement;
 pub mod stats;
 pub mod topology;

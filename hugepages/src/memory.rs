@@ -129,7 +129,7 @@ fn not_enough_message(
 ) -> String {
     let target = total + needed.saturating_sub(free);
     let bytes = target * page.bytes() as u64;
-    let amount = if bytes % (1 << 30) == 0 {
+    let amount = if bytes.is_multiple_of(1 << 30) {
         format!("{}G", bytes >> 30)
     } else {
         format!("{}M", bytes >> 20)

@@ -57,8 +57,8 @@ impl BufferPool {
         page: PageSize,
         node: Option<u32>,
     ) -> Result<BufferPool, PoolError> {
-        let sector_multiple = buffer_size >= 512 && buffer_size % 512 == 0;
-        let page_friendly = 4096 % buffer_size.max(1) == 0 || buffer_size % 4096 == 0;
+        let sector_multiple = buffer_size >= 512 && buffer_size.is_multiple_of(512);
+        let page_friendly = 4096 % buffer_size.max(1) == 0 || buffer_size.is_multiple_of(4096);
         if !sector_multiple || !page_friendly || buffer_size > u32::MAX as usize {
             return Err(PoolError::BufferSize(buffer_size));
         }

@@ -355,7 +355,7 @@ impl QueuePair {
                 max: self.max_transfer,
             });
         }
-        if buf.iova % 4 != 0 || buf.len == 0 {
+        if !buf.iova.is_multiple_of(4) || buf.len == 0 {
             return Err(SubmitError::Misaligned { iova: buf.iova });
         }
         let cid = self.take_cid()?;
@@ -409,7 +409,7 @@ impl QueuePair {
 
     fn blocks_for(&self, nsid: u32, bytes: u64) -> Result<u32, SubmitError> {
         let g = self.geometry(nsid)?;
-        if bytes % g.block_size as u64 != 0 || bytes == 0 {
+        if !bytes.is_multiple_of(g.block_size as u64) || bytes == 0 {
             return Err(SubmitError::NotBlockMultiple {
                 bytes,
                 block_size: g.block_size,

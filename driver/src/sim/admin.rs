@@ -224,7 +224,7 @@ fn check_queue(ctx: &Ctx, sqe: &Sqe, entry_bytes: u64) -> Result<(u16, u16), Out
     if entries < 2 || entries > ctx.inner.cap.max_queue_entries() {
         return Err(Outcome::fail(Status::INVALID_QUEUE_SIZE).at(42));
     }
-    if sqe.prp1 == 0 || sqe.prp1 % ctx.run.page != 0 {
+    if sqe.prp1 == 0 || !sqe.prp1.is_multiple_of(ctx.run.page) {
         return Err(Outcome::fail(Status::PRP_OFFSET_INVALID).at(24));
     }
     if sqe.cdw11 & 1 == 0 {
@@ -362,7 +362,7 @@ fn get_log_page(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
     if len as u64 > ctx.inner.config.max_transfer(ctx.run.page).min(2 << 20) {
         return Err(Outcome::fail(Status::INVALID_FIELD).at(42));
     }
-    if offset % 4 != 0 {
+    if !offset.is_multiple_of(4) {
         return Err(Outcome::fail(Status::INVALID_FIELD).at(48));
     }
     let inner = ctx.inner;

@@ -173,7 +173,7 @@ fn prp_segments(
 ) -> Result<(), Outcome> {
     let page = ctx.run.page;
     let bad = |byte| Outcome::fail(Status::PRP_OFFSET_INVALID).at(byte);
-    if prp1 % 4 != 0 {
+    if !prp1.is_multiple_of(4) {
         return Err(bad(BYTE_PRP1));
     }
     let first = (page - prp1 % page).min(len);
@@ -183,13 +183,13 @@ fn prp_segments(
         return Ok(());
     }
     if left <= page {
-        if prp2 % page != 0 {
+        if !prp2.is_multiple_of(page) {
             return Err(bad(BYTE_PRP2));
         }
         push(out, prp2, left);
         return Ok(());
     }
-    if prp2 % 8 != 0 {
+    if !prp2.is_multiple_of(8) {
         return Err(bad(BYTE_PRP2));
     }
     let mut entry = prp2;
@@ -201,7 +201,7 @@ fn prp_segments(
         if value % page != 0 {
             return Err(bad(BYTE_PRP2));
         }
-        let last_in_page = (entry + 8) % page == 0;
+        let last_in_page = (entry + 8).is_multiple_of(page);
         if last_in_page && left > page {
             entry = value; // the next list page
             continue;
@@ -244,7 +244,7 @@ fn sgl_segments(
     match desc.kind() {
         SGL_DATA_BLOCK => data(&desc, out)?,
         SGL_SEGMENT | SGL_LAST_SEGMENT => loop {
-            if desc.subtype() != 0 || desc.length == 0 || desc.length % 16 != 0 {
+            if desc.subtype() != 0 || desc.length == 0 || !desc.length.is_multiple_of(16) {
                 return Err(segment_invalid());
             }
             let last_segment = desc.kind() == SGL_LAST_SEGMENT;

@@ -800,7 +800,7 @@ impl Inner {
         if self.halted(run) {
             return;
         }
-        if rel % stride != 0 || qid > self.config.io_queues as usize {
+        if !rel.is_multiple_of(stride) || qid > self.config.io_queues as usize {
             self.invalid_doorbell(&format!("no doorbell at {offset:#x}"));
             return;
         }

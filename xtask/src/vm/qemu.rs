@@ -74,13 +74,13 @@ impl VmConfig {
         if self.logical_block_sizes.is_empty() {
             bail!("--logical-block-size: give 512, 4096 or a list such as 512,4096");
         }
-        if self.disk_size < MIB || self.disk_size % 4096 != 0 {
+        if self.disk_size < MIB || !self.disk_size.is_multiple_of(4096) {
             bail!(
                 "--disk-size {}: at least 1M and a multiple of 4 KiB",
                 self.disk_size
             );
         }
-        if self.hugepages_bytes % (2 * MIB) != 0 {
+        if !self.hugepages_bytes.is_multiple_of(2 * MIB) {
             bail!("--hugepages: a multiple of 2M");
         }
         if self.mem_bytes < 512 * MIB || self.hugepages_bytes + 256 * MIB > self.mem_bytes {
@@ -90,7 +90,7 @@ impl VmConfig {
                 self.hugepages_bytes / MIB
             );
         }
-        if self.mem_bytes % (self.numa_nodes as u64 * MIB) != 0 {
+        if !self.mem_bytes.is_multiple_of(self.numa_nodes as u64 * MIB) {
             bail!(
                 "--mem must split evenly in MiB over {} NUMA nodes",
                 self.numa_nodes

@@ -1,0 +1,124 @@
+//! Completing an I/O once when all of its parts are done: a fixed slab of parent I/Os, indexed
+//! by the token the parts carry. Allocated up front; nothing on the I/O path allocates.
+
+use super::{IoCompletion, IoError};
+
+#[derive(Debug, Clone, Default)]
+struct Parent {
+    token: u64,
+    remaining: u32,
+    error: Option<IoError>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Gather {
+    parents: Box<[Parent]>,
+    free: Vec<u32>,
+}
+
+impl Gather {
+    pub fn new(capacity: usize) -> Gather {
+        Gather {
+            parents: vec![Parent::default(); capacity].into_boxed_slice(),
+            free: (0..capacity as u32).rev().collect(),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.parents.len() - self.free.len()
+    }
+
+    pub fn has_room(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    /// A parent for an I/O of `parts` parts; its index is the token of every part.
+    pub fn start(&mut self, token: u64, parts: u32) -> Option<u64> {
+        let index = self.free.pop()?;
+        self.parents[index as usize] = Parent {
+            token,
+            remaining: parts,
+            error: None,
+        };
+        Some(index as u64)
+    }
+
+    /// One part finished; the whole I/O when it was the last. The first error wins.
+    pub fn part_done(&mut self, index: u64, result: Result<(), IoError>) -> Option<IoCompletion> {
+        self.parts_done(index, 1, result)
+    }
+
+    /// `n` parts finished (or were never submitted) with `result`.
+    pub fn parts_done(
+        &mut self,
+        index: u64,
+        n: u32,
+        result: Result<(), IoError>,
+    ) -> Option<IoCompletion> {
+        let parent = self.parents.get_mut(index as usize)?;
+        if parent.remaining == 0 {
+            log::error!("completion for I/O slot {index}, which has no parts left: ignored");
+            return None;
+        }
+        if let (Err(e), None) = (result, &parent.error) {
+            parent.error = Some(e);
+        }
+        parent.remaining = parent.remaining.saturating_sub(n);
+        if parent.remaining > 0 {
+            return None;
+        }
+        self.free.push(index as u32);
+        let result = parent.error.take().map_or(Ok(()), Err);
+        Some(IoCompletion {
+            token: parent.token,
+            result,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use usnvme_driver::spec::Status;
+
+    use super::*;
+
+    #[test]
+    fn completes_once_when_every_part_is_done_with_the_first_error() {
+        let mut g = Gather::new(2);
+        let a = g.start(100, 3).unwrap();
+        let b = g.start(200, 1).unwrap();
+        assert!(g.start(300, 1).is_none(), "full");
+        let err = IoError::Status {
+            device: Arc::from("d1"),
+            status: Status::LBA_OUT_OF_RANGE,
+        };
+        assert_eq!(g.part_done(a, Ok(())), None);
+        assert_eq!(g.part_done(a, Err(err.clone())), None);
+        assert_eq!(
+            g.part_done(b, Ok(())),
+            Some(IoCompletion {
+                token: 200,
+                result: Ok(())
+            })
+        );
+        let other = IoError::Status {
+            device: Arc::from("d2"),
+            status: Status::INTERNAL_ERROR,
+        };
+        assert_eq!(
+            g.part_done(a, Err(other)),
+            Some(IoCompletion {
+                token: 100,
+                result: Err(err)
+            })
+        );
+        assert_eq!(g.in_flight(), 0);
+        assert_eq!(
+            g.part_done(a, Ok(())),
+            None,
+            "a stray completion is ignored"
+        );
+    }
+}
