@@ -8,6 +8,15 @@
 //! - `engine` / `reactor`: attach drives in parallel, one pinned polling thread per core.
 
 pub mod block;
+pub mod engine;
 pub mod placement;
 pub mod stats;
 pub mod topology;
+
+pub use block::{
+    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, IoCompletion, IoError,
+    NamespaceDevice, Op, StripeDevice,
+};
+pub use engine::{
+    attach, Drive, Engine, EngineError, EngineOptions, Job, ReactorContext, ReactorInfo, Run,
+};

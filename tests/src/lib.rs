@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+pub mod verify;
+
 /// The test bed as `cargo xtask vm-run` describes it to the guest.
 #[derive(Debug, Clone)]
 pub struct VmBed {

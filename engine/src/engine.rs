@@ -1,0 +1,624 @@
+//! The engine: attach drives in parallel, place them on reactor cores by NUMA node, and run a
+//! job on one pinned polling thread per core. Control (stats, stop) travels on crossbeam
+//! channels; the data path never leaves its reactor.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
+use usnvme_driver::pci::Sysfs;
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener};
+use usnvme_hugepages::{BufferPool, PoolError};
+
+use crate::block::{
+    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion,
+    NamespaceDevice, Op,
+};
+use crate::placement::{self, Placement, PlacementError, Policy};
+use crate::stats::{IoStats, OpKind, Snapshot};
+use crate::topology::{pin_current_thread, Topology};
+
+/// A drive the engine attached: its controller and NUMA node.
+#[derive(Debug, Clone)]
+pub struct Drive {
+    pub spec: DeviceSpec,
+    pub controller: Controller,
+    /// None: unknown (`numa_node` -1, or a simulated drive).
+    pub node: Option<u32>,
+}
+
+/// A drive that did not come up.
+#[derive(Debug, thiserror::Error)]
+#[error("{drive}: {error}")]
+pub struct AttachError {
+    /// The drive's address (`0000:01:00.0`, `sim:3`).
+    pub drive: String,
+    pub error: Box<usnvme_driver::Error>,
+}
+
+/// Brings up every drive of `specs` at once (one thread each: a controller's bring-up waits on
+/// the device, so 24 of them in a row would take 24 times as long). Results in drive order.
+pub fn attach(
+    opener: &Opener,
+    sysfs: &Sysfs,
+    specs: &[DeviceSpec],
+    options: &ControllerOptions,
+) -> Vec<Result<Drive, AttachError>> {
+    let drives: Vec<DeviceSpec> = specs.iter().flat_map(DeviceSpec::drives).collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = drives
+            .iter()
+            .map(|spec| {
+                scope.spawn(move || {
+                    let fail = |error| AttachError {
+                        drive: spec.to_string(),
+                        error: Box::new(error),
+                    };
+                    let controller = opener.open(spec, options.clone()).map_err(fail)?.remove(0);
+                    let node = match spec {
+                        DeviceSpec::Pci(addr) => sysfs.device(*addr).ok().and_then(|d| d.numa_node),
+                        DeviceSpec::Sim(_) => None,
+                    };
+                    Ok(Drive {
+                        spec: spec.clone(),
+                        controller,
+                        node,
+                    })
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .zip(&drives)
+            .map(|(t, spec)| {
+                t.join().unwrap_or_else(|_| {
+                    Err(AttachError {
+                        drive: spec.to_string(),
+                        error: Box::new(usnvme_driver::Error::Invalid {
+                            device: spec.to_string(),
+                            what: "the thread bringing it up panicked".into(),
+                        }),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error("no drives to run on")]
+    NoDrives,
+    #[error("no block devices to run on")]
+    NoDevices,
+    #[error("reactor on core {cpu}: {what}")]
+    Reactor { cpu: usize, what: String },
+}
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Reactor cores; empty: every CPU this process may use.
+    pub cores: Vec<usize>,
+    pub policy: Policy,
+    /// Queue depth and timeouts of every channel.
+    pub channel: ChannelOptions,
+    /// Put each reactor's queue pairs and buffers on its own NUMA node.
+    pub numa_memory: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            cores: Vec::new(),
+            policy: Policy::Local,
+            channel: ChannelOptions::default(),
+            numa_memory: true,
+        }
+    }
+}
+
+/// Attached drives and where they are served.
+#[derive(Debug)]
+pub struct Engine {
+    topology: Topology,
+    drives: Vec<Drive>,
+    placement: Placement,
+    options: EngineOptions,
+}
+
+/// What a reactor is, for the job it runs.
+#[derive(Debug, Clone)]
+pub struct ReactorInfo {
+    pub index: usize,
+    pub cpu: usize,
+    pub node: Option<u32>,
+    /// Where its queue pairs and buffers are allocated (its node, with `numa_memory`).
+    pub memory_node: Option<u32>,
+    /// The run's devices this reactor serves (indices into the list given to `start`).
+    pub devices: Vec<usize>,
+}
+
+/// Work a reactor does: `turn` is called in a loop on the reactor's thread.
+pub trait Job: Send + 'static {
+    type Output: Send + 'static;
+    /// One pass: submit and poll on the reactor's channels. False when the job is done.
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool;
+    /// After the loop and after every channel drained.
+    fn finish(self, ctx: &mut ReactorContext) -> Self::Output;
+}
+
+impl Engine {
+    pub fn new(
+        topology: Topology,
+        drives: Vec<Drive>,
+        options: EngineOptions,
+    ) -> Result<Engine, EngineError> {
+        if drives.is_empty() {
+            return Err(EngineError::NoDrives);
+        }
+        let cores = if options.cores.is_empty() {
+            topology.allowed.clone()
+        } else {
+            options.cores.clone()
+        };
+        let nodes: Vec<Option<u32>> = drives.iter().map(|d| d.node).collect();
+        let placement = placement::place(&topology, &cores, &nodes, options.policy)?;
+        for remote in &placement.remote {
+            log::warn!(
+                "{}: on node {} but served from remote cores {:?}",
+                drives[remote.drive].spec,
+                remote.drive_node,
+                remote.served_from
+            );
+        }
+        Ok(Engine {
+            topology,
+            drives,
+            placement,
+            options,
+        })
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn drives(&self) -> &[Drive] {
+        &self.drives
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Every namespace of every drive as a block device, in drive order.
+    pub fn namespaces(&self) -> Vec<Arc<dyn BlockDevice>> {
+        let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        for (i, d) in self.drives.iter().enumerate() {
+            for ns in d.controller.namespaces() {
+                match NamespaceDevice::new(d.controller.clone(), ns.nsid, i) {
+                    Ok(dev) => devices.push(Arc::new(dev)),
+                    Err(e) => log::warn!("{}: namespace {} skipped: {e}", d.spec, ns.nsid),
+                }
+            }
+        }
+        devices
+    }
+
+    /// The reactors that serve `device`: those that serve all of its drives; else those that
+    /// serve any; else all.
+    fn serving(&self, device: &dyn BlockDevice) -> Vec<usize> {
+        let drives = device.drives();
+        let reactors = &self.placement.reactors;
+        let all: Vec<usize> = (0..reactors.len())
+            .filter(|&r| drives.iter().all(|d| reactors[r].drives.contains(d)))
+            .collect();
+        if !all.is_empty() {
+            return all;
+        }
+        let any: Vec<usize> = (0..reactors.len())
+            .filter(|&r| drives.iter().any(|d| reactors[r].drives.contains(d)))
+            .collect();
+        if !any.is_empty() {
+            return any;
+        }
+        (0..reactors.len()).collect()
+    }
+
+    /// Starts `make_job` on every reactor that serves one of `devices`, each pinned to its core
+    /// with its own channels. Returns once every reactor is set up (or one failed).
+    pub fn start<J, F>(
+        &self,
+        devices: Vec<Arc<dyn BlockDevice>>,
+        make_job: F,
+    ) -> Result<Run<J::Output>, EngineError>
+    where
+        J: Job,
+        F: Fn(&ReactorInfo) -> J + Send + Sync + 'static,
+    {
+        if devices.is_empty() {
+            return Err(EngineError::NoDevices);
+        }
+        let mut per_reactor: Vec<Vec<usize>> = vec![Vec::new(); self.placement.reactors.len()];
+        for (i, dev) in devices.iter().enumerate() {
+            for r in self.serving(dev.as_ref()) {
+                per_reactor[r].push(i);
+            }
+        }
+        let devices: Arc<[Arc<dyn BlockDevice>]> = Arc::from(devices);
+        let make_job = Arc::new(make_job);
+        let (ready_tx, ready_rx) = unbounded();
+        let mut reactors = Vec::new();
+        for (index, (plan, served)) in self.placement.reactors.iter().zip(per_reactor).enumerate() {
+            if served.is_empty() {
+                continue;
+            }
+            let memory_node = if self.options.numa_memory {
+                plan.node
+            } else {
+                None
+            };
+            let info = ReactorInfo {
+                index,
+                cpu: plan.cpu,
+                node: plan.node,
+                memory_node,
+                devices: served,
+            };
+            let (control_tx, control_rx) = unbounded();
+            let (reply_tx, reply_rx) = bounded(1);
+            let setup = Setup {
+                info: info.clone(),
+                devices: devices.clone(),
+                channel: ChannelOptions {
+                    node: memory_node,
+                    ..self.options.channel
+                },
+            };
+            let (ready, make_job) = (ready_tx.clone(), make_job.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("reactor {}", plan.cpu))
+                .spawn(move || reactor(setup, make_job.as_ref(), ready, control_rx, reply_tx))
+                .map_err(|e| EngineError::Reactor {
+                    cpu: plan.cpu,
+                    what: format!("cannot start its thread: {e}"),
+                })?;
+            reactors.push(ReactorHandle {
+                info,
+                control: control_tx,
+                replies: reply_rx,
+                thread,
+            });
+        }
+        let run = Run { reactors };
+        for _ in 0..run.reactors.len() {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    run.stop();
+                    let _ = run.wait();
+                    return Err(e);
+                }
+                Err(_) => break,
+            }
+        }
+        Ok(run)
+    }
+}
+
+/// One reactor's path to one device: the device's channel, with timing and statistics.
+pub struct DeviceChannel {
+    /// Index of the device in the run's list.
+    pub device: usize,
+    pub info: BlockInfo,
+    dma: DmaTarget,
+    node: Option<u32>,
+    channel: Box<dyn Channel>,
+    stats: IoStats,
+    pending: Box<[Pending]>,
+    free: Vec<u32>,
+}
+
+impl std::fmt::Debug for DeviceChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceChannel")
+            .field("device", &self.device)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    token: u64,
+    started: Instant,
+    kind: OpKind,
+    bytes: u64,
+}
+
+impl DeviceChannel {
+    /// Queues an I/O (see `Channel::submit`); it is timed from here to its completion.
+    pub fn submit(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        let Some(slot) = self.free.pop() else {
+            return Err(BlockError::Busy {
+                device: Arc::from(self.info.name.as_str()),
+                needed: 1,
+            });
+        };
+        let kind = match op {
+            Op::Read => OpKind::Read,
+            Op::Write => OpKind::Write,
+            _ => OpKind::Other,
+        };
+        let bytes = if op.has_data() { len } else { 0 };
+        self.pending[slot as usize] = Pending {
+            token,
+            started: Instant::now(),
+            kind,
+            bytes,
+        };
+        let submitted = self.channel.submit(op, offset, len, buf, slot as u64);
+        if submitted.is_err() {
+            self.free.push(slot);
+        }
+        submitted
+    }
+
+    /// Rings queued I/O and hands finished ones to `on_complete`.
+    pub fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+        let now = Instant::now();
+        let (pending, free, stats) = (&self.pending, &mut self.free, &mut self.stats);
+        self.channel.poll(&mut |c: IoCompletion| {
+            let Some(p) = pending.get(c.token as usize).copied() else {
+                log::error!("completion with an unknown slot {}: ignored", c.token);
+                return;
+            };
+            let latency = now.saturating_duration_since(p.started).as_nanos() as u64;
+            stats.record(p.kind, p.bytes, latency, c.result.is_ok());
+            free.push(c.token as u32);
+            on_complete(IoCompletion {
+                token: p.token,
+                result: c.result,
+            });
+        })
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.pending.len() - self.free.len()
+    }
+
+    /// Whether another I/O can be queued now (it may still need more commands than are free).
+    pub fn has_room(&self) -> bool {
+        !self.free.is_empty() && self.channel.free_commands() > 0
+    }
+
+    pub fn stats(&self) -> &IoStats {
+        &self.stats
+    }
+
+    /// Buffers for this device's I/O, in its DMA space and on the reactor's node.
+    pub fn buffer_pool(&self, buffer_size: usize, count: usize) -> Result<BufferPool, PoolError> {
+        BufferPool::new(
+            &self.dma.space,
+            buffer_size,
+            count,
+            self.dma.page,
+            self.node,
+        )
+    }
+}
+
+/// What a job sees of its reactor.
+#[derive(Debug)]
+pub struct ReactorContext {
+    pub info: ReactorInfo,
+    /// One per device this reactor serves, in `info.devices` order.
+    pub devices: Vec<DeviceChannel>,
+    started: Instant,
+}
+
+impl ReactorContext {
+    /// Time since the reactor started its job.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::new(self.elapsed());
+        for d in &self.devices {
+            s.add(d.device, &d.stats);
+        }
+        s
+    }
+
+    /// Polls until nothing is in flight (completions go nowhere) or `limit` passes.
+    fn drain(&mut self, limit: Duration) {
+        let started = Instant::now();
+        while self.devices.iter().any(|d| d.in_flight() > 0) && started.elapsed() < limit {
+            for d in &mut self.devices {
+                d.poll(&mut |_| {});
+            }
+        }
+    }
+}
+
+struct Setup {
+    info: ReactorInfo,
+    devices: Arc<[Arc<dyn BlockDevice>]>,
+    channel: ChannelOptions,
+}
+
+enum Control {
+    Stats,
+    Stop,
+}
+
+/// How often (in turns) a reactor looks at its control channel.
+const CONTROL_EVERY: u32 = 256;
+
+/// The reactor thread: pin, set up channels, run the job, answer control messages, drain,
+/// finish. Channels (and so queue pairs) are dropped at the end: their queues are deleted.
+fn reactor<J: Job>(
+    setup: Setup,
+    make_job: &(dyn Fn(&ReactorInfo) -> J + Send + Sync),
+    ready: Sender<Result<(), EngineError>>,
+    control: Receiver<Control>,
+    replies: Sender<Snapshot>,
+) -> Option<(J::Output, Snapshot)> {
+    let cpu = setup.info.cpu;
+    if let Err(e) = pin_current_thread(cpu) {
+        log::warn!("reactor: cannot pin to core {cpu}: {e}");
+    }
+    let mut devices = Vec::new();
+    for &i in &setup.info.devices {
+        let device = &setup.devices[i];
+        let channel = match device.channel(&setup.channel) {
+            Ok(c) => c,
+            Err(e) => {
+                let what = format!("{}: {e}", device.info().name);
+                let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
+                return None;
+            }
+        };
+        let capacity = setup.channel.depth as usize * device.drives().len().max(1);
+        devices.push(DeviceChannel {
+            device: i,
+            info: device.info().clone(),
+            dma: device.dma(),
+            node: setup.info.memory_node,
+            channel,
+            stats: IoStats::new(),
+            pending: vec![
+                Pending {
+                    token: 0,
+                    started: Instant::now(),
+                    kind: OpKind::Other,
+                    bytes: 0
+                };
+                capacity
+            ]
+            .into_boxed_slice(),
+            free: (0..capacity as u32).rev().collect(),
+        });
+    }
+    let mut job = make_job(&setup.info);
+    let mut ctx = ReactorContext {
+        info: setup.info,
+        devices,
+        started: Instant::now(),
+    };
+    let _ = ready.send(Ok(()));
+    let mut turns = 0u32;
+    loop {
+        let more = job.turn(&mut ctx);
+        turns = turns.wrapping_add(1);
+        if !more || turns.is_multiple_of(CONTROL_EVERY) {
+            let mut stop = !more;
+            while let Ok(msg) = control.try_recv() {
+                match msg {
+                    Control::Stats => {
+                        let _ = replies.send(ctx.snapshot());
+                    }
+                    Control::Stop => stop = true,
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+    }
+    let limit = setup
+        .channel
+        .timeout
+        .map_or(Duration::from_secs(60), |t| t * 3);
+    ctx.drain(limit);
+    let snapshot = ctx.snapshot();
+    let output = job.finish(&mut ctx);
+    Some((output, snapshot))
+}
+
+#[derive(Debug)]
+struct ReactorHandle<O> {
+    info: ReactorInfo,
+    control: Sender<Control>,
+    replies: Receiver<Snapshot>,
+    thread: JoinHandle<Option<(O, Snapshot)>>,
+}
+
+/// A job running on the reactors.
+#[derive(Debug)]
+pub struct Run<O> {
+    reactors: Vec<ReactorHandle<O>>,
+}
+
+/// What one reactor returned.
+#[derive(Debug)]
+pub struct ReactorResult<O> {
+    pub info: ReactorInfo,
+    pub output: O,
+    pub stats: Snapshot,
+}
+
+impl<O> Run<O> {
+    pub fn reactors(&self) -> Vec<ReactorInfo> {
+        self.reactors.iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// Each running reactor's statistics so far (a reactor that finished has none to give).
+    pub fn stats(&self) -> Vec<Snapshot> {
+        self.reactors
+            .iter()
+            .filter(|r| !r.thread.is_finished() && r.control.send(Control::Stats).is_ok())
+            .filter_map(|r| r.replies.recv_timeout(Duration::from_secs(2)).ok())
+            .collect()
+    }
+
+    /// Asks every reactor to stop: it stops submitting, drains, and finishes its job.
+    pub fn stop(&self) {
+        for r in &self.reactors {
+            let _ = r.control.send(Control::Stop);
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.reactors.iter().all(|r| r.thread.is_finished())
+    }
+
+    /// Waits for every reactor.
+    pub fn wait(self) -> Result<Vec<ReactorResult<O>>, EngineError> {
+        let mut results = Vec::new();
+        let mut failure = None;
+        for r in self.reactors {
+            let cpu = r.info.cpu;
+            match r.thread.join() {
+                Ok(Some((output, stats))) => results.push(ReactorResult {
+                    info: r.info,
+                    output,
+                    stats,
+                }),
+                Ok(None) => {}
+                Err(_) => {
+                    failure = Some(EngineError::Reactor {
+                        cpu,
+                        what: "its job panicked".into(),
+                    })
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+}

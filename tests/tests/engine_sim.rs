@@ -1,0 +1,416 @@
+//! The engine on simulated drives: attach, placement, reactors, stripes, verified random I/O,
+//! failing parts, shutdown with I/O in flight.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use usnvme_driver::pci::Sysfs;
+use usnvme_driver::sim::{self, Fault, FaultAction, FaultWhen, SimController};
+use usnvme_driver::spec::{IoOpcode, Status};
+use usnvme_driver::{ControllerOptions, DeviceSpec, IoBuffer, Opener};
+use usnvme_engine::topology::{NumaNode, Topology};
+use usnvme_engine::{
+    attach, BlockDevice, Drive, Engine, EngineOptions, IoError, Job, Op, ReactorContext,
+    StripeDevice,
+};
+use usnvme_hugepages::{BufferPool, DmaBuffer};
+use usnvme_tests::verify::verify_job;
+
+/// Two CPUs, one per fake node (the reactors pin to CPUs 0 and 1, which exist here).
+fn two_nodes() -> Topology {
+    Topology::new(
+        vec![
+            NumaNode {
+                id: 0,
+                cpus: vec![0],
+            },
+            NumaNode {
+                id: 1,
+                cpus: vec![1],
+            },
+        ],
+        vec![0, 1],
+    )
+}
+
+/// `n` simulated drives with data kept, and their controllers' sim handles.
+fn sim_drives(n: u32, size: &str) -> (Vec<Drive>, Vec<Arc<SimController>>) {
+    let spec: sim::SimSpec = format!("sim:0-{},backend=ram,size={size}", n - 1)
+        .parse()
+        .expect("sim spec");
+    let opened = sim::open_with_handles(&spec, ControllerOptions::default()).expect("sim drives");
+    let mut drives = Vec::new();
+    let mut sims = Vec::new();
+    for (i, (controller, sim)) in opened.into_iter().enumerate() {
+        let spec = format!("sim:{i}").parse().expect("spec");
+        drives.push(Drive {
+            spec,
+            controller,
+            node: Some(u32::from(i as u32 >= n / 2)),
+        });
+        sims.push(sim);
+    }
+    (drives, sims)
+}
+
+fn options() -> EngineOptions {
+    EngineOptions {
+        cores: vec![0, 1],
+        numa_memory: false,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn twenty_four_drives_two_cores_two_stripes_of_twelve_verified() {
+    let (drives, sims) = sim_drives(24, "64M");
+    let engine = Engine::new(two_nodes(), drives, options()).expect("engine");
+    let ns = engine.namespaces();
+    assert_eq!(ns.len(), 24);
+    let stripe = |name: &str, members: &[Arc<dyn BlockDevice>]| -> Arc<dyn BlockDevice> {
+        Arc::new(StripeDevice::new(name, members.to_vec(), 128 << 10).expect("stripe"))
+    };
+    let stripes = vec![stripe("stripe0", &ns[..12]), stripe("stripe1", &ns[12..])];
+    assert_eq!(stripes[0].info().size_bytes, 12 * (64 << 20));
+    // drives 0-11 are on node 0 and 12-23 on node 1: each stripe is served by its node's core
+    let run = engine
+        .start(
+            stripes,
+            verify_job(600, 1, vec![4096, 16 << 10, 128 << 10, 256 << 10]),
+        )
+        .expect("start");
+    let reactors = run.reactors();
+    assert_eq!(reactors.len(), 2);
+    assert_eq!((reactors[0].cpu, reactors[0].devices.clone()), (0, vec![0]));
+    assert_eq!((reactors[1].cpu, reactors[1].devices.clone()), (1, vec![1]));
+    let results = run.wait().expect("reactors");
+    for r in &results {
+        let (done, mismatches, errors) = &r.output;
+        assert_eq!(*done, 600, "core {}", r.info.cpu);
+        assert_eq!(
+            *mismatches, 0,
+            "core {}: data read back differs from the model",
+            r.info.cpu
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let total = r.stats.total();
+        assert_eq!(total.errors(), 0);
+        assert_eq!(total.total_ios(), 600);
+    }
+    // the queue pairs are gone after the run; every drive took part
+    for s in &sims {
+        assert_eq!(s.io_queues(), (0, 0));
+        assert!(s.commands() > 0);
+    }
+}
+
+#[test]
+fn placement_on_a_faked_two_node_topology_serves_each_drive_from_its_node() {
+    let (drives, _sims) = sim_drives(4, "16M");
+    let engine = Engine::new(
+        two_nodes(),
+        drives,
+        EngineOptions {
+            numa_memory: true,
+            ..options()
+        },
+    )
+    .expect("engine");
+    let p = engine.placement();
+    assert_eq!(p.reactors[0].drives, vec![0, 1]);
+    assert_eq!(p.reactors[1].drives, vec![2, 3]);
+    assert!(p.remote.is_empty());
+    assert_eq!(
+        p.to_string().lines().next(),
+        Some("core 0 (node 0): drives 0-1")
+    );
+    // each namespace is served by its node's core, whose memory node is that node
+    let plan: Vec<(usize, Option<u32>)> = engine
+        .placement()
+        .reactors
+        .iter()
+        .map(|r| (r.cpu, r.node))
+        .collect();
+    assert_eq!(plan, vec![(0, Some(0)), (1, Some(1))]);
+    // only node 0 cores: node 1 drives are remote, served by both
+    let (drives, _sims) = sim_drives(4, "16M");
+    let engine = Engine::new(
+        two_nodes(),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            ..options()
+        },
+    )
+    .expect("engine");
+    assert_eq!(engine.placement().remote.len(), 2);
+}
+
+#[test]
+fn an_io_over_three_chunks_splits_onto_three_drives_and_at_mdts() {
+    let (drives, _sims) = sim_drives(4, "16M");
+    let engine = Engine::new(
+        two_nodes(),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            ..options()
+        },
+    )
+    .expect("engine");
+    let ns = engine.namespaces();
+    let chunk = 1 << 20; // larger than MDTS (512 KiB): each chunk part splits again
+    let stripe: Arc<dyn BlockDevice> =
+        Arc::new(StripeDevice::new("s", ns.clone(), chunk).expect("stripe"));
+    let mut devices = vec![stripe];
+    devices.extend(ns.iter().cloned());
+    let run = engine
+        .start(devices, move |_| OneShot { step: 0 })
+        .expect("start");
+    let results = run.wait().expect("reactors");
+    assert_eq!(results[0].output, Ok(()), "{:?}", results[0].output);
+}
+
+/// Writes 2.5 MiB at 1.5 MiB into the stripe (chunks 1, 2 and 3: members 1, 2, 3), then reads
+/// each member directly and checks the bytes landed where the layout says.
+struct OneShot {
+    step: u32,
+}
+
+impl Job for OneShot {
+    type Output = Result<(), String>;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        let chunk = 1u64 << 20;
+        let (offset, len) = (chunk + chunk / 2, 2 * chunk + chunk / 2);
+        let pool = ctx.devices[0].buffer_pool(4 << 20, 2).expect("pool");
+        let (mut pool, data) = (pool, (0..len).map(|i| (i % 253) as u8).collect::<Vec<u8>>());
+        let (w, r) = (pool.alloc().expect("buffer"), pool.alloc().expect("buffer"));
+        w.write_from(&data, 0).expect("fill");
+        let wait = |dev: &mut usnvme_engine::engine::DeviceChannel| -> Result<(), IoError> {
+            let started = Instant::now();
+            let mut result = None;
+            while result.is_none() {
+                dev.poll(&mut |c| result = Some(c.result));
+                assert!(started.elapsed() < Duration::from_secs(10));
+            }
+            result.expect("a completion")
+        };
+        ctx.devices[0]
+            .submit(
+                Op::Write,
+                offset,
+                len,
+                Some(IoBuffer {
+                    iova: w.iova(),
+                    len: len as u32,
+                }),
+                1,
+            )
+            .expect("submit");
+        wait(&mut ctx.devices[0]).expect("striped write");
+        // member m holds chunk (m + 4 * row); our I/O covers the second half of chunk 1, chunk 2
+        // and chunk 3, at member offset 0 of row 0
+        let expect = [
+            (1usize, chunk / 2, 0u64, chunk / 2),
+            (2, 0, chunk / 2, chunk),
+            (3, 0, chunk + chunk / 2, chunk),
+        ];
+        for (member, member_offset, at, n) in expect {
+            let dev = &mut ctx.devices[1 + member];
+            dev.submit(
+                Op::Read,
+                member_offset,
+                n,
+                Some(IoBuffer {
+                    iova: r.iova(),
+                    len: n as u32,
+                }),
+                2,
+            )
+            .expect("submit");
+            wait(dev).expect("member read");
+            let mut got = vec![0u8; n as usize];
+            r.read_into(&mut got, 0).expect("read back");
+            if got[..] != data[at as usize..(at + n) as usize] {
+                return false_with(&mut self.step, format!("member {member}: wrong bytes"));
+            }
+        }
+        self.step = 1;
+        false
+    }
+
+    fn finish(self, _ctx: &mut ReactorContext) -> Self::Output {
+        if self.step == 1 {
+            Ok(())
+        } else {
+            Err(format!("failed at step {}", self.step))
+        }
+    }
+}
+
+fn false_with(step: &mut u32, why: String) -> bool {
+    eprintln!("{why}");
+    *step = 2;
+    false
+}
+
+#[test]
+fn a_failing_part_fails_the_whole_io_with_its_error() {
+    let (drives, sims) = sim_drives(3, "16M");
+    let engine = Engine::new(
+        two_nodes(),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            ..options()
+        },
+    )
+    .expect("engine");
+    let ns = engine.namespaces();
+    let stripe: Arc<dyn BlockDevice> =
+        Arc::new(StripeDevice::new("s", ns, 64 << 10).expect("stripe"));
+    // the part on member 2 fails
+    sims[2].inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Write as u8),
+        FaultAction::Fail(Status::WRITE_FAULT),
+    ));
+    let run = engine
+        .start(vec![stripe], |_| Once { result: None })
+        .expect("start");
+    let results = run.wait().expect("reactors");
+    let result = results[0].output.clone().expect("a completion");
+    let Err(IoError::Status { device, status }) = result else {
+        panic!("the I/O must fail: {result:?}")
+    };
+    assert_eq!(&*device, "sim:2");
+    assert_eq!(status.code(), Status::WRITE_FAULT);
+    assert_eq!(results[0].stats.total().errors(), 1);
+}
+
+/// Writes 192 KiB (three 64 KiB chunks, one per member) once.
+struct Once {
+    result: Option<Result<(), IoError>>,
+}
+
+impl Job for Once {
+    type Output = Option<Result<(), IoError>>;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        let mut pool = ctx.devices[0].buffer_pool(192 << 10, 1).expect("pool");
+        let buf = pool.alloc().expect("buffer");
+        let io = IoBuffer {
+            iova: buf.iova(),
+            len: 192 << 10,
+        };
+        ctx.devices[0]
+            .submit(Op::Write, 0, 192 << 10, Some(io), 9)
+            .expect("submit");
+        let started = Instant::now();
+        while self.result.is_none() && started.elapsed() < Duration::from_secs(10) {
+            ctx.devices[0].poll(&mut |c| {
+                assert_eq!(c.token, 9);
+                self.result = Some(c.result);
+            });
+        }
+        false
+    }
+
+    fn finish(self, _ctx: &mut ReactorContext) -> Self::Output {
+        self.result
+    }
+}
+
+#[test]
+fn stopping_with_io_in_flight_drains_and_deletes_the_queues() {
+    let spec: sim::SimSpec = "sim:0-1,backend=null,mode=threaded,latency=2ms"
+        .parse()
+        .expect("spec");
+    let opened = sim::open_with_handles(&spec, ControllerOptions::default()).expect("sims");
+    let sims: Vec<_> = opened.iter().map(|(_, s)| s.clone()).collect();
+    let drives = opened
+        .into_iter()
+        .enumerate()
+        .map(|(i, (controller, _))| Drive {
+            spec: format!("sim:{i}").parse().expect("spec"),
+            controller,
+            node: None,
+        })
+        .collect();
+    let engine = Engine::new(two_nodes(), drives, options()).expect("engine");
+    let run = engine
+        .start(engine.namespaces(), |_| Endless { bufs: Vec::new() })
+        .expect("start");
+    std::thread::sleep(Duration::from_millis(200));
+    let live = run.stats();
+    assert_eq!(live.len(), 2, "both reactors answer");
+    assert!(
+        live.iter().any(|s| s.total().total_ios() > 0),
+        "I/O is running"
+    );
+    run.stop();
+    let results = run.wait().expect("reactors");
+    for r in &results {
+        assert!(
+            r.output > 0,
+            "core {} had I/O in flight when stopped",
+            r.info.cpu
+        );
+    }
+    for s in &sims {
+        assert_eq!(s.io_queues(), (0, 0), "queues deleted");
+    }
+    drop(engine);
+}
+
+/// Keeps 32 reads in flight on every device until stopped; reports the most it had in flight.
+struct Endless {
+    bufs: Vec<(BufferPool, DmaBuffer)>,
+}
+
+impl Job for Endless {
+    type Output = usize;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        for (i, dev) in ctx.devices.iter_mut().enumerate() {
+            if self.bufs.len() <= i {
+                let mut pool = dev.buffer_pool(4096, 1).expect("pool");
+                let b = pool.alloc().expect("buffer");
+                self.bufs.push((pool, b));
+            }
+            let io = IoBuffer {
+                iova: self.bufs[i].1.iova(),
+                len: 4096,
+            };
+            while dev.in_flight() < 32 && dev.submit(Op::Read, 0, 4096, Some(io), 0).is_ok() {}
+            dev.poll(&mut |_| {});
+        }
+        true
+    }
+
+    fn finish(self, ctx: &mut ReactorContext) -> Self::Output {
+        ctx.devices
+            .iter()
+            .map(|d| d.stats().total_ios() as usize)
+            .sum()
+    }
+}
+
+#[test]
+fn a_drive_that_fails_to_attach_does_not_stop_the_others() {
+    let opener = Opener::new("/nonexistent");
+    let specs: Vec<DeviceSpec> = vec![
+        "sim:0-1".parse().expect("spec"),
+        "0000:7f:00.0".parse().expect("spec"),
+    ];
+    let results = attach(
+        &opener,
+        &Sysfs::with_root("/nonexistent"),
+        &specs,
+        &ControllerOptions::default(),
+    );
+    assert_eq!(results.len(), 3);
+    assert!(results[0].is_ok() && results[1].is_ok());
+    let e = results[2].as_ref().expect_err("no such PCI device");
+    assert!(e.to_string().starts_with("0000:7f:00.0"), "{e}");
+}
