@@ -44,6 +44,13 @@ impl VmBed {
         }
     }
 
+    /// The logical block size of drive `k` (serial `usnvme{k}`): vm-run spreads the sizes over
+    /// the drives in order.
+    pub fn block_size_of(&self, k: usize) -> u32 {
+        let sizes = &self.logical_block_sizes;
+        sizes[(k * sizes.len() / self.drives.max(1)).min(sizes.len() - 1)]
+    }
+
     /// Runs `usnvme ARGS` and returns its output.
     pub fn usnvme(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(&self.usnvme)

@@ -74,11 +74,7 @@ fn every_drive_is_identified_and_its_health_log_read() {
         assert_eq!(id.model(), "QEMU NVMe Ctrl", "{}", ctrl.name());
         assert_eq!(ctrl.namespaces().len(), 1);
         let ns = &ctrl.namespaces()[0];
-        assert_eq!(
-            ns.block_size,
-            bed.logical_block_sizes[k % bed.logical_block_sizes.len()],
-            "drive {k}"
-        );
+        assert_eq!(ns.block_size, bed.block_size_of(k), "drive {k}");
         assert_eq!(ns.capacity_bytes(), 1 << 30);
         assert!(ctrl.io_queues_granted() >= 2);
         let smart = ctrl.smart_log().expect("SMART log");

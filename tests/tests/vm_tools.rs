@@ -48,7 +48,7 @@ fn identify_json_describes_every_drive_and_its_namespace() {
         let namespaces = c["namespaces"].as_array().expect("namespaces");
         assert_eq!(namespaces.len(), 1, "{c:#}");
         let ns = &namespaces[0];
-        let block_size = bed.logical_block_sizes[k % bed.logical_block_sizes.len()];
+        let block_size = bed.block_size_of(k);
         let formats = ns["lba_formats"].as_array().expect("LBA formats");
         let in_use: Vec<&Value> = formats.iter().filter(|f| f["in_use"] == true).collect();
         assert_eq!(in_use.len(), 1, "one format in use: {ns:#}");

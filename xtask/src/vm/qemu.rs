@@ -30,7 +30,7 @@ pub struct VmConfig {
     pub drives: usize,
     pub backend: Backend,
     pub disk_size: u64,
-    /// Logical block sizes, assigned to the drives round-robin.
+    /// Logical block sizes, spread over the drives in order (see `logical_block_size`).
     pub logical_block_sizes: Vec<u32>,
     pub kernel_nvme: KernelNvme,
     pub nvme_opts: Option<String>,
@@ -103,8 +103,11 @@ impl VmConfig {
         self.disk_dir.join(format!("nvme{k}.img"))
     }
 
+    /// A list of sizes is spread over the drives in order: with `512,4096`, the first half of
+    /// the drives (node 0's, with two nodes) get 512 and the second half 4096.
     pub fn logical_block_size(&self, k: usize) -> u32 {
-        self.logical_block_sizes[k % self.logical_block_sizes.len()]
+        let sizes = &self.logical_block_sizes;
+        sizes[(k * sizes.len() / self.drives.max(1)).min(sizes.len() - 1)]
     }
 
     /// Drives on the kernel driver, a count.
@@ -389,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn one_root_port_per_drive_with_block_sizes_round_robin() {
+    fn one_root_port_per_drive_with_block_sizes_spread_in_order() {
         let args = config(24, 1).qemu_args(&assets(), None, Path::new("/t"));
         let ports: Vec<&String> = args
             .iter()
@@ -400,8 +403,9 @@ mod tests {
         assert!(ports[9].contains("addr=11.1") && !ports[9].contains("multifunction"));
         let nvme: Vec<&String> = args.iter().filter(|a| a.starts_with("nvme,")).collect();
         assert_eq!(nvme.len(), 24);
-        assert!(!nvme[0].contains("logical_block_size"));
-        assert!(nvme[1].contains("logical_block_size=4096") && nvme[1].ends_with(",mdts=2"));
+        // 512,4096 over 24 drives: 0-11 get 512, 12-23 get 4096
+        assert!(!nvme[11].contains("logical_block_size"));
+        assert!(nvme[12].contains("logical_block_size=4096") && nvme[12].ends_with(",mdts=2"));
         assert!(args.contains(&QBOOT.to_string()));
     }
 

@@ -33,7 +33,7 @@ pub struct RunArgs {
     /// Size of each drive, e.g. 1G or 512M.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub disk_size: u64,
-    /// 512 or 4096, or a list assigned round-robin (512,4096).
+    /// 512 or 4096, or a list spread over the drives in order (512,4096: first half 512).
     #[arg(long, default_value = "512", value_delimiter = ',')]
     pub logical_block_size: Vec<u32>,
     /// Leave the first K drives (all without K) on the kernel nvme driver.

@@ -36,7 +36,8 @@ const SUITE_PACKAGES: &[&str] = &[
     "usnvme-tests",
 ];
 
-/// The guest suites' drives: 24, file-backed, 512 B and 4 KiB logical blocks alternating.
+/// The guest suites' drives: 24, file-backed, on two NUMA nodes: 0-11 on node 0 with 512 B
+/// blocks, 12-23 on node 1 with 4 KiB.
 pub const SUITE_DRIVES: usize = 24;
 
 pub fn run(args: VmTestArgs) -> Result<()> {
@@ -142,6 +143,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let usnvme = crate::target_dir().join("debug/usnvme");
     let args = RunArgs {
         backend: Backend::File,
+        numa_nodes: 2,
         logical_block_size: vec![512, 4096],
         timeout: 1800,
         keep_disks: true,
