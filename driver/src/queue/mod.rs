@@ -153,6 +153,8 @@ pub struct QueuePair {
     stats: QueueStats,
     /// Milliseconds since `clock`, refreshed once per poll when timeouts are on.
     now_ms: u32,
+    /// When `check_timeouts` next scans the trackers.
+    next_scan_ms: u32,
     // cold
     timeout_ms: u32,
     clock: Instant,
@@ -213,6 +215,7 @@ impl QueuePair {
             doorbells: setup.doorbells,
             stats: QueueStats::default(),
             now_ms: 0,
+            next_scan_ms: 0,
             timeout_ms: setup
                 .timeout
                 .map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128 / 2) as u32),
@@ -564,7 +567,7 @@ impl QueuePair {
                 self.stats.cq_doorbells += 1;
             }
         }
-        if self.timeout_ms > 0 && self.in_flight > 0 {
+        if self.timeout_ms > 0 {
             self.check_timeouts(&mut on_completion);
         }
         done

@@ -75,10 +75,21 @@ impl QueuePair {
 
     /// Aborts commands older than the timeout; resets the controller when a command is still
     /// there after its abort, or CSTS.CFS is set; fails everything when the device is gone.
+    /// Runs on every poll: one clock read; a scan of the trackers a few times per timeout.
     pub(super) fn check_timeouts(&mut self, on_completion: &mut dyn FnMut(Completion)) {
         let now = self.clock.elapsed().as_millis().min(u32::MAX as u128) as u32;
-        self.now_ms = now;
         let timeout = self.timeout_ms;
+        // Commands are stamped with the time of the last poll. After a long gap without polls
+        // those stamps say nothing: start their clocks now.
+        if now.wrapping_sub(self.now_ms) > timeout / 2 {
+            let busy = self.trackers.iter_mut().filter(|t| t.busy);
+            busy.for_each(|t| t.started_ms = now);
+        }
+        self.now_ms = now;
+        if self.in_flight == 0 || now < self.next_scan_ms {
+            return;
+        }
+        self.next_scan_ms = now + (timeout / 4).clamp(1, 100);
         let overdue = |t: &super::Tracker| t.busy && now.wrapping_sub(t.started_ms) > timeout;
         if !self.trackers.iter().any(overdue) {
             return;

@@ -1381,3 +1381,20 @@ fn a_fatal_status_under_io_resets_the_controller_and_io_resumes() {
         );
     }
 }
+
+#[test]
+fn a_command_submitted_after_a_long_idle_gap_is_timed_from_then() {
+    let (_sim, ctrl) = start(SimConfig {
+        mode: SimMode::Threaded {
+            latency: Duration::from_millis(25),
+            out_of_order: false,
+        },
+        ..ram(512, 1024)
+    });
+    let mut qp = timed_queue(&ctrl); // 40 ms timeout
+    assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
+    // no poll for many timeouts, then a command that takes 25 ms: not a timeout
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
+    assert_eq!(ctrl.generation(), 0, "no reset");
+}
