@@ -315,6 +315,7 @@ pub struct DeviceChannel {
     /// Index of the device in the run's list.
     pub device: usize,
     pub info: BlockInfo,
+    name: Arc<str>,
     dma: DmaTarget,
     node: Option<u32>,
     channel: Box<dyn Channel>,
@@ -352,7 +353,7 @@ impl DeviceChannel {
     ) -> Result<(), BlockError> {
         let Some(slot) = self.free.pop() else {
             return Err(BlockError::Busy {
-                device: Arc::from(self.info.name.as_str()),
+                device: self.name.clone(),
                 needed: 1,
             });
         };
@@ -495,6 +496,7 @@ fn reactor<J: Job>(
         devices.push(DeviceChannel {
             device: i,
             info: device.info().clone(),
+            name: Arc::from(device.info().name.as_str()),
             dma: device.dma(),
             node: setup.info.memory_node,
             channel,
