@@ -9,6 +9,7 @@ mod health;
 mod identify;
 mod list;
 mod open;
+mod perf;
 mod signals;
 
 use std::io::{self, Write};
@@ -38,6 +39,8 @@ enum Command {
     Identify(identify::Args),
     /// SMART / Health of controllers: temperature, wear, spare, errors, PCIe link, and a verdict.
     Health(health::Args),
+    /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
+    Perf(perf::Args),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::List(args) => list::run(&sysfs, &args, &mut stdout),
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
+        Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
     };
     // What was reported goes out before the errors about the rest.
     let flushed = stdout.flush();

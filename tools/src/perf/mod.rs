@@ -1,0 +1,539 @@
+//! `usnvme perf`: an I/O benchmark with `spdk_nvme_perf`'s flags, on the engine's reactors.
+//!
+//! Flow: check the flags (a bad one: one line naming it, exit 2, no drive opened), attach the
+//! drives, check what depends on them (queue depth, I/O size; still no I/O), build the block
+//! devices (namespaces, or stripes of them), run the [`workload::Workload`] job on every reactor
+//! that serves them, and print the table (and the JSON file). Ctrl-C / SIGTERM stops the I/O;
+//! the partial results are printed and `main` exits 130 / 143.
+
+mod report;
+mod workload;
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use usnvme_driver::pci::{Driver, Sysfs};
+use usnvme_driver::vfio::VfioError;
+use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
+use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
+use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions, StripeDevice};
+
+use crate::signals;
+use report::Row;
+use workload::{Plan, Region, Workload};
+
+/// The largest I/O the block layer is asked to split, per drive of a stripe.
+const MAX_SPLIT: u64 = 2 << 20;
+
+/// Measure I/O performance: IOPS, bandwidth and latency per drive and core.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Queue depth: I/Os in flight per reactor per device.
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 32)]
+    depth: u32,
+    /// I/O size in bytes: 4096, 4k, 128K, 1M.
+    #[arg(short = 'o', long = "io-size", default_value = "4k")]
+    io_size: String,
+    /// Pattern: read, write, randread, randwrite, rw, randrw.
+    #[arg(short = 'w', long = "workload", default_value = "randread")]
+    workload: String,
+    /// Percentage of reads for rw and randrw (0-100).
+    #[arg(short = 'M', long = "rwmixread", default_value_t = 50)]
+    read_pct: u32,
+    /// Seconds to measure (after the warm-up).
+    #[arg(short = 't', long = "time", default_value_t = 10)]
+    time: u64,
+    /// Warm-up seconds: I/O runs but is not counted.
+    #[arg(short = 'a', long = "warmup", default_value_t = 0)]
+    warmup: u64,
+    /// Reactor cores: a list (0,2-3), bracketed list ([0-3]) or hex mask (0xF). Default: all.
+    #[arg(short = 'c', long = "cores")]
+    cores: Option<String>,
+    /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
+    /// controller bound to vfio-pci.
+    #[arg(short = 'r', long = "device")]
+    devices: Vec<String>,
+    /// Latency percentiles (p50 … p99.99); -LL adds the histogram.
+    #[arg(short = 'L', action = clap::ArgAction::Count)]
+    latency: u8,
+    /// Stop after N I/Os per reactor per device (warm-up included) instead of after -t.
+    #[arg(long = "io-count", value_name = "N")]
+    io_count: Option<u64>,
+    /// Write the results as JSON (fio-like) to FILE.
+    #[arg(long = "json", value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Run on stripes (RAID 0) of N drives each, chunk size default 128K: N or N:CHUNK.
+    #[arg(long = "stripe", value_name = "N[:CHUNK]")]
+    stripe: Option<String>,
+    /// Cap the rate at this many IOPS in total.
+    #[arg(long = "rate", value_name = "IOPS")]
+    rate: Option<u64>,
+    /// Stamp every written block (offset, seed, checksum) and check every block read.
+    #[arg(long = "verify")]
+    verify: bool,
+    /// Debug: every write after the first N per device carries a bad checksum in its first block.
+    #[arg(long = "corrupt-after", value_name = "N", hide = true)]
+    corrupt_after: Option<u64>,
+}
+
+/// A bad flag: `main` prints it on one line and exits 2, and no I/O was issued.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    Usage(msg.into()).into()
+}
+
+/// Runs the benchmark; a [`Usage`] error has been printed and exits the process with status 2
+/// (after every drive was closed).
+pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let result = run(sysfs, args, out);
+    if let Err(e) = &result {
+        if let Some(Usage(msg)) = e.downcast_ref::<Usage>() {
+            let _ = out.flush();
+            eprintln!("usnvme: error: {msg}");
+            std::process::exit(2);
+        }
+    }
+    result
+}
+
+/// `4096`, `4k`, `128K`, `1M`, `1MiB`.
+fn parse_size(s: &str) -> Option<u64> {
+    let lower = s.trim().to_ascii_lowercase();
+    let t = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (digits, shift) = match t.char_indices().last()? {
+        (i, 'k') => (&t[..i], 10),
+        (i, 'm') => (&t[..i], 20),
+        (i, 'g') => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// The checked flags.
+#[derive(Debug)]
+struct Settings {
+    plan: Plan,
+    cores: Vec<usize>,
+    specs: Vec<DeviceSpec>,
+    stripe: Option<(usize, u64)>,
+}
+
+/// Checks everything that does not need the drives.
+fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
+    if args.depth == 0 {
+        return Err(usage("-q 0: the queue depth must be at least 1"));
+    }
+    let io_size = parse_size(&args.io_size)
+        .filter(|&s| s > 0)
+        .ok_or_else(|| {
+            usage(format!(
+                "-o {}: not an I/O size; give bytes like 4096, 4k, 128K or 1M",
+                args.io_size
+            ))
+        })?;
+    let (random, read_pct) = match args.workload.as_str() {
+        "read" => (false, 100),
+        "write" => (false, 0),
+        "randread" => (true, 100),
+        "randwrite" => (true, 0),
+        "rw" => (false, args.read_pct),
+        "randrw" => (true, args.read_pct),
+        w => {
+            return Err(usage(format!(
+                "-w {w}: unknown pattern; valid: read, write, randread, randwrite, rw, randrw"
+            )))
+        }
+    };
+    if args.read_pct > 100 {
+        return Err(usage(format!(
+            "-M {}: the read percentage must be 0-100",
+            args.read_pct
+        )));
+    }
+    if args.time == 0 {
+        return Err(usage("-t 0: the run time must be at least 1 second"));
+    }
+    if args.io_count == Some(0) {
+        return Err(usage("--io-count 0: give at least 1 I/O"));
+    }
+    if args.rate == Some(0) {
+        return Err(usage("--rate 0: give a rate of at least 1 IOPS"));
+    }
+    let cores = match &args.cores {
+        None => Vec::new(),
+        Some(c) => {
+            let cores = parse_cores(c).map_err(|e| usage(format!("-c: {e}")))?;
+            if let Some(bad) = cores.iter().find(|&&c| !topology.is_allowed(c)) {
+                return Err(usage(format!(
+                    "-c {c}: core {bad} does not exist or is not allowed; allowed cores: {}",
+                    format_cpu_list(&topology.allowed)
+                )));
+            }
+            cores
+        }
+    };
+    let mut specs: Vec<DeviceSpec> = Vec::new();
+    for given in &args.devices {
+        let spec: DeviceSpec = given
+            .parse()
+            .map_err(|e| usage(format!("-r {given}: {e}")))?;
+        for drive in spec.drives() {
+            if specs.contains(&drive) {
+                return Err(usage(format!(
+                    "-r {given}: {drive} is given twice; name each device once"
+                )));
+            }
+            specs.push(drive);
+        }
+    }
+    let stripe = match &args.stripe {
+        None => None,
+        Some(s) => {
+            let bad = || {
+                usage(format!(
+                    "--stripe {s}: expected N or N:CHUNK, e.g. 12 or 12:128K (N >= 1)"
+                ))
+            };
+            let (n, chunk) = s.split_once(':').unwrap_or((s, "128K"));
+            let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;
+            let chunk = parse_size(chunk).filter(|&c| c > 0).ok_or_else(bad)?;
+            Some((n, chunk))
+        }
+    };
+    let width = stripe.map_or(1, |(n, _)| n as u64);
+    if io_size > MAX_SPLIT * width {
+        return Err(usage(format!(
+            "-o {}: at most {} bytes ({} MiB per drive of a device)",
+            args.io_size,
+            MAX_SPLIT * width,
+            MAX_SPLIT >> 20
+        )));
+    }
+    if args.corrupt_after.is_some() && !args.verify {
+        return Err(usage("--corrupt-after needs --verify"));
+    }
+    let plan = Plan {
+        io_size,
+        depth: args.depth as usize,
+        random,
+        read_pct,
+        warmup: Duration::from_secs(args.warmup),
+        duration: args
+            .io_count
+            .is_none()
+            .then(|| Duration::from_secs(args.time)),
+        io_count: args.io_count,
+        rate: None,
+        verify: args.verify,
+        corrupt_after: args.corrupt_after,
+        seed: std::process::id() as u64 ^ 0x5eed,
+    };
+    Ok(Settings {
+        plan,
+        cores,
+        specs,
+        stripe,
+    })
+}
+
+/// Every NVMe controller bound to vfio-pci, or a usage error for a PCI device given that is not.
+fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
+    for spec in given {
+        if let DeviceSpec::Pci(addr) = spec {
+            if let Ok(dev) = sysfs.device(*addr) {
+                if dev.driver != Driver::VfioPci {
+                    return Err(usage(format!(
+                        "-r {addr}: bound to {}, not vfio-pci: run `usnvme setup bind {addr}`",
+                        dev.driver
+                    )));
+                }
+            }
+        }
+    }
+    crate::open::targets(sysfs, given)
+}
+
+fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let topology = Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
+    let mut settings = settings(args, &topology)?;
+    let targets = targets(sysfs, &settings.specs)?;
+    if targets.is_empty() {
+        anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
+    }
+    let opener = Opener::new(sysfs.root().join("sys"));
+    let mut drives = Vec::new();
+    for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
+        match attached {
+            Ok(d) => drives.push(d),
+            Err(e) => {
+                if matches!(
+                    *e.error,
+                    usnvme_driver::Error::Vfio(VfioError::NotVfio { .. })
+                ) {
+                    return Err(usage(format!("-r {e}")));
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    let plan = &mut settings.plan;
+    // A queue holds MQES+1 entries, one always empty: at most MQES commands in flight.
+    let granted = drives
+        .iter()
+        .map(|d| u32::from(d.controller.cap().mqes()))
+        .min()
+        .unwrap_or(0);
+    if args.depth > granted {
+        return Err(usage(format!(
+            "-q {}: the drives grant a queue depth of at most {granted} (valid: 1-{granted})",
+            args.depth
+        )));
+    }
+    // Each queue pair holds -q I/Os, each split at the drive's largest transfer (one more part
+    // where an I/O straddles a boundary), and one empty entry; never more than the drive grants.
+    let max_transfer = drives
+        .iter()
+        .map(|d| d.controller.max_transfer())
+        .min()
+        .unwrap_or(plan.io_size)
+        .max(1);
+    let parts = plan.io_size.div_ceil(max_transfer) + 1;
+    let entries = (u64::from(args.depth) * parts + 1).min(u64::from(granted) + 1);
+    let engine = Engine::new(
+        topology,
+        drives,
+        EngineOptions {
+            cores: settings.cores.clone(),
+            channel: ChannelOptions {
+                depth: entries.min(u64::from(u16::MAX)) as u16,
+                ..ChannelOptions::default()
+            },
+            ..EngineOptions::default()
+        },
+    )?;
+    let devices = devices(&engine, settings.stripe, plan.io_size, &args.io_size)?;
+    let regions = regions(&engine, &devices, plan.io_size);
+    let pairs: usize = regions.iter().map(Vec::len).sum();
+    plan.rate = args.rate.map(|r| r as f64 / pairs.max(1) as f64);
+    let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
+    let job_plan = plan.clone();
+    let run = engine.start(devices, move |info| {
+        let mine = info
+            .devices
+            .iter()
+            .map(|&d| {
+                regions[d]
+                    .iter()
+                    .find(|(r, _)| *r == info.index)
+                    .map_or(Region { start: 0, len: 0 }, |&(_, region)| region)
+            })
+            .collect();
+        Workload::new(job_plan.clone(), mine)
+    })?;
+    watch(&run);
+    let results = run.wait()?;
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let mut mismatches = Vec::new();
+    let mut checked = 0;
+    for r in results {
+        for d in r.output {
+            checked += d.checked;
+            let device = names[d.device].clone();
+            if let Some(e) = &d.error {
+                failures.push(format!("{device}@core{}: {e}", r.info.cpu));
+            }
+            for m in &d.mismatches {
+                mismatches.push(format!("{device}: LBA {}: {}", m.lba, m.what));
+            }
+            if d.more_mismatches > 0 {
+                mismatches.push(format!("{device}: {} more mismatches", d.more_mismatches));
+            }
+            rows.push(Row {
+                device,
+                core: r.info.cpu,
+                stats: d.stats,
+                elapsed: d.elapsed,
+            });
+        }
+    }
+    out.write_all(report::table(&rows, args.latency).as_bytes())?;
+    out.flush()?;
+    if let Some(path) = &args.json {
+        let options = json!({
+            "queue_depth": args.depth, "io_size": plan.io_size, "workload": args.workload,
+            "read_pct": plan.read_pct, "time_s": args.time, "warmup_s": args.warmup,
+            "io_count": args.io_count, "rate": args.rate, "verify": args.verify,
+            "stripe": args.stripe,
+        });
+        let text = serde_json::to_string_pretty(&report::json(&rows, options, args.latency))?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.verify && plan.read_pct > 0 && checked == 0 {
+        eprintln!(
+            "usnvme: warning: --verify checked no block: none read back carried a stamp \
+             (write first, in the same run; a sim drive keeps data only with backend=ram)"
+        );
+    }
+    for m in &mismatches {
+        eprintln!("usnvme: verify: {m}");
+    }
+    if !failures.is_empty() {
+        anyhow::bail!("I/O failed: {}", failures.join("; "));
+    }
+    if !mismatches.is_empty() {
+        anyhow::bail!("verify: data mismatches found (listed above)");
+    }
+    Ok(())
+}
+
+/// The run's block devices: every namespace, or stripes of `n` of them.
+fn devices(
+    engine: &Engine,
+    stripe: Option<(usize, u64)>,
+    io_size: u64,
+    given: &str,
+) -> Result<Vec<Arc<dyn BlockDevice>>> {
+    let namespaces = engine.namespaces();
+    let devices: Vec<Arc<dyn BlockDevice>> = match stripe {
+        None => namespaces,
+        Some((n, chunk)) => {
+            if !namespaces.len().is_multiple_of(n) {
+                return Err(usage(format!(
+                    "--stripe {n}: {} namespaces do not make stripes of {n}; give a divisor of {}",
+                    namespaces.len(),
+                    namespaces.len()
+                )));
+            }
+            let mut stripes: Vec<Arc<dyn BlockDevice>> = Vec::new();
+            for (i, members) in namespaces.chunks(n).enumerate() {
+                let s = StripeDevice::new(&format!("stripe{i}"), members.to_vec(), chunk)
+                    .map_err(|e| usage(format!("--stripe: {e}")))?;
+                stripes.push(Arc::new(s));
+            }
+            stripes
+        }
+    };
+    for d in &devices {
+        let info = d.info();
+        if !io_size.is_multiple_of(u64::from(info.block_size)) || io_size > info.size_bytes {
+            return Err(usage(format!(
+                "-o {given}: {} needs a multiple of its {}-byte block size, at most {} bytes",
+                info.name, info.block_size, info.size_bytes
+            )));
+        }
+    }
+    Ok(devices)
+}
+
+/// For each device: the reactors that serve it and each one's region (the device split evenly,
+/// in whole I/Os). Mirrors the engine's choice of reactors.
+fn regions(
+    engine: &Engine,
+    devices: &[Arc<dyn BlockDevice>],
+    io_size: u64,
+) -> Vec<Vec<(usize, Region)>> {
+    let reactors = &engine.placement().reactors;
+    devices
+        .iter()
+        .map(|dev| {
+            let drives = dev.drives();
+            let pick = |all: bool| -> Vec<usize> {
+                (0..reactors.len())
+                    .filter(|&r| {
+                        let has = |d: &usize| reactors[r].drives.contains(d);
+                        if all {
+                            drives.iter().all(has)
+                        } else {
+                            drives.iter().any(has)
+                        }
+                    })
+                    .collect()
+            };
+            let mut serving = pick(true);
+            if serving.is_empty() {
+                serving = pick(false);
+            }
+            if serving.is_empty() {
+                serving = (0..reactors.len()).collect();
+            }
+            let ios = dev.info().size_bytes / io_size;
+            let share = (ios / serving.len() as u64).max(1);
+            serving
+                .iter()
+                .enumerate()
+                .map(|(k, &r)| {
+                    let start = (k as u64 * share).min(ios.saturating_sub(1)) * io_size;
+                    (
+                        r,
+                        Region {
+                            start,
+                            len: share * io_size,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress on a terminal.
+fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>) {
+    let tty = std::io::stderr().is_terminal();
+    let mut last = (Instant::now(), 0u64, 0u64);
+    let mut next_progress = Instant::now() + Duration::from_secs(1);
+    while !run.is_finished() {
+        if signals::received().is_some() {
+            run.stop();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if tty && Instant::now() >= next_progress {
+            next_progress += Duration::from_secs(1);
+            let snaps = run.stats();
+            let total = usnvme_engine::stats::Snapshot::aggregate(&snaps).total();
+            let (ios, bytes) = (total.total_ios(), total.total_bytes());
+            let dt = last.0.elapsed().as_secs_f64().max(1e-3);
+            eprint!(
+                "\r{:>12.0} IOPS {:>8.2} GB/s   ",
+                ios.saturating_sub(last.1) as f64 / dt,
+                bytes.saturating_sub(last.2) as f64 / dt / 1e9
+            );
+            last = (Instant::now(), ios, bytes);
+        }
+    }
+    if tty {
+        eprint!("\r{:60}\r", "");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("4k"), Some(4096));
+        assert_eq!(parse_size("128K"), Some(128 << 10));
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("4x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+}

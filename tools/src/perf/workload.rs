@@ -1,0 +1,478 @@
+//! The perf job: on each reactor, for each device it serves, keep `depth` I/Os in flight.
+//!
+//! Sequential patterns walk the reactor's own region of the device (the device split evenly
+//! between the reactors that serve it); random ones pick aligned offsets in that region with a
+//! xorshift PRNG seeded per reactor and device. Every in-flight I/O owns one DMA buffer, allocated
+//! with the per-slot state on the first turn, before the clock starts: nothing is allocated per
+//! I/O. Only I/Os that complete inside the measured window (after the warm-up, before the end)
+//! are counted.
+
+use std::time::{Duration, Instant};
+
+use usnvme_driver::IoBuffer;
+use usnvme_engine::engine::DeviceChannel;
+use usnvme_engine::stats::{IoStats, OpKind};
+use usnvme_engine::{IoCompletion, Job, Op, ReactorContext};
+use usnvme_hugepages::{BufferPool, DmaBuffer};
+
+/// What every reactor runs (the same for all).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub io_size: u64,
+    pub depth: usize,
+    pub random: bool,
+    /// Percentage of reads (100: reads only, 0: writes only).
+    pub read_pct: u32,
+    pub warmup: Duration,
+    /// Measured time after the warm-up; `None` with `io_count`.
+    pub duration: Option<Duration>,
+    /// Stop after this many I/Os submitted per reactor per device (warm-up included).
+    pub io_count: Option<u64>,
+    /// IOPS of each reactor on each device it serves.
+    pub rate: Option<f64>,
+    pub verify: bool,
+    /// Debug: every write after this many carries a bad checksum in its first block.
+    pub corrupt_after: Option<u64>,
+    pub seed: u64,
+}
+
+/// Where this reactor works on one device: `[start, start + len)`, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    pub start: u64,
+    pub len: u64,
+}
+
+/// A verify failure: a block whose header does not match.
+#[derive(Debug, Clone)]
+pub struct Mismatch {
+    pub lba: u64,
+    pub what: String,
+}
+
+/// What a reactor hands back for one device.
+#[derive(Debug)]
+pub struct DeviceResult {
+    pub device: usize,
+    pub stats: IoStats,
+    /// The measured window.
+    pub elapsed: Duration,
+    pub mismatches: Vec<Mismatch>,
+    /// Mismatches beyond those kept.
+    pub more_mismatches: u64,
+    /// Blocks read back whose stamp was checked (`--verify`).
+    pub checked: u64,
+    /// The first failed I/O, or a setup failure.
+    pub error: Option<String>,
+}
+
+/// Most mismatches kept per device (the rest are only counted).
+const KEEP_MISMATCHES: usize = 16;
+/// Verify header: magic, byte offset, seed, checksum (32 bytes at the start of each block).
+const MAGIC: u64 = u64::from_le_bytes(*b"USNVPERF");
+const HEADER: usize = 32;
+
+struct Slot {
+    buf: DmaBuffer,
+    op: Op,
+    offset: u64,
+    started: Instant,
+}
+
+struct DevState {
+    region: Region,
+    pool: BufferPool,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    done: Vec<IoCompletion>,
+    stats: IoStats,
+    rng: u64,
+    cursor: u64,
+    issued: u64,
+    writes: u64,
+    tokens: f64,
+    refilled: Instant,
+    last_completion: Instant,
+    mismatches: Vec<Mismatch>,
+    more_mismatches: u64,
+    checked: u64,
+    error: Option<String>,
+}
+
+impl Drop for DevState {
+    /// Gives the buffers back, so that the pool can unmap its memory.
+    fn drop(&mut self) {
+        for slot in self.slots.drain(..) {
+            let _ = self.pool.free(slot.buf);
+        }
+    }
+}
+
+/// The job (one per reactor).
+pub struct Workload {
+    plan: Plan,
+    /// This reactor's region of each device it serves, in `ReactorInfo::devices` order.
+    regions: Vec<Region>,
+    states: Vec<DevState>,
+    /// Setup failure before any I/O.
+    failed: Option<String>,
+    started: Option<Instant>,
+    last_turn: Instant,
+}
+
+impl std::fmt::Debug for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workload")
+            .field("plan", &self.plan)
+            .finish()
+    }
+}
+
+impl Workload {
+    pub fn new(plan: Plan, regions: Vec<Region>) -> Self {
+        Workload {
+            plan,
+            regions,
+            states: Vec::new(),
+            failed: None,
+            started: None,
+            last_turn: Instant::now(),
+        }
+    }
+
+    /// Buffers and slots for every device: done once, before the clock starts.
+    fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        let now = Instant::now();
+        for (i, dev) in ctx.devices.iter().enumerate() {
+            let region = self.regions.get(i).copied().ok_or("no region")?;
+            let mut pool = dev
+                .buffer_pool(self.plan.io_size as usize, self.plan.depth)
+                .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
+            let mut slots = Vec::with_capacity(self.plan.depth);
+            for _ in 0..self.plan.depth {
+                let buf = pool
+                    .alloc()
+                    .ok_or_else(|| format!("{}: DMA buffer pool ran out", dev.info.name))?;
+                buf.fill(0);
+                slots.push(Slot {
+                    buf,
+                    op: Op::Read,
+                    offset: 0,
+                    started: now,
+                });
+            }
+            let seed = self.plan.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
+            self.states.push(DevState {
+                region,
+                pool,
+                slots,
+                free: (0..self.plan.depth).rev().collect(),
+                done: Vec::with_capacity(self.plan.depth),
+                stats: IoStats::new(),
+                rng: splitmix(seed) | 1,
+                cursor: 0,
+                issued: 0,
+                writes: 0,
+                tokens: 1.0,
+                refilled: now,
+                last_completion: now,
+                mismatches: Vec::with_capacity(KEEP_MISMATCHES),
+                more_mismatches: 0,
+                checked: 0,
+                error: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Job for Workload {
+    type Output = Vec<DeviceResult>;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        let started = match self.started {
+            Some(s) => s,
+            None => {
+                if let Err(e) = self.setup(ctx) {
+                    self.failed = Some(e);
+                    return false;
+                }
+                let now = Instant::now();
+                self.started = Some(now);
+                now
+            }
+        };
+        let now = Instant::now();
+        self.last_turn = now;
+        let measure_from = started + self.plan.warmup;
+        let deadline = self.plan.duration.map(|d| measure_from + d);
+        let time_up = deadline.is_some_and(|d| now >= d);
+        let mut busy = false;
+        for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
+            let stop = time_up || self.plan.io_count.is_some_and(|n| st.issued >= n);
+            if !stop {
+                submit_some(&self.plan, dev, st, now);
+            }
+            reap(&self.plan, dev, st, measure_from, deadline);
+            busy |= !stop || dev.in_flight() > 0;
+        }
+        busy
+    }
+
+    fn finish(self, ctx: &mut ReactorContext) -> Vec<DeviceResult> {
+        let Some(started) = self.started else {
+            return ctx
+                .devices
+                .iter()
+                .map(|d| DeviceResult {
+                    device: d.device,
+                    stats: IoStats::new(),
+                    elapsed: Duration::ZERO,
+                    mismatches: Vec::new(),
+                    more_mismatches: 0,
+                    checked: 0,
+                    error: self.failed.clone(),
+                })
+                .collect();
+        };
+        let measure_from = started + self.plan.warmup;
+        let deadline = self.plan.duration.map(|d| measure_from + d);
+        ctx.devices
+            .iter()
+            .zip(self.states)
+            .map(|(dev, mut st)| {
+                // Time mode: up to the deadline (or the stop); I/O count: up to the last completion.
+                let end = match deadline {
+                    Some(d) => self.last_turn.min(d),
+                    None => st.last_completion,
+                };
+                DeviceResult {
+                    device: dev.device,
+                    stats: std::mem::take(&mut st.stats),
+                    elapsed: end.saturating_duration_since(measure_from),
+                    mismatches: std::mem::take(&mut st.mismatches),
+                    more_mismatches: st.more_mismatches,
+                    checked: st.checked,
+                    error: st.error.take(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Fills the free slots (within the rate, if any).
+fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Instant) {
+    if let Some(rate) = plan.rate {
+        let dt = now.saturating_duration_since(st.refilled).as_secs_f64();
+        st.refilled = now;
+        // The bucket holds a tenth of a second (at least one queue's worth): a reactor that was
+        // descheduled catches up, so the average holds; fractions carry over.
+        let burst = (rate / 10.0).max(plan.depth as f64);
+        st.tokens = (st.tokens + dt * rate).min(burst);
+    }
+    let blocks = (st.region.len / plan.io_size).max(1);
+    while let Some(&slot) = st.free.last() {
+        if plan.rate.is_some() && st.tokens < 1.0 {
+            break;
+        }
+        if plan.io_count.is_some_and(|n| st.issued >= n) || !dev.has_room() {
+            break;
+        }
+        let op = if plan.read_pct >= 100 {
+            Op::Read
+        } else if plan.read_pct == 0 {
+            Op::Write
+        } else if (next(&mut st.rng) % 100) < u64::from(plan.read_pct) {
+            Op::Read
+        } else {
+            Op::Write
+        };
+        let index = if plan.random {
+            next(&mut st.rng) % blocks
+        } else {
+            let i = st.cursor;
+            st.cursor = (st.cursor + 1) % blocks;
+            i
+        };
+        let offset = st.region.start + index * plan.io_size;
+        let s = &mut st.slots[slot];
+        if op == Op::Write && plan.verify {
+            let corrupt = plan.corrupt_after.is_some_and(|n| st.writes >= n);
+            stamp(
+                &s.buf,
+                offset,
+                dev.info.block_size,
+                plan.io_size,
+                st.rng,
+                corrupt,
+            );
+        }
+        let io = IoBuffer {
+            iova: s.buf.iova(),
+            len: plan.io_size as u32,
+        };
+        s.op = op;
+        s.offset = offset;
+        s.started = Instant::now();
+        match dev.submit(op, offset, plan.io_size, Some(io), slot as u64) {
+            Ok(()) => {
+                st.free.pop();
+                st.issued += 1;
+                if op == Op::Write {
+                    st.writes += 1;
+                }
+                if plan.rate.is_some() {
+                    st.tokens -= 1.0;
+                }
+            }
+            Err(usnvme_engine::BlockError::Busy { .. }) => break,
+            Err(e) => {
+                st.error.get_or_insert_with(|| e.to_string());
+                // Count it as issued so that a broken device does not spin forever.
+                st.issued = plan.io_count.unwrap_or(u64::MAX);
+                break;
+            }
+        }
+    }
+}
+
+/// Polls the device and accounts for what completed.
+fn reap(
+    plan: &Plan,
+    dev: &mut DeviceChannel,
+    st: &mut DevState,
+    measure_from: Instant,
+    deadline: Option<Instant>,
+) {
+    let done = &mut st.done;
+    dev.poll(&mut |c| done.push(c));
+    if st.done.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    let counted = now >= measure_from && deadline.is_none_or(|d| now < d);
+    for c in st.done.drain(..) {
+        let Some(s) = st.slots.get(c.token as usize) else {
+            continue;
+        };
+        let ok = c.result.is_ok();
+        if let Err(e) = &c.result {
+            st.error.get_or_insert_with(|| e.to_string());
+        }
+        if counted {
+            let kind = if s.op == Op::Read {
+                OpKind::Read
+            } else {
+                OpKind::Write
+            };
+            let lat = now.saturating_duration_since(s.started).as_nanos() as u64;
+            st.stats.record(kind, plan.io_size, lat, ok);
+            st.last_completion = now;
+        }
+        if ok && plan.verify && s.op == Op::Read {
+            st.checked += check(plan, dev, s, &mut st.mismatches, &mut st.more_mismatches);
+        }
+        st.free.push(c.token as usize);
+    }
+}
+
+/// Writes the verify header into every block of `buf` (meant for `offset`).
+fn stamp(buf: &DmaBuffer, offset: u64, block_size: u32, len: u64, seed: u64, corrupt: bool) {
+    let bs = u64::from(block_size);
+    for b in 0..len / bs {
+        let at = offset + b * bs;
+        let sum = checksum(at, seed) ^ u64::from(corrupt && b == 0);
+        let mut header = [0u8; HEADER];
+        for (i, v) in [MAGIC, at, seed, sum].into_iter().enumerate() {
+            header[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        // The buffer holds `len` bytes: this cannot fail.
+        let _ = buf.write_from(&header, (b * bs) as usize);
+    }
+}
+
+/// Checks the verify header of every block a read brought in; returns how many carried one.
+fn check(
+    plan: &Plan,
+    dev: &DeviceChannel,
+    s: &Slot,
+    kept: &mut Vec<Mismatch>,
+    more: &mut u64,
+) -> u64 {
+    let bs = u64::from(dev.info.block_size);
+    let mut checked = 0;
+    for b in 0..plan.io_size / bs {
+        let at = s.offset + b * bs;
+        let mut header = [0u8; HEADER];
+        if s.buf.read_into(&mut header, (b * bs) as usize).is_err() {
+            continue;
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&header[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (magic, offset, seed, sum) = (word(0), word(1), word(2), word(3));
+        // A block never written in this run reads as zeroes (or what a previous run left).
+        if magic != MAGIC {
+            continue;
+        }
+        checked += 1;
+        let what = if offset != at {
+            format!("holds the block of byte offset {offset} (seed {seed:#x})")
+        } else if sum != checksum(offset, seed) {
+            format!("bad checksum {sum:#018x} (seed {seed:#x})")
+        } else {
+            continue;
+        };
+        if kept.len() < KEEP_MISMATCHES {
+            kept.push(Mismatch { lba: at / bs, what });
+        } else {
+            *more += 1;
+        }
+    }
+    checked
+}
+
+fn checksum(offset: u64, seed: u64) -> u64 {
+    splitmix(MAGIC ^ splitmix(offset ^ splitmix(seed)))
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// xorshift64*: fast, good enough for offsets.
+#[inline]
+fn next(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_differ_by_offset_and_seed() {
+        assert_ne!(checksum(0, 1), checksum(4096, 1));
+        assert_ne!(checksum(0, 1), checksum(0, 2));
+    }
+
+    #[test]
+    fn xorshift_covers_small_ranges() {
+        let mut s = splitmix(7) | 1;
+        let mut seen = [false; 16];
+        for _ in 0..1000 {
+            seen[(next(&mut s) % 16) as usize] = true;
+        }
+        assert!(seen.iter().all(|&b| b));
+    }
+}
