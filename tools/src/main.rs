@@ -41,6 +41,8 @@ enum Command {
     Health(health::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
+    /// Sweep block sizes × patterns (read, write, randread, randwrite): table, CSV, JSON, SVG charts.
+    Sweep(perf::sweep::Args),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +86,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
+        Command::Sweep(args) => perf::sweep::main(&sysfs, &args, &mut stdout),
     };
     // What was reported goes out before the errors about the rest.
     let flushed = stdout.flush();

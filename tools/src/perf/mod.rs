@@ -7,6 +7,7 @@
 //! the partial results are printed and `main` exits 130 / 143.
 
 mod report;
+pub(crate) mod sweep;
 mod workload;
 
 use std::io::{IsTerminal, Write};
@@ -92,7 +93,7 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
-fn usage(msg: impl Into<String>) -> anyhow::Error {
+pub(crate) fn usage(msg: impl Into<String>) -> anyhow::Error {
     Usage(msg.into()).into()
 }
 
@@ -100,14 +101,20 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 /// (after every drive was closed).
 pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let result = run(sysfs, args, out);
-    if let Err(e) = &result {
+    exit_on_usage(&result, out);
+    result
+}
+
+/// A usage error: print it on one line and exit 2 (everything the run owned is dropped by now,
+/// so the controllers are shut down).
+pub(crate) fn exit_on_usage(result: &Result<()>, out: &mut dyn Write) {
+    if let Err(e) = result {
         if let Some(Usage(msg)) = e.downcast_ref::<Usage>() {
             let _ = out.flush();
             eprintln!("usnvme: error: {msg}");
             std::process::exit(2);
         }
     }
-    result
 }
 
 /// `4096`, `4k`, `128K`, `1M`, `1MiB`.
@@ -125,8 +132,8 @@ fn parse_size(s: &str) -> Option<u64> {
 
 /// The checked flags.
 #[derive(Debug)]
-struct Settings {
-    plan: Plan,
+pub(crate) struct Settings {
+    pub(crate) plan: Plan,
     cores: Vec<usize>,
     specs: Vec<DeviceSpec>,
     stripe: Option<(usize, u64)>,
@@ -268,110 +275,10 @@ fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
 }
 
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    let topology = Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
-    let mut settings = settings(args, &topology)?;
-    let targets = targets(sysfs, &settings.specs)?;
-    if targets.is_empty() {
-        anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
-    }
-    let opener = Opener::new(sysfs.root().join("sys"));
-    let mut drives = Vec::new();
-    for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
-        match attached {
-            Ok(d) => drives.push(d),
-            Err(e) => {
-                if matches!(
-                    *e.error,
-                    usnvme_driver::Error::Vfio(VfioError::NotVfio { .. })
-                ) {
-                    return Err(usage(format!("-r {e}")));
-                }
-                return Err(e.into());
-            }
-        }
-    }
-    let plan = &mut settings.plan;
-    // A queue holds MQES+1 entries, one always empty: at most MQES commands in flight.
-    let granted = drives
-        .iter()
-        .map(|d| u32::from(d.controller.cap().mqes()))
-        .min()
-        .unwrap_or(0);
-    if args.depth > granted {
-        return Err(usage(format!(
-            "-q {}: the drives grant a queue depth of at most {granted} (valid: 1-{granted})",
-            args.depth
-        )));
-    }
-    // Each queue pair holds -q I/Os, each split at the drive's largest transfer (one more part
-    // where an I/O straddles a boundary), and one empty entry; never more than the drive grants.
-    let max_transfer = drives
-        .iter()
-        .map(|d| d.controller.max_transfer())
-        .min()
-        .unwrap_or(plan.io_size)
-        .max(1);
-    let parts = plan.io_size.div_ceil(max_transfer) + 1;
-    let entries = (u64::from(args.depth) * parts + 1).min(u64::from(granted) + 1);
-    let engine = Engine::new(
-        topology,
-        drives,
-        EngineOptions {
-            cores: settings.cores.clone(),
-            channel: ChannelOptions {
-                depth: entries.min(u64::from(u16::MAX)) as u16,
-                ..ChannelOptions::default()
-            },
-            ..EngineOptions::default()
-        },
-    )?;
-    let devices = devices(&engine, settings.stripe, plan.io_size, &args.io_size)?;
-    let regions = regions(&engine, &devices, plan.io_size);
-    let pairs: usize = regions.iter().map(Vec::len).sum();
-    plan.rate = args.rate.map(|r| r as f64 / pairs.max(1) as f64);
-    let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
-    let job_plan = plan.clone();
-    let run = engine.start(devices, move |info| {
-        let mine = info
-            .devices
-            .iter()
-            .map(|&d| {
-                regions[d]
-                    .iter()
-                    .find(|(r, _)| *r == info.index)
-                    .map_or(Region { start: 0, len: 0 }, |&(_, region)| region)
-            })
-            .collect();
-        Workload::new(job_plan.clone(), mine)
-    })?;
-    watch(&run);
-    let results = run.wait()?;
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    let mut mismatches = Vec::new();
-    let mut checked = 0;
-    for r in results {
-        for d in r.output {
-            checked += d.checked;
-            let device = names[d.device].clone();
-            if let Some(e) = &d.error {
-                failures.push(format!("{device}@core{}: {e}", r.info.cpu));
-            }
-            for m in &d.mismatches {
-                mismatches.push(format!("{device}: LBA {}: {}", m.lba, m.what));
-            }
-            if d.more_mismatches > 0 {
-                mismatches.push(format!("{device}: {} more mismatches", d.more_mismatches));
-            }
-            rows.push(Row {
-                device,
-                core: r.info.cpu,
-                stats: d.stats,
-                elapsed: d.elapsed,
-            });
-        }
-    }
-    out.write_all(report::table(&rows, args.latency).as_bytes())?;
+    let session = Session::open(sysfs, args, None)?;
+    let plan = session.settings.plan.clone();
+    let m = session.measure(&plan, args.rate)?;
+    out.write_all(report::table(&m.rows, args.latency).as_bytes())?;
     out.flush()?;
     if let Some(path) = &args.json {
         let options = json!({
@@ -380,26 +287,181 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             "io_count": args.io_count, "rate": args.rate, "verify": args.verify,
             "stripe": args.stripe,
         });
-        let text = serde_json::to_string_pretty(&report::json(&rows, options, args.latency))?;
+        let text = serde_json::to_string_pretty(&report::json(&m.rows, options, args.latency))?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    if args.verify && plan.read_pct > 0 && checked == 0 {
+    if args.verify && plan.read_pct > 0 && m.checked == 0 {
         eprintln!(
             "usnvme: warning: --verify checked no block: none read back carried a stamp \
              (write first, in the same run; a sim drive keeps data only with backend=ram)"
         );
     }
-    for m in &mismatches {
-        eprintln!("usnvme: verify: {m}");
+    m.check()
+}
+
+/// Attached drives, the engine and the block devices, ready to measure one plan after another
+/// (`perf` measures one; `sweep` many).
+pub(crate) struct Session {
+    pub(crate) settings: Settings,
+    engine: Engine,
+    devices: Vec<Arc<dyn BlockDevice>>,
+    names: Vec<String>,
+}
+
+/// What one measurement gave.
+pub(crate) struct Measured {
+    pub(crate) rows: Vec<Row>,
+    failures: Vec<String>,
+    mismatches: Vec<String>,
+    checked: u64,
+}
+
+impl Measured {
+    /// Reports data mismatches and failed I/O as errors.
+    pub(crate) fn check(&self) -> Result<()> {
+        for m in &self.mismatches {
+            eprintln!("usnvme: verify: {m}");
+        }
+        if !self.failures.is_empty() {
+            anyhow::bail!("I/O failed: {}", self.failures.join("; "));
+        }
+        if !self.mismatches.is_empty() {
+            anyhow::bail!("verify: data mismatches found (listed above)");
+        }
+        Ok(())
     }
-    if !failures.is_empty() {
-        anyhow::bail!("I/O failed: {}", failures.join("; "));
+}
+
+impl Session {
+    /// Checks the flags, attaches the drives and builds the devices. `max_io_size`: the largest
+    /// I/O the session will run (default: `-o`), which sizes the queues.
+    pub(crate) fn open(sysfs: &Sysfs, args: &Args, max_io_size: Option<u64>) -> Result<Session> {
+        let topology =
+            Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
+        let settings = settings(args, &topology)?;
+        let targets = targets(sysfs, &settings.specs)?;
+        if targets.is_empty() {
+            anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
+        }
+        let opener = Opener::new(sysfs.root().join("sys"));
+        let mut drives = Vec::new();
+        for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
+            match attached {
+                Ok(d) => drives.push(d),
+                Err(e) => {
+                    if matches!(
+                        *e.error,
+                        usnvme_driver::Error::Vfio(VfioError::NotVfio { .. })
+                    ) {
+                        return Err(usage(format!("-r {e}")));
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        let io_size = max_io_size.unwrap_or(settings.plan.io_size);
+        // A queue holds MQES+1 entries, one always empty: at most MQES commands in flight.
+        let granted = drives
+            .iter()
+            .map(|d| u32::from(d.controller.cap().mqes()))
+            .min()
+            .unwrap_or(0);
+        if args.depth > granted {
+            return Err(usage(format!(
+                "-q {}: the drives grant a queue depth of at most {granted} (valid: 1-{granted})",
+                args.depth
+            )));
+        }
+        // Each queue pair holds -q I/Os, each split at the drive's largest transfer (one more
+        // part where an I/O straddles a boundary), and one empty entry; never more than granted.
+        let max_transfer = drives
+            .iter()
+            .map(|d| d.controller.max_transfer())
+            .min()
+            .unwrap_or(io_size)
+            .max(1);
+        let parts = io_size.div_ceil(max_transfer) + 1;
+        let entries = (u64::from(args.depth) * parts + 1).min(u64::from(granted) + 1);
+        let engine = Engine::new(
+            topology,
+            drives,
+            EngineOptions {
+                cores: settings.cores.clone(),
+                channel: ChannelOptions {
+                    depth: entries.min(u64::from(u16::MAX)) as u16,
+                    ..ChannelOptions::default()
+                },
+                ..EngineOptions::default()
+            },
+        )?;
+        let devices = devices(&engine, settings.stripe, io_size, &args.io_size)?;
+        let names = devices.iter().map(|d| d.info().name.clone()).collect();
+        Ok(Session {
+            settings,
+            engine,
+            devices,
+            names,
+        })
     }
-    if !mismatches.is_empty() {
-        anyhow::bail!("verify: data mismatches found (listed above)");
+
+    /// Checks an I/O size against every device (as `-o` is checked).
+    pub(crate) fn check_io_size(&self, io_size: u64, given: &str) -> Result<()> {
+        check_io_size(&self.devices, io_size, given)
     }
-    Ok(())
+
+    /// Runs `plan` on every reactor, capped at `rate` IOPS in total, and collects its rows.
+    pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>) -> Result<Measured> {
+        let regions = regions(&self.engine, &self.devices, plan.io_size);
+        let pairs: usize = regions.iter().map(Vec::len).sum();
+        let mut job_plan = plan.clone();
+        job_plan.rate = rate.map(|r| r as f64 / pairs.max(1) as f64);
+        let run = self.engine.start(self.devices.clone(), move |info| {
+            let mine = info
+                .devices
+                .iter()
+                .map(|&d| {
+                    regions[d]
+                        .iter()
+                        .find(|(r, _)| *r == info.index)
+                        .map_or(Region { start: 0, len: 0 }, |&(_, region)| region)
+                })
+                .collect();
+            Workload::new(job_plan.clone(), mine)
+        })?;
+        watch(&run);
+        let results = run.wait()?;
+        let mut m = Measured {
+            rows: Vec::new(),
+            failures: Vec::new(),
+            mismatches: Vec::new(),
+            checked: 0,
+        };
+        for r in results {
+            for d in r.output {
+                m.checked += d.checked;
+                let device = self.names[d.device].clone();
+                if let Some(e) = &d.error {
+                    m.failures.push(format!("{device}@core{}: {e}", r.info.cpu));
+                }
+                for x in &d.mismatches {
+                    m.mismatches
+                        .push(format!("{device}: LBA {}: {}", x.lba, x.what));
+                }
+                if d.more_mismatches > 0 {
+                    m.mismatches
+                        .push(format!("{device}: {} more mismatches", d.more_mismatches));
+                }
+                m.rows.push(Row {
+                    device,
+                    core: r.info.cpu,
+                    stats: d.stats,
+                    elapsed: d.elapsed,
+                });
+            }
+        }
+        Ok(m)
+    }
 }
 
 /// The run's block devices: every namespace, or stripes of `n` of them.
@@ -429,7 +491,12 @@ fn devices(
             stripes
         }
     };
-    for d in &devices {
+    check_io_size(&devices, io_size, given)?;
+    Ok(devices)
+}
+
+fn check_io_size(devices: &[Arc<dyn BlockDevice>], io_size: u64, given: &str) -> Result<()> {
+    for d in devices {
         let info = d.info();
         if !io_size.is_multiple_of(u64::from(info.block_size)) || io_size > info.size_bytes {
             return Err(usage(format!(
@@ -438,7 +505,7 @@ fn devices(
             )));
         }
     }
-    Ok(devices)
+    Ok(())
 }
 
 /// For each device: the reactors that serve it and each one's region (the device split evenly,

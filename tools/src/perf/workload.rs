@@ -146,7 +146,7 @@ impl Workload {
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
             let mut pool = dev
-                .buffer_pool(self.plan.io_size as usize, self.plan.depth)
+                .buffer_pool(pool_buffer_size(self.plan.io_size), self.plan.depth)
                 .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
             let mut slots = Vec::with_capacity(self.plan.depth);
             for _ in 0..self.plan.depth {
@@ -474,5 +474,30 @@ mod tests {
             seen[(next(&mut s) % 16) as usize] = true;
         }
         assert!(seen.iter().all(|&b| b));
+    }
+}
+
+/// The smallest buffer size a pool offers (a power of two up to 4 KiB, else whole 4 KiB pages)
+/// that holds an I/O of `io_size` bytes.
+fn pool_buffer_size(io_size: u64) -> usize {
+    let size = if io_size <= 4096 {
+        io_size.next_power_of_two().max(512)
+    } else {
+        io_size.div_ceil(4096) * 4096
+    };
+    size as usize
+}
+
+#[cfg(test)]
+mod pool_size_tests {
+    use super::pool_buffer_size;
+
+    #[test]
+    fn every_io_size_gets_a_buffer_a_pool_can_make() {
+        assert_eq!(pool_buffer_size(512), 512);
+        assert_eq!(pool_buffer_size(3072), 4096);
+        assert_eq!(pool_buffer_size(4096), 4096);
+        assert_eq!(pool_buffer_size(6144), 8192);
+        assert_eq!(pool_buffer_size(1 << 20), 1 << 20);
     }
 }
