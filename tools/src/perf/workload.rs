@@ -303,7 +303,7 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
                 offset,
                 dev.info.block_size,
                 plan.io_size,
-                st.rng,
+                plan.seed,
                 corrupt,
             );
         }
@@ -413,8 +413,9 @@ fn check(
             u64::from_le_bytes(w)
         };
         let (magic, offset, seed, sum) = (word(0), word(1), word(2), word(3));
-        // A block never written in this run reads as zeroes (or what a previous run left).
-        if magic != MAGIC {
+        // A block never written in this run reads as zeroes, or as what an earlier run (another
+        // seed) left there: nothing to check.
+        if magic != MAGIC || seed != plan.seed {
             continue;
         }
         checked += 1;
