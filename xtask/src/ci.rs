@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::cmd;
+use crate::cmd::{self, sh_quote};
 use crate::vm::run::{self, RunArgs};
 
 /// fmt, clippy with warnings denied, the workspace tests, then the VM tests.
@@ -58,7 +58,9 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// Boots the test bed with 24 drives and runs `usnvme` on all of them.
+/// The README's main job: boots the test bed with 24 drives, lists them, runs `usnvme perf`
+/// 4 KiB random read on all of them from the engine's default placement, then a short sweep,
+/// and says where the JSON, CSV and SVG files are.
 pub fn demo() -> Result<ExitCode> {
     let root = crate::workspace_root();
     cmd::run(
@@ -68,8 +70,39 @@ pub fn demo() -> Result<ExitCode> {
             .current_dir(&root),
         "fix the build errors above",
     )?;
-    let usnvme = crate::target_dir().join("release/usnvme");
-    let args = RunArgs::for_program(vec![usnvme.display().to_string(), "list".into()]);
+    let usnvme = sh_quote(
+        &crate::target_dir()
+            .join("release/usnvme")
+            .display()
+            .to_string(),
+    );
+    // on the work share: the guest writes there, the host reads it afterwards
+    let out = crate::vm::vm_dir().join("work/demo");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let o = sh_quote(&out.display().to_string());
+    let script = format!(
+        "set -e\n\
+         {usnvme} list\n\
+         echo; echo '== usnvme perf: 4 KiB random read, QD 32, every drive, 10 s'\n\
+         {usnvme} perf -q 32 -o 4k -w randread -t 10 -a 1 -L --json {o}/perf.json\n\
+         echo; echo '== usnvme sweep: 4K-1M x read, write, randread, randwrite, QD 4, 2 s a point'\n\
+         {usnvme} sweep -q 4 -t 2 --sizes 4k,16k,64k,256k,1m --out {o}\n"
+    );
+    let args = RunArgs::for_program(vec!["/bin/sh".into(), "-c".into(), script]);
     let exit_code = run::run(&args)?;
+    if exit_code == 0 {
+        println!("\ndemo: results in {}:", out.display());
+        for f in [
+            "perf.json",
+            "sweep.csv",
+            "sweep.json",
+            "bandwidth.svg",
+            "iops.svg",
+        ] {
+            println!("  {}", out.join(f).display());
+        }
+        println!("(throughput inside the emulator is an emulation ceiling, not a hardware figure)");
+    }
     Ok(ExitCode::from(exit_code))
 }

@@ -277,7 +277,7 @@ fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let session = Session::open(sysfs, args, None)?;
     let plan = session.settings.plan.clone();
-    let m = session.measure(&plan, args.rate)?;
+    let m = session.measure(&plan, args.rate, true)?;
     out.write_all(report::table(&m.rows, args.latency).as_bytes())?;
     out.flush()?;
     if let Some(path) = &args.json {
@@ -323,8 +323,15 @@ impl Measured {
         for m in &self.mismatches {
             eprintln!("usnvme: verify: {m}");
         }
-        if !self.failures.is_empty() {
-            anyhow::bail!("I/O failed: {}", self.failures.join("; "));
+        if let Some(first) = self.failures.first() {
+            // the same failure on every drive and core says it once
+            let more = self.failures.len() - 1;
+            let tail = if more > 0 {
+                format!(" (and {more} more like it)")
+            } else {
+                String::new()
+            };
+            anyhow::bail!("I/O failed: {first}{tail}");
         }
         if !self.mismatches.is_empty() {
             anyhow::bail!("verify: data mismatches found (listed above)");
@@ -411,7 +418,8 @@ impl Session {
     }
 
     /// Runs `plan` on every reactor, capped at `rate` IOPS in total, and collects its rows.
-    pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>) -> Result<Measured> {
+    /// `live`: the one-line progress on a terminal.
+    pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>, live: bool) -> Result<Measured> {
         let regions = regions(&self.engine, &self.devices, plan.io_size);
         let pairs: usize = regions.iter().map(Vec::len).sum();
         let mut job_plan = plan.clone();
@@ -429,7 +437,7 @@ impl Session {
                 .collect();
             Workload::new(job_plan.clone(), mine)
         })?;
-        watch(&run);
+        watch(&run, live);
         let results = run.wait()?;
         let mut m = Measured {
             rows: Vec::new(),
@@ -560,8 +568,8 @@ fn regions(
 }
 
 /// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress on a terminal.
-fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>) {
-    let tty = std::io::stderr().is_terminal();
+fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>, live: bool) {
+    let tty = live && std::io::stderr().is_terminal();
     let mut last = (Instant::now(), 0u64, 0u64);
     let mut next_progress = Instant::now() + Duration::from_secs(1);
     while !run.is_finished() {

@@ -80,7 +80,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             p.io_size = point.block_size;
             p.random = point.pattern.is_random();
             p.read_pct = if point.pattern.is_read() { 100 } else { 0 };
-            let m = session.measure(&p, None)?;
+            let m = session.measure(&p, None, false)?;
             m.check()?;
             Ok(point_result(&m.rows, point.pattern.is_read()))
         },
@@ -109,7 +109,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<()> {
     let plan = session.settings.plan.clone();
     let read = plan.read_pct >= 50;
-    let peak = point_result(&session.measure(&plan, None)?.rows, read);
+    let peak = point_result(&session.measure(&plan, None, false)?.rows, read);
     writeln!(out, "peak: {:.0} IOPS", peak.iops)?;
     writeln!(
         out,
@@ -121,7 +121,7 @@ fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<
         if crate::signals::received().is_some() {
             anyhow::bail!("interrupted");
         }
-        let m = session.measure(&plan, step)?;
+        let m = session.measure(&plan, step, false)?;
         m.check()?;
         let r = point_result(&m.rows, read);
         let target = step.map_or("max".to_string(), |s| s.to_string());
