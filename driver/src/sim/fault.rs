@@ -110,6 +110,8 @@ pub enum FaultAction {
     UnknownCid,
     /// Executes and is completed twice.
     Duplicate,
+    /// A write executes one block after its LBA and completes successfully: silent corruption.
+    MisdirectWrite,
 }
 
 /// A fault: `action` on up to `times` commands that match `when` (0: every one, forever).

@@ -106,6 +106,9 @@ pub struct SimConfig {
     pub model: String,
     pub firmware: String,
     pub mode: SimMode,
+    /// From the Nth write (1-based) on, every write silently lands one block after its LBA:
+    /// misdirected writes, the corruption a data check must catch.
+    pub misdirect_write: Option<u64>,
 }
 
 impl Default for SimConfig {
@@ -127,6 +130,7 @@ impl Default for SimConfig {
             model: "usnvme sim".into(),
             firmware: "1.0".into(),
             mode: SimMode::Inline,
+            misdirect_write: None,
         }
     }
 }
@@ -403,7 +407,8 @@ impl SimController {
             .iter()
             .map(|_| Store::new(config.backend))
             .collect();
-        Arc::new(SimController {
+        let misdirect = config.misdirect_write;
+        let sim = Arc::new(SimController {
             inner: Arc::new(Inner {
                 config,
                 space,
@@ -418,7 +423,12 @@ impl SimController {
                 errors: Mutex::default(),
                 counters: Counters::default(),
             }),
-        })
+        });
+        if let Some(n) = misdirect {
+            let write = FaultWhen::opcode(crate::spec::IoOpcode::Write as u8).with_nth(n);
+            sim.inject(Fault::new(write, FaultAction::MisdirectWrite).times(0));
+        }
+        sim
     }
 
     pub fn config(&self) -> &SimConfig {

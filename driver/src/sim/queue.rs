@@ -307,6 +307,17 @@ impl Inner {
                 self.removed.store(true, Ordering::Release);
             }
             Some(FaultAction::Delay(d)) => pend(sq, latency.unwrap_or_default() + d, None),
+            Some(FaultAction::MisdirectWrite) => {
+                let mut moved = sqe;
+                let slba = (u64::from(sqe.cdw11) << 32 | u64::from(sqe.cdw10)) + 1;
+                (moved.cdw10, moved.cdw11) = (slba as u32, (slba >> 32) as u32);
+                log::warn!(
+                    "{}: fault: write of command {cid} misdirected to LBA {slba}",
+                    self.config.serial
+                );
+                let out = self.execute(ctx, sq, &moved);
+                self.finish(ctx, sq, &sqe, out, None);
+            }
             other => match latency {
                 Some(l) => pend(sq, l, other),
                 None => {

@@ -36,7 +36,7 @@ pub enum SimSpecError {
 const VALID: &str =
     "bs=512|4096, size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
 queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
-latency=<e.g. 100us>, ooo=on|off";
+latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>";
 
 impl SimSpec {
     /// Whether `s` is meant as a sim address (then parse it for the details).
@@ -173,6 +173,12 @@ impl FromStr for SimSpec {
                         value.parse().ok().filter(|q| *q >= 1).ok_or_else(|| {
                             bad("1 to 65535 (0's based: queues of mqes + 1 entries)")
                         })?
+                }
+                "misdirect" => {
+                    config.misdirect_write =
+                        Some(value.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                            bad("N >= 1: from the Nth write on, writes land one block off")
+                        })?)
                 }
                 "sgl" => config.sgl = parse_switch(name, value)?,
                 "dbbuf" => config.doorbell_buffer = parse_switch(name, value)?,
