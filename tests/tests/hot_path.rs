@@ -83,8 +83,23 @@ fn allocations_of_io(ctrl: &Controller, page: PageSize, count: u64) -> u64 {
         iova: pool.region().iova(),
         len: 8192,
     };
-    // Start-up: first use of each lock and thread-local (parking_lot allocates its per-thread
-    // parking data the first time a lock is contended).
+    // Start-up: first use of each lock and thread-local. parking_lot allocates a thread's
+    // parking data the first time it waits on a contended lock (the simulated controller's
+    // locks, under load): make this thread wait once now.
+    let lock = std::sync::Arc::new(parking_lot::Mutex::new(()));
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = {
+        let lock = lock.clone();
+        std::thread::spawn(move || {
+            let held = lock.lock();
+            let _ = locked_tx.send(());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(held);
+        })
+    };
+    let _ = locked_rx.recv();
+    drop(lock.lock()); // waits: this thread parks once
+    let _ = holder.join();
     assert_eq!(io(&mut qp, buf, 8192 / bs, 5_000), 0);
     let before = ALLOCATIONS.with(Cell::get);
     assert_eq!(io(&mut qp, buf, 8192 / bs, count), 0);
