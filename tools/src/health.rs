@@ -10,25 +10,15 @@ use usnvme_driver::spec::log::CriticalWarning;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Controller;
-use usnvme_driver::DeviceSpec;
 
 use crate::format::{names_or_none, si_bytes, Fields};
 use crate::open;
 
-/// Arguments of `usnvme health`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// Controllers to check (like 0000:01:00.0, 01:00.0, or simulated: sim:0-3); default: every NVMe controller bound
-    /// to vfio-pci.
-    #[arg(value_name = "DEVICE")]
-    pub bdfs: Vec<DeviceSpec>,
-    /// Print a JSON array, one object per controller, instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
+/// Arguments of `usnvme health`: the drives, and `--json`.
+pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, &args.bdfs, args.json, out, report, render)
+    open::report(sysfs, &args.devices, args.json, out, report, render)
 }
 
 /// One controller's health, as `--json` prints it. Counters are the log's, unscaled, except

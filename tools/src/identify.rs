@@ -7,26 +7,16 @@ use anyhow::Result;
 use serde::Serialize;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
-use usnvme_driver::DeviceSpec;
 use usnvme_driver::{Controller, Namespace};
 
 use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
 use crate::open;
 
-/// Arguments of `usnvme identify`.
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// Controllers to identify (like 0000:01:00.0, 01:00.0, or simulated: sim:0-3); default: every NVMe controller
-    /// bound to vfio-pci.
-    #[arg(value_name = "DEVICE")]
-    pub bdfs: Vec<DeviceSpec>,
-    /// Print a JSON array, one object per controller, instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
+/// Arguments of `usnvme identify`: the drives, and `--json`.
+pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, &args.bdfs, args.json, out, report, render)
+    open::report(sysfs, &args.devices, args.json, out, report, render)
 }
 
 /// One controller, as `--json` prints it.

@@ -30,6 +30,18 @@ impl fmt::Display for Failures {
 
 impl std::error::Error for Failures {}
 
+/// The drives a command reports on, and how.
+#[derive(Debug, clap::Args)]
+pub struct Targets {
+    /// Drives: PCI addresses (0000:01:00.0 or 01:00.0) or simulated ones (sim:0-3); default:
+    /// every NVMe controller bound to vfio-pci.
+    #[arg(value_name = "DEVICE")]
+    pub devices: Vec<DeviceSpec>,
+    /// Print a JSON array, one object per controller, instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The drives to open, one spec each: those given (in order, `sim:` ranges split, without
 /// repeats), or every NVMe controller bound to vfio-pci when none is given.
 pub fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {

@@ -291,3 +291,52 @@ fn sigterm_stops_the_run_and_prints_partial_results() {
         text(&out)
     );
 }
+
+#[test]
+fn verify_catches_writes_the_simulated_drive_misdirects() {
+    let out = usnvme(&[
+        "perf",
+        "-r",
+        "sim:0,backend=ram,size=1M,misdirect=20",
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "-q",
+        "4",
+        "-o",
+        "4k",
+        "-t",
+        "1",
+        "--verify",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("usnvme: verify: sim:0: LBA")
+            && err.contains("holds the block of byte offset"),
+        "{err}"
+    );
+    // the same run without the fault is clean
+    let out = usnvme(&[
+        "perf",
+        "-r",
+        "sim:0,backend=ram,size=1M",
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "-q",
+        "4",
+        "-o",
+        "4k",
+        "-t",
+        "1",
+        "--verify",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
