@@ -211,7 +211,7 @@ fn rate_holds_within_a_few_percent() {
     // never above the cap (a few percent for the token bucket's start); the lower bound is loose
     // so that a loaded machine does not fail a test about pacing
     assert!(
-        iops <= 3000.0 * 1.05 && iops >= 3000.0 * 0.75,
+        (3000.0 * 0.75..=3000.0 * 1.05).contains(&iops),
         "{iops} IOPS"
     );
 }
