@@ -99,6 +99,20 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     if suites.is_empty() {
         bail!("vm-test: cargo built no test executables for usnvme-tests");
     }
+    // A fixed order, and the suites whose writes the host checks in the images afterwards
+    // last: other suites (perf --verify, the engine) write all over the drives.
+    suites.sort_by_key(|p| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        (
+            CHECKED_ON_HOST
+                .iter()
+                .any(|s| name.starts_with(&format!("{s}-"))),
+            name,
+        )
+    });
     // A filter naming a suite (e.g. `vm_driver`) runs that whole suite; else it filters tests.
     let suite_name = |p: &PathBuf| {
         p.file_name()
@@ -172,6 +186,9 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     );
     Ok(())
 }
+
+/// Suites that record writes for the host to check (`usnvme_tests::expect_on_host`).
+const CHECKED_ON_HOST: &[&str] = &["vm_driver"];
 
 /// Written by the guest tests (`usnvme_tests::expect_on_host`): `IMAGE OFFSET LEN FNV1A64` per line.
 const EXPECTATIONS: &str = "expect-images.txt";
