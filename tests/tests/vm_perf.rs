@@ -30,7 +30,7 @@ fn perf_verifies_every_drive_and_its_json_adds_up() {
     let (table, _) = run(
         &bed,
         &[
-            "perf", "-q", "8", "-o", "4k", "-w", "randrw", "-M", "50", "-t", "3", "--verify", "-L",
+            "perf", "-q", "4", "-o", "4k", "-w", "randrw", "-M", "50", "-t", "2", "--verify", "-L",
             "--json", path,
         ],
     );
