@@ -1,5 +1,6 @@
 //! `cargo xtask`: the VM test bed, the test suites, CI, benchmarks and the demo.
 
+mod bench;
 mod ci;
 mod cmd;
 mod vm;
@@ -26,6 +27,8 @@ enum Command {
     VmTest(vm::test::VmTestArgs),
     /// The main job: the test bed with 24 emulated drives and `usnvme` on all of them.
     Demo,
+    /// Benchmarks: driver and engine cost per I/O on sim, usnvme vs the kernel in the VM; writes BENCHMARKS.md.
+    Bench(bench::BenchArgs),
     /// Everything CI checks: fmt, clippy, the workspace tests, the VM tests.
     Ci,
 }
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::VmRun(args) => vm::run::main(args),
         Command::VmTest(args) => vm::test::run(args).map(|_| ExitCode::SUCCESS),
         Command::Demo => ci::demo(),
+        Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),
         Command::Ci => ci::run().map(|_| ExitCode::SUCCESS),
     };
     match result {

@@ -8,6 +8,7 @@
 //! Config) MMIO is written only when the controller's EventIdx asks for it.
 
 mod recovery;
+mod ring;
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use crate::controller::Controller;
 use crate::error::SubmitError;
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
-use crate::spec::{Cqe, DsmRange, SglDescriptor, Sqe, Status};
+use crate::spec::{DsmRange, SglDescriptor, Sqe, Status};
+use ring::Rings;
 
 const SQE_BYTES: usize = 64;
 const CQE_BYTES: usize = 16;
@@ -144,6 +146,7 @@ pub struct QueuePair {
     dead: bool,
     free_cids: Vec<u16>,
     trackers: Box<[Tracker]>,
+    rings: Rings,
     namespaces: Arc<[NamespaceGeometry]>,
     max_transfer: u64,
     use_sgl: bool,
@@ -196,6 +199,7 @@ impl QueuePair {
         let depth = setup.layout.depth;
         // One slot stays empty so that a full SQ differs from an empty one.
         let free_cids: Vec<u16> = (0..depth - 1).rev().collect();
+        let rings = Rings::new(&setup.memory, setup.layout.sq, setup.layout.cq, depth);
         QueuePair {
             sq_tail: 0,
             sq_head: 0,
@@ -204,9 +208,11 @@ impl QueuePair {
             cq_phase: true,
             depth,
             in_flight: 0,
-            dead: false,
+            // cannot happen: the controller sizes the region for the rings
+            dead: !rings.is_valid(),
             free_cids,
             trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
+            rings,
             namespaces: setup.namespaces,
             max_transfer: setup.max_transfer,
             use_sgl: setup.use_sgl,
@@ -243,6 +249,14 @@ impl QueuePair {
         self.stats
     }
 
+    /// Memory this queue pair holds: DMA (rings and PRP-list slots) and host (trackers).
+    pub fn memory_bytes(&self) -> (usize, usize) {
+        let host = std::mem::size_of::<Self>()
+            + self.trackers.len() * std::mem::size_of::<Tracker>()
+            + self.free_cids.capacity() * 2;
+        (self.memory.len(), host)
+    }
+
     /// The largest transfer one command may carry, in bytes.
     pub fn max_transfer(&self) -> u64 {
         self.max_transfer
@@ -271,6 +285,7 @@ impl QueuePair {
     }
 
     /// Read `buf.len` bytes at `slba` into `buf`.
+    #[inline]
     pub fn read(
         &mut self,
         nsid: u32,
@@ -283,6 +298,7 @@ impl QueuePair {
     }
 
     /// Write `buf.len` bytes from `buf` at `slba`.
+    #[inline]
     pub fn write(
         &mut self,
         nsid: u32,
@@ -346,6 +362,7 @@ impl QueuePair {
     }
 
     /// Any command with a data buffer.
+    #[inline]
     pub fn submit_data(
         &mut self,
         mut sqe: Sqe,
@@ -402,6 +419,7 @@ impl QueuePair {
         Ok(())
     }
 
+    #[inline]
     fn geometry(&self, nsid: u32) -> Result<NamespaceGeometry, SubmitError> {
         nsid.checked_sub(1)
             .and_then(|i| self.namespaces.get(i as usize))
@@ -410,19 +428,22 @@ impl QueuePair {
             .ok_or(SubmitError::InvalidNamespace { nsid })
     }
 
+    #[inline]
     fn blocks_for(&self, nsid: u32, bytes: u64) -> Result<u32, SubmitError> {
         let g = self.geometry(nsid)?;
-        if !bytes.is_multiple_of(g.block_size as u64) || bytes == 0 {
+        if bytes & (g.block_size as u64 - 1) != 0 || bytes == 0 {
             return Err(SubmitError::NotBlockMultiple {
                 bytes,
                 block_size: g.block_size,
             });
         }
-        let blocks = bytes / g.block_size as u64;
+        // block sizes are powers of two (LBADS): a shift, not a division, on the hot path
+        let blocks = bytes >> g.block_size.trailing_zeros();
         check_block_count(blocks)?;
         Ok(blocks as u32)
     }
 
+    #[inline]
     fn take_cid(&mut self) -> Result<u16, SubmitError> {
         // An idle queue pair catches up with a controller reset here (nothing to fail); a busy
         // one does in `poll`, where its commands in flight can be handed back.
@@ -432,8 +453,7 @@ impl QueuePair {
         if self.dead {
             return Err(SubmitError::Dead);
         }
-        let next_tail = (self.sq_tail + 1) % self.depth;
-        if next_tail == self.sq_head {
+        if self.next(self.sq_tail) == self.sq_head {
             return Err(SubmitError::QueueFull {
                 in_flight: self.in_flight,
             });
@@ -441,6 +461,16 @@ impl QueuePair {
         self.free_cids.pop().ok_or(SubmitError::QueueFull {
             in_flight: self.in_flight,
         })
+    }
+
+    /// The ring index after `index` (no division on the hot path).
+    #[inline]
+    fn next(&self, index: u16) -> u16 {
+        if index + 1 == self.depth {
+            0
+        } else {
+            index + 1
+        }
     }
 
     fn slot_offset(&self, cid: u16) -> usize {
@@ -456,22 +486,17 @@ impl QueuePair {
     }
 
     /// Writes the SQE in place at the tail; the doorbell waits for `flush`/`poll`.
+    #[inline]
     fn push(&mut self, mut sqe: Sqe, cid: u16, token: u64) {
         sqe.set_cid(cid);
-        let offset = self.layout.sq + self.sq_tail as usize * SQE_BYTES;
-        if self.memory_write(offset, sqe).is_err() {
-            // cannot happen: the ring is inside the region by construction
-            self.free_cids.push(cid);
-            self.dead = true;
-            return;
-        }
+        self.rings.write_sqe(self.sq_tail, &sqe);
         self.trackers[cid as usize] = Tracker {
             token,
             started_ms: self.now_ms,
             busy: true,
             abort_sent: false,
         };
-        self.sq_tail = (self.sq_tail + 1) % self.depth;
+        self.sq_tail = self.next(self.sq_tail);
         self.in_flight += 1;
         self.stats.submitted += 1;
     }
@@ -509,19 +534,15 @@ impl QueuePair {
         let old_head = self.cq_head;
         // Never more than one ring's worth per poll, so the head cannot lap the controller.
         for _ in 0..self.depth {
-            let offset = self.layout.cq + self.cq_head as usize * CQE_BYTES;
-            let Ok(entry) = self.memory.slice(offset, CQE_BYTES) else {
-                break;
-            };
             // Phase first; the rest of the entry only after it is known to be new.
-            let Ok(status_word) = entry.read_obj::<u16>(14) else {
+            let Some(status_word) = self.rings.cqe_status(self.cq_head) else {
                 break;
             };
             if (status_word & 1 == 1) != self.cq_phase {
                 break;
             }
             fence(Ordering::Acquire);
-            let Ok(cqe) = entry.read_obj::<Cqe>(0) else {
+            let Some(cqe) = self.rings.read_cqe(self.cq_head) else {
                 break;
             };
             self.cq_head += 1;

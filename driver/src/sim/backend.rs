@@ -12,7 +12,8 @@ const SHARDS: usize = 16;
 /// Where a simulated namespace keeps its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// Completes at once and keeps nothing: reads return zeroes. For measuring the driver's cost.
+    /// Keeps nothing and moves no data (reads leave the buffer as it was, like Linux's null_blk),
+    /// but checks every data pointer as strictly. For measuring the driver's cost.
     #[default]
     Null,
     /// Keeps what was written, sparsely in memory: never-written and deallocated blocks read as

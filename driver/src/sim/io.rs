@@ -1,7 +1,7 @@
 //! NVM I/O commands (Read, Write, Flush, Write Zeroes, Dataset Management) and the data pointers:
 //! PRP1/PRP2 and PRP lists, SGL data blocks and segments, translated through the IOVA space.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Sq;
 use super::{Ctx, Outcome, SimNamespace};
@@ -87,10 +87,15 @@ fn read_write(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, write: bool) -> Result<Outcome,
             .bytes_written
             .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
     } else {
-        sq.data.clear();
-        sq.data.resize(len as usize, 0);
-        store.read(offset, &mut sq.data);
-        scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
+        if store.keeps_data() {
+            sq.data.clear();
+            sq.data.resize(len as usize, 0);
+            store.read(offset, &mut sq.data);
+            scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
+        } else {
+            // like null_blk: no data moves, the buffer keeps what it held
+            check_mapped(ctx, &sq.segs).map_err(|e| e.lba(slba))?;
+        }
         counters
             .reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -194,10 +199,8 @@ fn prp_segments(
     }
     let mut entry = prp2;
     while left > 0 {
-        let value = ctx
-            .mem
-            .read_obj::<u64>(GuestAddress(entry))
-            .map_err(|_| dma_error(ctx, entry, "PRP list"))?;
+        let value = super::dma::read_obj::<u64>(ctx.mem, entry)
+            .ok_or_else(|| dma_error(ctx, entry, "PRP list"))?;
         if value % page != 0 {
             return Err(bad(BYTE_PRP2));
         }
@@ -317,7 +320,7 @@ pub(super) fn scatter(ctx: &Ctx, segs: &[(u64, u32)], data: &[u8]) -> Result<(),
 /// Checks that the host's `segs` are mapped (a write to the null backend reads nothing).
 fn check_mapped(ctx: &Ctx, segs: &[(u64, u32)]) -> Result<(), Outcome> {
     for &(addr, n) in segs {
-        if !ctx.mem.check_range(GuestAddress(addr), n as usize) {
+        if !super::dma::mapped(ctx.mem, addr, n as usize) {
             return Err(dma_error(ctx, addr, "data buffer"));
         }
     }

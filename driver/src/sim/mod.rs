@@ -27,6 +27,7 @@
 
 mod admin;
 mod backend;
+mod dma;
 mod fault;
 mod io;
 mod queue;

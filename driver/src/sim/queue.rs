@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestAddress;
 
 use super::fault::FaultAction;
 use super::{admin, io, Ctx, Inner, Outcome, Running, SimMode};
@@ -230,11 +230,13 @@ impl Cq {
     fn write(&mut self, mem: &super::IovaMemory, mut cqe: Cqe) -> Result<(), CqFault> {
         let addr = self.base + self.tail as u64 * CQE_BYTES;
         cqe.status = (cqe.status & !1) | self.phase as u16;
-        mem.write_slice(&cqe.as_bytes()[..14], GuestAddress(addr))
-            .map_err(|_| CqFault(addr))?;
+        if !super::dma::write(mem, addr, &cqe.as_bytes()[..14]) {
+            return Err(CqFault(addr));
+        }
         fence(Ordering::Release);
-        mem.store(cqe.status, GuestAddress(addr + 14), Ordering::Release)
-            .map_err(|_| CqFault(addr))?;
+        if !super::dma::store_u16(mem, addr + 14, cqe.status) {
+            return Err(CqFault(addr));
+        }
         self.tail += 1;
         if self.tail == self.size {
             self.tail = 0;
@@ -250,9 +252,9 @@ impl Inner {
     pub(super) fn run_sq(&self, ctx: &Ctx, sq: &mut Sq) {
         while sq.head != sq.tail && !self.halted(ctx.run) {
             let addr = sq.sqe_address();
-            let sqe = match ctx.mem.read_obj::<Sqe>(addr) {
-                Ok(sqe) => sqe,
-                Err(_) => {
+            let sqe = match super::dma::read_obj::<Sqe>(ctx.mem, addr.0) {
+                Some(sqe) => sqe,
+                None => {
                     self.dma_fault(addr.0, "submission queue entry");
                     self.fatal("a command could not be fetched");
                     return;

@@ -41,7 +41,8 @@ for d in /sys/bus/pci/devices/*; do
   i=$((i+1))
 done
 if [ $nkern -gt 0 ]; then
-  insmod /mods/nvme-core.ko && insmod /mods/nvme.ko || echo "USNVME-VM: warning: loading the nvme driver failed"
+  # two poll queues per controller, so that io_uring polled I/O (fio --hipri) can be compared too
+  insmod /mods/nvme-core.ko && insmod /mods/nvme.ko poll_queues=2 || echo "USNVME-VM: warning: loading the nvme driver failed"
   # namespaces appear asynchronously: wait (bounded) until every kernel controller has its block device
   t=0; while [ "$(ls /sys/block | grep -c '^nvme')" -lt $nkern ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t+1)); done
 fi
