@@ -164,8 +164,9 @@ pub(crate) fn check(
     if op == Op::Flush {
         return Ok(());
     }
-    let bs = info.block_size as u64;
-    if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) || len == 0 {
+    // block sizes are powers of two: masks, not divisions, on the I/O path
+    let mask = info.block_size as u64 - 1;
+    if offset & mask != 0 || len & mask != 0 || len == 0 {
         return Err(BlockError::Misaligned {
             device: device.clone(),
             offset,

@@ -135,12 +135,32 @@ impl Channel for NamespaceChannel {
                 needed: parts,
             });
         };
+        // The common case, one read or write command, without the loop over parts.
+        if let (1, Op::Read | Op::Write, Some(b)) = (parts, op, buf) {
+            let lba = offset >> self.info.block_size.trailing_zeros();
+            let b = IoBuffer {
+                len: len as u32,
+                ..b
+            };
+            let queued = if op == Op::Read {
+                self.qp.read(self.nsid, lba, b, parent)
+            } else {
+                self.qp.write(self.nsid, lba, b, parent)
+            };
+            return queued.map_err(|source| {
+                let _ = self.gather.parts_done(parent, 1, Ok(()));
+                BlockError::Submit {
+                    device: self.name.clone(),
+                    source,
+                }
+            });
+        }
         let bs = self.info.block_size as u64;
         let step = self.part_bytes(op);
         let mut done = 0u64;
         for part in 0..parts {
             let (at, n) = (offset + done, (len - done).min(step));
-            let lba = at / bs;
+            let lba = at >> bs.trailing_zeros();
             let buffer = buf.map(|b| IoBuffer {
                 iova: b.iova + done,
                 len: n as u32,
@@ -209,7 +229,11 @@ impl Channel for NamespaceChannel {
         if op == Op::Flush {
             return 1;
         }
-        len.div_ceil(self.part_bytes(op)).max(1) as usize
+        let step = self.part_bytes(op);
+        if len <= step {
+            return 1; // the common case, without a division
+        }
+        len.div_ceil(step) as usize
     }
 
     fn free_commands(&self) -> usize {
