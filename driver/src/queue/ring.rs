@@ -29,19 +29,12 @@ impl Rings {
     pub fn new(memory: &DmaRegion, sq: usize, cq: usize, depth: u16) -> Rings {
         let entries = depth as usize;
         let fits = |offset: usize, entry: usize| {
-            offset % entry == 0 && offset + entries * entry <= memory.len()
+            offset.is_multiple_of(entry) && offset + entries * entry <= memory.len()
         };
         let ok = fits(sq, size_of::<Sqe>()) && fits(cq, size_of::<Cqe>());
         let base = memory.as_ptr();
-        // SAFETY: `sq` and `cq` are offsets inside the region (checked just above when `ok`; 0
-        // otherwise, and a region is never empty), so the pointers stay in the same allocation.
-        let (sq_ptr, cq_ptr) = unsafe {
-            if ok {
-                (base.add(sq), base.add(cq))
-            } else {
-                (base, base)
-            }
-        };
+        // inside the region when `ok` (checked above); unused otherwise (depth 0)
+        let (sq_ptr, cq_ptr) = (base.wrapping_add(sq), base.wrapping_add(cq));
         Rings {
             sq: NonNull::new(sq_ptr.cast()).unwrap_or(NonNull::dangling()),
             cq: NonNull::new(cq_ptr.cast()).unwrap_or(NonNull::dangling()),
@@ -58,9 +51,10 @@ impl Rings {
     #[inline]
     pub fn write_sqe(&self, index: u16, sqe: &Sqe) {
         if index < self.depth {
+            let slot = self.sq.as_ptr().wrapping_add(index as usize);
             // SAFETY: `index < depth` and `new` checked that `depth` entries fit in the region;
             // Sqe is 64 bytes, repr(C), and the slot is 64-byte aligned. Volatile: the device reads it.
-            unsafe { self.sq.as_ptr().add(index as usize).write_volatile(*sqe) }
+            unsafe { slot.write_volatile(*sqe) }
         }
     }
 
@@ -68,9 +62,16 @@ impl Rings {
     #[inline]
     pub fn cqe_status(&self, index: u16) -> Option<u16> {
         (index < self.depth).then(|| {
+            let status = self
+                .cq
+                .as_ptr()
+                .wrapping_add(index as usize)
+                .cast::<u8>()
+                .wrapping_add(std::mem::offset_of!(Cqe, status))
+                .cast::<u16>();
             // SAFETY: `index < depth`, in the region as above; the status word is the 2-byte
             // aligned field at offset 14. Volatile: the device writes it.
-            unsafe { (&raw const (*self.cq.as_ptr().add(index as usize)).status).read_volatile() }
+            unsafe { status.read_volatile() }
         })
     }
 
@@ -78,8 +79,9 @@ impl Rings {
     #[inline]
     pub fn read_cqe(&self, index: u16) -> Option<Cqe> {
         (index < self.depth).then(|| {
+            let slot = self.cq.as_ptr().wrapping_add(index as usize);
             // SAFETY: in range as above; Cqe is 16 bytes, repr(C), in 16-byte aligned slots.
-            unsafe { self.cq.as_ptr().add(index as usize).read_volatile() }
+            unsafe { slot.read_volatile() }
         })
     }
 }
