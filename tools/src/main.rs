@@ -10,6 +10,7 @@ mod identify;
 mod list;
 mod open;
 mod perf;
+mod setup;
 mod signals;
 
 use std::io::{self, Write};
@@ -33,6 +34,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Set up drives for usnvme: status, bind to vfio-pci, reset to nvme, reserve hugepages.
+    Setup(setup::Args),
     /// List the NVMe controllers: driver, NUMA node, IOMMU group, PCIe link, block devices.
     List(list::Args),
     /// Identify controllers and namespaces: model, serial, firmware, features, LBA formats.
@@ -82,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let sysfs = sysfs();
     let mut stdout = io::stdout().lock();
     let result = match cli.command {
+        Command::Setup(args) => setup::run(&sysfs, &args, &mut stdout),
         Command::List(args) => list::run(&sysfs, &args, &mut stdout),
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),

@@ -98,7 +98,10 @@ impl FakeSysfs {
         self.write(dir.join("class"), &format!("{class:#08x}\n"));
         self.write(dir.join("vendor"), &format!("{vendor:#06x}\n"));
         self.write(dir.join("device"), &format!("{device:#06x}\n"));
+        // What the kernel shows before any override; `usnvme setup` writes it.
+        self.write(dir.join("driver_override"), "(null)\n");
         self.symlink(format!("sys/bus/pci/devices/{address}"), &dir);
+        self.write_if_absent("sys/bus/pci/drivers_probe");
         FakeDevice {
             fake: self,
             dir,
@@ -119,6 +122,84 @@ impl FakeSysfs {
         self.write(dir.join("dev"), &format!("{devno}\n"));
         self.write(dir.join("size"), "2048\n");
         self.mkdir(dir.join("holders"));
+    }
+
+    /// Writes an empty file `rel` unless it exists (a sysfs trigger file such as `unbind`).
+    fn write_if_absent(&self, rel: impl AsRef<Path>) {
+        if fs::symlink_metadata(self.root.join(rel.as_ref())).is_err() {
+            self.write(rel, "");
+        }
+    }
+
+    /// Adds the PCI driver `name` (`sys/bus/pci/drivers/<name>` with its `bind` and `unbind`
+    /// files), as loading its module does.
+    pub fn add_driver(&self, name: &str) {
+        let dir = PathBuf::from("sys/bus/pci/drivers").join(name);
+        self.write_if_absent(dir.join("bind"));
+        self.write_if_absent(dir.join("unbind"));
+    }
+
+    /// Adds the IOMMU unit `name` (e.g. `dmar0`) to `sys/class/iommu`.
+    pub fn add_iommu(&self, name: &str) {
+        self.mkdir(format!("sys/class/iommu/{name}"));
+    }
+
+    /// Sets the pool of hugepages of `page_kb` KiB (2048, 1048576) on `node` (`None`: the global
+    /// pool of `sys/kernel/mm/hugepages`): `nr_hugepages` and `free_hugepages`.
+    pub fn hugepages(&self, node: Option<u32>, page_kb: u64, total: u64, free: u64) {
+        let dir = match node {
+            Some(n) => format!("sys/devices/system/node/node{n}/hugepages/hugepages-{page_kb}kB"),
+            None => format!("sys/kernel/mm/hugepages/hugepages-{page_kb}kB"),
+        };
+        self.write(format!("{dir}/nr_hugepages"), &format!("{total}\n"));
+        self.write(format!("{dir}/free_hugepages"), &format!("{free}\n"));
+    }
+
+    /// Makes `proc/self/status` say that the process runs with effective user ID `uid`.
+    pub fn euid(&self, uid: u32) {
+        self.write(
+            "proc/self/status",
+            &format!("Name:\tusnvme\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n"),
+        );
+    }
+
+    /// Makes `proc/self/limits` give RLIMIT_MEMLOCK `bytes` (`None`: unlimited).
+    pub fn memlock(&self, bytes: Option<u64>) {
+        let value = bytes.map_or_else(|| "unlimited".to_owned(), |b| b.to_string());
+        self.write(
+            "proc/self/limits",
+            &format!(
+                "Limit                     Soft Limit           Hard Limit           Units     \n\
+                 Max open files            1024                 1048576              files     \n\
+                 Max locked memory         {value:<20} {value:<20} bytes     \n"
+            ),
+        );
+    }
+
+    /// Gives process `pid` (named `comm`) the open file `fd` on `target`, an absolute path
+    /// outside the fake tree, e.g. `/dev/vfio/12`.
+    pub fn open_file(&self, pid: u32, comm: &str, fd: u32, target: &str) {
+        self.write(format!("proc/{pid}/comm"), &format!("{comm}\n"));
+        let link = self.root.join(format!("proc/{pid}/fd/{fd}"));
+        if let Some(parent) = link.parent() {
+            fs::create_dir_all(parent)
+                .unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
+        }
+        std::os::unix::fs::symlink(target, &link)
+            .unwrap_or_else(|e| panic!("symlink {}: {e}", link.display()));
+    }
+
+    /// Stacks the device-mapper device `holder` (e.g. `dm-0`, named `dm_name`, with the
+    /// `dm/uuid` `dm_uuid`: `LVM-...` for LVM) on `block`, see [`Self::add_holder`], and
+    /// lists it in `sys/block`.
+    pub fn add_dm_holder(&self, block: &str, holder: &str, dm_name: &str, dm_uuid: &str) {
+        self.add_holder(block, holder);
+        let dir = format!("sys/devices/virtual/block/{holder}");
+        self.write(format!("{dir}/dm/name"), &format!("{dm_name}\n"));
+        self.write(format!("{dir}/dm/uuid"), &format!("{dm_uuid}\n"));
+        if fs::symlink_metadata(self.root.join(format!("sys/block/{holder}"))).is_err() {
+            self.symlink(format!("sys/block/{holder}"), dir);
+        }
     }
 
     /// Stacks `holder` (e.g. `dm-0`) on the block device at `block` (a disk of `sys/block`
@@ -153,7 +234,7 @@ impl FakeDevice<'_> {
     /// Binds it to `driver`.
     pub fn bind(self, driver: &str) -> Self {
         let driver_dir = format!("sys/bus/pci/drivers/{driver}");
-        self.fake.mkdir(&driver_dir);
+        self.fake.add_driver(driver);
         self.fake.symlink(self.dir.join("driver"), driver_dir);
         self
     }
