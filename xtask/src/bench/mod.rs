@@ -317,6 +317,13 @@ fn vm_section(m: &mut String, vm: &VmResults, args: &BenchArgs) -> Result<()> {
          queues (`poll_queues=2`).\n",
         args.seconds
     )?;
+    if vm.exit_code != 0 {
+        writeln!(
+            m,
+            "**The guest exited {} before every case had run; missing cases show as \"failed\".**\n",
+            vm.exit_code
+        )?;
+    }
     if let Some(a) = vm.attach_12_s {
         writeln!(
             m,
