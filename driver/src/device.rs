@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use crate::controller::{Controller, ControllerOptions};
 use crate::error::Error;
 use crate::pci::{AddressParseError, PciAddress};
-use crate::sim::{SimSpec, SimSpecError};
+use crate::sim::{SimController, SimSpec, SimSpecError};
 use crate::vfio::Vfio;
 
 /// One or more drives.
@@ -78,6 +78,8 @@ impl DeviceSpec {
 pub struct Opener {
     sysfs: PathBuf,
     vfio: Mutex<Option<Arc<Vfio>>>,
+    /// The simulated controllers opened, by drive name (`sim:3`), for fault injection.
+    sims: Mutex<Vec<(String, Arc<SimController>)>>,
 }
 
 impl Opener {
@@ -86,7 +88,15 @@ impl Opener {
         Opener {
             sysfs: sysfs.into(),
             vfio: Mutex::new(None),
+            sims: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The software controller behind simulated drive `name` (`sim:3`) that this opener opened,
+    /// to inject faults into (a surprise removal, ...) while it runs.
+    pub fn sim_controller(&self, name: &str) -> Option<Arc<SimController>> {
+        let sims = self.sims.lock();
+        sims.iter().find(|(n, _)| n == name).map(|(_, s)| s.clone())
     }
 
     /// Brings up every drive of `spec`.
@@ -97,7 +107,17 @@ impl Opener {
     ) -> Result<Vec<Controller>, Error> {
         match spec {
             DeviceSpec::Pci(addr) => Ok(vec![Controller::open(&self.vfio()?, *addr, options)?]),
-            DeviceSpec::Sim(sim) => crate::sim::open(sim, options),
+            DeviceSpec::Sim(sim) => {
+                let opened = crate::sim::open_with_handles(sim, options)?;
+                let mut sims = self.sims.lock();
+                Ok(opened
+                    .into_iter()
+                    .map(|(ctrl, sim)| {
+                        sims.push((ctrl.name().to_string(), sim));
+                        ctrl
+                    })
+                    .collect())
+            }
         }
     }
 
@@ -146,5 +166,8 @@ mod tests {
         assert_eq!(ctrls.len(), 2);
         assert_eq!(ctrls[1].name(), "sim:1");
         assert_eq!(ctrls[1].identify().serial(), "sim1");
+        let sim = opener.sim_controller("sim:1").expect("a handle");
+        assert_eq!(sim.config().serial, "sim1");
+        assert!(opener.sim_controller("sim:2").is_none());
     }
 }

@@ -6,6 +6,9 @@
 pub mod controller;
 pub mod device;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+pub mod lock;
 pub mod mmio;
 pub mod pci;
 pub mod prp;

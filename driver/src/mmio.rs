@@ -50,6 +50,49 @@ impl Bar {
         self.len == 0
     }
 
+    /// Replaces the mapping in place with private memory in which every byte is 0xff: from now
+    /// on registers read all ones, as a removed PCIe device's do, and writes go nowhere. The
+    /// replacement is one `mremap` (the page tables change under the mmap lock), so a thread
+    /// using the registers meanwhile sees either the device or all ones, never a hole. Used when
+    /// the device is handed back to the kernel (hot removal) while controller handles live on:
+    /// the mapping no longer holds the VFIO device file open.
+    pub fn detach(&self) -> std::io::Result<()> {
+        // SAFETY: a fresh anonymous mapping chosen by the kernel; failure is checked below.
+        let fresh = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if fresh == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fresh` is a private mapping of `len` bytes that nothing else knows of yet.
+        unsafe { std::ptr::write_bytes(fresh.cast::<u8>(), 0xff, self.len) };
+        // SAFETY: moves our own fresh mapping over the BAR's range, which this Bar owns; accesses
+        // to that range are volatile register accesses that are valid on either mapping.
+        let moved = unsafe {
+            libc::mremap(
+                fresh,
+                self.len,
+                self.len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.base.as_ptr().cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: the fresh mapping was not moved: unmap it, the BAR stays as it was.
+            unsafe { libc::munmap(fresh, self.len) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// The register's address, if `offset` is 4-aligned and inside the BAR.
     fn register(&self, offset: usize) -> Option<*mut u32> {
         let inside =
@@ -98,5 +141,34 @@ impl Drop for Bar {
     fn drop(&mut self) {
         // SAFETY: base/len are exactly the mapping made in `map`, and no references into it exist.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detached_bar_reads_all_ones_and_takes_writes() {
+        let path = std::env::temp_dir().join(format!("usnvme-bar-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 8192]).expect("a file to map");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let bar = Bar::map(&file, 0, 8192).expect("map");
+        bar.write32(0x14, 0x46_0001);
+        assert_eq!(bar.read32(0x14), 0x46_0001);
+        bar.detach().expect("detach");
+        assert_eq!(bar.read32(0x1c), u32::MAX);
+        assert_eq!(bar.read32(0x1ffc), u32::MAX);
+        bar.write32(0x1000, 7); // a doorbell write after removal goes nowhere harmful
+        drop(bar);
+        // the file kept what was written before the detach, and nothing after
+        let data = std::fs::read(&path).expect("read");
+        assert_eq!(&data[0x14..0x18], &0x46_0001u32.to_le_bytes());
+        assert_eq!(&data[0x1000..0x1004], &[0u8; 4]);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -1,17 +1,33 @@
 //! VFIO: one container for the whole process (so every drive shares one IOVA space and a buffer
 //! can go to any drive), PCI functions bound to `vfio-pci`, their config space and BAR0.
-//! Group, container and device handling come from `vfio-ioctls`; the one ioctl it lacks (the
-//! IOMMU's valid IOVA ranges) is here.
+//! Group, container and device handling come from `vfio-ioctls`; the ioctls it lacks (the
+//! IOMMU's valid IOVA ranges, a device's request interrupt) are here.
+//!
+//! Around each device:
+//! - its owner lock (`lock.rs`), taken before the device is touched;
+//! - its BAR0 in a process-wide table that [`disable_all_for_exit`] walks from a signal handler;
+//! - a thread that waits for the kernel to ask for the device back (VFIO's request interrupt:
+//!   hot removal, or an unbind): the device is then disabled, its BAR0 reads all ones from then
+//!   on, and its file is closed so that the removal can complete. The controller's queue pairs
+//!   see a removed device and fail their commands ("Host Pathing Error").
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use usnvme_hugepages::{DmaMapper, IovaSpace, MapError};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
 
+use crate::lock::{LockError, OwnerLock};
 use crate::mmio::Bar;
 use crate::pci::PciAddress;
+use crate::regs::Registers;
+use crate::spec::registers::reg;
+use crate::spec::{Cap, Cc, Csts};
 
 /// VFIO region indices of a PCI device.
 const BAR0_REGION: u32 = 0;
@@ -56,6 +72,8 @@ pub enum VfioError {
         addr: PciAddress,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 /// The process's VFIO container and the IOVA space every device opened through it shares.
@@ -103,6 +121,8 @@ impl Vfio {
         let Some(group) = link_name(&dev_path.join("iommu_group")) else {
             return Err(VfioError::NoIommuGroup { addr });
         };
+        // One owner per drive: before the device is touched.
+        let lock = OwnerLock::acquire(addr)?;
         let ops: Arc<dyn VfioOps> = self.container.clone();
         let device = VfioDevice::new(&dev_path, ops, false).map_err(|source| match source {
             vfio_ioctls::VfioError::GroupViable => VfioError::GroupNotViable { addr, group },
@@ -112,16 +132,45 @@ impl Vfio {
         if size < 0x2000 {
             return Err(VfioError::SmallBar { addr, size });
         }
-        let bar0 = Bar::map(
-            &device,
-            device.get_region_offset(BAR0_REGION),
-            size as usize,
-        )
-        .map_err(|source| VfioError::MapBar { addr, source })?;
+        let bar0 = Arc::new(
+            Bar::map(
+                &device,
+                device.get_region_offset(BAR0_REGION),
+                size as usize,
+            )
+            .map_err(|source| VfioError::MapBar { addr, source })?,
+        );
+        let request = request_eventfd(&device)
+            .map_err(|e| log::info!("{addr}: no device request interrupt ({e}): hot removal waits for the controller to be dropped"))
+            .ok();
+        let shared = Arc::new(DeviceShared {
+            addr,
+            bar0: bar0.clone(),
+            open: Mutex::new(Some(OpenDevice {
+                device,
+                _lock: lock,
+            })),
+            request,
+            closing: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
+        });
+        let watcher = shared.request.as_ref().and_then(|_| {
+            let watched = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("vfio-req {addr}"))
+                .spawn(move || watched.wait_for_request())
+                .map_err(|e| {
+                    log::warn!("{addr}: cannot start the thread that watches for hot removal: {e}")
+                })
+                .ok()
+        });
         let dev = VfioPciDevice {
             addr,
-            bar0: Arc::new(bar0),
-            device,
+            live_slot: register_live(&bar0),
+            bar0,
+            shared,
+            watcher,
+            closing: None,
             _vfio: self.clone(),
         };
         let cmd = dev.config_read16(PCI_COMMAND);
@@ -235,12 +284,246 @@ fn iommu_iova_ranges(container: &impl AsRawFd) -> Option<Vec<std::ops::Range<u64
     None
 }
 
+/// The kernel's request interrupt of `device` on a new eventfd: the kernel signals it when it
+/// wants the device back (hot removal, unbind) and waits until the device file is closed.
+fn request_eventfd(device: &VfioDevice) -> std::io::Result<OwnedFd> {
+    const VFIO_DEVICE_SET_IRQS: libc::c_ulong = 0x3b6e; // _IO(';', 100 + 10)
+    const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
+    const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+    const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+    /// `struct vfio_irq_set` with one eventfd as its data.
+    #[repr(C)]
+    struct IrqSet {
+        argsz: u32,
+        flags: u32,
+        index: u32,
+        start: u32,
+        count: u32,
+        fd: i32,
+    }
+    // SAFETY: eventfd() takes no pointers; the result is checked before it is owned.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a descriptor eventfd() just returned, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let set = IrqSet {
+        argsz: std::mem::size_of::<IrqSet>() as u32,
+        flags: VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+        index: VFIO_PCI_REQ_IRQ_INDEX,
+        start: 0,
+        count: 1,
+        fd: fd.as_raw_fd(),
+    };
+    // SAFETY: the argument is a complete vfio_irq_set with one eventfd, argsz bytes long, which
+    // the kernel only reads; the device descriptor is valid.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_SET_IRQS, &set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// What a device and the thread watching for its removal share.
+struct DeviceShared {
+    addr: PciAddress,
+    bar0: Arc<Bar>,
+    /// The open device and its owner lock; None once given back to the kernel.
+    open: Mutex<Option<OpenDevice>>,
+    /// The request interrupt's eventfd (None where the kernel offers none).
+    request: Option<OwnedFd>,
+    /// Set when the device is closed normally: the watcher then just ends.
+    closing: AtomicBool,
+    removed: AtomicBool,
+}
+
+struct OpenDevice {
+    device: VfioDevice,
+    _lock: OwnerLock,
+}
+
+impl DeviceShared {
+    /// The watcher thread: waits for the request interrupt (or for `closing`).
+    fn wait_for_request(&self) {
+        let Some(fd) = &self.request else {
+            return;
+        };
+        loop {
+            let mut count = [0u8; 8];
+            // SAFETY: reads 8 bytes into a local buffer from an eventfd this struct owns, which
+            // stays open until this thread is joined.
+            let n = unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                log::warn!("{}: waiting for device requests: {e}", self.addr);
+                return;
+            }
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            self.give_back();
+            return;
+        }
+    }
+
+    /// The kernel wants the device (hot removal, unbind): stop it, make its registers read all
+    /// ones, close its file. Every later register access sees a removed device.
+    fn give_back(&self) {
+        let mut open = self.open.lock();
+        let Some(device) = open.take() else {
+            return;
+        };
+        log::warn!(
+            "{}: the kernel asks for the device back (hot removal or unbind): disabling it and letting go",
+            self.addr
+        );
+        disable_for_release(self.addr, &*self.bar0);
+        if let Err(e) = self.bar0.detach() {
+            log::error!(
+                "{}: cannot detach BAR0 ({e}): the device stays open until its controller is dropped",
+                self.addr
+            );
+            *open = Some(device);
+            return;
+        }
+        self.removed.store(true, Ordering::Release);
+        // vfio-ioctls' drop finds the device's group again through its sysfs node, which the
+        // removal takes away (it panics there): close the device file here, and leave the group
+        // attached to the container until the process exits.
+        let OpenDevice { device, _lock } = device;
+        // SAFETY: closes the device's own descriptor; `forget` below keeps vfio-ioctls from
+        // closing it again, and no mapping of it is left (BAR0 was just detached).
+        unsafe { libc::close(device.as_raw_fd()) };
+        std::mem::forget(device);
+        log::warn!("{}: released to the kernel", self.addr);
+    }
+}
+
+/// CC.EN = 0 and a bounded wait for CSTS.RDY = 0, so that the device does no more DMA before it
+/// is released (a device already gone reads all ones: nothing to wait for).
+fn disable_for_release(addr: PciAddress, regs: &dyn Registers) {
+    let csts = Csts(regs.read32(reg::CSTS));
+    if csts.0 == u32::MAX {
+        return;
+    }
+    let limit = Duration::from_millis(Cap(regs.read64(reg::CAP)).to_ms().clamp(500, 10_000));
+    let cc = Cc(regs.read32(reg::CC));
+    regs.write32(reg::CC, cc.with_en(false).0);
+    let started = Instant::now();
+    loop {
+        let csts = Csts(regs.read32(reg::CSTS));
+        if csts.0 == u32::MAX || !csts.rdy() {
+            return;
+        }
+        if started.elapsed() > limit {
+            log::warn!("{addr}: still ready {limit:?} after CC.EN = 0; releasing it anyway");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Most VFIO devices [`disable_all_for_exit`] knows of at once.
+const MAX_LIVE: usize = 256;
+
+/// BAR0 of every open VFIO device. A slot is taken by a swap to null, by whoever needs the
+/// pointer last: the device's drop (then the mapping is unmapped) or the signal handler (then the
+/// process exits): never both.
+static LIVE: [AtomicPtr<Bar>; MAX_LIVE] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_LIVE];
+
+fn register_live(bar: &Arc<Bar>) -> Option<usize> {
+    let ptr = Arc::as_ptr(bar).cast_mut();
+    let slot = LIVE.iter().position(|s| {
+        s.compare_exchange(
+            std::ptr::null_mut(),
+            ptr,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+    });
+    if slot.is_none() {
+        log::warn!("more than {MAX_LIVE} VFIO devices: a second Ctrl-C will not disable the rest");
+    }
+    slot
+}
+
+fn unregister_live(slot: usize, bar: &Arc<Bar>) {
+    let ptr = Arc::as_ptr(bar).cast_mut();
+    let taken = LIVE[slot].compare_exchange(
+        ptr,
+        std::ptr::null_mut(),
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    if taken.is_err() {
+        // The exit path took this BAR: it writes CC and ends the process; the mapping must stay
+        // until then.
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Disables (CC.EN = 0) the controller of every VFIO device this process has open, for a process
+/// about to `_exit` without shutting them down (a second Ctrl-C). Async-signal-safe: atomic swaps
+/// and one volatile MMIO store per device, nothing else. Devices dropped afterwards wait for the
+/// exit instead of unmapping their BAR under this function.
+pub fn disable_all_for_exit() -> usize {
+    let mut disabled = 0;
+    for slot in &LIVE {
+        let ptr = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if ptr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null slot points to a live Bar: its device's drop clears the slot before
+        // the Bar can be dropped, and once this swap took the pointer, that drop waits forever
+        // instead (see `unregister_live`).
+        let bar = unsafe { &*ptr };
+        bar.write32(reg::CC, 0);
+        disabled += 1;
+    }
+    disabled
+}
+
 /// A PCI function opened through VFIO, with BAR0 mapped and bus mastering on.
 pub struct VfioPciDevice {
     addr: PciAddress,
+    // Field order is drop order: BAR0 is unmapped (its last two references: here and in
+    // `shared`) before the device file is closed; the mapping holds the file open otherwise, and
+    // the group cannot leave the container.
     bar0: Arc<Bar>,
-    device: VfioDevice,
+    shared: Arc<DeviceShared>,
+    watcher: Option<JoinHandle<()>>,
+    live_slot: Option<usize>,
+    /// The open device, moved here by `drop` to be closed after BAR0 is unmapped.
+    closing: Option<OpenDevice>,
     _vfio: Arc<Vfio>,
+}
+
+impl Drop for VfioPciDevice {
+    fn drop(&mut self) {
+        if let Some(slot) = self.live_slot {
+            unregister_live(slot, &self.bar0);
+        }
+        self.shared.closing.store(true, Ordering::Release);
+        if let (Some(fd), Some(watcher)) = (&self.shared.request, self.watcher.take()) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a local buffer to the eventfd, which is still open.
+            let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+            if n == 8 {
+                let _ = watcher.join();
+            }
+        }
+        // Closed with the fields, after BAR0: the device file (and with it the request
+        // interrupt), then the owner lock.
+        self.closing = self.shared.open.lock().take();
+    }
 }
 
 impl std::fmt::Debug for VfioPciDevice {
@@ -293,26 +576,42 @@ impl VfioPciDevice {
         &self.bar0
     }
 
+    /// Whether the device was given back to the kernel (hot removal): its registers and config
+    /// space read all ones from then on.
+    pub fn is_removed(&self) -> bool {
+        self.shared.removed.load(Ordering::Acquire)
+    }
+
+    /// Reads config space into `buf` (all ones once the device is given back).
+    fn config_read(&self, buf: &mut [u8], offset: u64) {
+        match &*self.shared.open.lock() {
+            Some(open) => open.device.region_read(CONFIG_REGION, buf, offset),
+            None => buf.fill(0xff),
+        }
+    }
+
     pub fn config_read8(&self, offset: u64) -> u8 {
         let mut b = [0u8; 1];
-        self.device.region_read(CONFIG_REGION, &mut b, offset);
+        self.config_read(&mut b, offset);
         b[0]
     }
 
     pub fn config_read16(&self, offset: u64) -> u16 {
         let mut b = [0u8; 2];
-        self.device.region_read(CONFIG_REGION, &mut b, offset);
+        self.config_read(&mut b, offset);
         u16::from_le_bytes(b)
     }
 
     pub fn config_write16(&self, offset: u64, value: u16) {
-        self.device
-            .region_write(CONFIG_REGION, &value.to_le_bytes(), offset);
+        if let Some(open) = &*self.shared.open.lock() {
+            open.device
+                .region_write(CONFIG_REGION, &value.to_le_bytes(), offset);
+        }
     }
 
     fn config_read32(&self, offset: u64) -> u32 {
         let mut b = [0u8; 4];
-        self.device.region_read(CONFIG_REGION, &mut b, offset);
+        self.config_read(&mut b, offset);
         u32::from_le_bytes(b)
     }
 
@@ -382,5 +681,24 @@ mod tests {
         };
         assert_eq!(slow.to_string(), "2.5 GT/s x1 (max 8 GT/s x4)");
         assert_eq!(speed_x10(4), 160);
+    }
+
+    #[test]
+    fn the_exit_path_disables_every_live_bar_once() {
+        let path = std::env::temp_dir().join(format!("usnvme-live-bar-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 8192]).expect("a file to map");
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let bar = Arc::new(Bar::map(&file, 0, 8192).expect("map"));
+        bar.write32(reg::CC, 0x46_0001); // enabled
+        let slot = register_live(&bar).expect("a slot");
+        assert!(disable_all_for_exit() >= 1);
+        assert_eq!(bar.read32(reg::CC), 0, "CC.EN cleared");
+        assert!(LIVE[slot].load(Ordering::Acquire).is_null(), "taken once");
+        // (unregistering now would wait for the exit: the slot is gone, as the protocol says)
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use usnvme_driver::pci::Sysfs;
-use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener};
+use usnvme_driver::spec::Status;
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener, SubmitError};
 use usnvme_hugepages::{BufferPool, PoolError};
 
 use crate::block::{
-    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion,
+    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion, IoError,
     NamespaceDevice, Op,
 };
 use crate::placement::{self, Placement, PlacementError, Policy};
@@ -250,6 +251,8 @@ impl Engine {
             }
         }
         let devices: Arc<[Arc<dyn BlockDevice>]> = Arc::from(devices);
+        let controllers: Arc<[Controller]> =
+            self.drives.iter().map(|d| d.controller.clone()).collect();
         let make_job = Arc::new(make_job);
         let (ready_tx, ready_rx) = unbounded();
         let mut reactors = Vec::new();
@@ -274,6 +277,7 @@ impl Engine {
             let setup = Setup {
                 info: info.clone(),
                 devices: devices.clone(),
+                controllers: controllers.clone(),
                 channel: ChannelOptions {
                     node: memory_node,
                     ..self.options.channel
@@ -310,7 +314,18 @@ impl Engine {
     }
 }
 
+/// With I/O in flight and nothing completing for this long, a channel reads its controllers'
+/// status register (at most this often) to tell a removed device from a slow one.
+const STALL_PROBE: Duration = Duration::from_millis(500);
+
 /// One reactor's path to one device: the device's channel, with timing and statistics.
+///
+/// A device that disappears (surprise removal, or given back to the kernel: its registers read
+/// all ones) completes nothing. When a channel has I/O in flight and nothing completed for
+/// [`STALL_PROBE`], it checks its controllers; if one is gone, every I/O in flight completes
+/// with "Host Pathing Error", the channel's queue pairs are dropped and later submissions fail:
+/// the reactor goes on with its other devices. (The queue pairs would fail those I/Os
+/// themselves, but only after their command timeout.)
 pub struct DeviceChannel {
     /// Index of the device in the run's list.
     pub device: usize,
@@ -322,6 +337,13 @@ pub struct DeviceChannel {
     stats: IoStats,
     pending: Box<[Pending]>,
     free: Vec<u32>,
+    /// The controllers under the device (one for a namespace, the members' for a stripe).
+    controllers: Vec<Controller>,
+    /// The last completion, or the submission that made the channel busy.
+    last_progress: Instant,
+    next_probe: Instant,
+    /// The controller found gone, if one was.
+    gone: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for DeviceChannel {
@@ -363,9 +385,13 @@ impl DeviceChannel {
             _ => OpKind::Other,
         };
         let bytes = if op.has_data() { len } else { 0 };
+        let now = Instant::now();
+        if self.free.len() + 1 == self.pending.len() {
+            self.last_progress = now; // the channel was idle: the stall clock starts now
+        }
         self.pending[slot as usize] = Pending {
             token,
-            started: Instant::now(),
+            started: now,
             kind,
             bytes,
         };
@@ -380,7 +406,7 @@ impl DeviceChannel {
     pub fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
         let now = Instant::now();
         let (pending, free, stats) = (&self.pending, &mut self.free, &mut self.stats);
-        self.channel.poll(&mut |c: IoCompletion| {
+        let done = self.channel.poll(&mut |c: IoCompletion| {
             let Some(p) = pending.get(c.token as usize).copied() else {
                 log::error!("completion with an unknown slot {}: ignored", c.token);
                 return;
@@ -392,7 +418,69 @@ impl DeviceChannel {
                 token: p.token,
                 result: c.result,
             });
-        })
+        });
+        if done > 0 {
+            self.last_progress = now;
+        } else if now >= self.next_probe
+            && now.saturating_duration_since(self.last_progress) >= STALL_PROBE
+            && self.in_flight() > 0
+        {
+            self.next_probe = now + STALL_PROBE;
+            return self.probe(now, on_complete);
+        }
+        done
+    }
+
+    /// Checks the controllers of a stalled channel; fails everything in flight if one is gone.
+    #[cold]
+    fn probe(&mut self, now: Instant, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+        let Some(gone) = self
+            .controllers
+            .iter()
+            .find(|c| c.status().0 == u32::MAX)
+            .map(|c| Arc::<str>::from(c.name()))
+        else {
+            return 0;
+        };
+        let mut in_flight = vec![true; self.pending.len()];
+        for &slot in &self.free {
+            in_flight[slot as usize] = false;
+        }
+        log::error!(
+            "{}: {gone} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
+            self.name,
+            self.in_flight()
+        );
+        // The old queue pairs go (their queues cannot be deleted on a removed device).
+        self.channel = Box::new(GoneChannel {
+            name: self.name.clone(),
+        });
+        self.gone = Some(gone);
+        let mut failed = 0;
+        for (slot, busy) in in_flight.into_iter().enumerate() {
+            if !busy {
+                continue;
+            }
+            let p = self.pending[slot];
+            let latency = now.saturating_duration_since(p.started).as_nanos() as u64;
+            self.stats.record(p.kind, p.bytes, latency, false);
+            self.free.push(slot as u32);
+            failed += 1;
+            on_complete(IoCompletion {
+                token: p.token,
+                result: Err(IoError::Status {
+                    device: self.name.clone(),
+                    status: Status::HOST_PATHING_ERROR,
+                }),
+            });
+        }
+        failed
+    }
+
+    /// The controller under this device that was found gone (removed), if any: the channel
+    /// takes no more I/O.
+    pub fn gone(&self) -> Option<&str> {
+        self.gone.as_deref()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -417,6 +505,43 @@ impl DeviceChannel {
             self.dma.page,
             self.node,
         )
+    }
+}
+
+/// The channel of a device found gone: takes nothing, completes nothing.
+struct GoneChannel {
+    name: Arc<str>,
+}
+
+impl Channel for GoneChannel {
+    fn submit(
+        &mut self,
+        _op: Op,
+        _offset: u64,
+        _len: u64,
+        _buf: Option<IoBuffer>,
+        _token: u64,
+    ) -> Result<(), BlockError> {
+        Err(BlockError::Submit {
+            device: self.name.clone(),
+            source: SubmitError::Dead,
+        })
+    }
+
+    fn poll(&mut self, _on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+        0
+    }
+
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    fn commands_needed(&self, _op: Op, _len: u64) -> usize {
+        1
+    }
+
+    fn free_commands(&self) -> usize {
+        0
     }
 }
 
@@ -457,6 +582,8 @@ impl ReactorContext {
 struct Setup {
     info: ReactorInfo,
     devices: Arc<[Arc<dyn BlockDevice>]>,
+    /// Every drive's controller, by the engine's drive index.
+    controllers: Arc<[Controller]>,
     channel: ChannelOptions,
 }
 
@@ -493,6 +620,12 @@ fn reactor<J: Job>(
             }
         };
         let capacity = setup.channel.depth as usize * device.drives().len().max(1);
+        let controllers = device
+            .drives()
+            .iter()
+            .filter_map(|&d| setup.controllers.get(d).cloned())
+            .collect();
+        let now = Instant::now();
         devices.push(DeviceChannel {
             device: i,
             info: device.info().clone(),
@@ -512,6 +645,10 @@ fn reactor<J: Job>(
             ]
             .into_boxed_slice(),
             free: (0..capacity as u32).rev().collect(),
+            controllers,
+            last_progress: now,
+            next_probe: now,
+            gone: None,
         });
     }
     let mut job = make_job(&setup.info);
@@ -622,5 +759,130 @@ impl<O> Run<O> {
             Some(e) => Err(e),
             None => Ok(results),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Topology;
+
+    /// Keeps 4 reads in flight on every device for `for_`; counts what completed how.
+    struct Reads {
+        until: Instant,
+        pools: Vec<(BufferPool, Vec<usnvme_hugepages::DmaBuffer>)>,
+        /// Per device: successes, "Host Pathing Error" failures, other failures.
+        counts: Vec<(u64, u64, u64)>,
+    }
+
+    impl Job for Reads {
+        type Output = Vec<(u64, u64, u64, Option<String>)>;
+
+        fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+            if self.pools.is_empty() {
+                for d in &ctx.devices {
+                    let mut pool = d.buffer_pool(4096, 4).expect("DMA buffers");
+                    let bufs = (0..4).map(|_| pool.alloc().expect("a buffer")).collect();
+                    self.pools.push((pool, bufs));
+                    self.counts.push((0, 0, 0));
+                }
+            }
+            let running = Instant::now() < self.until;
+            for (i, d) in ctx.devices.iter_mut().enumerate() {
+                while running && d.in_flight() < 4 && d.has_room() {
+                    let slot = d.in_flight();
+                    let buf = &self.pools[i].1[slot];
+                    let io = IoBuffer {
+                        iova: buf.iova(),
+                        len: 4096,
+                    };
+                    if d.submit(Op::Read, 0, 4096, Some(io), slot as u64).is_err() {
+                        break;
+                    }
+                }
+                let counts = &mut self.counts[i];
+                d.poll(&mut |c| match &c.result {
+                    Ok(()) => counts.0 += 1,
+                    Err(IoError::Status { status, .. })
+                        if status.code() == Status::HOST_PATHING_ERROR =>
+                    {
+                        counts.1 += 1
+                    }
+                    Err(_) => counts.2 += 1,
+                });
+            }
+            running || ctx.devices.iter().any(|d| d.in_flight() > 0)
+        }
+
+        fn finish(mut self, ctx: &mut ReactorContext) -> Self::Output {
+            for (pool, bufs) in &mut self.pools {
+                for b in bufs.drain(..) {
+                    let _ = pool.free(b);
+                }
+            }
+            ctx.devices
+                .iter()
+                .zip(&self.counts)
+                .map(|(d, &(ok, gone, other))| (ok, gone, other, d.gone().map(str::to_owned)))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_removed_drive_fails_its_ios_and_the_run_goes_on_with_the_others() {
+        let opener = Opener::new("/nonexistent");
+        let specs: Vec<DeviceSpec> = vec!["sim:0-1,mode=threaded,latency=50us"
+            .parse()
+            .expect("a sim spec")];
+        let drives = attach(
+            &opener,
+            &Sysfs::new(),
+            &specs,
+            &ControllerOptions::default(),
+        )
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("attached");
+        let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+        let core = topology.allowed[0];
+        let engine = Engine::new(
+            topology,
+            drives,
+            EngineOptions {
+                cores: vec![core],
+                channel: ChannelOptions {
+                    // far beyond the test: the engine must notice the removal by itself
+                    timeout: Some(Duration::from_secs(120)),
+                    ..ChannelOptions::default()
+                },
+                ..EngineOptions::default()
+            },
+        )
+        .expect("engine");
+        let until = Instant::now() + Duration::from_secs(2);
+        let started = Instant::now();
+        let run = engine
+            .start(engine.namespaces(), move |_| Reads {
+                until,
+                pools: Vec::new(),
+                counts: Vec::new(),
+            })
+            .expect("started");
+        std::thread::sleep(Duration::from_millis(500));
+        opener.sim_controller("sim:1").expect("sim:1").remove();
+        let results = run.wait().expect("the run ends");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            started.elapsed()
+        );
+        let out = &results[0].output;
+        let (ok0, gone0, other0, removed0) = &out[0];
+        assert!(*ok0 > 0 && *gone0 == 0 && *other0 == 0, "{out:?}");
+        assert_eq!(removed0, &None);
+        let (ok1, gone1, other1, removed1) = &out[1];
+        assert!(*ok1 > 0, "sim:1 ran before its removal: {out:?}");
+        assert!(*gone1 > 0 && *other1 == 0, "{out:?}");
+        assert_eq!(removed1.as_deref(), Some("sim:1"));
     }
 }

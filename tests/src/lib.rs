@@ -104,6 +104,36 @@ pub fn expect_on_host(drive: usize, byte_offset: u64, data: &[u8]) {
     }
 }
 
+/// Records, for the host's check of the image files after the guest exits, that `usnvme perf
+/// --verify` (run `seed`) wrote into `[start, start + len)` of drive `drive`'s image, in blocks of
+/// `block_size` bytes: every block there (`all`) or some of them. The host checks that those
+/// blocks carry perf's verify stamp with that seed, their own offset and a valid checksum. One
+/// line per range in `expect-stamps.txt`: `IMAGE START LEN BLOCK_SIZE SEED all|some`.
+pub fn expect_stamps_on_host(
+    drive: usize,
+    start: u64,
+    len: u64,
+    block_size: u32,
+    seed: u64,
+    all: bool,
+) {
+    use std::io::Write;
+    let Ok(run) = std::env::var("USNVME_VM_WORK") else {
+        return;
+    };
+    let path = PathBuf::from(run).join("expect-stamps.txt");
+    let mode = if all { "all" } else { "some" };
+    let line = format!("nvme{drive}.img {start} {len} {block_size} {seed} {mode}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record expectations in {}: {e}", path.display());
+    }
+}
+
 /// The drive index of a test-bed controller, from its serial number (`usnvme{k}`).
 pub fn drive_index(serial: &str) -> Option<usize> {
     serial.trim().strip_prefix("usnvme")?.parse().ok()

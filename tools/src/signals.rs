@@ -1,6 +1,9 @@
 //! Ctrl-C and SIGTERM. The first asks the command to stop: work in progress finishes and every
 //! controller is shut down as its owner drops it (queues deleted, CC.SHN, DMA unmapped); the
-//! command then exits 130 (SIGINT) or 143 (SIGTERM). A second signal exits at once.
+//! command then exits 130 (SIGINT) or 143 (SIGTERM). A second signal exits at once, after
+//! disabling (CC.EN = 0) the controller of every drive the process has open through VFIO, so
+//! that none is left running DMA into memory that is about to go away. (Simulated drives live in
+//! the process: nothing to do for them.)
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -21,12 +24,18 @@ pub fn install() -> std::io::Result<()> {
         which: Arc::new(AtomicUsize::new(0)),
     });
     for signal in [SIGINT, SIGTERM] {
+        let any = received.any.clone();
         // Registered first, so it sees the flag as the previous signal left it.
-        signal_hook::flag::register_conditional_shutdown(
-            signal,
-            128 + signal,
-            received.any.clone(),
-        )?;
+        // SAFETY: the action is async-signal-safe: an atomic load, then (on a second signal)
+        // atomic swaps and volatile MMIO stores (`disable_all_for_exit`) and `_exit`.
+        unsafe {
+            signal_hook::low_level::register(signal, move || {
+                if any.load(Ordering::SeqCst) {
+                    usnvme_driver::vfio::disable_all_for_exit();
+                    signal_hook::low_level::exit(128 + signal);
+                }
+            })
+        }?;
         signal_hook::flag::register(signal, received.any.clone())?;
         signal_hook::flag::register_usize(signal, received.which.clone(), signal as usize)?;
     }

@@ -353,3 +353,291 @@ fn verify_catches_writes_the_simulated_drive_misdirects() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Starts `usnvme ARGS` and returns it once it has said it is measuring (or, for a sweep, once
+/// `ready` appears on its standard error), with the rest of its standard error.
+fn start_until(args: &[&str], ready: &str) -> (std::process::Child, String) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("usnvme runs");
+    let mut stderr = child.stderr.take().expect("piped");
+    let mut seen = String::new();
+    let mut byte = [0u8; 1];
+    while !seen.contains(ready) {
+        match stderr.read(&mut byte) {
+            Ok(1) => seen.push(byte[0] as char),
+            _ => panic!("usnvme ended before {ready:?}:\n{seen}"),
+        }
+    }
+    // keep draining standard error so that the child never blocks on it (the thread ends with
+    // the child)
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (child, seen)
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+}
+
+#[test]
+fn a_reset_under_load_aborts_ios_without_corruption_and_io_resumes() {
+    // Every command takes 2 ms, so that the reset certainly finds I/O in flight.
+    let doc = perf_json(
+        "reset",
+        &[
+            "-r",
+            "sim:0-3,backend=ram,size=4M,mode=threaded,latency=2ms",
+            "-w",
+            "randrw",
+            "-q",
+            "8",
+            "-t",
+            "3",
+            "--verify",
+            "--reset-after",
+            "1",
+        ],
+    );
+    let controllers = doc["reset"]["controllers"].as_array().expect("resets");
+    assert_eq!(controllers.len(), 4, "{doc:#}");
+    assert!(controllers.iter().all(|c| c["ok"] == true), "{doc:#}");
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let aborted: u64 = jobs.iter().filter_map(|j| j["aborted_ios"].as_u64()).sum();
+    assert!(aborted > 0, "the reset aborted nothing: {doc:#}");
+    for job in jobs {
+        assert!(
+            job["ios_after_reset"].as_u64() > Some(0),
+            "no I/O after the reset: {job:#}"
+        );
+        assert_eq!(job["removed"], false);
+        // only aborted I/Os failed
+        assert_eq!(job["failed_ios"], job["aborted_ios"], "{job:#}");
+    }
+    // (perf_json asserted exit status 0: no verify mismatch, no other failure)
+}
+
+#[test]
+fn a_reset_outside_the_measurement_is_a_usage_error() {
+    let out = usnvme(&["-r", "sim:0", "-t", "2", "--reset-after", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--reset-after 2"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_removed_drive_fails_its_ios_and_the_others_run_to_the_end() {
+    let path = json_path("removed");
+    let started = std::time::Instant::now();
+    let out = usnvme(&[
+        "-r",
+        "sim:0-3,backend=ram,size=4M",
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "-t",
+        "3",
+        "--verify",
+        "--remove",
+        "sim:2@1",
+        "--json",
+        path.to_str().expect("UTF-8 temp path"),
+    ]);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stderr.contains("usnvme: error: sim:2 removed during the run: ")
+            && stderr.contains("the other 3 device(s) ran to the end"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Total") && stdout.contains("removed during the run (sim:2 is gone)"),
+        "{stdout}"
+    );
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    for job in doc["jobs"].as_array().expect("jobs") {
+        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
+            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        assert!(ios > 0, "{job:#}");
+        if job["device"] == "sim:2" {
+            assert_eq!(job["removed"], true, "{job:#}");
+            assert!(job["failed_ios"].as_u64() > Some(0), "{job:#}");
+        } else {
+            assert_eq!(job["removed"], false, "{job:#}");
+            assert_eq!(job["failed_ios"], 0, "{job:#}");
+            // the others measured the whole 3 s
+            assert!(job["elapsed_ms"].as_u64() >= Some(2900), "{job:#}");
+        }
+    }
+    // Well before the queue pairs' own 30 s command timeout would have ended the stuck I/Os.
+    assert!(took < Duration::from_secs(25), "took {took:?}");
+}
+
+#[test]
+fn a_missing_namespace_or_a_region_beyond_capacity_is_refused_before_any_io() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["-r", "sim:0-1,ns=2,size=4M", "-n", "3"],
+            &[
+                "-n 3: sim:0: namespace 3 does not exist",
+                "active namespaces: [1, 2]",
+            ],
+        ),
+        (
+            &["-r", "sim:0-1,size=4M", "--offset", "8M"],
+            &["--offset 8M: beyond the end of sim:0 (4194304 bytes)"],
+        ),
+        (
+            &["-r", "sim:0,size=4M", "--offset", "1M", "--size", "4M"],
+            &["--size 4M: past the end of sim:0 (4194304 bytes) from offset 1048576"],
+        ),
+        (
+            &["-r", "sim:0,bs=4096,size=4M", "--offset", "512"],
+            &["--offset 512: not a multiple of the 4096-byte block size of sim:0"],
+        ),
+        (&["-r", "sim:0", "-n", "0"], &["-n 0"]),
+    ];
+    for (args, says) in cases {
+        let mut all = args.to_vec();
+        all.extend(["-w", "write", "-t", "1"]);
+        let out = usnvme(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        for s in *says {
+            assert!(stderr.contains(s), "{args:?} should say {s:?}: {stderr}");
+        }
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: no I/O: {}", text(&out));
+    }
+    // The good cases of the same flags run.
+    let doc = perf_json(
+        "namespace",
+        &[
+            "-r",
+            "sim:0-1,ns=2,size=4M",
+            "-n",
+            "2",
+            "-c",
+            "0",
+            "-t",
+            "1",
+            "-q",
+            "4",
+        ],
+    );
+    let names: Vec<&str> = doc["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["device"].as_str())
+        .collect();
+    assert_eq!(names, ["sim:0/ns2", "sim:1/ns2"]);
+    perf_json(
+        "region",
+        &[
+            "-r",
+            "sim:0,backend=ram,size=4M",
+            "--offset",
+            "1M",
+            "--size",
+            "1M",
+            "-w",
+            "randrw",
+            "--verify",
+            "-t",
+            "1",
+            "-q",
+            "4",
+        ],
+    );
+}
+
+#[test]
+fn a_second_ctrl_c_exits_at_once_without_waiting_for_the_drives() {
+    // Every I/O takes 20 s: a first Ctrl-C waits for those in flight; a second one does not.
+    let (child, _) = start_until(
+        &[
+            "perf",
+            "-r",
+            "sim:0,mode=threaded,latency=20s",
+            "-c",
+            "0",
+            "-q",
+            "2",
+            "-t",
+            "60",
+        ],
+        "measuring",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, "INT");
+    std::thread::sleep(Duration::from_millis(300));
+    let second = std::time::Instant::now();
+    signal(&child, "INT");
+    let out = child.wait_with_output().expect("usnvme exits");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(
+        second.elapsed() < Duration::from_secs(10),
+        "exited {:?} after the second Ctrl-C",
+        second.elapsed()
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("Total"),
+        "exited at once, before any report: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn ctrl_c_during_a_sweep_keeps_the_points_measured() {
+    let dir = std::env::temp_dir().join(format!("usnvme-sweep-int-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (child, _) = start_until(
+        &[
+            "sweep",
+            "-r",
+            "sim:0",
+            "-c",
+            "0",
+            "-q",
+            "4",
+            "-t",
+            "1",
+            "--sizes",
+            "4k,8k,16k,32k",
+            "--patterns",
+            "read",
+            "--out",
+            dir.to_str().expect("UTF-8 path"),
+        ],
+        "1/4 points",
+    );
+    signal(&child, "INT");
+    let out = child.wait_with_output().expect("usnvme exits");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
+    let points = csv.lines().count() - 1;
+    assert!((1..4).contains(&points), "{csv}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("block size"),
+        "{}",
+        text(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

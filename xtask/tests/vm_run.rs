@@ -286,3 +286,124 @@ fn the_qmp_socket_hot_removes_a_drive_from_the_running_guest() {
     assert!(text(&out.stdout).contains("removed"));
     let _ = std::fs::remove_file(&socket);
 }
+
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn a_drive_hot_removed_under_perf_fails_alone_and_the_report_names_it() {
+    let pid = std::process::id();
+    let socket = std::env::temp_dir().join(format!("usnvme-qmp-removal-{pid}.sock"));
+    // the work folder is shared read-write with the guest at the same path
+    let json = target_dir().join(format!("vm/work/hot-removal-{pid}.json"));
+    let _ = std::fs::remove_file(&json);
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["vm-run", "--drives", "24", "--timeout", "900", "--qmp"])
+        .arg(&socket)
+        .args([
+            "--",
+            &program("usnvme"),
+            "perf",
+            "-q",
+            "4",
+            "-t",
+            "12",
+            "--json",
+        ])
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("xtask runs");
+    let stderr = child.stderr.take().expect("piped");
+    let stderr = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    // perf says when its 24 drives are attached and the measurement starts
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut seen = Vec::new();
+    for line in stdout.by_ref().map_while(Result::ok) {
+        let measuring = line.contains("measuring for 12 s");
+        seen.push(line);
+        if measuring {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("measuring")),
+        "perf never started:\n{}",
+        seen.join("\n")
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let replies = qmp(
+        &socket,
+        &[serde_json::json!({"execute": "device_del", "arguments": {"id": "nvme5"}})],
+    );
+    assert!(
+        replies.iter().all(|r| r.get("return").is_some()),
+        "{replies:?}"
+    );
+    seen.extend(stdout.map_while(Result::ok));
+    let status = child.wait().expect("vm-run ends");
+    let stdout = seen.join("\n");
+    let stderr = stderr.join().unwrap_or_default().join("\n");
+    let _ = std::fs::remove_file(&socket);
+    // perf's convention: a drive lost during the run fails the run (exit 1), after the report
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(600),
+        "took {:?}",
+        started.elapsed()
+    );
+    let doc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&json).unwrap_or_else(|e| panic!("{}: {e}\n{stdout}", json.display())),
+    )
+    .expect("perf's JSON");
+    let _ = std::fs::remove_file(&json);
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let removed: Vec<&str> = jobs
+        .iter()
+        .filter(|j| j["removed"] == true)
+        .filter_map(|j| j["device"].as_str())
+        .collect();
+    assert!(
+        !removed.is_empty() && removed.iter().all(|d| *d == removed[0]),
+        "one drive removed: {removed:?}\n{stdout}"
+    );
+    let gone = removed[0];
+    let failed: u64 = jobs
+        .iter()
+        .filter(|j| j["device"] == gone)
+        .filter_map(|j| j["failed_ios"].as_u64())
+        .sum();
+    eprintln!(
+        "hot removal: {gone} removed under perf on 24 drives: {failed} I/O(s) failed; vm-run took {:.0?}",
+        started.elapsed()
+    );
+    for job in jobs {
+        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0);
+        if job["device"] == gone {
+            assert!(job["failed_ios"].as_u64() > Some(0), "{job:#}");
+        } else {
+            assert!(ios > 0 && job["failed_ios"] == 0, "{job:#}");
+        }
+    }
+    let devices: std::collections::BTreeSet<&str> =
+        jobs.iter().filter_map(|j| j["device"].as_str()).collect();
+    assert_eq!(devices.len(), 24, "{stdout}");
+    assert!(
+        stdout.contains(&format!("usnvme: error: {gone} removed during the run: "))
+            && stdout.contains("the other 23 device(s) ran to the end"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("removed during the run ({gone} is gone)")),
+        "the report names it: {stdout}"
+    );
+}

@@ -5,13 +5,21 @@
 //! devices (namespaces, or stripes of them), run the [`workload::Workload`] job on every reactor
 //! that serves them, and print the table (and the JSON file). Ctrl-C / SIGTERM stops the I/O;
 //! the partial results are printed and `main` exits 130 / 143.
+//!
+//! Reliability: `--reset-after S` resets every controller once while I/O runs (the I/Os it aborts
+//! are counted, not failures; the run checks that I/O resumed on every device); a device removed
+//! during the run (hot removal) fails its I/Os, the others run to the end, and the run exits 1
+//! naming it.
 
 mod report;
 pub(crate) mod sweep;
 mod workload;
 
+use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,9 +27,11 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::vfio::VfioError;
-use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
-use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions, StripeDevice};
+use usnvme_engine::{
+    attach, BlockDevice, ChannelOptions, Engine, EngineOptions, NamespaceDevice, StripeDevice,
+};
 
 use crate::signals;
 use report::Row;
@@ -79,6 +89,26 @@ pub struct Args {
     /// Debug: every write after the first N per device carries a bad checksum in its first block.
     #[arg(long = "corrupt-after", value_name = "N", hide = true)]
     corrupt_after: Option<u64>,
+    /// Namespace to run on, on every drive (default: every active namespace).
+    #[arg(short = 'n', long = "namespace", value_name = "NSID")]
+    namespace: Option<u32>,
+    /// Where the I/O region of each device starts, in bytes (4k, 1G, ...), like fio's --offset.
+    #[arg(long = "offset", value_name = "BYTES")]
+    offset: Option<String>,
+    /// How many bytes the I/O region spans (default: to the end of the device), like fio's --size.
+    #[arg(long = "size", value_name = "BYTES")]
+    size: Option<String>,
+    /// Reset every controller once, S seconds into the measurement, while I/O runs. The I/Os
+    /// the reset aborts are counted, not failures; the run fails if I/O does not resume.
+    #[arg(long = "reset-after", value_name = "S")]
+    reset_after: Option<f64>,
+    /// Seed of the --verify stamps (default: from the process ID). A read run given an earlier
+    /// run's seed (its JSON `options.seed`) checks the blocks that run wrote.
+    #[arg(long = "seed", value_name = "N")]
+    seed: Option<u64>,
+    /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
+    #[arg(long = "remove", value_name = "DEVICE@S", hide = true)]
+    remove: Option<String>,
 }
 
 /// A bad flag: `main` prints it on one line and exits 2, and no I/O was issued.
@@ -137,6 +167,18 @@ pub(crate) struct Settings {
     cores: Vec<usize>,
     specs: Vec<DeviceSpec>,
     stripe: Option<(usize, u64)>,
+    namespace: Option<u32>,
+    /// `--offset` and `--size` in bytes, each with the text given (for errors).
+    offset: Option<(u64, String)>,
+    size: Option<(u64, String)>,
+    reset_after: Option<Duration>,
+    /// `--remove`: the simulated drive and when.
+    remove: Option<(String, Duration)>,
+}
+
+/// Seconds as given on the command line (`1`, `2.5`), positive and finite.
+fn parse_seconds(s: f64) -> Option<Duration> {
+    (s.is_finite() && s > 0.0 && s < 1e9).then(|| Duration::from_secs_f64(s))
 }
 
 /// Checks everything that does not need the drives.
@@ -233,6 +275,66 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
     if args.corrupt_after.is_some() && !args.verify {
         return Err(usage("--corrupt-after needs --verify"));
     }
+    if args.seed.is_some() && !args.verify {
+        return Err(usage("--seed needs --verify"));
+    }
+    if args.namespace == Some(0) {
+        return Err(usage("-n 0: namespace IDs start at 1"));
+    }
+    let bytes = |flag: &str, given: &Option<String>| -> Result<Option<(u64, String)>> {
+        match given {
+            None => Ok(None),
+            Some(g) => parse_size(g).map(|b| Some((b, g.clone()))).ok_or_else(|| {
+                usage(format!(
+                    "{flag} {g}: not a size; give bytes like 4096, 4k, 128M or 1G"
+                ))
+            }),
+        }
+    };
+    let offset = bytes("--offset", &args.offset)?;
+    let size = bytes("--size", &args.size)?;
+    if let Some((0, given)) = &size {
+        return Err(usage(format!("--size {given}: give at least one I/O")));
+    }
+    let reset_after = match args.reset_after {
+        None => None,
+        Some(s) => {
+            let after = parse_seconds(s).ok_or_else(|| {
+                usage(format!(
+                    "--reset-after {s}: give the seconds into the measurement, e.g. 2 or 1.5"
+                ))
+            })?;
+            if args.io_count.is_none() && after >= Duration::from_secs(args.time) {
+                return Err(usage(format!(
+                    "--reset-after {s}: the run measures {} s; reset inside it",
+                    args.time
+                )));
+            }
+            Some(after)
+        }
+    };
+    let remove = match &args.remove {
+        None => None,
+        Some(r) => {
+            let bad = || {
+                usage(format!(
+                    "--remove {r}: expected sim:N@SECONDS, e.g. sim:2@1.5"
+                ))
+            };
+            let (device, at) = r.rsplit_once('@').ok_or_else(bad)?;
+            let at = at
+                .parse::<f64>()
+                .ok()
+                .and_then(parse_seconds)
+                .ok_or_else(bad)?;
+            match device.parse::<DeviceSpec>() {
+                Ok(DeviceSpec::Sim(sim)) if sim.drives.len() == 1 => {
+                    Some((format!("sim:{}", sim.drives[0]), at))
+                }
+                _ => return Err(bad()),
+            }
+        }
+    };
     let plan = Plan {
         io_size,
         depth: args.depth as usize,
@@ -247,13 +349,19 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         rate: None,
         verify: args.verify,
         corrupt_after: args.corrupt_after,
-        seed: std::process::id() as u64 ^ 0x5eed,
+        seed: args.seed.unwrap_or(std::process::id() as u64 ^ 0x5eed),
+        reset_done: None,
     };
     Ok(Settings {
         plan,
         cores,
         specs,
         stripe,
+        namespace: args.namespace,
+        offset,
+        size,
+        reset_after,
+        remove,
     })
 }
 
@@ -277,17 +385,35 @@ fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let session = Session::open(sysfs, args, None)?;
     let plan = session.settings.plan.clone();
+    let cores = session.engine.placement().reactors.len();
+    let length = match plan.duration {
+        Some(d) => format!("for {} s", d.as_secs()),
+        None => format!("{} I/Os per device and core", plan.io_count.unwrap_or(0)),
+    };
+    eprintln!(
+        "usnvme perf: {} device(s) on {cores} core(s): measuring {length}",
+        session.devices.len()
+    );
     let m = session.measure(&plan, args.rate, true)?;
     out.write_all(report::table(&m.rows, args.latency).as_bytes())?;
+    out.write_all(report::errors(&m.rows).as_bytes())?;
+    if let Some(line) = m.reset_line() {
+        writeln!(out, "\n{line}")?;
+    }
     out.flush()?;
     if let Some(path) = &args.json {
         let options = json!({
             "queue_depth": args.depth, "io_size": plan.io_size, "workload": args.workload,
             "read_pct": plan.read_pct, "time_s": args.time, "warmup_s": args.warmup,
             "io_count": args.io_count, "rate": args.rate, "verify": args.verify,
-            "stripe": args.stripe,
+            "stripe": args.stripe, "namespace": args.namespace, "offset": args.offset,
+            "size": args.size, "reset_after_s": args.reset_after, "seed": plan.seed,
         });
-        let text = serde_json::to_string_pretty(&report::json(&m.rows, options, args.latency))?;
+        let mut doc = report::json(&m.rows, options, args.latency);
+        if let Some(reset) = m.reset_json() {
+            doc["reset"] = reset;
+        }
+        let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
@@ -306,7 +432,18 @@ pub(crate) struct Session {
     pub(crate) settings: Settings,
     engine: Engine,
     devices: Vec<Arc<dyn BlockDevice>>,
+    /// Each device's I/O region (`--offset`, `--size`).
+    spans: Vec<Region>,
     names: Vec<String>,
+    /// Keeps the simulated controllers reachable (`--remove`).
+    opener: Opener,
+}
+
+/// One controller's reset (`--reset-after`).
+#[derive(Debug)]
+pub(crate) struct ResetOutcome {
+    device: String,
+    result: std::result::Result<Duration, String>,
 }
 
 /// What one measurement gave.
@@ -315,13 +452,36 @@ pub(crate) struct Measured {
     failures: Vec<String>,
     mismatches: Vec<String>,
     checked: u64,
+    /// When the controllers were reset, into the measurement, and how each reset went.
+    reset: Option<(Duration, Vec<ResetOutcome>)>,
+    /// Whether the run asked for a reset (then aborted I/Os are expected).
+    reset_asked: bool,
+    /// Whether the run measured a time (not an I/O count).
+    timed: bool,
 }
 
 impl Measured {
-    /// Reports data mismatches and failed I/O as errors.
+    /// Reports data mismatches, removed devices, failed I/O and failed resets as errors (one
+    /// line each).
     pub(crate) fn check(&self) -> Result<()> {
         for m in &self.mismatches {
             eprintln!("usnvme: verify: {m}");
+        }
+        let mut problems: Vec<anyhow::Error> = Vec::new();
+        let removed: Vec<&Row> = self.rows.iter().filter(|r| r.removed.is_some()).collect();
+        let names: BTreeSet<&str> = removed.iter().map(|r| r.device.as_str()).collect();
+        if !names.is_empty() {
+            let failed: u64 = removed.iter().map(|r| r.failed - r.aborted).sum();
+            let devices: BTreeSet<&str> = self.rows.iter().map(|r| r.device.as_str()).collect();
+            let names: Vec<&str> = names.into_iter().collect();
+            let others = match devices.len() - names.len() {
+                0 => String::new(),
+                n => format!("; the other {n} device(s) ran to the end"),
+            };
+            problems.push(anyhow::anyhow!(
+                "{} removed during the run: {failed} I/O(s) failed (Host Pathing Error){others}",
+                names.join(", "),
+            ));
         }
         if let Some(first) = self.failures.first() {
             // the same failure on every drive and core says it once
@@ -331,12 +491,79 @@ impl Measured {
             } else {
                 String::new()
             };
-            anyhow::bail!("I/O failed: {first}{tail}");
+            problems.push(anyhow::anyhow!("I/O failed: {first}{tail}"));
+        }
+        let aborted: u64 = self.rows.iter().map(|r| r.aborted).sum();
+        if aborted > 0 && !self.reset_asked {
+            problems.push(anyhow::anyhow!(
+                "{aborted} I/O(s) aborted by a controller reset (Command Aborted By Host): a command timed out or a controller failed (see the log: RUST_LOG=warn)"
+            ));
+        }
+        if let Some((_, outcomes)) = &self.reset {
+            for o in outcomes {
+                if let Err(e) = &o.result {
+                    problems.push(anyhow::anyhow!("{}: reset failed: {e}", o.device));
+                }
+            }
+            // I/O must resume after the reset on every device that is still there.
+            if self.timed {
+                for r in self.rows.iter().filter(|r| r.removed.is_none()) {
+                    if r.after_reset == Some(0) {
+                        problems.push(anyhow::anyhow!(
+                            "{}: no I/O completed after the reset",
+                            r.name()
+                        ));
+                    }
+                }
+            }
         }
         if !self.mismatches.is_empty() {
-            anyhow::bail!("verify: data mismatches found (listed above)");
+            problems.push(anyhow::anyhow!(
+                "verify: data mismatches found (listed above)"
+            ));
         }
-        Ok(())
+        match problems.len() {
+            0 => Ok(()),
+            1 => Err(problems.remove(0)),
+            _ => Err(crate::open::Failures(problems).into()),
+        }
+    }
+
+    /// "Reset: 4 controller(s) 1.0 s into the measurement, in 3 ms at most; ..." (with
+    /// `--reset-after`).
+    fn reset_line(&self) -> Option<String> {
+        if !self.reset_asked {
+            return None;
+        }
+        let Some((at, outcomes)) = &self.reset else {
+            return Some("Reset: none (the run ended before --reset-after)".into());
+        };
+        let ok: Vec<Duration> = outcomes
+            .iter()
+            .filter_map(|o| o.result.clone().ok())
+            .collect();
+        let slowest = ok.iter().max().copied().unwrap_or_default();
+        let after: u64 = self.rows.iter().filter_map(|r| r.after_reset).sum();
+        let aborted: u64 = self.rows.iter().map(|r| r.aborted).sum();
+        Some(format!(
+            "Reset: {} of {} controller(s) {:.1} s into the measurement, in {:.1} ms at most; {aborted} I/O(s) aborted, {after} completed after it",
+            ok.len(),
+            outcomes.len(),
+            at.as_secs_f64(),
+            slowest.as_secs_f64() * 1e3
+        ))
+    }
+
+    fn reset_json(&self) -> Option<serde_json::Value> {
+        let (at, outcomes) = self.reset.as_ref()?;
+        let controllers: Vec<serde_json::Value> = outcomes
+            .iter()
+            .map(|o| match &o.result {
+                Ok(d) => json!({"device": o.device, "ok": true, "ms": d.as_millis() as u64}),
+                Err(e) => json!({"device": o.device, "ok": false, "error": e}),
+            })
+            .collect();
+        Some(json!({"after_s": at.as_secs_f64(), "controllers": controllers}))
     }
 }
 
@@ -352,6 +579,18 @@ impl Session {
             anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
         }
         let opener = Opener::new(sysfs.root().join("sys"));
+        if let Some((name, _)) = &settings.remove {
+            if !settings
+                .specs
+                .iter()
+                .flat_map(DeviceSpec::drives)
+                .any(|d| &d.to_string() == name)
+            {
+                return Err(usage(format!(
+                    "--remove {name}: not one of the drives given with -r"
+                )));
+            }
+        }
         let mut drives = Vec::new();
         for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
             match attached {
@@ -362,6 +601,11 @@ impl Session {
                         usnvme_driver::Error::Vfio(VfioError::NotVfio { .. })
                     ) {
                         return Err(usage(format!("-r {e}")));
+                    }
+                    // Most of the driver's errors name the drive already (and the owner of one
+                    // in use): not twice.
+                    if e.error.to_string().starts_with(&e.drive) {
+                        return Err((*e.error).into());
                     }
                     return Err(e.into());
                 }
@@ -402,28 +646,37 @@ impl Session {
                 ..EngineOptions::default()
             },
         )?;
-        let devices = devices(&engine, settings.stripe, io_size, &args.io_size)?;
+        let devices = devices(&engine, settings.stripe, settings.namespace)?;
+        let spans = spans(&devices, &settings)?;
+        check_io_size(&devices, &spans, io_size, &format!("-o {}", args.io_size))?;
         let names = devices.iter().map(|d| d.info().name.clone()).collect();
         Ok(Session {
             settings,
             engine,
             devices,
+            spans,
             names,
+            opener,
         })
     }
 
     /// Checks an I/O size against every device (as `-o` is checked).
     pub(crate) fn check_io_size(&self, io_size: u64, given: &str) -> Result<()> {
-        check_io_size(&self.devices, io_size, given)
+        check_io_size(&self.devices, &self.spans, io_size, given)
     }
 
     /// Runs `plan` on every reactor, capped at `rate` IOPS in total, and collects its rows.
     /// `live`: the one-line progress on a terminal.
     pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>, live: bool) -> Result<Measured> {
-        let regions = regions(&self.engine, &self.devices, plan.io_size);
+        let regions = regions(&self.engine, &self.devices, &self.spans, plan.io_size);
         let pairs: usize = regions.iter().map(Vec::len).sum();
         let mut job_plan = plan.clone();
         job_plan.rate = rate.map(|r| r as f64 / pairs.max(1) as f64);
+        let reset_done = self
+            .settings
+            .reset_after
+            .map(|_| Arc::new(AtomicBool::new(false)));
+        job_plan.reset_done = reset_done.clone();
         let run = self.engine.start(self.devices.clone(), move |info| {
             let mine = info
                 .devices
@@ -437,13 +690,51 @@ impl Session {
                 .collect();
             Workload::new(job_plan.clone(), mine)
         })?;
+        // The reactors start their jobs as `start` returns: the measurement begins after the
+        // warm-up from now.
+        let measure_from = Instant::now() + plan.warmup;
+        // Side actions at a time into the measurement; dropping `cancel` ends those not yet due.
+        let (cancel, cancelled) = mpsc::channel::<()>();
+        let resetter = match (self.settings.reset_after, reset_done) {
+            (Some(after), Some(done)) => {
+                let controllers: Vec<Controller> = self
+                    .engine
+                    .drives()
+                    .iter()
+                    .map(|d| d.controller.clone())
+                    .collect();
+                let at = measure_from + after;
+                Some(std::thread::spawn(move || {
+                    reset_all(&controllers, at, &cancelled, &done).map(|o| (after, o))
+                }))
+            }
+            _ => None,
+        };
+        let (cancel_remove, remove_cancelled) = mpsc::channel::<()>();
+        let remover = self.settings.remove.as_ref().and_then(|(name, after)| {
+            let sim = self.opener.sim_controller(name)?;
+            let at = measure_from + *after;
+            Some(std::thread::spawn(move || {
+                if wait_until(at, &remove_cancelled) {
+                    sim.remove();
+                }
+            }))
+        });
         watch(&run, live);
+        drop((cancel, cancel_remove));
+        let reset = resetter.and_then(|t| t.join().ok().flatten());
+        if let Some(t) = remover {
+            let _ = t.join();
+        }
         let results = run.wait()?;
         let mut m = Measured {
             rows: Vec::new(),
             failures: Vec::new(),
             mismatches: Vec::new(),
             checked: 0,
+            reset,
+            reset_asked: self.settings.reset_after.is_some(),
+            timed: plan.duration.is_some(),
         };
         for r in results {
             for d in r.output {
@@ -465,6 +756,10 @@ impl Session {
                     core: r.info.cpu,
                     stats: d.stats,
                     elapsed: d.elapsed,
+                    failed: d.failed,
+                    aborted: d.aborted,
+                    after_reset: m.reset.as_ref().map(|_| d.after_reset),
+                    removed: d.removed,
                 });
             }
         }
@@ -472,14 +767,70 @@ impl Session {
     }
 }
 
-/// The run's block devices: every namespace, or stripes of `n` of them.
+/// Waits until `at`; false if cancelled first.
+fn wait_until(at: Instant, cancelled: &mpsc::Receiver<()>) -> bool {
+    matches!(
+        cancelled.recv_timeout(at.saturating_duration_since(Instant::now())),
+        Err(RecvTimeoutError::Timeout)
+    )
+}
+
+/// At `at` (unless cancelled first), resets every controller at once, then sets `done`.
+fn reset_all(
+    controllers: &[Controller],
+    at: Instant,
+    cancelled: &mpsc::Receiver<()>,
+    done: &AtomicBool,
+) -> Option<Vec<ResetOutcome>> {
+    if !wait_until(at, cancelled) {
+        return None;
+    }
+    let outcomes = std::thread::scope(|scope| {
+        let threads: Vec<_> = controllers
+            .iter()
+            .map(|c| {
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    c.reset()
+                        .map(|()| started.elapsed())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .zip(controllers)
+            .map(|(t, c)| ResetOutcome {
+                device: c.name().to_string(),
+                result: t
+                    .join()
+                    .unwrap_or_else(|_| Err("the thread resetting it panicked".into())),
+            })
+            .collect()
+    });
+    done.store(true, Ordering::Relaxed);
+    Some(outcomes)
+}
+
+/// The run's block devices: every namespace (or namespace `nsid` of every drive), or stripes
+/// of `n` of them.
 fn devices(
     engine: &Engine,
     stripe: Option<(usize, u64)>,
-    io_size: u64,
-    given: &str,
+    nsid: Option<u32>,
 ) -> Result<Vec<Arc<dyn BlockDevice>>> {
-    let namespaces = engine.namespaces();
+    let namespaces = match nsid {
+        None => engine.namespaces(),
+        Some(nsid) => {
+            let mut chosen: Vec<Arc<dyn BlockDevice>> = Vec::new();
+            for (i, d) in engine.drives().iter().enumerate() {
+                let ns = NamespaceDevice::new(d.controller.clone(), nsid, i)
+                    .map_err(|e| usage(format!("-n {nsid}: {e}")))?;
+                chosen.push(Arc::new(ns));
+            }
+            chosen
+        }
+    };
     let devices: Vec<Arc<dyn BlockDevice>> = match stripe {
         None => namespaces,
         Some((n, chunk)) => {
@@ -499,34 +850,92 @@ fn devices(
             stripes
         }
     };
-    check_io_size(&devices, io_size, given)?;
     Ok(devices)
 }
 
-fn check_io_size(devices: &[Arc<dyn BlockDevice>], io_size: u64, given: &str) -> Result<()> {
+/// Each device's I/O region: `--offset` (default 0) and `--size` (default: to the end). An
+/// offset beyond a device's capacity, or a region past its end, is a usage error naming the
+/// device: nothing has been written yet.
+fn spans(devices: &[Arc<dyn BlockDevice>], settings: &Settings) -> Result<Vec<Region>> {
+    let mut spans = Vec::with_capacity(devices.len());
     for d in devices {
+        let info = d.info();
+        let (start, len) = match (&settings.offset, &settings.size) {
+            (None, None) => (0, info.size_bytes),
+            (offset, size) => {
+                let start = offset.as_ref().map_or(0, |(o, _)| *o);
+                if let Some((_, given)) = offset {
+                    if start >= info.size_bytes {
+                        return Err(usage(format!(
+                            "--offset {given}: beyond the end of {} ({} bytes); give an offset below its capacity",
+                            info.name, info.size_bytes
+                        )));
+                    }
+                    if !start.is_multiple_of(u64::from(info.block_size)) {
+                        return Err(usage(format!(
+                            "--offset {given}: not a multiple of the {}-byte block size of {}",
+                            info.block_size, info.name
+                        )));
+                    }
+                }
+                let len = size.as_ref().map_or(info.size_bytes - start, |(s, _)| *s);
+                if let Some((_, given)) = size {
+                    if start
+                        .checked_add(len)
+                        .is_none_or(|end| end > info.size_bytes)
+                    {
+                        return Err(usage(format!(
+                            "--size {given}: past the end of {} ({} bytes) from offset {start}",
+                            info.name, info.size_bytes
+                        )));
+                    }
+                }
+                (start, len)
+            }
+        };
+        spans.push(Region { start, len });
+    }
+    Ok(spans)
+}
+
+/// `given`: the flag and value the size came from, e.g. `-o 4k`.
+fn check_io_size(
+    devices: &[Arc<dyn BlockDevice>],
+    spans: &[Region],
+    io_size: u64,
+    given: &str,
+) -> Result<()> {
+    for (d, span) in devices.iter().zip(spans) {
         let info = d.info();
         if !io_size.is_multiple_of(u64::from(info.block_size)) || io_size > info.size_bytes {
             return Err(usage(format!(
-                "-o {given}: {} needs a multiple of its {}-byte block size, at most {} bytes",
+                "{given}: {} needs a multiple of its {}-byte block size, at most {} bytes",
                 info.name, info.block_size, info.size_bytes
+            )));
+        }
+        if io_size > span.len {
+            return Err(usage(format!(
+                "{given}: larger than the {}-byte region of {} (--size)",
+                span.len, info.name
             )));
         }
     }
     Ok(())
 }
 
-/// For each device: the reactors that serve it and each one's region (the device split evenly,
-/// in whole I/Os). Mirrors the engine's choice of reactors.
+/// For each device: the reactors that serve it and each one's region (the device's span split
+/// evenly, in whole I/Os). Mirrors the engine's choice of reactors.
 fn regions(
     engine: &Engine,
     devices: &[Arc<dyn BlockDevice>],
+    spans: &[Region],
     io_size: u64,
 ) -> Vec<Vec<(usize, Region)>> {
     let reactors = &engine.placement().reactors;
     devices
         .iter()
-        .map(|dev| {
+        .zip(spans)
+        .map(|(dev, span)| {
             let drives = dev.drives();
             let pick = |all: bool| -> Vec<usize> {
                 (0..reactors.len())
@@ -547,13 +956,14 @@ fn regions(
             if serving.is_empty() {
                 serving = (0..reactors.len()).collect();
             }
-            let ios = dev.info().size_bytes / io_size;
+            let ios = span.len / io_size;
             let share = (ios / serving.len() as u64).max(1);
             serving
                 .iter()
                 .enumerate()
                 .map(|(k, &r)| {
-                    let start = (k as u64 * share).min(ios.saturating_sub(1)) * io_size;
+                    let start =
+                        span.start + (k as u64 * share).min(ios.saturating_sub(1)) * io_size;
                     (
                         r,
                         Region {

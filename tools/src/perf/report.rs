@@ -13,11 +13,17 @@
 //!                "stripe": null },
 //!   "jobs": [                                   // one per device and reactor core
 //!     { "jobname": "sim:0@core3", "device": "sim:0", "core": 3,
-//!       "elapsed_ms": 2000, "error": 0,         // failed I/Os
+//!       "elapsed_ms": 2000, "error": 0,         // failed I/Os in the measured window
+//!       "failed_ios": 0,                        // failed I/Os over the whole run
+//!       "aborted_ios": 0,                       // of those, aborted by a controller reset
+//!       "removed": false,                       // the device was removed during the run
+//!       "ios_after_reset": 5120,                // with --reset-after only
 //!       "read":  Direction, "write": Direction }
 //!   ],
-//!   "total": { "jobname": "total", "elapsed_ms": ..., "error": ..., "read": Direction,
-//!              "write": Direction }
+//!   "total": { "jobname": "total", "elapsed_ms": ..., "error": ..., "failed_ios": ...,
+//!              "aborted_ios": ..., "read": Direction, "write": Direction },
+//!   "reset": { "after_s": 1.0,                  // with --reset-after only
+//!              "controllers": [ { "device": "sim:0", "ok": true, "ms": 3 } ] }
 //! }
 //! ```
 //!
@@ -43,6 +49,14 @@ pub struct Row {
     pub core: usize,
     pub stats: IoStats,
     pub elapsed: Duration,
+    /// I/Os that failed over the whole run (warm-up and drain included), aborted ones too.
+    pub failed: u64,
+    /// Of those, I/Os a controller reset aborted.
+    pub aborted: u64,
+    /// I/Os completed after the controllers were reset (`--reset-after` only).
+    pub after_reset: Option<u64>,
+    /// The controller found gone under the device, if it was removed during the run.
+    pub removed: Option<String>,
 }
 
 impl Row {
@@ -163,6 +177,40 @@ pub fn table(rows: &[Row], latency: u8) -> String {
     out
 }
 
+/// One line per row that had failed I/Os or lost its device, under an `Errors:` heading; empty
+/// when there is nothing to say.
+pub fn errors(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let mut parts = Vec::new();
+        if let Some(gone) = &r.removed {
+            let failed = r.failed - r.aborted;
+            parts.push(format!(
+                "removed during the run ({gone} is gone): {failed} I/O(s) failed (Host Pathing Error)"
+            ));
+        } else if r.failed > r.aborted {
+            parts.push(format!("{} I/O(s) failed", r.failed - r.aborted));
+        }
+        if r.aborted > 0 {
+            let mut text = format!(
+                "{} I/O(s) aborted by a controller reset (Command Aborted By Host)",
+                r.aborted
+            );
+            if let Some(after) = r.after_reset {
+                let _ = write!(text, ", {after} completed after it");
+            }
+            parts.push(text);
+        }
+        if !parts.is_empty() {
+            let _ = writeln!(out, "  {}: {}", r.name(), parts.join("; "));
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\nErrors:\n{out}")
+}
+
 fn direction(s: &IoStats, kind: OpKind, elapsed: Duration) -> Direction {
     s.direction(kind, elapsed, &DEFAULT_PERCENTILES)
 }
@@ -190,12 +238,20 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
             let mut v = job(&r.name(), &r.stats, r.elapsed, latency);
             v["device"] = json!(r.device);
             v["core"] = json!(r.core);
+            v["failed_ios"] = json!(r.failed);
+            v["aborted_ios"] = json!(r.aborted);
+            v["removed"] = json!(r.removed.is_some());
+            if let Some(after) = r.after_reset {
+                v["ios_after_reset"] = json!(after);
+            }
             v
         })
         .collect();
     let stats = merged(rows);
     let elapsed = rows.iter().map(|r| r.elapsed).max().unwrap_or_default();
     let mut total = job("total", &stats, elapsed, latency);
+    total["failed_ios"] = json!(rows.iter().map(|r| r.failed).sum::<u64>());
+    total["aborted_ios"] = json!(rows.iter().map(|r| r.aborted).sum::<u64>());
     // Jobs run side by side: rates add up.
     for (key, kind) in [("read", OpKind::Read), ("write", OpKind::Write)] {
         let sum = |f: &dyn Fn(&Direction) -> f64| -> f64 {
@@ -232,6 +288,10 @@ mod tests {
             core,
             stats,
             elapsed: Duration::from_secs(1),
+            failed: 0,
+            aborted: 0,
+            after_reset: None,
+            removed: None,
         }
     }
 
@@ -264,5 +324,34 @@ mod tests {
         assert_eq!(doc["total"]["write"]["total_ios"], 50);
         assert_eq!(doc["total"]["read"]["iops"], 150.0);
         assert_eq!(doc["jobs"][1]["jobname"], "sim:1@core3");
+        assert_eq!(doc["jobs"][1]["removed"], false);
+        assert!(errors(&rows).is_empty(), "nothing to report");
+    }
+
+    #[test]
+    fn errors_name_the_removed_device_and_the_aborted_ios() {
+        let mut gone = row("0000:05:00.0", 1, 10, 0, 10);
+        gone.failed = 31;
+        gone.removed = Some("0000:05:00.0".into());
+        let mut reset = row("sim:1", 0, 10, 0, 10);
+        (reset.failed, reset.aborted, reset.after_reset) = (12, 12, Some(3456));
+        let fine = row("sim:2", 0, 10, 0, 10);
+        let rows = [gone, reset, fine];
+        let text = errors(&rows);
+        assert!(text.starts_with("\nErrors:\n"), "{text}");
+        assert!(
+            text.contains("0000:05:00.0@core1: removed during the run (0000:05:00.0 is gone): 31 I/O(s) failed (Host Pathing Error)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sim:1@core0: 12 I/O(s) aborted by a controller reset (Command Aborted By Host), 3456 completed after it"),
+            "{text}"
+        );
+        assert!(!text.contains("sim:2"), "{text}");
+        let doc = json(&rows, json!({}), 0);
+        assert_eq!(doc["jobs"][0]["removed"], true);
+        assert_eq!(doc["jobs"][1]["ios_after_reset"], 3456);
+        assert_eq!(doc["total"]["failed_ios"], 43);
+        assert_eq!(doc["total"]["aborted_ios"], 12);
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use usnvme_driver::pci::Sysfs;
 use usnvme_engine::stats::{IoStats, OpKind};
-use usnvme_tools::sweep::{self, output, Pattern, PointResult, SweepPlan};
+use usnvme_tools::sweep::{self, output, Pattern, PointResult, Record, SweepPlan};
 
 use super::report::Row;
 use super::{usage, Session};
@@ -55,6 +55,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         patterns,
         seconds_per_point: args.perf.time,
     };
+    if args.perf.reset_after.is_some() || args.perf.remove.is_some() {
+        return Err(usage(
+            "--reset-after: a perf option (a sweep runs many measurements)",
+        ));
+    }
     let largest = plan.block_sizes.iter().copied().max().unwrap_or(4096);
     let session = Session::open(sysfs, &args.perf, Some(largest))?;
     if args.latency_curve {
@@ -70,7 +75,9 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         plan.estimated_duration().as_secs()
     )?;
     let tty = std::io::stderr().is_terminal();
-    let records = sweep::run(
+    // The points measured so far, for a sweep that Ctrl-C stops: its partial results are kept.
+    let measured = std::cell::RefCell::new(Vec::new());
+    let result = sweep::run(
         &plan,
         |point| {
             if crate::signals::received().is_some() {
@@ -82,7 +89,12 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             p.read_pct = if point.pattern.is_read() { 100 } else { 0 };
             let m = session.measure(&p, None, false)?;
             m.check()?;
-            Ok(point_result(&m.rows, point.pattern.is_read()))
+            let result = point_result(&m.rows, point.pattern.is_read());
+            // a point that Ctrl-C cut short is not a full point: left out
+            if crate::signals::received().is_none() {
+                measured.borrow_mut().push(Record::new(*point, result));
+            }
+            Ok(result)
         },
         |done, total, eta| {
             let line = output::progress_line(done, total, eta);
@@ -92,9 +104,18 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                 eprintln!("{line}");
             }
         },
-    )?;
+    );
     if tty {
         eprintln!();
+    }
+    let records = match result {
+        Ok(records) => records,
+        Err(e) if crate::signals::received().is_none() => return Err(e),
+        // Interrupted: the points measured so far; `main` exits 130 / 143.
+        Err(_) => measured.into_inner(),
+    };
+    if records.is_empty() {
+        return Ok(());
     }
     out.write_all(output::table(&records).as_bytes())?;
     let files = output::write_files(&args.out, &records)?;

@@ -7,9 +7,13 @@
 //! I/O. Only I/Os that complete inside the measured window (after the warm-up, before the end)
 //! are counted.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use usnvme_driver::spec::Status;
 use usnvme_driver::IoBuffer;
+use usnvme_engine::block::IoError;
 use usnvme_engine::engine::DeviceChannel;
 use usnvme_engine::stats::{IoStats, OpKind};
 use usnvme_engine::{IoCompletion, Job, Op, ReactorContext};
@@ -34,6 +38,8 @@ pub struct Plan {
     /// Debug: every write after this many carries a bad checksum in its first block.
     pub corrupt_after: Option<u64>,
     pub seed: u64,
+    /// Set once the controllers were reset (`--reset-after`): completions after it are counted.
+    pub reset_done: Option<Arc<AtomicBool>>,
 }
 
 /// Where this reactor works on one device: `[start, start + len)`, in bytes.
@@ -62,8 +68,23 @@ pub struct DeviceResult {
     pub more_mismatches: u64,
     /// Blocks read back whose stamp was checked (`--verify`).
     pub checked: u64,
-    /// The first failed I/O, or a setup failure.
+    /// I/Os that failed, over the whole run (warm-up and drain included), aborted ones too.
+    pub failed: u64,
+    /// Of those, I/Os a controller reset aborted ("Command Aborted By Host").
+    pub aborted: u64,
+    /// I/Os that completed successfully after the reset (`--reset-after`).
+    pub after_reset: u64,
+    /// The controller found gone (removed) under this device, if one was.
+    pub removed: Option<String>,
+    /// The first I/O that failed other than by a reset or a removal, or a setup failure.
     pub error: Option<String>,
+}
+
+/// Why an I/O failed, as the report counts it.
+fn status_of(e: &IoError) -> Status {
+    match e {
+        IoError::Status { status, .. } => *status,
+    }
 }
 
 /// Most mismatches kept per device (the rest are only counted).
@@ -96,6 +117,11 @@ struct DevState {
     mismatches: Vec<Mismatch>,
     more_mismatches: u64,
     checked: u64,
+    failed: u64,
+    aborted: u64,
+    after_reset: u64,
+    /// The device takes no more I/O (removed, or a submission failed for good).
+    dead: bool,
     error: Option<String>,
 }
 
@@ -179,6 +205,10 @@ impl Workload {
                 mismatches: Vec::with_capacity(KEEP_MISMATCHES),
                 more_mismatches: 0,
                 checked: 0,
+                failed: 0,
+                aborted: 0,
+                after_reset: 0,
+                dead: false,
                 error: None,
             });
         }
@@ -209,11 +239,17 @@ impl Job for Workload {
         let time_up = deadline.is_some_and(|d| now >= d);
         let mut busy = false;
         for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
-            let stop = time_up || self.plan.io_count.is_some_and(|n| st.issued >= n);
+            let count_done = self.plan.io_count.is_some_and(|n| st.issued >= n);
+            // A dead device (removed, or refusing I/O for good) gets no more: a reactor whose
+            // devices are all dead ends its job.
+            let stop = time_up || count_done || st.dead;
             if !stop {
                 submit_some(&self.plan, dev, st, now);
             }
             reap(&self.plan, dev, st, measure_from, deadline);
+            if dev.gone().is_some() {
+                st.dead = true;
+            }
             busy |= !stop || dev.in_flight() > 0;
         }
         busy
@@ -231,6 +267,10 @@ impl Job for Workload {
                     mismatches: Vec::new(),
                     more_mismatches: 0,
                     checked: 0,
+                    failed: 0,
+                    aborted: 0,
+                    after_reset: 0,
+                    removed: None,
                     error: self.failed.clone(),
                 })
                 .collect();
@@ -253,6 +293,10 @@ impl Job for Workload {
                     mismatches: std::mem::take(&mut st.mismatches),
                     more_mismatches: st.more_mismatches,
                     checked: st.checked,
+                    failed: st.failed,
+                    aborted: st.aborted,
+                    after_reset: st.after_reset,
+                    removed: dev.gone().map(str::to_owned),
                     error: st.error.take(),
                 }
             })
@@ -327,9 +371,11 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
             }
             Err(usnvme_engine::BlockError::Busy { .. }) => break,
             Err(e) => {
-                st.error.get_or_insert_with(|| e.to_string());
-                // Count it as issued so that a broken device does not spin forever.
-                st.issued = plan.io_count.unwrap_or(u64::MAX);
+                if dev.gone().is_none() {
+                    st.error.get_or_insert_with(|| e.to_string());
+                }
+                // A device that refuses I/O for good gets no more.
+                st.dead = true;
                 break;
             }
         }
@@ -357,7 +403,21 @@ fn reap(
         };
         let ok = c.result.is_ok();
         if let Err(e) = &c.result {
-            st.error.get_or_insert_with(|| e.to_string());
+            st.failed += 1;
+            let status = status_of(e).code();
+            if status == Status::ABORTED_BY_HOST {
+                st.aborted += 1;
+            } else if status == Status::HOST_PATHING_ERROR && dev.gone().is_some() {
+                // the device is gone: the report says so once, not per I/O
+            } else {
+                st.error.get_or_insert_with(|| e.to_string());
+            }
+        } else if plan
+            .reset_done
+            .as_ref()
+            .is_some_and(|r| r.load(Ordering::Relaxed))
+        {
+            st.after_reset += 1;
         }
         if counted {
             let kind = if s.op == Op::Read {

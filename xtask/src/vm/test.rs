@@ -154,6 +154,8 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let _ = std::fs::remove_dir_all(&disk_dir);
     let expectations = work.join(EXPECTATIONS);
     let _ = std::fs::remove_file(&expectations);
+    let stamp_expectations = work.join(STAMP_EXPECTATIONS);
+    let _ = std::fs::remove_file(&stamp_expectations);
     let usnvme = crate::target_dir().join("debug/usnvme");
     let args = RunArgs {
         backend: Backend::File,
@@ -180,11 +182,207 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         );
     }
     let checked = check_images(&expectations, &disk_dir)?;
+    let ranges = check_stamp_ranges(&stamp_expectations, &disk_dir)?;
+    let scan = scan_stamps(&disk_dir)?;
     eprintln!(
-        "vm-test: all VM test suites passed; {checked} writes found intact in the image files on the host ({})",
-        disk_dir.display()
+        "vm-test: all VM test suites passed; {checked} writes found intact in the image files on the host ({}); \
+         {} perf --verify stamps in {} images have valid checksums; \
+         {ranges} ranges perf wrote hold its stamps at their own offsets",
+        disk_dir.display(),
+        scan.stamps,
+        scan.images
     );
     Ok(())
+}
+
+/// Written by the guest tests (`usnvme_tests::expect_stamps_on_host`):
+/// `IMAGE START LEN BLOCK_SIZE SEED all|some` per line.
+const STAMP_EXPECTATIONS: &str = "expect-stamps.txt";
+
+/// `usnvme perf --verify`'s stamp (`stamp` in tools/src/perf/workload.rs), the first 32 bytes of
+/// every block it writes: this magic, the block's byte offset, the run's seed and a checksum of
+/// both, each a little-endian u64.
+const STAMP_MAGIC: u64 = u64::from_le_bytes(*b"USNVPERF");
+const STAMP_BYTES: usize = 32;
+
+/// The stamp's checksum, as perf computes it.
+fn stamp_checksum(offset: u64, seed: u64) -> u64 {
+    splitmix(STAMP_MAGIC ^ splitmix(offset ^ splitmix(seed)))
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The stamp at the start of `block` (at byte `at` of its image), if it carries one: its offset
+/// and seed; an error if its checksum is wrong. (Its offset is perf's device offset: a stripe's
+/// where a stripe was written, so only the ranges the guest recorded say which offset to expect.)
+fn stamp_at(block: &[u8], at: u64) -> Result<Option<(u64, u64)>> {
+    let word = |i: usize| {
+        block
+            .get(i * 8..i * 8 + 8)
+            .and_then(|w| w.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    if word(0) != Some(STAMP_MAGIC) {
+        return Ok(None);
+    }
+    let (Some(offset), Some(seed), Some(sum)) = (word(1), word(2), word(3)) else {
+        bail!("a stamp cut short at byte {at}");
+    };
+    if sum != stamp_checksum(offset, seed) {
+        bail!("the block at byte {at} has a bad checksum {sum:#018x} (offset {offset}, seed {seed:#x})");
+    }
+    Ok(Some((offset, seed)))
+}
+
+/// Checks each range the guest recorded: every block there carries the run's stamp (`all`), or
+/// at least one does and every stamp there is right (`some`).
+fn check_stamp_ranges(expectations: &Path, disk_dir: &Path) -> Result<usize> {
+    let Ok(text) = std::fs::read_to_string(expectations) else {
+        return Ok(0);
+    };
+    let mut checked = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let parsed = match f.as_slice() {
+            [image, start, len, bs, seed, mode @ ("all" | "some")] => (|| {
+                Some((
+                    *image,
+                    start.parse::<u64>().ok()?,
+                    len.parse::<u64>().ok()?,
+                    bs.parse::<u64>()
+                        .ok()
+                        .filter(|b| *b >= STAMP_BYTES as u64)?,
+                    seed.parse::<u64>().ok()?,
+                    *mode == "all",
+                ))
+            })(),
+            _ => None,
+        };
+        let Some((image, start, len, bs, seed, all)) = parsed else {
+            bail!(
+                "vm-test: malformed stamp expectation {line:?} in {}",
+                expectations.display()
+            );
+        };
+        let path = disk_dir.join(image);
+        let mut file = std::fs::File::open(&path)
+            .with_context(|| format!("vm-test: opening {}", path.display()))?;
+        file.seek(SeekFrom::Start(start))?;
+        let mut data = vec![0u8; usize::try_from(len)?];
+        file.read_exact(&mut data)
+            .with_context(|| format!("vm-test: reading {} at {start}", path.display()))?;
+        let mut found = 0u64;
+        for (i, block) in data.chunks(bs as usize).enumerate() {
+            let at = start + i as u64 * bs;
+            let stamp = stamp_at(block, at).with_context(|| format!("vm-test: {image}"))?;
+            match stamp {
+                Some((offset, s)) if s == seed => {
+                    if offset != at {
+                        bail!(
+                            "vm-test: {image}: the block at byte {at} holds the block of byte {offset} (seed {seed:#x}): a misdirected write"
+                        );
+                    }
+                    found += 1;
+                }
+                // (blocks an earlier run stamped, and this one did not reach)
+                _ if all => bail!(
+                    "vm-test: {image}: the block at byte {at} does not carry the stamp of the perf run (seed {seed:#x}) that wrote all of [{start}, {})",
+                    start + len
+                ),
+                _ => {}
+            }
+        }
+        if found == 0 {
+            bail!(
+                "vm-test: {image}: no block of [{start}, {}) carries the stamp of the perf run (seed {seed:#x}) that wrote there",
+                start + len
+            );
+        }
+        checked += 1;
+    }
+    Ok(checked)
+}
+
+/// What [`scan_stamps`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct StampScan {
+    images: usize,
+    stamps: u64,
+}
+
+/// Every perf stamp in every image (`*.img`) of `disk_dir`, looked for at every 512-byte boundary
+/// of the data the sparse images hold: each must carry a valid checksum (a torn or corrupted
+/// block fails). Whether it sits at its own offset is for the recorded ranges to say: stripes
+/// stamp their own offsets.
+fn scan_stamps(disk_dir: &Path) -> Result<StampScan> {
+    let mut scan = StampScan::default();
+    let Ok(entries) = std::fs::read_dir(disk_dir) else {
+        return Ok(scan);
+    };
+    let mut images: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "img"))
+        .collect();
+    images.sort();
+    for path in images {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut file = std::fs::File::open(&path)
+            .with_context(|| format!("vm-test: opening {}", path.display()))?;
+        for (start, end) in data_extents(&file)? {
+            file.seek(SeekFrom::Start(start))?;
+            let mut at = start;
+            let mut chunk = vec![0u8; 1 << 20];
+            while at < end {
+                let n = usize::try_from((end - at).min(chunk.len() as u64))?;
+                file.read_exact(&mut chunk[..n])
+                    .with_context(|| format!("vm-test: reading {} at {at}", path.display()))?;
+                for (i, block) in chunk[..n].chunks(512).enumerate() {
+                    let pos = at + i as u64 * 512;
+                    if stamp_at(block, pos)
+                        .with_context(|| format!("vm-test: {name}"))?
+                        .is_some()
+                    {
+                        scan.stamps += 1;
+                    }
+                }
+                at += n as u64;
+            }
+        }
+        scan.images += 1;
+    }
+    Ok(scan)
+}
+
+/// The data extents of a sparse file, 512-byte aligned (SEEK_DATA / SEEK_HOLE).
+fn data_extents(file: &std::fs::File) -> Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let size = file.metadata()?.len();
+    let mut extents = Vec::new();
+    let mut at: u64 = 0;
+    while at < size {
+        // SAFETY: lseek on a descriptor the caller keeps open; no memory is involved.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: no data past `at`
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let (start, end) = (data as u64 / 512 * 512, (hole.max(data) as u64).min(size));
+        if end <= start {
+            break;
+        }
+        extents.push((start, end));
+        at = end;
+    }
+    Ok(extents)
 }
 
 /// Suites that record writes for the host to check (`usnvme_tests::expect_on_host`).
@@ -278,6 +476,72 @@ mod tests {
         )
         .unwrap();
         assert!(super::check_images(&exp, &dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A block stamped as perf stamps it.
+    fn stamp(at: u64, seed: u64) -> Vec<u8> {
+        let sum = super::stamp_checksum(at, seed);
+        [super::STAMP_MAGIC, at, seed, sum]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn perf_stamps_are_found_and_a_wrong_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("usnvme-stamps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // 4 KiB blocks at 1 MiB: the first four stamped by run 7, then one of run 9
+        let mut image = vec![0u8; 2 << 20];
+        for b in 0..4u64 {
+            let at = (1 << 20) + b * 4096;
+            image[at as usize..at as usize + 32].copy_from_slice(&stamp(at, 7));
+        }
+        let at = (1 << 20) + 4 * 4096;
+        image[at..at + 32].copy_from_slice(&stamp(at as u64, 9));
+        std::fs::write(dir.join("nvme2.img"), &image).unwrap();
+        let scan = super::scan_stamps(&dir).unwrap();
+        assert_eq!(
+            scan,
+            super::StampScan {
+                images: 1,
+                stamps: 5
+            }
+        );
+
+        let exp = dir.join("stamps.txt");
+        let line = |start: u64, len: u64, seed: u64, mode: &str| {
+            format!("nvme2.img {start} {len} 4096 {seed} {mode}\n")
+        };
+        std::fs::write(&exp, line(1 << 20, 16384, 7, "all")).unwrap();
+        assert_eq!(super::check_stamp_ranges(&exp, &dir).unwrap(), 1);
+        std::fs::write(&exp, line(1 << 20, 20480, 7, "all")).unwrap();
+        assert!(
+            super::check_stamp_ranges(&exp, &dir).is_err(),
+            "one is run 9's"
+        );
+        std::fs::write(&exp, line(1 << 20, 32768, 9, "some")).unwrap();
+        assert_eq!(super::check_stamp_ranges(&exp, &dir).unwrap(), 1);
+        std::fs::write(&exp, line(0, 4096, 9, "some")).unwrap();
+        assert!(super::check_stamp_ranges(&exp, &dir).is_err(), "none there");
+
+        // a misdirected write: the block of 1 MiB + 4 KiB lands one block further
+        let at = (1 << 20) + 8 * 4096;
+        image[at..at + 32].copy_from_slice(&stamp((1 << 20) + 4096, 7));
+        std::fs::write(dir.join("nvme2.img"), &image).unwrap();
+        std::fs::write(&exp, line(1 << 20, 65536, 7, "some")).unwrap();
+        let e = super::check_stamp_ranges(&exp, &dir).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("nvme2.img") && format!("{e:#}").contains("misdirected"),
+            "{e:#}"
+        );
+        // a corrupted stamp anywhere in an image
+        image[at + 31] ^= 1;
+        std::fs::write(dir.join("nvme2.img"), &image).unwrap();
+        let e = super::scan_stamps(&dir).unwrap_err();
+        assert!(format!("{e:#}").contains("bad checksum"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
