@@ -317,6 +317,7 @@ impl Engine {
 /// With I/O in flight and nothing completing for this long, a channel reads its controllers'
 /// status register (at most this often) to tell a removed device from a slow one.
 const STALL_PROBE: Duration = Duration::from_millis(500);
+const STALL_PROBE_NS: u64 = STALL_PROBE.as_nanos() as u64;
 
 /// One reactor's path to one device: the device's channel, with timing and statistics.
 ///
@@ -339,9 +340,13 @@ pub struct DeviceChannel {
     free: Vec<u32>,
     /// The controllers under the device (one for a namespace, the members' for a stripe).
     controllers: Vec<Controller>,
-    /// The last completion, or the submission that made the channel busy.
-    last_progress: Instant,
-    next_probe: Instant,
+    /// Latency stamps: the TSC, calibrated once per process (`clock_gettime` per I/O costs more
+    /// than the driver's whole submission path).
+    clock: quanta::Clock,
+    /// The last completion, or the submission that made the channel busy (clock ticks).
+    last_progress: u64,
+    /// The last stall probe (clock ticks).
+    last_probe: u64,
     /// The controller found gone, if one was.
     gone: Option<Arc<str>>,
 }
@@ -358,7 +363,8 @@ impl std::fmt::Debug for DeviceChannel {
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     token: u64,
-    started: Instant,
+    /// Clock ticks at submission.
+    started: u64,
     kind: OpKind,
     bytes: u64,
 }
@@ -385,7 +391,7 @@ impl DeviceChannel {
             _ => OpKind::Other,
         };
         let bytes = if op.has_data() { len } else { 0 };
-        let now = Instant::now();
+        let now = self.clock.raw();
         if self.free.len() + 1 == self.pending.len() {
             self.last_progress = now; // the channel was idle: the stall clock starts now
         }
@@ -404,14 +410,15 @@ impl DeviceChannel {
 
     /// Rings queued I/O and hands finished ones to `on_complete`.
     pub fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
-        let now = Instant::now();
-        let (pending, free, stats) = (&self.pending, &mut self.free, &mut self.stats);
+        let now = self.clock.raw();
+        let (pending, free, stats, clock) =
+            (&self.pending, &mut self.free, &mut self.stats, &self.clock);
         let done = self.channel.poll(&mut |c: IoCompletion| {
             let Some(p) = pending.get(c.token as usize).copied() else {
                 log::error!("completion with an unknown slot {}: ignored", c.token);
                 return;
             };
-            let latency = now.saturating_duration_since(p.started).as_nanos() as u64;
+            let latency = clock.delta_as_nanos(p.started, now);
             stats.record(p.kind, p.bytes, latency, c.result.is_ok());
             free.push(c.token as u32);
             on_complete(IoCompletion {
@@ -421,11 +428,11 @@ impl DeviceChannel {
         });
         if done > 0 {
             self.last_progress = now;
-        } else if now >= self.next_probe
-            && now.saturating_duration_since(self.last_progress) >= STALL_PROBE
-            && self.in_flight() > 0
+        } else if self.in_flight() > 0
+            && self.clock.delta_as_nanos(self.last_progress, now) >= STALL_PROBE_NS
+            && self.clock.delta_as_nanos(self.last_probe, now) >= STALL_PROBE_NS
         {
-            self.next_probe = now + STALL_PROBE;
+            self.last_probe = now;
             return self.probe(now, on_complete);
         }
         done
@@ -433,7 +440,7 @@ impl DeviceChannel {
 
     /// Checks the controllers of a stalled channel; fails everything in flight if one is gone.
     #[cold]
-    fn probe(&mut self, now: Instant, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+    fn probe(&mut self, now: u64, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
         let Some(gone) = self
             .controllers
             .iter()
@@ -462,7 +469,7 @@ impl DeviceChannel {
                 continue;
             }
             let p = self.pending[slot];
-            let latency = now.saturating_duration_since(p.started).as_nanos() as u64;
+            let latency = self.clock.delta_as_nanos(p.started, now);
             self.stats.record(p.kind, p.bytes, latency, false);
             self.free.push(slot as u32);
             failed += 1;
@@ -625,7 +632,8 @@ fn reactor<J: Job>(
             .iter()
             .filter_map(|&d| setup.controllers.get(d).cloned())
             .collect();
-        let now = Instant::now();
+        let clock = quanta::Clock::new();
+        let now = clock.raw();
         devices.push(DeviceChannel {
             device: i,
             info: device.info().clone(),
@@ -637,7 +645,7 @@ fn reactor<J: Job>(
             pending: vec![
                 Pending {
                     token: 0,
-                    started: Instant::now(),
+                    started: now,
                     kind: OpKind::Other,
                     bytes: 0
                 };
@@ -646,8 +654,9 @@ fn reactor<J: Job>(
             .into_boxed_slice(),
             free: (0..capacity as u32).rev().collect(),
             controllers,
+            clock,
             last_progress: now,
-            next_probe: now,
+            last_probe: now,
             gone: None,
         });
     }
