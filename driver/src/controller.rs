@@ -29,6 +29,8 @@ use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
 const DRIVER_MAX_TRANSFER: u64 = 2 << 20;
 /// Admin data buffer: the largest page the driver reads or writes (Identify: 4 KiB).
 const ADMIN_DATA: usize = 16 << 10;
+/// The largest namespace ID the I/O path addresses (its geometry table is indexed by NSID).
+const MAX_NSID: u32 = 4096;
 
 /// How to bring a controller up.
 #[derive(Debug, Clone)]
@@ -844,7 +846,7 @@ fn identify_namespaces(
 ) -> Result<Vec<Namespace>, Error> {
     let mut buf = vec![0u8; 4096];
     // Active Namespace ID list (NVMe 1.1+); older controllers: every id up to NN.
-    let ids: Vec<u32> = match admin.execute(
+    let mut ids: Vec<u32> = match admin.execute(
         name,
         regs,
         Sqe::identify(Cns::ActiveNamespaceList, 0),
@@ -857,8 +859,15 @@ fn identify_namespaces(
         Err(Error::Command { .. }) => (1..=ctrl.nn.min(1024)).collect(),
         Err(e) => return Err(e),
     };
+    // The list is ascending by the spec; a broken one must not make a namespace appear twice.
+    ids.sort_unstable();
+    ids.dedup();
     let mut namespaces = Vec::new();
     for nsid in ids {
+        if nsid > MAX_NSID {
+            log::warn!("{name}: namespace {nsid}: IDs above {MAX_NSID} are not supported; skipped");
+            continue;
+        }
         admin.execute(
             name,
             regs,
@@ -894,7 +903,7 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
         .map(|n| n.nsid)
         .max()
         .unwrap_or(0)
-        .min(4096) as usize;
+        .min(MAX_NSID) as usize;
     let mut table = vec![
         NamespaceGeometry {
             nsid: 0,

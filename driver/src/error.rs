@@ -64,7 +64,7 @@ pub enum SubmitError {
     NotBlockMultiple { bytes: u64, block_size: u32 },
     #[error("{blocks} blocks in one command: 1 to 65536")]
     BlockCount { blocks: u64 },
-    #[error("buffer IOVA {iova:#x} is not dword aligned")]
+    #[error("buffer IOVA {iova:#x} is not dword aligned, or the buffer is empty or runs past the end of the IOVA space")]
     Misaligned { iova: u64 },
     #[error("the controller does not support {what}")]
     Unsupported { what: &'static str },

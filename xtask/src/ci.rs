@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::cmd::{self, sh_quote};
 use crate::vm::run::{self, RunArgs};
 
-/// fmt, clippy with warnings denied, the workspace tests, then the VM tests.
+/// fmt, clippy with warnings denied, the workspace tests, a short fuzzing run, then the VM tests.
 pub fn run() -> Result<()> {
     let root = crate::workspace_root();
     let started = Instant::now();
@@ -46,6 +46,7 @@ pub fn run() -> Result<()> {
         )?;
         eprintln!("{step}: ok in {:.0} s", t.elapsed().as_secs_f64());
     }
+    fuzz_step(&root)?;
     let t = Instant::now();
     eprintln!("ci: cargo xtask vm-test");
     crate::vm::test::run(crate::vm::test::VmTestArgs {
@@ -55,6 +56,41 @@ pub fn run() -> Result<()> {
     })?;
     eprintln!("ci: vm-test ok in {:.0} s", t.elapsed().as_secs_f64());
     eprintln!("ci: all green in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Seconds of fuzzing per target in CI.
+const CI_FUZZ_SECONDS: u64 = 20;
+
+/// The fuzzing entry points (`--features fuzzing`): clippy, their unit tests on handcrafted
+/// inputs, then a short libFuzzer run of every target.
+fn fuzz_step(root: &std::path::Path) -> Result<()> {
+    let t = Instant::now();
+    eprintln!("ci: fuzzing: entry points, then {CI_FUZZ_SECONDS} s per target");
+    let driver = ["-p", "usnvme-driver", "--features", "fuzzing"];
+    cmd::run(
+        "ci: clippy --features fuzzing",
+        Command::new("cargo")
+            .arg("clippy")
+            .args(driver)
+            .args(["--all-targets", "--", "-D", "warnings"])
+            .current_dir(root),
+        "fix the clippy findings above",
+    )?;
+    cmd::run(
+        "ci: fuzzing entry point tests",
+        Command::new("cargo")
+            .arg("test")
+            .args(driver)
+            .args(["--lib", "fuzzing"])
+            .current_dir(root),
+        "fix the failing tests above",
+    )?;
+    crate::fuzz::run(&crate::fuzz::FuzzArgs {
+        seconds: CI_FUZZ_SECONDS,
+        targets: Vec::new(),
+    })?;
+    eprintln!("ci: fuzzing ok in {:.0} s", t.elapsed().as_secs_f64());
     Ok(())
 }
 

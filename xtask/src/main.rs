@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod cmd;
+mod fuzz;
 mod vm;
 
 use std::path::{Path, PathBuf};
@@ -31,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Everything CI checks: fmt, clippy, the workspace tests, the VM tests.
     Ci,
+    /// Run the cargo-fuzz targets of driver/fuzz (installs cargo-fuzz if missing).
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Demo => ci::demo(),
         Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),
         Command::Ci => ci::run().map(|_| ExitCode::SUCCESS),
+        Command::Fuzz(args) => fuzz::run(&args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

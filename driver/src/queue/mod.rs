@@ -71,6 +71,8 @@ struct Tracker {
     started_ms: u32,
     busy: bool,
     abort_sent: bool,
+    /// Where the command went in the SQ, counted from the queue's creation (wrapping).
+    sq_position: u32,
 }
 
 /// Where the doorbells of this queue are: MMIO offsets, and the shadow doorbell / EventIdx
@@ -138,6 +140,10 @@ pub struct QueuePair {
     // hot: touched per command
     sq_tail: u16,
     sq_head: u16,
+    /// Commands written to the SQ, and the SQ head, counted from the queue's creation
+    /// (wrapping): a completion's SQ head is checked against them.
+    sq_written: u32,
+    sq_fetched: u32,
     sq_tail_rung: u16,
     cq_head: u16,
     cq_phase: bool,
@@ -203,6 +209,8 @@ impl QueuePair {
         QueuePair {
             sq_tail: 0,
             sq_head: 0,
+            sq_written: 0,
+            sq_fetched: 0,
             sq_tail_rung: 0,
             cq_head: 0,
             cq_phase: true,
@@ -375,7 +383,8 @@ impl QueuePair {
                 max: self.max_transfer,
             });
         }
-        if !buf.iova.is_multiple_of(4) || buf.len == 0 {
+        // (an IOVA range that wraps the address space would make the PRP arithmetic wrap)
+        if !buf.iova.is_multiple_of(4) || buf.len == 0 || buf.iova > u64::MAX - (2 << 20) {
             return Err(SubmitError::Misaligned { iova: buf.iova });
         }
         let cid = self.take_cid()?;
@@ -463,6 +472,23 @@ impl QueuePair {
         })
     }
 
+    /// The count of fetched commands an SQ head of `sqhd` means, if it lies between the last
+    /// head and the tail.
+    #[inline]
+    fn fetched_after(&self, sqhd: u16) -> Option<u32> {
+        if sqhd >= self.depth {
+            return None;
+        }
+        // ring distance from the last head, without a division
+        let ahead = if sqhd >= self.sq_head {
+            (sqhd - self.sq_head) as u32
+        } else {
+            sqhd as u32 + self.depth as u32 - self.sq_head as u32
+        };
+        let fetched = self.sq_fetched.wrapping_add(ahead);
+        (self.sq_written.wrapping_sub(fetched) as i32 >= 0).then_some(fetched)
+    }
+
     /// The ring index after `index` (no division on the hot path).
     #[inline]
     fn next(&self, index: u16) -> u16 {
@@ -495,7 +521,9 @@ impl QueuePair {
             started_ms: self.now_ms,
             busy: true,
             abort_sent: false,
+            sq_position: self.sq_written,
         };
+        self.sq_written = self.sq_written.wrapping_add(1);
         self.sq_tail = self.next(self.sq_tail);
         self.in_flight += 1;
         self.stats.submitted += 1;
@@ -552,8 +580,14 @@ impl QueuePair {
             }
             consumed = true;
             let cid = cqe.cid;
-            let known = self.trackers.get(cid as usize).is_some_and(|t| t.busy);
-            if !known || cqe.sqhd >= self.depth {
+            // The SQ head a completion reports does not move back and not past the tail, and
+            // lies past the command (a controller fetches a command before completing it). A
+            // late copy of an older completion whose id was reused since fails the last test.
+            let fetched = self.fetched_after(cqe.sqhd);
+            let known = self.trackers.get(cid as usize).is_some_and(|t| {
+                t.busy && fetched.is_some_and(|f| f.wrapping_sub(t.sq_position) as i32 > 0)
+            });
+            if !known {
                 self.stats.garbage += 1;
                 log::error!(
                     "queue {}: completion for command id {cid} (sqhd {}) that is not in flight: ignored",
@@ -563,6 +597,7 @@ impl QueuePair {
                 continue;
             }
             self.sq_head = cqe.sqhd;
+            self.sq_fetched = fetched.unwrap_or(self.sq_fetched);
             let tracker = &mut self.trackers[cid as usize];
             tracker.busy = false;
             let token = tracker.token;
@@ -575,6 +610,10 @@ impl QueuePair {
                 status: cqe.status(),
                 dw0: cqe.dw0,
             });
+        }
+        if self.in_flight == 0 {
+            // every command written has completed, so the controller fetched them all
+            (self.sq_head, self.sq_fetched) = (self.sq_tail, self.sq_written);
         }
         if consumed {
             let shadow = self.doorbells.shadow.as_ref().map(|s| (s.cq_head, s));

@@ -34,6 +34,7 @@ impl QueuePair {
         if !zeroed {
             self.dead = true;
         }
+        (self.sq_written, self.sq_fetched) = (0, 0);
         (
             self.sq_tail,
             self.sq_head,

@@ -89,8 +89,15 @@ const _: () = {
     assert!(offset_of!(SmartLog, thermal_total_times) == 224);
 };
 
+/// Kelvin to degrees Celsius, saturating: above 33040 K (a broken sensor, or 0xffff for "no
+/// reading") an `i16` cannot hold the value, and a wrapped one would read as a cold drive.
 const fn kelvin_to_celsius(kelvin: u16) -> i16 {
-    (kelvin as i32 - 273) as i16
+    let celsius = kelvin as i32 - 273;
+    if celsius > i16::MAX as i32 {
+        i16::MAX
+    } else {
+        celsius as i16
+    }
 }
 
 impl SmartLog {
@@ -286,6 +293,13 @@ mod tests {
         assert_eq!(log.sensor_celsius(2), None);
         assert_eq!(log.sensor_celsius(0), None);
         assert_eq!(log.sensor_celsius(9), None);
+        let mut hot = log;
+        hot.composite_temperature = 0xffffu16.to_le_bytes();
+        assert_eq!(
+            hot.temperature_celsius(),
+            i16::MAX,
+            "saturates, does not wrap"
+        );
         assert_eq!(log.data_units_read(), (1 << 64) + 5);
         assert_eq!(log.data_units_written(), 1000);
         assert_eq!(log.bytes_written(), 512_000_000);
