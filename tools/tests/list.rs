@@ -1,27 +1,10 @@
 //! `usnvme list` run as a process against fake sysfs trees (`USNVME_SYSFS_ROOT`).
 
-use std::path::Path;
-use std::process::{Command, Output};
-
 use serde_json::Value;
 use usnvme_driver::pci::fake::FakeSysfs;
 
-fn usnvme(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_usnvme"))
-        .args(args)
-        .env("USNVME_SYSFS_ROOT", root)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run usnvme")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
+mod common;
+use common::{stderr, stdout, usnvme};
 
 /// Two QEMU NVMe controllers: one on vfio-pci, alone in its IOMMU group on a Gen5 x4 link; one
 /// on the kernel driver, sharing its group with a NIC, with an unknown link and namespaces in use.

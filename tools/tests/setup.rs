@@ -4,26 +4,11 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use usnvme_driver::pci::fake::FakeSysfs;
 
-fn usnvme(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_usnvme"))
-        .args(args)
-        .env("USNVME_SYSFS_ROOT", root)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run usnvme")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
+mod common;
+use common::{stderr, stdout, usnvme};
 
 fn read(fake: &FakeSysfs, rel: &str) -> String {
     fs::read_to_string(fake.root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))

@@ -59,58 +59,52 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let engine_bench = example("engine_bench");
     let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
 
-    let mut rows = Vec::new();
-    let driver_cases = [
-        ("driver, 1 drive, QD 128", s(&["1", "128"])),
-        ("driver, 24 drives, QD 128 each", s(&["24", "128"])),
+    // (label, program, arguments; `{ios}` stands for the I/O count)
+    let cases = [
+        (
+            "driver, 1 drive, QD 128",
+            "null_bench",
+            s(&["1", "128", "{ios}"]),
+        ),
+        (
+            "driver, 24 drives, QD 128 each",
+            "null_bench",
+            s(&["24", "128", "{ios}"]),
+        ),
+        (
+            "engine, namespace, 1 drive, QD 128",
+            "engine_bench",
+            s(&["namespace", "1", "128", "{ios}", "0"]),
+        ),
+        (
+            "engine, namespaces, 24 drives, QD 128 each",
+            "engine_bench",
+            s(&["namespace", "24", "128", "{ios}", "0"]),
+        ),
+        (
+            "engine, stripe over 24 drives, QD 3072",
+            "engine_bench",
+            s(&["stripe", "24", "3072", "{ios}", "0"]),
+        ),
     ];
-    for (label, a) in &driver_cases {
+    let mut rows = Vec::new();
+    for (label, program, a) in &cases {
         println!("bench: {label}");
-        let mut native_args = a.clone();
-        native_args.push(native_ios.to_string());
-        let native = host::native(&null_bench, &native_args, runs)?;
-        let mut cg_args = a.clone();
-        cg_args.push("{ios}".into());
-        let split = host::callgrind(&null_bench, &cg_args, callgrind_ios)?;
+        let native_args: Vec<String> = a
+            .iter()
+            .map(|x| x.replace("{ios}", &native_ios.to_string()))
+            .collect();
+        let native = host::native(&example(program), &native_args, runs)?;
+        let split = host::callgrind(&example(program), a, callgrind_ios)?;
         rows.push(HostRow {
             label: label.to_string(),
-            command: format!("null_bench {} {native_ios}", a.join(" ")),
+            command: format!("{program} {}", native_args.join(" ")),
             iops: native.iops,
             split,
             line: native.line,
         });
     }
     let cycles = host::cycles(&null_bench, &s(&["1", "128", "{ios}"]), callgrind_ios * 10)?;
-    let engine_cases = [
-        (
-            "engine, namespace, 1 drive, QD 128",
-            s(&["namespace", "1", "128"]),
-        ),
-        (
-            "engine, namespaces, 24 drives, QD 128 each",
-            s(&["namespace", "24", "128"]),
-        ),
-        (
-            "engine, stripe over 24 drives, QD 3072",
-            s(&["stripe", "24", "3072"]),
-        ),
-    ];
-    for (label, a) in &engine_cases {
-        println!("bench: {label}");
-        let mut native_args = a.clone();
-        native_args.extend([native_ios.to_string(), "0".into()]);
-        let native = host::native(&engine_bench, &native_args, runs)?;
-        let mut cg_args = a.clone();
-        cg_args.extend(["{ios}".into(), "0".into()]);
-        let split = host::callgrind(&engine_bench, &cg_args, callgrind_ios)?;
-        rows.push(HostRow {
-            label: label.to_string(),
-            command: format!("engine_bench {} {native_ios} 0", a.join(" ")),
-            iops: native.iops,
-            split,
-            line: native.line,
-        });
-    }
     let mut scale = Vec::new();
     for cores in ["0", "0-1"] {
         println!("bench: engine on 24 drives, cores {cores}");
