@@ -308,7 +308,9 @@ fn vm_section(m: &mut String, vm: &VmResults, args: &BenchArgs) -> Result<()> {
          not a hardware figure; only the ratios mean something. 4 KiB random reads, {} s per \
          run after 1 s of warm-up; QD is per drive per core for both (fio gets `iodepth = QD × \
          drives` per job and one job per core). Polled io_uring uses the nvme driver's poll \
-         queues (`poll_queues=2`).\n",
+         queues (`poll_queues=2`). With 2 cores, both vCPUs poll while QEMU emulates the \
+         drives in a third thread: on a host with only 2 cores that oversubscribes it, so the \
+         2-core rows measure the host more than the drivers.\n",
         args.seconds
     )?;
     if vm.exit_code != 0 {
