@@ -18,10 +18,6 @@ pub const WANTED: &[&str] = &[
     "virtio_pci",
     "9pnet_virtio",
     "9p",
-    // a block file system, for the test of `usnvme setup` refusing a drive that holds a mounted
-    // one; ext4 looks its checksum up in the crypto API at mount time
-    "crc32c_generic",
-    "ext4",
     // last: loaded by /init only when some drives stay on the kernel driver
     "nvme",
 ];

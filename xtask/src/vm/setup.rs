@@ -92,11 +92,7 @@ pub fn ensure() -> Result<(Assets, bool)> {
     let initramfs_stamp = dir.join("initramfs.from");
     let busybox = Path::new("/bin/busybox");
     let busybox_len = std::fs::metadata(busybox).map(|m| m.len()).unwrap_or(0);
-    let want = format!(
-        "{release}\n{busybox_len}\n{}\n{}",
-        super::kmod::WANTED.join(","),
-        initramfs::INIT_SCRIPT
-    );
+    let want = format!("{release}\n{busybox_len}\n{}", initramfs::INIT_SCRIPT);
     if !initramfs.exists()
         || std::fs::read_to_string(&initramfs_stamp).ok().as_deref() != Some(want.as_str())
     {
