@@ -49,6 +49,13 @@ impl Native {
     }
 }
 
+/// `args` with the `{ios}` placeholder replaced by the I/O count `n`.
+pub fn with_ios(args: &[String], n: u64) -> Vec<String> {
+    args.iter()
+        .map(|a| a.replace("{ios}", &n.to_string()))
+        .collect()
+}
+
 pub fn example(name: &str) -> PathBuf {
     crate::target_dir().join("release/examples").join(name)
 }
@@ -85,10 +92,7 @@ pub fn callgrind(program: &Path, args: &[String], ios: u64) -> Result<Split> {
             "callgrind.{}.{n}",
             program.file_name().unwrap_or_default().to_string_lossy()
         ));
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| a.replace("{ios}", &n.to_string()))
-            .collect();
+        let args = with_ios(args, n);
         cmd::output(
             "bench: valgrind --tool=callgrind",
             Command::new("valgrind")
@@ -162,10 +166,7 @@ pub fn cycles(program: &Path, args: &[String], ios: u64) -> Result<Option<f64>> 
     }
     let mut counts = Vec::new();
     for n in [ios, 2 * ios] {
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| a.replace("{ios}", &n.to_string()))
-            .collect();
+        let args = with_ios(args, n);
         let out = Command::new("perf")
             .args(["stat", "-x,", "-e", "cycles"])
             .arg(program)

@@ -90,10 +90,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for (label, program, a) in &cases {
         println!("bench: {label}");
-        let native_args: Vec<String> = a
-            .iter()
-            .map(|x| x.replace("{ios}", &native_ios.to_string()))
-            .collect();
+        let native_args = host::with_ios(a, native_ios);
         let native = host::native(&example(program), &native_args, runs)?;
         let split = host::callgrind(&example(program), a, callgrind_ios)?;
         rows.push(HostRow {
