@@ -97,6 +97,15 @@ pub enum EngineError {
     NoDevices,
     #[error("reactor on core {cpu}: {what}")]
     Reactor { cpu: usize, what: String },
+    #[error(
+        "{device}: no I/O queue left on {drive}: the controller granted {granted} I/O queue \
+         pair(s) and the devices before it use them all (run fewer devices or namespaces on it)"
+    )]
+    NoQueue {
+        device: String,
+        drive: String,
+        granted: u16,
+    },
 }
 
 /// How the engine runs.
@@ -141,11 +150,50 @@ pub struct ReactorInfo {
     pub memory_node: Option<u32>,
     /// The run's devices this reactor serves (indices into the list given to `start`).
     pub devices: Vec<usize>,
+    /// For each of `devices`: which of the reactors serving that device this one is, so that a
+    /// job can split the device between them.
+    pub shares: Vec<Share>,
+}
+
+/// A reactor's place among the reactors that serve one device: the `index`-th of `of`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub index: usize,
+    pub of: usize,
+}
+
+/// Which reactors serve each device of a run (see [`Engine::assign`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// Per device (in the order given): the reactors serving it, as indices into
+    /// `placement().reactors`, ascending.
+    pub serving: Vec<Vec<usize>>,
+    /// Devices served by fewer reactors than the placement would give them, because a
+    /// controller under them granted fewer I/O queue pairs.
+    pub limited: Vec<QueueLimited>,
+}
+
+/// A device served by fewer reactors than placed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLimited {
+    pub device: usize,
+    /// The drive whose queues ran out, and how many it granted.
+    pub drive: String,
+    pub granted: u16,
+    /// The CPUs that serve the device, and those the placement had chosen.
+    pub cpus: Vec<usize>,
+    pub placed_cpus: Vec<usize>,
 }
 
 /// Work a reactor does: `turn` is called in a loop on the reactor's thread.
 pub trait Job: Send + 'static {
     type Output: Send + 'static;
+    /// Set-up before any I/O (buffers, per-device state): every reactor prepares its job, and
+    /// only when all are ready does any of them start turning, so that no I/O is timed while
+    /// another reactor is still setting up.
+    fn prepare(&mut self, _ctx: &mut ReactorContext) -> Result<(), String> {
+        Ok(())
+    }
     /// One pass: submit and poll on the reactor's channels. False when the job is done.
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool;
     /// After the loop and after every channel drained.
@@ -210,9 +258,9 @@ impl Engine {
         devices
     }
 
-    /// The reactors that serve `device`: those that serve all of its drives; else those that
-    /// serve any; else all.
-    fn serving(&self, device: &dyn BlockDevice) -> Vec<usize> {
+    /// The reactors the placement gives `device`: those that serve all of its drives; else
+    /// those that serve any; else all.
+    fn placed(&self, device: &dyn BlockDevice) -> Vec<usize> {
         let drives = device.drives();
         let reactors = &self.placement.reactors;
         let all: Vec<usize> = (0..reactors.len())
@@ -230,6 +278,65 @@ impl Engine {
         (0..reactors.len()).collect()
     }
 
+    /// Which reactors serve each of `devices`. Every reactor serving a device owns one I/O queue
+    /// pair on each drive under it, so a drive whose controller granted fewer queue pairs than
+    /// the placement would use is served by as many reactors as it has queues: those with the
+    /// fewest devices so far, so that such drives spread over the cores. Everyone else keeps
+    /// the placement's reactors. The same devices always get the same answer.
+    pub fn assign(&self, devices: &[Arc<dyn BlockDevice>]) -> Result<Assignment, EngineError> {
+        let mut left: Vec<u16> = self
+            .drives
+            .iter()
+            .map(|d| d.controller.io_queues_granted())
+            .collect();
+        let mut load = vec![0usize; self.placement.reactors.len()];
+        let mut serving = Vec::with_capacity(devices.len());
+        let mut limited = Vec::new();
+        for (i, dev) in devices.iter().enumerate() {
+            let drives = dev.drives();
+            let mut placed = self.placed(dev.as_ref());
+            let mut by_load = placed.clone();
+            by_load.sort_by_key(|&r| load[r]);
+            let mut chosen = Vec::with_capacity(placed.len());
+            for r in by_load {
+                if drives.iter().all(|&d| left.get(d).is_some_and(|&q| q > 0)) {
+                    drives.iter().for_each(|&d| left[d] -= 1);
+                    load[r] += 1;
+                    chosen.push(r);
+                }
+            }
+            chosen.sort_unstable();
+            if chosen.len() < placed.len() {
+                let short = drives
+                    .iter()
+                    .copied()
+                    .find(|&d| left.get(d).is_none_or(|&q| q == 0))
+                    .and_then(|d| self.drives.get(d));
+                let (drive, granted) = short.map_or((String::new(), 0), |d| {
+                    (d.spec.to_string(), d.controller.io_queues_granted())
+                });
+                if chosen.is_empty() {
+                    return Err(EngineError::NoQueue {
+                        device: dev.info().name.clone(),
+                        drive,
+                        granted,
+                    });
+                }
+                let cpu = |r: &usize| self.placement.reactors[*r].cpu;
+                placed.sort_unstable();
+                limited.push(QueueLimited {
+                    device: i,
+                    drive,
+                    granted,
+                    cpus: chosen.iter().map(cpu).collect(),
+                    placed_cpus: placed.iter().map(cpu).collect(),
+                });
+            }
+            serving.push(chosen);
+        }
+        Ok(Assignment { serving, limited })
+    }
+
     /// Starts `make_job` on every reactor that serves one of `devices`, each pinned to its core
     /// with its own channels. Returns once every reactor is set up (or one failed).
     pub fn start<J, F>(
@@ -244,10 +351,16 @@ impl Engine {
         if devices.is_empty() {
             return Err(EngineError::NoDevices);
         }
-        let mut per_reactor: Vec<Vec<usize>> = vec![Vec::new(); self.placement.reactors.len()];
-        for (i, dev) in devices.iter().enumerate() {
-            for r in self.serving(dev.as_ref()) {
-                per_reactor[r].push(i);
+        let assignment = self.assign(&devices)?;
+        let mut per_reactor: Vec<Vec<(usize, Share)>> =
+            vec![Vec::new(); self.placement.reactors.len()];
+        for (i, serving) in assignment.serving.iter().enumerate() {
+            for (index, &r) in serving.iter().enumerate() {
+                let share = Share {
+                    index,
+                    of: serving.len(),
+                };
+                per_reactor[r].push((i, share));
             }
         }
         let devices: Arc<[Arc<dyn BlockDevice>]> = Arc::from(devices);
@@ -270,7 +383,8 @@ impl Engine {
                 cpu: plan.cpu,
                 node: plan.node,
                 memory_node,
-                devices: served,
+                devices: served.iter().map(|&(d, _)| d).collect(),
+                shares: served.iter().map(|&(_, s)| s).collect(),
             };
             let (control_tx, control_rx) = unbounded();
             let (reply_tx, reply_rx) = bounded(1);
@@ -309,6 +423,10 @@ impl Engine {
                 }
                 Err(_) => break,
             }
+        }
+        // Every reactor is set up: they start their I/O together.
+        for r in &run.reactors {
+            let _ = r.control.send(Control::Start);
         }
         Ok(run)
     }
@@ -595,6 +713,8 @@ struct Setup {
 }
 
 enum Control {
+    /// Every reactor is ready: start turning the job.
+    Start,
     Stats,
     Stop,
 }
@@ -666,23 +786,40 @@ fn reactor<J: Job>(
         devices,
         started: Instant::now(),
     };
+    if let Err(what) = job.prepare(&mut ctx) {
+        let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
+        return None;
+    }
     let _ = ready.send(Ok(()));
-    let mut turns = 0u32;
+    // Wait for every other reactor (an error elsewhere stops this one before any I/O).
+    let mut stop = false;
     loop {
+        match control.recv() {
+            Ok(Control::Start) => break,
+            Ok(Control::Stats) => {
+                let _ = replies.send(ctx.snapshot());
+            }
+            Ok(Control::Stop) | Err(_) => {
+                stop = true;
+                break;
+            }
+        }
+    }
+    ctx.started = Instant::now();
+    let mut turns = 0u32;
+    while !stop {
         let more = job.turn(&mut ctx);
         turns = turns.wrapping_add(1);
         if !more || turns.is_multiple_of(CONTROL_EVERY) {
-            let mut stop = !more;
+            stop = !more;
             while let Ok(msg) = control.try_recv() {
                 match msg {
                     Control::Stats => {
                         let _ = replies.send(ctx.snapshot());
                     }
                     Control::Stop => stop = true,
+                    Control::Start => {}
                 }
-            }
-            if stop {
-                break;
             }
         }
     }
@@ -775,6 +912,7 @@ impl<O> Run<O> {
 mod tests {
     use super::*;
     use crate::topology::Topology;
+    use crate::StripeDevice;
 
     /// Keeps 4 reads in flight on every device for `for_`; counts what completed how.
     struct Reads {
@@ -893,5 +1031,125 @@ mod tests {
         assert!(*ok1 > 0, "sim:1 ran before its removal: {out:?}");
         assert!(*gone1 > 0 && *other1 == 0, "{out:?}");
         assert_eq!(removed1.as_deref(), Some("sim:1"));
+    }
+
+    fn sim_engine(specs: &[&str], cores: &[usize]) -> Engine {
+        let opener = Opener::new("/nonexistent");
+        let specs: Vec<DeviceSpec> = specs
+            .iter()
+            .map(|s| s.parse().expect("a sim spec"))
+            .collect();
+        let drives = attach(
+            &opener,
+            &Sysfs::new(),
+            &specs,
+            &ControllerOptions::default(),
+        )
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("attached");
+        Engine::new(
+            Topology::new(vec![], cores.to_vec()),
+            drives,
+            EngineOptions {
+                cores: cores.to_vec(),
+                ..EngineOptions::default()
+            },
+        )
+        .expect("engine")
+    }
+
+    #[test]
+    fn drives_with_fewer_queues_than_cores_are_spread_within_what_they_granted() {
+        let engine = sim_engine(&["sim:0-3,queues=1", "sim:4", "sim:5-6,queues=1"], &[0, 1]);
+        let mut devices = engine.namespaces();
+        let members = devices.split_off(5);
+        let stripe = StripeDevice::new("stripe0", members, 128 << 10).expect("stripe");
+        devices.push(Arc::new(stripe));
+        let a = engine.assign(&devices).expect("assigned");
+        // one queue each: alternately on the two cores; sim:4 keeps both; the stripe of two
+        // one-queue drives gets one core, the less loaded
+        let expected: [&[usize]; 6] = [&[0], &[1], &[0], &[1], &[0, 1], &[0]];
+        assert_eq!(a.serving, expected);
+        let limited: Vec<(usize, &str, u16, &[usize])> = a
+            .limited
+            .iter()
+            .map(|l| (l.device, l.drive.as_str(), l.granted, l.cpus.as_slice()))
+            .collect();
+        let expected: [(usize, &str, u16, &[usize]); 5] = [
+            (0, "sim:0", 1, &[0]),
+            (1, "sim:1", 1, &[1]),
+            (2, "sim:2", 1, &[0]),
+            (3, "sim:3", 1, &[1]),
+            (5, "sim:5", 1, &[0]),
+        ];
+        assert_eq!(limited, expected);
+        assert!(a.limited.iter().all(|l| l.placed_cpus == [0, 1]));
+        // the same devices, the same answer (perf splits regions by it before starting)
+        assert_eq!(engine.assign(&devices).expect("assigned"), a);
+        // a second namespace device on a one-queue drive has none left
+        let twice = vec![devices[0].clone(), devices[0].clone()];
+        let err = engine.assign(&twice).expect_err("no queue left");
+        assert!(
+            matches!(err, EngineError::NoQueue { granted: 1, .. }),
+            "{err}"
+        );
+    }
+
+    /// Records when it finished preparing and when it first turned.
+    struct Stamps {
+        slow: bool,
+        prepared: Option<Instant>,
+        first_turn: Option<Instant>,
+    }
+
+    impl Job for Stamps {
+        type Output = (Instant, Instant);
+
+        fn prepare(&mut self, _ctx: &mut ReactorContext) -> Result<(), String> {
+            if self.slow {
+                // a reactor whose set-up takes long (buffers, queue creation on a busy drive)
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            self.prepared = Some(Instant::now());
+            Ok(())
+        }
+
+        fn turn(&mut self, _ctx: &mut ReactorContext) -> bool {
+            self.first_turn.get_or_insert_with(Instant::now);
+            false
+        }
+
+        fn finish(self, _ctx: &mut ReactorContext) -> Self::Output {
+            let never = Instant::now();
+            (
+                self.prepared.unwrap_or(never),
+                self.first_turn.unwrap_or(never),
+            )
+        }
+    }
+
+    #[test]
+    fn no_reactor_starts_its_io_before_every_reactor_is_set_up() {
+        let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+        let cores: Vec<usize> = topology.allowed.iter().copied().take(2).collect();
+        let engine = sim_engine(&["sim:0-1"], &cores);
+        let run = engine
+            .start(engine.namespaces(), |info| Stamps {
+                slow: info.index == 0,
+                prepared: None,
+                first_turn: None,
+            })
+            .expect("started");
+        let results = run.wait().expect("ran");
+        assert_eq!(results.len(), cores.len());
+        let last_prepared = results.iter().map(|r| r.output.0).max().expect("a reactor");
+        for r in &results {
+            assert!(
+                r.output.1 >= last_prepared,
+                "reactor {} turned before the slow one was ready",
+                r.info.index
+            );
+        }
     }
 }

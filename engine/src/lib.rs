@@ -18,5 +18,6 @@ pub use block::{
     NamespaceDevice, Op, StripeDevice,
 };
 pub use engine::{
-    attach, Drive, Engine, EngineError, EngineOptions, Job, ReactorContext, ReactorInfo, Run,
+    attach, Assignment, Drive, Engine, EngineError, EngineOptions, Job, QueueLimited,
+    ReactorContext, ReactorInfo, Run, Share,
 };
