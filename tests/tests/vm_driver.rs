@@ -16,9 +16,13 @@ use usnvme_tests::{drive_index, expect_on_host, pattern, vfio_controllers, VmBed
 
 const NSID: u32 = 1;
 
+/// Shadow doorbells on (off by default): these suites keep that path tested on QEMU's NVMe.
 fn open(vfio: &Arc<Vfio>, addr: PciAddress) -> Controller {
-    Controller::open(vfio, addr, ControllerOptions::default())
-        .unwrap_or_else(|e| panic!("{addr}: {e}"))
+    let options = ControllerOptions {
+        shadow_doorbells: true,
+        ..ControllerOptions::default()
+    };
+    Controller::open(vfio, addr, options).unwrap_or_else(|e| panic!("{addr}: {e}"))
 }
 
 fn open_all() -> (Arc<Vfio>, Vec<Controller>) {

@@ -385,10 +385,10 @@ impl Harness {
         self.report.submitted += 1;
     }
 
-    /// PRPs: PRP1 the buffer, PRP2 the second page or a list of every later page; SGL: one data
-    /// block of the buffer.
+    /// PRPs: PRP1 the buffer, PRP2 the second page or a list of every later page; with SGLs,
+    /// a transfer of more than two pages is one data block of the buffer instead of a list.
     fn check_data_pointer(&self, sqe: &Sqe, buf: IoBuffer) {
-        if self.use_sgl {
+        if self.use_sgl && prp::pages(buf.iova, buf.len) > 2 {
             assert_eq!(sqe.psdt(), 1);
             let sgl = sqe.sgl();
             assert_eq!((sgl.address, sgl.length), (buf.iova, buf.len));

@@ -19,6 +19,7 @@ use crate::prp::PAGE;
 use crate::regs::Registers;
 use crate::sim::{SimConfig, SimController};
 use crate::spec::command::Cns;
+use crate::spec::identify::SglSupport;
 use crate::spec::log::CriticalWarning;
 use crate::spec::registers::{reg, sq_tail_doorbell};
 use crate::spec::{
@@ -236,7 +237,13 @@ pub(super) fn run_identify(data: &[u8]) -> IdentifyReport {
         .min(DRIVER_MAX_TRANSFER);
     assert_eq!(ctrl.max_transfer(), expected_max);
     assert!(ctrl.max_transfer() >= 2 * PAGE);
-    assert!(!ctrl.uses_sgl(), "SGLs were not asked for");
+    // SGLs (asked for by default) exactly where the fuzzed SGLS field offers them
+    assert_eq!(
+        ctrl.uses_sgl(),
+        matches!(id.sgl_support(), SglSupport::Any | SglSupport::DwordAligned),
+        "SGLS {:#x}",
+        id.sgls
+    );
 
     // the namespaces: those of the list (or 1..=NN), in order, each with the page it was given
     let asked: Vec<u32> = if list_unsupported {

@@ -388,9 +388,7 @@ impl QueuePair {
             return Err(SubmitError::Misaligned { iova: buf.iova });
         }
         let cid = self.take_cid()?;
-        if self.use_sgl {
-            sqe.set_sgl(SglDescriptor::data_block(buf.iova, buf.len));
-        } else if let Err(e) = self.set_prps(&mut sqe, cid, buf) {
+        if let Err(e) = self.describe_data(&mut sqe, cid, buf) {
             self.free_cids.push(cid);
             return Err(e);
         }
@@ -398,10 +396,16 @@ impl QueuePair {
         Ok(())
     }
 
-    fn set_prps(&mut self, sqe: &mut Sqe, cid: u16, buf: IoBuffer) -> Result<(), SubmitError> {
+    /// PRP1 (and PRP2) for one or two pages; beyond that one SGL data block where the
+    /// controller takes SGLs, else a PRP list in the command's slot.
+    #[inline]
+    fn describe_data(&mut self, sqe: &mut Sqe, cid: u16, buf: IoBuffer) -> Result<(), SubmitError> {
         match prp::layout(buf.iova, buf.len) {
             PrpLayout::One { prp1 } => (sqe.prp1, sqe.prp2) = (prp1, 0),
             PrpLayout::Two { prp1, prp2 } => (sqe.prp1, sqe.prp2) = (prp1, prp2),
+            PrpLayout::List { .. } if self.use_sgl => {
+                sqe.set_sgl(SglDescriptor::data_block(buf.iova, buf.len))
+            }
             PrpLayout::List {
                 prp1,
                 first_entry,

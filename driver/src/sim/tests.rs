@@ -30,6 +30,8 @@ fn options() -> ControllerOptions {
         admin_depth: 16,
         admin_timeout: Duration::from_secs(5),
         page: PageSize::Small4K,
+        // off by default; these tests keep the shadow doorbell path tested
+        shadow_doorbells: true,
         ..ControllerOptions::default()
     }
 }
