@@ -66,7 +66,7 @@ fn run() -> Result<(), String> {
             c.create_queue_pair(QueuePairOptions {
                 // one more ring entry than commands in flight
                 depth: depth + 1,
-                timeout: None,
+                // production's command timeout (30 s): its checks are part of the cost
                 ..Default::default()
             })
         })

@@ -135,7 +135,7 @@ fn run() -> Result<(), String> {
             cores: cores.clone(),
             channel: ChannelOptions {
                 depth: depth + 1,
-                timeout: None,
+                // production's command timeout (30 s): its checks are part of the cost
                 ..Default::default()
             },
             ..Default::default()
