@@ -32,6 +32,9 @@ struct DeviceState {
     submitted: u64,
 }
 
+/// What a read buffer holds before the read.
+const POISON: u8 = 0xff;
+
 fn fill(seed: u64, block: u64, bs: u64) -> Vec<u8> {
     (0..bs)
         .map(|i| (seed.wrapping_mul(31).wrapping_add(block * 7 + i) % 251) as u8)
@@ -102,6 +105,11 @@ impl Job for Verify {
                         buf.write_from(&fill(seed, (offset / bs) + b, bs), (b * bs) as usize)
                             .expect("fill");
                     }
+                } else {
+                    // A read that completes but brings no data must not pass for what the
+                    // buffer held before (it may be this very block's last write): 0xff is a
+                    // byte `fill` never makes (mod 251).
+                    buf.fill(POISON);
                 }
                 let io = IoBuffer {
                     iova: buf.iova(),

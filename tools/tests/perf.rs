@@ -354,6 +354,96 @@ fn verify_catches_writes_the_simulated_drive_misdirects() {
     );
 }
 
+#[test]
+fn verify_on_a_drive_that_keeps_no_data_is_refused_before_any_io() {
+    // backend=null reads move no data: each would "mismatch" whatever the buffer held before.
+    let out = usnvme(&[
+        "-r", "sim:0-23", "-c", "0,1", "-w", "randrw", "-t", "1", "--verify",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        stderr.contains("--verify")
+            && stderr.contains("sim:0-23")
+            && stderr.contains("backend=ram"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(out.stdout.is_empty(), "no I/O, no results: {}", text(&out));
+}
+
+#[test]
+fn verify_on_healthy_ram_drives_from_two_cores_finds_no_mismatch() {
+    let doc = perf_json(
+        "healthy",
+        &[
+            "-r",
+            "sim:0-3,backend=ram,size=2M",
+            "-c",
+            "0,1",
+            "-w",
+            "randrw",
+            "-q",
+            "16",
+            "-t",
+            "1",
+            "--verify",
+        ],
+    );
+    // (perf_json asserted exit status 0: no mismatch) and both directions ran on every drive
+    for job in doc["jobs"].as_array().expect("jobs") {
+        assert!(f(&job["read"]["total_ios"]) > 0.0, "{job:#}");
+        assert!(f(&job["write"]["total_ios"]) > 0.0, "{job:#}");
+    }
+}
+
+/// A randrw --verify run on one RAM drive with the sim options `faults`; exit status and
+/// standard error.
+fn verify_with_fault(faults: &str, block_size: &str) -> (Option<i32>, String) {
+    let device = format!("sim:0,backend=ram,size=1M,bs={block_size},{faults}");
+    let out = usnvme(&[
+        "-r", &device, "-w", "randrw", "-q", "4", "-o", "8k", "-t", "1", "--verify",
+    ]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn verify_catches_one_byte_flipped_in_the_middle_of_a_block() {
+    // The drive flips the middle byte of the first block of every read from the 50th on: past
+    // any header, so only a check of the whole block sees it.
+    for (bs, middle) in [("512", 256), ("4096", 2048)] {
+        let (code, err) = verify_with_fault("corrupt=50", bs);
+        assert_eq!(code, Some(1), "bs {bs}: {err}");
+        let want =
+            format!("1 of {bs} bytes differ from what was written, the first at byte {middle}");
+        assert!(
+            err.contains("usnvme: verify: sim:0: LBA") && err.contains(&want),
+            "bs {bs}: {err}"
+        );
+    }
+}
+
+#[test]
+fn verify_reports_a_read_that_brings_no_data_as_such() {
+    // From the 50th read on, reads complete successfully without moving any data (QEMU's NVMe
+    // on a DMA to an unmapped IOVA): the buffer still holds what the run put there.
+    let (code, err) = verify_with_fault("nodata=50", "512");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("usnvme: verify: sim:0: LBA")
+            && err.contains("read brought no data (buffer still poisoned)"),
+        "{err}"
+    );
+    // not mistaken for stale data: no other kind of mismatch is reported
+    assert!(
+        !err.contains("holds the block") && !err.contains("differ from what was written"),
+        "{err}"
+    );
+}
+
 /// Starts `usnvme ARGS` and returns it once it has said it is measuring (or, for a sweep, once
 /// `ready` appears on its standard error), with the rest of its standard error.
 fn start_until(args: &[&str], ready: &str) -> (std::process::Child, String) {

@@ -112,6 +112,12 @@ pub enum FaultAction {
     Duplicate,
     /// A write executes one block after its LBA and completes successfully: silent corruption.
     MisdirectWrite,
+    /// A read executes and completes successfully, but the byte in the middle of its first block
+    /// reaches the host flipped: silent corruption in transfer.
+    CorruptRead,
+    /// A read completes successfully without moving any data into the host's buffer, as QEMU's
+    /// NVMe does when its DMA hits an unmapped IOVA.
+    ReadNoData,
 }
 
 /// A fault: `action` on up to `times` commands that match `when` (0: every one, forever).

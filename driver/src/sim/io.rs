@@ -4,7 +4,7 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Sq;
-use super::{Ctx, Outcome, SimNamespace};
+use super::{Ctx, FaultAction, Outcome, SimNamespace};
 use crate::spec::command::{DSM_DEALLOCATE, SGL_DATA_BLOCK, SGL_LAST_SEGMENT, SGL_SEGMENT};
 use crate::spec::{DsmRange, IoOpcode, SglDescriptor, Sqe, Status};
 
@@ -18,15 +18,16 @@ const BYTE_CDW12: u16 = 48;
 /// The most SGL descriptors one command may use, and segments it may chain.
 const MAX_SGL_DESCRIPTORS: u32 = 4096;
 
-pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
+/// `fault`: the fault that hit the command, if any (those that change how data moves act here).
+pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, fault: Option<FaultAction>) -> Outcome {
     if sqe.fuse() != 0 {
         return Outcome::fail(Status::INVALID_FIELD).at(1);
     }
     let op = IoOpcode::from_raw(sqe.opcode());
     let result = match op {
         Some(IoOpcode::Flush) => flush(ctx, sqe),
-        Some(IoOpcode::Read) => read_write(ctx, sq, sqe, false),
-        Some(IoOpcode::Write) => read_write(ctx, sq, sqe, true),
+        Some(IoOpcode::Read) => read_write(ctx, sq, sqe, false, fault),
+        Some(IoOpcode::Write) => read_write(ctx, sq, sqe, true, None),
         Some(IoOpcode::WriteZeroes) => write_zeroes(ctx, sqe),
         Some(IoOpcode::DatasetManagement) => dataset_management(ctx, sq, sqe),
         _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
@@ -59,7 +60,13 @@ fn flush(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
     Ok(Outcome::ok(0))
 }
 
-fn read_write(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, write: bool) -> Result<Outcome, Outcome> {
+fn read_write(
+    ctx: &Ctx,
+    sq: &mut Sq,
+    sqe: &Sqe,
+    write: bool,
+    fault: Option<FaultAction>,
+) -> Result<Outcome, Outcome> {
     let (index, ns) = namespace(ctx, sqe.nsid)?;
     let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
     let len = blocks * ns.block_size as u64;
@@ -87,13 +94,32 @@ fn read_write(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, write: bool) -> Result<Outcome,
             .bytes_written
             .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
     } else {
-        if store.keeps_data() {
+        // (faults on every read from the Nth on: a warning each would bury the output)
+        if fault == Some(FaultAction::ReadNoData) {
+            log::debug!(
+                "{}: fault: read at LBA {slba} completes without moving data",
+                ctx.inner.config.serial
+            );
+        }
+        if store.keeps_data() && fault != Some(FaultAction::ReadNoData) {
             sq.data.clear();
             sq.data.resize(len as usize, 0);
             store.read(offset, &mut sq.data);
+            if fault == Some(FaultAction::CorruptRead) {
+                // one byte, in the middle of the first block: past any header a check may read
+                let middle = ns.block_size as usize / 2;
+                if let Some(byte) = sq.data.get_mut(middle) {
+                    *byte ^= 0x20;
+                }
+                log::debug!(
+                    "{}: fault: read at LBA {slba} delivers byte {middle} flipped",
+                    ctx.inner.config.serial
+                );
+            }
             scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
         } else {
-            // like null_blk: no data moves, the buffer keeps what it held
+            // like null_blk (or a read a fault keeps from moving data): the buffer keeps what
+            // it held
             check_mapped(ctx, &sq.segs).map_err(|e| e.lba(slba))?;
         }
         counters

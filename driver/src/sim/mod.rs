@@ -110,6 +110,8 @@ pub struct SimConfig {
     /// From the Nth write (1-based) on, every write silently lands one block after its LBA:
     /// misdirected writes, the corruption a data check must catch.
     pub misdirect_write: Option<u64>,
+    /// Faults armed at power-on (the `corrupt=N` and `nodata=N` options of a `sim:` address).
+    pub faults: Vec<Fault>,
 }
 
 impl Default for SimConfig {
@@ -132,6 +134,7 @@ impl Default for SimConfig {
             firmware: "1.0".into(),
             mode: SimMode::Inline,
             misdirect_write: None,
+            faults: Vec::new(),
         }
     }
 }
@@ -409,6 +412,7 @@ impl SimController {
             .map(|_| Store::new(config.backend))
             .collect();
         let misdirect = config.misdirect_write;
+        let faults = config.faults.clone();
         let sim = Arc::new(SimController {
             inner: Arc::new(Inner {
                 config,
@@ -428,6 +432,9 @@ impl SimController {
         if let Some(n) = misdirect {
             let write = FaultWhen::opcode(crate::spec::IoOpcode::Write as u8).with_nth(n);
             sim.inject(Fault::new(write, FaultAction::MisdirectWrite).times(0));
+        }
+        for fault in faults {
+            sim.inject(fault);
         }
         sim
     }

@@ -317,24 +317,25 @@ impl Inner {
                     "{}: fault: write of command {cid} misdirected to LBA {slba}",
                     self.config.serial
                 );
-                let out = self.execute(ctx, sq, &moved);
+                let out = self.execute(ctx, sq, &moved, None);
                 self.finish(ctx, sq, &sqe, out, None);
             }
             other => match latency {
                 Some(l) => pend(sq, l, other),
                 None => {
-                    let out = self.execute(ctx, sq, &sqe);
+                    let out = self.execute(ctx, sq, &sqe, other);
                     self.finish(ctx, sq, &sqe, out, other);
                 }
             },
         }
     }
 
-    fn execute(&self, ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
+    /// `action`: a fault that changes how the command moves data (I/O reads), if one hit it.
+    fn execute(&self, ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, action: Option<FaultAction>) -> Outcome {
         if sq.qid == 0 {
             admin::execute(ctx, sq, sqe)
         } else {
-            io::execute(ctx, sq, sqe)
+            io::execute(ctx, sq, sqe, action)
         }
     }
 
@@ -420,7 +421,7 @@ impl Inner {
                 break;
             }
             sq.inflight.remove(p.sqe.cid());
-            let out = self.execute(ctx, sq, &p.sqe);
+            let out = self.execute(ctx, sq, &p.sqe, p.action);
             self.finish(ctx, sq, &p.sqe, out, p.action);
         }
         sq.ready = ready;

@@ -1,11 +1,14 @@
 //! `sim:` device addresses: `sim:0`, `sim:0-23`, then options, e.g.
 //! `sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us`.
+//! Fault options (`misdirect=N`, `corrupt=N`, `nodata=N`) make the drive misbehave silently from
+//! its Nth write or read on, for tests of data checks.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::{Backend, SimConfig, SimMode, SimNamespace};
+use super::{Backend, Fault, FaultAction, FaultWhen, SimConfig, SimMode, SimNamespace};
+use crate::spec::IoOpcode;
 
 /// The drives a `sim:` address names and how they are configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,12 +39,20 @@ pub enum SimSpecError {
 const VALID: &str =
     "bs=512|4096, size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
 queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
-latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>";
+latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>, \
+corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
+nodata=<N: from the Nth read on, reads complete without moving data>";
 
 impl SimSpec {
     /// Whether `s` is meant as a sim address (then parse it for the details).
     pub fn is_sim(s: &str) -> bool {
         s.starts_with("sim:")
+    }
+
+    /// Whether the drives keep what is written (`backend=ram`): a data check needs it, as
+    /// `backend=null` reads move no data.
+    pub fn keeps_data(&self) -> bool {
+        self.config.backend == Backend::Ram
     }
 }
 
@@ -180,6 +191,26 @@ impl FromStr for SimSpec {
                             bad("N >= 1: from the Nth write on, writes land one block off")
                         })?)
                 }
+                "corrupt" | "nodata" => {
+                    let (action, expected) = if name == "corrupt" {
+                        (
+                            FaultAction::CorruptRead,
+                            "N >= 1: from the Nth read on, reads deliver a byte flipped mid-block",
+                        )
+                    } else {
+                        (
+                            FaultAction::ReadNoData,
+                            "N >= 1: from the Nth read on, reads complete without moving data",
+                        )
+                    };
+                    let nth = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| bad(expected))?;
+                    let reads = FaultWhen::opcode(IoOpcode::Read as u8).with_nth(nth);
+                    config.faults.push(Fault::new(reads, action).times(0));
+                }
                 "sgl" => config.sgl = parse_switch(name, value)?,
                 "dbbuf" => config.doorbell_buffer = parse_switch(name, value)?,
                 "ooo" => ooo = parse_switch(name, value)?,
@@ -273,6 +304,18 @@ mod tests {
                 out_of_order: false
             }
         );
+        assert!(full.keeps_data() && !one.keeps_data());
+        let faulty: SimSpec = "sim:0,backend=ram,corrupt=3,nodata=5"
+            .parse()
+            .expect("faults");
+        let read = FaultWhen::opcode(IoOpcode::Read as u8);
+        assert_eq!(
+            faulty.config.faults,
+            [
+                Fault::new(read.clone().with_nth(3), FaultAction::CorruptRead).times(0),
+                Fault::new(read.with_nth(5), FaultAction::ReadNoData).times(0),
+            ]
+        );
         let sized: SimSpec = "sim:1,size=64MiB,ooo=on".parse().expect("ooo");
         assert_eq!(sized.config.namespaces[0].blocks, (64 << 20) / 512);
         assert!(matches!(
@@ -318,6 +361,8 @@ mod tests {
             Err(SimSpecError::NotSim(_))
         ));
         assert!(SimSpec::is_sim("sim:0") && !SimSpec::is_sim("0000:01:00.0"));
+        let e = "sim:0,nodata=0".parse::<SimSpec>().expect_err("nodata 0");
+        assert!(e.to_string().contains("`nodata`"), "{e}");
         assert_eq!(parse_size("4k"), Some(4096));
         assert_eq!(parse_size("2T"), Some(2 << 40));
         assert_eq!(parse_duration("0"), Some(Duration::ZERO));

@@ -240,6 +240,15 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         let spec: DeviceSpec = given
             .parse()
             .map_err(|e| usage(format!("-r {given}: {e}")))?;
+        // A drive that keeps no data reads back nothing: every check would cry wolf. (A real
+        // drive keeps data.)
+        if let DeviceSpec::Sim(sim) = &spec {
+            if args.verify && !sim.keeps_data() {
+                return Err(usage(format!(
+                    "--verify: -r {given} keeps no data (sim backend=null: reads move none); give it backend=ram, e.g. -r {given},backend=ram"
+                )));
+            }
+        }
         for drive in spec.drives() {
             if specs.contains(&drive) {
                 return Err(usage(format!(

@@ -6,6 +6,10 @@
 //! with the per-slot state on the first turn, before the clock starts: nothing is allocated per
 //! I/O. Only I/Os that complete inside the measured window (after the warm-up, before the end)
 //! are counted.
+//!
+//! `--verify`: every block written carries `usnvme_stamp`'s stamp (every byte of it follows from
+//! the block's offset and the run's seed); every read buffer is poisoned first, so that a read
+//! that completes but brings no data shows; every block read back is checked whole.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,7 +53,7 @@ pub struct Region {
     pub len: u64,
 }
 
-/// A verify failure: a block whose header does not match.
+/// A verify failure: a block read back that is not what this run wrote there.
 #[derive(Debug, Clone)]
 pub struct Mismatch {
     pub lba: u64,
@@ -89,9 +93,6 @@ fn status_of(e: &IoError) -> Status {
 
 /// Most mismatches kept per device (the rest are only counted).
 const KEEP_MISMATCHES: usize = 16;
-/// Verify header: magic, byte offset, seed, checksum (32 bytes at the start of each block).
-const MAGIC: u64 = u64::from_le_bytes(*b"USNVPERF");
-const HEADER: usize = 32;
 
 struct Slot {
     buf: DmaBuffer,
@@ -123,6 +124,10 @@ struct DevState {
     /// The device takes no more I/O (removed, or a submission failed for good).
     dead: bool,
     error: Option<String>,
+    /// `--verify`: one block to stamp or check in (DMA memory is only copied, never borrowed),
+    /// and one block of poison; empty otherwise.
+    block: Vec<u8>,
+    poison: Vec<u8>,
 }
 
 impl Drop for DevState {
@@ -188,6 +193,13 @@ impl Workload {
                 });
             }
             let seed = self.plan.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
+            let block_len = if self.plan.verify {
+                dev.info.block_size as usize
+            } else {
+                0
+            };
+            let mut poison = vec![0u8; block_len];
+            usnvme_stamp::poison(&mut poison);
             self.states.push(DevState {
                 region,
                 pool,
@@ -210,6 +222,8 @@ impl Workload {
                 after_reset: 0,
                 dead: false,
                 error: None,
+                block: vec![0u8; block_len],
+                poison,
             });
         }
         Ok(())
@@ -340,16 +354,14 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
         };
         let offset = st.region.start + index * plan.io_size;
         let s = &mut st.slots[slot];
-        if op == Op::Write && plan.verify {
-            let corrupt = plan.corrupt_after.is_some_and(|n| st.writes >= n);
-            stamp(
-                &s.buf,
-                offset,
-                dev.info.block_size,
-                plan.io_size,
-                plan.seed,
-                corrupt,
-            );
+        if plan.verify {
+            if op == Op::Write {
+                let corrupt = plan.corrupt_after.is_some_and(|n| st.writes >= n);
+                stamp(&s.buf, offset, plan, corrupt, &mut st.block);
+            } else {
+                // a read that brings nothing must not pass for what the buffer held before
+                poison(&s.buf, plan.io_size, &st.poison);
+            }
         }
         let io = IoBuffer {
             iova: s.buf.iova(),
@@ -430,61 +442,62 @@ fn reap(
             st.last_completion = now;
         }
         if ok && plan.verify && s.op == Op::Read {
-            st.checked += check(plan, dev, s, &mut st.mismatches, &mut st.more_mismatches);
+            st.checked += check(
+                plan,
+                s,
+                &mut st.block,
+                &mut st.mismatches,
+                &mut st.more_mismatches,
+            );
         }
         st.free.push(c.token as usize);
     }
 }
 
-/// Writes the verify header into every block of `buf` (meant for `offset`).
-fn stamp(buf: &DmaBuffer, offset: u64, block_size: u32, len: u64, seed: u64, corrupt: bool) {
-    let bs = u64::from(block_size);
-    for b in 0..len / bs {
-        let at = offset + b * bs;
-        let sum = checksum(at, seed) ^ u64::from(corrupt && b == 0);
-        let mut header = [0u8; HEADER];
-        for (i, v) in [MAGIC, at, seed, sum].into_iter().enumerate() {
-            header[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+/// Stamps every block of `buf`, meant for byte `offset`, through `block` (one block long).
+/// `corrupt` (`--corrupt-after`): the first block's checksum is wrong.
+fn stamp(buf: &DmaBuffer, offset: u64, plan: &Plan, corrupt: bool, block: &mut [u8]) {
+    let bs = block.len() as u64;
+    for b in 0..plan.io_size / bs.max(1) {
+        usnvme_stamp::stamp(block, offset + b * bs, plan.seed);
+        if corrupt && b == 0 {
+            block[usnvme_stamp::HEADER - 1] ^= 1; // the last byte of the checksum
         }
-        // The buffer holds `len` bytes: this cannot fail.
-        let _ = buf.write_from(&header, (b * bs) as usize);
+        // The buffer holds `io_size` bytes: this cannot fail.
+        let _ = buf.write_from(block, (b * bs) as usize);
     }
 }
 
-/// Checks the verify header of every block a read brought in; returns how many carried one.
-fn check(
-    plan: &Plan,
-    dev: &DeviceChannel,
-    s: &Slot,
-    kept: &mut Vec<Mismatch>,
-    more: &mut u64,
-) -> u64 {
-    let bs = u64::from(dev.info.block_size);
+/// Poisons every block of the first `len` bytes of `buf` with `poison` (one block of it).
+fn poison(buf: &DmaBuffer, len: u64, poison: &[u8]) {
+    let bs = poison.len() as u64;
+    for b in 0..len / bs.max(1) {
+        // The buffer holds `len` bytes: this cannot fail.
+        let _ = buf.write_from(poison, (b * bs) as usize);
+    }
+}
+
+/// Checks every block a read brought in, through `block` (one block long); returns how many
+/// this run had written (or that the read left poisoned).
+fn check(plan: &Plan, s: &Slot, block: &mut [u8], kept: &mut Vec<Mismatch>, more: &mut u64) -> u64 {
+    let bs = block.len() as u64;
     let mut checked = 0;
-    for b in 0..plan.io_size / bs {
+    for b in 0..plan.io_size / bs.max(1) {
         let at = s.offset + b * bs;
-        let mut header = [0u8; HEADER];
-        if s.buf.read_into(&mut header, (b * bs) as usize).is_err() {
+        if s.buf.read_into(block, (b * bs) as usize).is_err() {
             continue;
         }
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&header[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(w)
-        };
-        let (magic, offset, seed, sum) = (word(0), word(1), word(2), word(3));
         // A block never written in this run reads as zeroes, or as what an earlier run (another
         // seed) left there: nothing to check.
-        if magic != MAGIC || seed != plan.seed {
+        let verdict = usnvme_stamp::check(block, at, plan.seed);
+        if !verdict.checked() {
             continue;
         }
         checked += 1;
-        let what = if offset != at {
-            format!("holds the block of byte offset {offset} (seed {seed:#x})")
-        } else if sum != checksum(offset, seed) {
-            format!("bad checksum {sum:#018x} (seed {seed:#x})")
-        } else {
-            continue;
+        let what = match verdict {
+            usnvme_stamp::Verdict::Intact => continue,
+            usnvme_stamp::Verdict::Unread { .. } => verdict.to_string(),
+            _ => format!("{verdict} (seed {:#x})", plan.seed),
         };
         if kept.len() < KEEP_MISMATCHES {
             kept.push(Mismatch { lba: at / bs, what });
@@ -493,10 +506,6 @@ fn check(
         }
     }
     checked
-}
-
-fn checksum(offset: u64, seed: u64) -> u64 {
-    splitmix(MAGIC ^ splitmix(offset ^ splitmix(seed)))
 }
 
 fn splitmix(x: u64) -> u64 {
@@ -520,12 +529,6 @@ fn next(state: &mut u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn checksums_differ_by_offset_and_seed() {
-        assert_ne!(checksum(0, 1), checksum(4096, 1));
-        assert_ne!(checksum(0, 1), checksum(0, 2));
-    }
 
     #[test]
     fn xorshift_covers_small_ranges() {

@@ -5,6 +5,7 @@
 //! them with `--ignored`, one at a time (they share the drives).
 
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -212,7 +213,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let scan = scan_stamps(&disk_dir)?;
     eprintln!(
         "vm-test: all VM test suites passed; {checked} writes found intact in the image files on the host ({}); \
-         {} perf --verify stamps in {} images have valid checksums; \
+         {} blocks perf --verify stamped in {} images are intact to the last byte; \
          {ranges} ranges perf wrote hold its stamps at their own offsets",
         disk_dir.display(),
         scan.stamps,
@@ -225,44 +226,42 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
 /// `IMAGE START LEN BLOCK_SIZE SEED all|some` per line.
 const STAMP_EXPECTATIONS: &str = "expect-stamps.txt";
 
-/// `usnvme perf --verify`'s stamp (`stamp` in tools/src/perf/workload.rs), the first 32 bytes of
-/// every block it writes: this magic, the block's byte offset, the run's seed and a checksum of
-/// both, each a little-endian u64.
-const STAMP_MAGIC: u64 = u64::from_le_bytes(*b"USNVPERF");
-const STAMP_BYTES: usize = 32;
-
-/// The stamp's checksum, as perf computes it.
-fn stamp_checksum(offset: u64, seed: u64) -> u64 {
-    splitmix(STAMP_MAGIC ^ splitmix(offset ^ splitmix(seed)))
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The stamp at the start of `block` (at byte `at` of its image), if it carries one: its offset
-/// and seed; an error if its checksum is wrong. (Its offset is perf's device offset: a stripe's
-/// where a stripe was written, so only the ranges the guest recorded say which offset to expect.)
-fn stamp_at(block: &[u8], at: u64) -> Result<Option<(u64, u64)>> {
-    let word = |i: usize| {
-        block
-            .get(i * 8..i * 8 + 8)
-            .and_then(|w| w.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
-    if word(0) != Some(STAMP_MAGIC) {
+/// Checks a block perf stamped, at byte `at` of its image, against its own header: the stamp's
+/// offset is perf's device offset (a stripe's where a stripe was written), so only the ranges
+/// the guest recorded say which offset to expect. `Ok(None)`: no stamp starts there. An error:
+/// a stamp whose bytes are not all as written (every byte of the block is checked), or perf's
+/// read poison, which no write may carry.
+fn stamp_at(block: &[u8], at: u64) -> Result<Option<usnvme_stamp::Header>> {
+    if block.starts_with(&usnvme_stamp::POISON) {
+        bail!(
+            "the block at byte {at} holds perf's read poison: a read buffer was written unstamped"
+        );
+    }
+    let Some(h) = usnvme_stamp::header(block) else {
         return Ok(None);
-    }
-    let (Some(offset), Some(seed), Some(sum)) = (word(1), word(2), word(3)) else {
-        bail!("a stamp cut short at byte {at}");
     };
-    if sum != stamp_checksum(offset, seed) {
-        bail!("the block at byte {at} has a bad checksum {sum:#018x} (offset {offset}, seed {seed:#x})");
+    let len = h.len as usize;
+    if len != block.len() {
+        bail!(
+            "the block at byte {at} carries a stamp for a {len}-byte block, not {} bytes (offset {}, seed {:#x})",
+            block.len(),
+            h.offset,
+            h.seed
+        );
     }
-    Ok(Some((offset, seed)))
+    match usnvme_stamp::check(block, h.offset, h.seed) {
+        usnvme_stamp::Verdict::Intact => Ok(Some(h)),
+        v => bail!(
+            "the block at byte {at}: {v} (offset {}, seed {:#x})",
+            h.offset,
+            h.seed
+        ),
+    }
+}
+
+/// The block lengths perf stamps: an NVMe block size (the sim's are 512 to 64 KiB).
+fn stamp_len_plausible(len: u32) -> bool {
+    len.is_power_of_two() && (512..=65536).contains(&len)
 }
 
 /// Checks each range the guest recorded: every block there carries the run's stamp (`all`), or
@@ -280,9 +279,10 @@ fn check_stamp_ranges(expectations: &Path, disk_dir: &Path) -> Result<usize> {
                     *image,
                     start.parse::<u64>().ok()?,
                     len.parse::<u64>().ok()?,
-                    bs.parse::<u64>()
+                    bs.parse::<u32>()
                         .ok()
-                        .filter(|b| *b >= STAMP_BYTES as u64)?,
+                        .filter(|b| stamp_len_plausible(*b))
+                        .map(u64::from)?,
                     seed.parse::<u64>().ok()?,
                     *mode == "all",
                 ))
@@ -305,22 +305,23 @@ fn check_stamp_ranges(expectations: &Path, disk_dir: &Path) -> Result<usize> {
         let mut found = 0u64;
         for (i, block) in data.chunks(bs as usize).enumerate() {
             let at = start + i as u64 * bs;
-            let stamp = stamp_at(block, at).with_context(|| format!("vm-test: {image}"))?;
-            match stamp {
-                Some((offset, s)) if s == seed => {
-                    if offset != at {
-                        bail!(
-                            "vm-test: {image}: the block at byte {at} holds the block of byte {offset} (seed {seed:#x}): a misdirected write"
-                        );
-                    }
-                    found += 1;
-                }
+            match usnvme_stamp::check(block, at, seed) {
+                usnvme_stamp::Verdict::Intact => found += 1,
+                usnvme_stamp::Verdict::Misplaced { offset } => bail!(
+                    "vm-test: {image}: the block at byte {at} holds the block of byte {offset} (seed {seed:#x}): a misdirected write"
+                ),
                 // (blocks an earlier run stamped, and this one did not reach)
-                _ if all => bail!(
+                usnvme_stamp::Verdict::NotThisRun if all => bail!(
                     "vm-test: {image}: the block at byte {at} does not carry the stamp of the perf run (seed {seed:#x}) that wrote all of [{start}, {})",
                     start + len
                 ),
-                _ => {}
+                usnvme_stamp::Verdict::NotThisRun => {}
+                usnvme_stamp::Verdict::Unread { .. } => bail!(
+                    "vm-test: {image}: the block at byte {at} holds perf's read poison: a read buffer was written unstamped"
+                ),
+                v @ usnvme_stamp::Verdict::Damaged { .. } => bail!(
+                    "vm-test: {image}: the block at byte {at}: {v} (seed {seed:#x})"
+                ),
             }
         }
         if found == 0 {
@@ -342,9 +343,9 @@ struct StampScan {
 }
 
 /// Every perf stamp in every image (`*.img`) of `disk_dir`, looked for at every 512-byte boundary
-/// of the data the sparse images hold: each must carry a valid checksum (a torn or corrupted
-/// block fails). Whether it sits at its own offset is for the recorded ranges to say: stripes
-/// stamp their own offsets.
+/// of the data the sparse images hold: every byte of each stamped block must be as perf wrote it
+/// (a torn or corrupted block fails), and no block may hold perf's read poison. Whether a stamp
+/// sits at its own offset is for the recorded ranges to say: stripes stamp their own offsets.
 fn scan_stamps(disk_dir: &Path) -> Result<StampScan> {
     let mut scan = StampScan::default();
     let Ok(entries) = std::fs::read_dir(disk_dir) else {
@@ -370,8 +371,29 @@ fn scan_stamps(disk_dir: &Path) -> Result<StampScan> {
                 let n = usize::try_from((end - at).min(chunk.len() as u64))?;
                 file.read_exact(&mut chunk[..n])
                     .with_context(|| format!("vm-test: reading {} at {at}", path.display()))?;
-                for (i, block) in chunk[..n].chunks(512).enumerate() {
-                    let pos = at + i as u64 * 512;
+                for i in (0..n).step_by(512) {
+                    let pos = at + i as u64;
+                    let here = &chunk[i..n];
+                    let whole;
+                    let block = match usnvme_stamp::header(here) {
+                        Some(h) if !stamp_len_plausible(h.len) => bail!(
+                            "vm-test: {name}: the block at byte {pos} carries a stamp with an impossible length {} (offset {}, seed {:#x})",
+                            h.len,
+                            h.offset,
+                            h.seed
+                        ),
+                        Some(h) if h.len as usize > here.len() => {
+                            // the block runs past this chunk: read it whole
+                            let mut b = vec![0u8; h.len as usize];
+                            file.read_exact_at(&mut b, pos).with_context(|| {
+                                format!("vm-test: {name}: a stamp cut short at byte {pos}")
+                            })?;
+                            whole = b;
+                            &whole[..]
+                        }
+                        Some(h) => &here[..h.len as usize],
+                        None => &here[..here.len().min(512)],
+                    };
                     if stamp_at(block, pos)
                         .with_context(|| format!("vm-test: {name}"))?
                         .is_some()
@@ -506,12 +528,10 @@ mod tests {
     }
 
     /// A block stamped as perf stamps it.
-    fn stamp(at: u64, seed: u64) -> Vec<u8> {
-        let sum = super::stamp_checksum(at, seed);
-        [super::STAMP_MAGIC, at, seed, sum]
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect()
+    fn stamp(at: u64, seed: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        usnvme_stamp::stamp(&mut b, at, seed);
+        b
     }
 
     #[test]
@@ -521,19 +541,25 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // 4 KiB blocks at 1 MiB: the first four stamped by run 7, then one of run 9
         let mut image = vec![0u8; 2 << 20];
-        for b in 0..4u64 {
+        let put = |image: &mut Vec<u8>, at: usize, offset: u64, seed: u64| {
+            image[at..at + 4096].copy_from_slice(&stamp(offset, seed, 4096));
+        };
+        for b in 0..4 {
             let at = (1 << 20) + b * 4096;
-            image[at as usize..at as usize + 32].copy_from_slice(&stamp(at, 7));
+            put(&mut image, at, at as u64, 7);
         }
         let at = (1 << 20) + 4 * 4096;
-        image[at..at + 32].copy_from_slice(&stamp(at as u64, 9));
+        put(&mut image, at, at as u64, 9);
+        // and a 512-byte block of run 9 at the very end of the image
+        let end = image.len() - 512;
+        image[end..].copy_from_slice(&stamp(end as u64, 9, 512));
         std::fs::write(dir.join("nvme2.img"), &image).unwrap();
         let scan = super::scan_stamps(&dir).unwrap();
         assert_eq!(
             scan,
             super::StampScan {
                 images: 1,
-                stamps: 5
+                stamps: 6
             }
         );
 
@@ -555,7 +581,7 @@ mod tests {
 
         // a misdirected write: the block of 1 MiB + 4 KiB lands one block further
         let at = (1 << 20) + 8 * 4096;
-        image[at..at + 32].copy_from_slice(&stamp((1 << 20) + 4096, 7));
+        put(&mut image, at, (1 << 20) + 4096, 7);
         std::fs::write(dir.join("nvme2.img"), &image).unwrap();
         std::fs::write(&exp, line(1 << 20, 65536, 7, "some")).unwrap();
         let e = super::check_stamp_ranges(&exp, &dir).unwrap_err();
@@ -563,11 +589,26 @@ mod tests {
             format!("{e:#}").contains("nvme2.img") && format!("{e:#}").contains("misdirected"),
             "{e:#}"
         );
-        // a corrupted stamp anywhere in an image
-        image[at + 31] ^= 1;
+        // one byte corrupted in the middle of a stamped block, past its header: both checks
+        // read every byte
+        image[at + 2048] ^= 1;
         std::fs::write(dir.join("nvme2.img"), &image).unwrap();
         let e = super::scan_stamps(&dir).unwrap_err();
-        assert!(format!("{e:#}").contains("bad checksum"), "{e:#}");
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("nvme2.img") && text.contains("the first at byte 2048"),
+            "{text}"
+        );
+        let e = super::check_stamp_ranges(&exp, &dir).unwrap_err();
+        assert!(format!("{e:#}").contains("differ"), "{e:#}");
+        // perf's read poison written to a drive
+        put(&mut image, at, at as u64, 7);
+        for w in image[1 << 20..(1 << 20) + 4096].chunks_mut(8) {
+            w.copy_from_slice(&usnvme_stamp::POISON);
+        }
+        std::fs::write(dir.join("nvme2.img"), &image).unwrap();
+        let e = super::scan_stamps(&dir).unwrap_err();
+        assert!(format!("{e:#}").contains("read poison"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
