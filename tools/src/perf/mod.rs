@@ -16,7 +16,7 @@ pub(crate) mod sweep;
 mod workload;
 
 use std::collections::BTreeSet;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -986,9 +986,10 @@ fn regions(
         .collect()
 }
 
-/// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress on a terminal.
+/// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress where a person watches
+/// (see `progress::wanted`).
 fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>, live: bool) {
-    let tty = live && std::io::stderr().is_terminal();
+    let tty = live && usnvme_tools::progress::wanted();
     let mut last = (Instant::now(), 0u64, 0u64);
     let mut next_progress = Instant::now() + Duration::from_secs(1);
     while !run.is_finished() {

@@ -4,7 +4,7 @@
 //! then 10 % … 100 % of it and uncapped — charting average and p99 latency against the IOPS
 //! achieved.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -74,7 +74,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         plan.points().len(),
         plan.estimated_duration().as_secs()
     )?;
-    let tty = std::io::stderr().is_terminal();
+    // a redrawn line only where a person watches; else one line per point, for logs
+    let tty = usnvme_tools::progress::wanted();
     // The points measured so far, for a sweep that Ctrl-C stops: its partial results are kept.
     let measured = std::cell::RefCell::new(Vec::new());
     let result = sweep::run(
