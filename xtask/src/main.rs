@@ -8,6 +8,7 @@ mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use clap::{Parser, Subcommand};
 
@@ -34,10 +35,23 @@ enum Command {
     Ci,
     /// Run the cargo-fuzz targets of driver/fuzz (installs cargo-fuzz if missing).
     Fuzz(fuzz::FuzzArgs),
+    /// CI's fio-plot step alone: fio-plot (cached venv) must chart a sim run's `perf --json`.
+    FioPlotCheck,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if find_workspace().is_none() {
+        eprintln!(
+            "xtask: error: cannot find the usnvme workspace (a Cargo.toml with [workspace] and \
+             xtask/Cargo.toml) above the current folder or {}. Fix: run `cargo xtask` inside a \
+             clone of the repository",
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "this program".into())
+        );
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::VmSetup => vm::setup::run().map(|_| ExitCode::SUCCESS),
         Command::VmRun(args) => vm::run::main(args),
@@ -46,6 +60,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),
         Command::Ci => ci::run().map(|_| ExitCode::SUCCESS),
         Command::Fuzz(args) => fuzz::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::FioPlotCheck => ci::fio_plot_check().map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -56,10 +71,45 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root (xtask lives one level below it).
+/// The workspace root, found at run time: a built tree that is moved or copied (a clone under
+/// /tmp, a CI cache) must use its own location, not the one it was compiled in.
 pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
+    // `main` refuses to run without one; "." only for code reached otherwise (unit tests).
+    find_workspace().unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The workspace above, in order: `CARGO_MANIFEST_DIR` (set by `cargo run`, so `cargo xtask`
+/// finds its own tree even with a shared CARGO_TARGET_DIR), this executable (`target/debug/xtask`
+/// run directly), the current folder.
+fn find_workspace() -> Option<PathBuf> {
+    static ROOT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let starts = [
+            std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from),
+            std::env::current_exe().ok(),
+            std::env::current_dir().ok(),
+        ];
+        workspace_above(starts.iter().flatten())
+    })
+    .clone()
+}
+
+/// The first folder at or above one of `starts` that is this workspace.
+fn workspace_above<'a>(starts: impl IntoIterator<Item = &'a PathBuf>) -> Option<PathBuf> {
+    starts.into_iter().find_map(|start| {
+        start
+            .ancestors()
+            .find(|dir| is_workspace(dir))
+            .map(Path::to_path_buf)
+    })
+}
+
+/// A Cargo.toml with `[workspace]` (members have none) and an xtask crate next to it (so that
+/// an unrelated project around the current folder is passed over).
+fn is_workspace(dir: &Path) -> bool {
+    dir.join("xtask/Cargo.toml").is_file()
+        && std::fs::read_to_string(dir.join("Cargo.toml"))
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == "[workspace]"))
 }
 
 /// Where the build puts things; respects CARGO_TARGET_DIR.
@@ -67,4 +117,38 @@ pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workspace_above;
+
+    #[test]
+    fn finds_the_workspace_where_the_tree_is_now() {
+        let tree = std::env::temp_dir().join(format!("usnvme-moved-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tree);
+        let exe_dir = tree.join("target/debug");
+        let member = tree.join("xtask");
+        std::fs::create_dir_all(&exe_dir).expect("mkdir");
+        std::fs::create_dir_all(&member).expect("mkdir");
+        std::fs::write(
+            tree.join("Cargo.toml"),
+            "[workspace]\nmembers = [\"xtask\"]\n",
+        )
+        .expect("write");
+        std::fs::write(member.join("Cargo.toml"), "[package]\nname = \"xtask\"\n").expect("write");
+        let elsewhere = std::env::temp_dir().join("no-such-usnvme-tree/deeper");
+
+        // from the executable, from the member crate (cargo's CARGO_MANIFEST_DIR), from the root
+        for start in [exe_dir.join("xtask"), member.clone(), tree.clone()] {
+            assert_eq!(workspace_above([&start]), Some(tree.clone()), "{start:?}");
+        }
+        // the first start that is in a workspace wins; a folder in none is skipped
+        assert_eq!(workspace_above([&elsewhere, &exe_dir]), Some(tree.clone()));
+        assert_eq!(workspace_above([&elsewhere]), None);
+        // a Cargo.toml without [workspace] (a member, another project) is not the root
+        std::fs::write(tree.join("Cargo.toml"), "[package]\nname = \"x\"\n").expect("write");
+        assert_eq!(workspace_above([&exe_dir]), None);
+        let _ = std::fs::remove_dir_all(&tree);
+    }
 }

@@ -407,3 +407,98 @@ fn a_drive_hot_removed_under_perf_fails_alone_and_the_report_names_it() {
         "the report names it: {stdout}"
     );
 }
+
+/// A built tree somewhere else, removed when dropped (symlinks are removed, not followed).
+struct Tree(PathBuf);
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What a clone under /tmp that was built and set up holds, as far as vm-run needs it: the
+/// manifests, `target/debug/{xtask,vm-probe}` and `target/vm` (the big assets as symlinks to
+/// ours, which setup has already made current).
+fn copy_of_the_built_tree(root: &std::path::Path) -> Tree {
+    let tree = Tree(root.to_path_buf());
+    let _ = std::fs::remove_dir_all(root);
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let copy = |from: PathBuf, to: PathBuf| {
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).expect("mkdir");
+        }
+        std::fs::copy(&from, &to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    };
+    copy(src.join("Cargo.toml"), root.join("Cargo.toml"));
+    copy(src.join("xtask/Cargo.toml"), root.join("xtask/Cargo.toml"));
+    let debug = root.join("target/debug");
+    copy(env!("CARGO_BIN_EXE_xtask").into(), debug.join("xtask"));
+    copy(program("vm-probe").into(), debug.join("vm-probe"));
+    let vm = root.join("target/vm");
+    std::fs::create_dir_all(&vm).expect("mkdir");
+    for entry in std::fs::read_dir(target_dir().join("vm")).expect("target/vm: run vm-setup") {
+        let entry = entry.expect("dir entry");
+        let name = entry.file_name();
+        let name_str = name.to_string_lossy();
+        if name_str.ends_with(".from") {
+            // stamps are written, not only read: a copy of their own
+            copy(entry.path(), vm.join(&name));
+        } else if ["cache", "kernel", "vmlinux", "initramfs.cpio.gz"].contains(&&*name_str) {
+            std::os::unix::fs::symlink(entry.path(), vm.join(&name)).expect("symlink");
+        }
+    }
+    tree
+}
+
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn a_built_tree_copied_under_tmp_runs_its_own_programs() {
+    // The guest mounts its own tmpfs on /tmp; the copied xtask was compiled for our path.
+    let tree = copy_of_the_built_tree(&PathBuf::from(format!(
+        "/tmp/usnvme-copied-tree-{}",
+        std::process::id()
+    )));
+    let root = &tree.0;
+    let probe = root.join("target/debug/vm-probe");
+    let out = Command::new(root.join("target/debug/xtask"))
+        .args(["vm-run", "--drives", "1", "--"])
+        .arg(&probe)
+        .args(["exit", "0"])
+        .current_dir(root)
+        // as when run from the copy by hand (cargo would set them for the copy)
+        .env_remove("CARGO_MANIFEST_DIR")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("the copied xtask runs");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("exiting with 0"), "stdout:\n{stdout}");
+    assert!(
+        root.join("target/vm/work").is_dir(),
+        "the copy's own work share was not used:\n{stderr}"
+    );
+    assert!(!stderr.contains("error"), "stderr:\n{stderr}");
+}
+
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn perf_in_the_guest_draws_no_live_progress() {
+    // The guest console is a terminal, but vm-run's output is a log.
+    let out = vm_run(
+        &["--drives", "1"],
+        &[&program("usnvme"), "perf", "-q", "4", "-t", "3"],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("Total"), "the results:\n{stdout}");
+    assert!(!stdout.contains('\r'), "a progress line:\n{stdout:?}");
+}

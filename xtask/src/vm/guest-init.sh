@@ -4,6 +4,8 @@
 #   usnvme.kernel_nvme=K  leave the first K NVMe controllers (BDF order) to the kernel nvme driver (-1: all)
 #   usnvme.work=DIR       host folder shared read-write (9p tag "work"), mounted at the same path
 #   usnvme.run=FILE       shell script (on the work share) run in `chroot /host`, then power off
+#   usnvme.keep=DIR       (repeated) host folder under /tmp, /run or /dev that the guest's own
+#                         mounts there would hide (a workspace cloned into /tmp): shown anyway
 # Lines starting with "USNVME-VM:" are harness messages that vm-run parses and hides.
 export PATH=/bin
 mount -t proc proc /proc
@@ -15,7 +17,7 @@ mount -t devpts devpts /dev/pts
 up() { cut -d' ' -f1 /proc/uptime; }
 T_INIT=$(up)
 arg() { for w in $(cat /proc/cmdline); do case "$w" in "$1="*) echo "${w#*=}";; esac; done; }
-KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work)
+KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work); KEEP=$(arg usnvme.keep)
 [ -n "$KNVME" ] || KNVME=0
 
 # Modules in dependency order (insmod resolves nothing); the kernel nvme driver only when asked.
@@ -49,10 +51,20 @@ fi
 
 # Host root read-only and the writable work folder, over virtio-9p.
 if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /host; then
+  # A second view of the host root that the guest's own mounts below do not cover.
+  mkdir -p /hostroot && mount --bind /host /hostroot
   for d in dev proc sys; do mount --rbind /$d /host/$d; done
   mount -t tmpfs tmpfs /host/tmp
   mount -t tmpfs tmpfs /host/run 2>/dev/null
-  if [ -n "$WORK" ]; then mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 work /host$WORK || echo "USNVME-VM: error: cannot mount the work share at $WORK"; fi
+  # Folders those mounts hid, bound back from the second view (parents come first).
+  for d in $KEEP; do
+    [ -d "/host$d" ] && continue
+    mkdir -p "/host$d" && mount --bind "/hostroot$d" "/host$d" || echo "USNVME-VM: error: cannot show the host's $d in the guest"
+  done
+  if [ -n "$WORK" ]; then
+    mkdir -p "/host$WORK" 2>/dev/null
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 work "/host$WORK" || echo "USNVME-VM: error: cannot mount the work share at $WORK"
+  fi
 else
   echo "USNVME-VM: error: cannot mount the host root over 9p"
 fi

@@ -43,10 +43,15 @@ pub struct VmConfig {
     pub disk_dir: PathBuf,
     /// Shared read-write with the guest at the same path.
     pub work_dir: PathBuf,
+    /// Host folders under the guest's own /tmp, /run or /dev (a workspace cloned into /tmp) that
+    /// the guest shows anyway, read-only like the rest of the host root.
+    pub keep: Vec<PathBuf>,
 }
 
 pub const MAX_DRIVES: usize = 64;
 const MIB: u64 = 1 << 20;
+/// x86's COMMAND_LINE_SIZE, with its NUL: the kernel cuts a longer command line.
+const MAX_CMDLINE: usize = 2047;
 
 impl VmConfig {
     /// Checks the combination before anything boots.
@@ -94,6 +99,40 @@ impl VmConfig {
             bail!(
                 "--mem must split evenly in MiB over {} NUMA nodes",
                 self.numa_nodes
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks, before anything is downloaded or booted, that the guest can be told the paths on
+    /// the kernel command line (`run`: the guest script).
+    pub fn check_paths(&self, run: &Path) -> Result<()> {
+        for path in std::iter::once(&self.work_dir)
+            .chain(&self.keep)
+            .chain([&run.to_path_buf()])
+        {
+            // The kernel splits its command line at white space, and the guest's shell
+            // splits the words again: such a path would reach the guest cut in pieces.
+            let plain = path.to_str().is_some_and(|p| {
+                !p.chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || c == '"')
+            });
+            if !plain {
+                bail!(
+                    "vm-run: the test bed cannot use {:?}: the guest learns this path from its \
+                     kernel command line, which cannot carry spaces, quotes, control characters or \
+                     non-UTF-8 bytes. Fix: clone the workspace to a plain path (or set \
+                     CARGO_TARGET_DIR to one) and run from there",
+                    path.display()
+                );
+            }
+        }
+        let len = self.kernel_cmdline(Some(run)).len();
+        if len > MAX_CMDLINE {
+            bail!(
+                "vm-run: the guest kernel command line would be {len} bytes, more than the \
+                 {MAX_CMDLINE} the kernel takes: the workspace path is too long. Fix: clone the \
+                 workspace to a shorter path (or set CARGO_TARGET_DIR to one)"
             );
         }
         Ok(())
@@ -149,6 +188,9 @@ impl VmConfig {
             " usnvme.kernel_nvme={k} usnvme.work={}",
             self.work_dir.display()
         );
+        for dir in &self.keep {
+            s += &format!(" usnvme.keep={}", dir.display());
+        }
         if let Some(run) = run {
             s += &format!(" usnvme.run={}", run.display());
         }
@@ -189,7 +231,7 @@ impl VmConfig {
         let cmdline = self.kernel_cmdline(run);
         push(&["-kernel", &vmlinux, "-initrd", &initrd, "-append", &cmdline]);
         // 9p devices sit on pcie.0 explicitly: with expander bridges QEMU would otherwise pick one.
-        let work = self.work_dir.display().to_string();
+        let work = qemu_escape(&self.work_dir);
         push(&[
             "-fsdev",
             "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
@@ -263,7 +305,7 @@ impl VmConfig {
                 a.push("-blockdev".into());
                 a.push(format!(
                     "driver=file,node-name=img{k},filename={},cache.direct=on,aio=threads,discard=unmap",
-                    self.drive_image(k).display()
+                    qemu_escape(&self.drive_image(k))
                 ));
                 a.push("-blockdev".into());
                 // discard=unmap: Dataset Management deallocate really punches holes
@@ -308,6 +350,11 @@ impl VmConfig {
         a.push(nvme);
         a
     }
+}
+
+/// A path inside a QEMU option list, where a comma is written twice.
+fn qemu_escape(path: &Path) -> String {
+    path.display().to_string().replace(',', ",,")
 }
 
 /// KVM only where the real kvm_intel / kvm_amd module is loaded (here `/dev/kvm` can belong to
@@ -384,6 +431,7 @@ mod tests {
             qmp: None,
             disk_dir: "/d".into(),
             work_dir: "/w".into(),
+            keep: Vec::new(),
         }
     }
 
@@ -442,6 +490,35 @@ mod tests {
         c.logical_block_sizes = vec![512];
         c.hugepages_bytes = 4 << 30;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn hidden_folders_are_named_to_the_guest_and_odd_paths_refused_before_booting() {
+        let mut c = config(1, 1);
+        c.work_dir = "/tmp/a,b/target/vm/work".into();
+        c.keep = vec!["/tmp/a,b".into()];
+        let run = Path::new("/tmp/a,b/target/vm/work/run-1/cmd.sh");
+        assert!(c.check_paths(run).is_ok());
+        let cmdline = c.kernel_cmdline(Some(run));
+        assert!(
+            cmdline
+                .contains(" usnvme.work=/tmp/a,b/target/vm/work usnvme.keep=/tmp/a,b usnvme.run="),
+            "{cmdline}"
+        );
+        let args = c.qemu_args(&assets(), Some(run), Path::new("/t"));
+        assert!(
+            args.iter()
+                .any(|a| a.starts_with("local,id=work,path=/tmp/a,,b/target/vm/work,")),
+            "{args:?}"
+        );
+        for bad in ["/tmp/my clone", "/tmp/tab\there", "/tmp/\"q\""] {
+            c.keep = vec![bad.into()];
+            let e = c.check_paths(run).expect_err(bad).to_string();
+            assert!(e.contains("cannot use") && e.contains("Fix:"), "{e}");
+        }
+        c.keep = vec![format!("/tmp/{}", "x".repeat(2000)).into()];
+        let e = c.check_paths(run).expect_err("too long").to_string();
+        assert!(e.contains("too long"), "{e}");
     }
 
     #[test]

@@ -121,6 +121,7 @@ impl RunArgs {
                 .clone()
                 .unwrap_or_else(|| vm_dir().join("disks")),
             work_dir,
+            keep: Vec::new(),
         };
         config.validate()?;
         Ok(config)
@@ -130,17 +131,34 @@ impl RunArgs {
 /// Boots, runs, reports; returns vm-run's exit code: the program's, or one of the EXIT_ codes.
 /// Errors are failures of the harness itself, before the guest runs.
 pub fn run(args: &RunArgs) -> Result<u8> {
-    let config = args.config()?;
+    let mut config = args.config()?;
     for e in &args.env {
         if !e.contains('=') {
             bail!("--env {e}: use NAME=VALUE");
         }
     }
-    let (assets, _) = setup::ensure()?;
-    std::fs::create_dir_all(&config.work_dir)?;
+    std::fs::create_dir_all(&config.work_dir)
+        .with_context(|| format!("vm-run: creating {}", config.work_dir.display()))?;
+    // The guest mounts the work share at this path: a symlink on the way would lead into the
+    // guest's own root, not the host's.
+    config.work_dir = std::fs::canonicalize(&config.work_dir)?;
+    config.keep = hidden_in_guest(
+        [
+            Some(crate::workspace_root()),
+            Some(crate::target_dir()),
+            std::env::current_dir().ok(),
+            program_dir(&args.program),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|d| std::fs::canonicalize(d).ok()),
+    );
     let run_dir = config
         .work_dir
         .join(format!("run-{}-{}", std::process::id(), unique()));
+    // Refused paths are refused before anything is downloaded or booted.
+    config.check_paths(&run_dir.join("cmd.sh"))?;
+    let (assets, _) = setup::ensure()?;
     std::fs::create_dir_all(&run_dir)?;
     let script = run_dir.join("cmd.sh");
     std::fs::write(&script, guest_script(args, &config, &run_dir)?)?;
@@ -251,6 +269,39 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     Ok(exit_code)
 }
 
+/// The guest mounts its own file systems on these host folders (a tmpfs on /tmp and /run, its
+/// devtmpfs on /dev): what the host has below them is hidden unless vm-run names it.
+const GUEST_MOUNTS: &[&str] = &["/tmp", "/run", "/dev"];
+
+/// Of `dirs` (the folders a run needs, canonical), those the guest's own mounts would hide,
+/// without the ones inside another (they come with it), parents first.
+fn hidden_in_guest(dirs: impl IntoIterator<Item = PathBuf>) -> Vec<PathBuf> {
+    let mut hidden: Vec<PathBuf> = dirs
+        .into_iter()
+        .filter(|d| {
+            GUEST_MOUNTS
+                .iter()
+                .any(|m| d.starts_with(m) && d.as_path() != Path::new(m))
+        })
+        .collect();
+    hidden.sort();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for d in hidden {
+        if !kept.iter().any(|k| d.starts_with(k)) {
+            kept.push(d);
+        }
+    }
+    kept
+}
+
+/// The folder of a program given by absolute path (one in the current folder comes with it).
+fn program_dir(program: &[String]) -> Option<PathBuf> {
+    let path = Path::new(program.first()?);
+    path.is_absolute()
+        .then(|| path.parent().map(Path::to_path_buf))
+        .flatten()
+}
+
 /// What the console told us.
 #[derive(Debug, Default)]
 struct Console {
@@ -337,6 +388,9 @@ fn guest_script(args: &RunArgs, config: &VmConfig, run_dir: &Path) -> Result<Str
         ),
         ("USNVME_VM_RUN".into(), run_dir.display().to_string()),
         ("HOME".into(), "/tmp".into()),
+        // The console is a terminal, but what it shows is a log: no live progress lines
+        // (`usnvme` perf, sweep); `--env USNVME_PROGRESS=1` brings them back.
+        ("USNVME_PROGRESS".into(), "0".into()),
     ]);
     for e in &args.env {
         if let Some((k, v)) = e.split_once('=') {
@@ -403,7 +457,32 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_size, RunArgs};
+    use super::{hidden_in_guest, parse_size, program_dir, RunArgs};
+    use std::path::PathBuf;
+
+    #[test]
+    fn folders_under_the_guests_own_mounts_are_kept_visible_parents_first() {
+        let dirs = [
+            "/work/main",
+            "/tmp/clone/target",
+            "/tmp/clone",
+            "/tmp",
+            "/run/user/0/ws",
+            "/tmpfoo/x",
+            "/dev/shm/ws",
+        ]
+        .map(PathBuf::from);
+        let kept = hidden_in_guest(dirs);
+        assert_eq!(
+            kept,
+            ["/dev/shm/ws", "/run/user/0/ws", "/tmp/clone"].map(PathBuf::from)
+        );
+        assert_eq!(
+            program_dir(&["/tmp/x/bin/prog".into()]),
+            Some(PathBuf::from("/tmp/x/bin"))
+        );
+        assert_eq!(program_dir(&["target/debug/usnvme".into()]), None);
+    }
 
     #[test]
     fn programmatic_runs_get_the_command_line_defaults() {
