@@ -64,6 +64,12 @@ pub enum SubmitError {
     NotBlockMultiple { bytes: u64, block_size: u32 },
     #[error("{blocks} blocks in one command: 1 to 65536")]
     BlockCount { blocks: u64 },
+    #[error("blocks {slba}..{} lie past the end of the namespace ({capacity} blocks)", slba.saturating_add(*blocks))]
+    LbaRange {
+        slba: u64,
+        blocks: u64,
+        capacity: u64,
+    },
     #[error("buffer IOVA {iova:#x} is not dword aligned, or the buffer is empty or runs past the end of the IOVA space")]
     Misaligned { iova: u64 },
     #[error("the controller does not support {what}")]

@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use usnvme_driver::pci::Sysfs;
-use usnvme_driver::spec::Status;
-use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener, SubmitError};
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_hugepages::{BufferPool, PoolError};
 
 use crate::block::{
-    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion, IoError,
-    NamespaceDevice, Op,
+    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished, IoCompletion,
+    NamespaceDevice, Op, MAX_TOKEN,
 };
 use crate::placement::{self, Placement, PlacementError, Policy};
 use crate::stats::{IoStats, OpKind, Snapshot};
@@ -437,7 +436,11 @@ impl Engine {
 const STALL_PROBE: Duration = Duration::from_millis(500);
 const STALL_PROBE_NS: u64 = STALL_PROBE.as_nanos() as u64;
 
-/// One reactor's path to one device: the device's channel, with timing and statistics.
+/// One reactor's path to one device: the device's channel, with statistics.
+///
+/// An I/O's token goes down with its op kind in the top bits (see [`MAX_TOKEN`]) and comes
+/// back from the driver's tracker with its submission stamp: no table here. The clock is the
+/// reactor's, read once per turn.
 ///
 /// A device that disappears (surprise removal, or given back to the kernel: its registers read
 /// all ones) completes nothing. When a channel has I/O in flight and nothing completed for
@@ -452,19 +455,17 @@ pub struct DeviceChannel {
     name: Arc<str>,
     dma: DmaTarget,
     node: Option<u32>,
-    channel: Box<dyn Channel>,
+    channel: Channel,
     stats: IoStats,
-    pending: Box<[Pending]>,
-    free: Vec<u32>,
+    in_flight: usize,
     /// The controllers under the device (one for a namespace, the members' for a stripe).
     controllers: Vec<Controller>,
-    /// Latency stamps: the TSC, calibrated once per process (`clock_gettime` per I/O costs more
-    /// than the driver's whole submission path).
-    clock: quanta::Clock,
-    /// The last completion, or the submission that made the channel busy (clock ticks).
-    last_progress: u64,
-    /// The last stall probe (clock ticks).
-    last_probe: u64,
+    /// The reactor's clock this turn (nanoseconds since it started).
+    now_ns: u64,
+    /// The last completion, or the submission that made the channel busy.
+    last_progress_ns: u64,
+    /// The last stall probe.
+    last_probe_ns: u64,
     /// The controller found gone, if one was.
     gone: Option<Arc<str>>,
 }
@@ -473,22 +474,18 @@ impl std::fmt::Debug for DeviceChannel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceChannel")
             .field("device", &self.device)
-            .field("in_flight", &self.in_flight())
+            .field("in_flight", &self.in_flight)
             .finish()
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    token: u64,
-    /// Clock ticks at submission.
-    started: u64,
-    kind: OpKind,
-    bytes: u64,
-}
+/// Where the op kind sits in the tokens the block layer carries (see [`MAX_TOKEN`]).
+const KIND_SHIFT: u32 = 62;
 
 impl DeviceChannel {
-    /// Queues an I/O (see `Channel::submit`); it is timed from here to its completion.
+    /// Queues an I/O (see [`Channel::submit`]); `token` (at most [`MAX_TOKEN`]) comes back
+    /// with its completion. Doorbells ring on [`DeviceChannel::flush`] or the next poll.
+    #[inline]
     pub fn submit(
         &mut self,
         op: Op,
@@ -497,68 +494,62 @@ impl DeviceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), BlockError> {
-        let Some(slot) = self.free.pop() else {
-            return Err(BlockError::Busy {
+        if token > MAX_TOKEN {
+            return Err(BlockError::Token {
                 device: self.name.clone(),
-                needed: 1,
+                token,
             });
-        };
+        }
         let kind = match op {
             Op::Read => OpKind::Read,
             Op::Write => OpKind::Write,
             _ => OpKind::Other,
         };
-        let bytes = if op.has_data() { len } else { 0 };
-        let now = self.clock.raw();
-        if self.free.len() + 1 == self.pending.len() {
-            self.last_progress = now; // the channel was idle: the stall clock starts now
+        self.channel
+            .submit(op, offset, len, buf, token | (kind as u64) << KIND_SHIFT)?;
+        if self.in_flight == 0 {
+            self.last_progress_ns = self.now_ns; // the channel was idle: the stall clock starts
         }
-        self.pending[slot as usize] = Pending {
-            token,
-            started: now,
-            kind,
-            bytes,
-        };
-        let submitted = self.channel.submit(op, offset, len, buf, slot as u64);
-        if submitted.is_err() {
-            self.free.push(slot);
-        }
-        submitted
+        self.in_flight += 1;
+        Ok(())
     }
 
-    /// Rings queued I/O and hands finished ones to `on_complete`.
-    pub fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
-        let now = self.clock.raw();
-        let (pending, free, stats, clock) =
-            (&self.pending, &mut self.free, &mut self.stats, &self.clock);
-        let done = self.channel.poll(&mut |c: IoCompletion| {
-            let Some(p) = pending.get(c.token as usize).copied() else {
-                log::error!("completion with an unknown slot {}: ignored", c.token);
-                return;
-            };
-            let latency = clock.delta_as_nanos(p.started, now);
-            stats.record(p.kind, p.bytes, latency, c.result.is_ok());
-            free.push(c.token as u32);
-            on_complete(IoCompletion {
-                token: p.token,
-                result: c.result,
-            });
-        });
+    /// Rings the doorbells of what was queued since the last poll or flush.
+    #[inline]
+    pub fn flush(&mut self) {
+        self.channel.flush();
+    }
+
+    /// Rings queued I/O and hands finished ones to `on_complete`; records their statistics.
+    #[inline]
+    pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
+        let (stats, now) = (&mut self.stats, self.now_ns);
+        let done = self
+            .channel
+            .poll(|f| record(stats, now, f, &mut on_complete));
+        self.in_flight -= done.min(self.in_flight);
         if done > 0 {
-            self.last_progress = now;
-        } else if self.in_flight() > 0
-            && self.clock.delta_as_nanos(self.last_progress, now) >= STALL_PROBE_NS
-            && self.clock.delta_as_nanos(self.last_probe, now) >= STALL_PROBE_NS
+            self.last_progress_ns = now;
+        } else if self.in_flight > 0
+            && now.saturating_sub(self.last_progress_ns) >= STALL_PROBE_NS
+            && now.saturating_sub(self.last_probe_ns) >= STALL_PROBE_NS
         {
-            self.last_probe = now;
-            return self.probe(now, on_complete);
+            self.last_probe_ns = now;
+            return self.probe(on_complete);
         }
         done
     }
 
+    /// The reactor's clock for this turn.
+    #[inline]
+    fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        self.channel.set_now(now_ns);
+    }
+
     /// Checks the controllers of a stalled channel; fails everything in flight if one is gone.
     #[cold]
-    fn probe(&mut self, now: u64, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+    fn probe(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
         let Some(gone) = self
             .controllers
             .iter()
@@ -567,38 +558,18 @@ impl DeviceChannel {
         else {
             return 0;
         };
-        let mut in_flight = vec![true; self.pending.len()];
-        for &slot in &self.free {
-            in_flight[slot as usize] = false;
-        }
         log::error!(
             "{}: {gone} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
             self.name,
-            self.in_flight()
+            self.in_flight
         );
-        // The old queue pairs go (their queues cannot be deleted on a removed device).
-        self.channel = Box::new(GoneChannel {
-            name: self.name.clone(),
-        });
         self.gone = Some(gone);
-        let mut failed = 0;
-        for (slot, busy) in in_flight.into_iter().enumerate() {
-            if !busy {
-                continue;
-            }
-            let p = self.pending[slot];
-            let latency = self.clock.delta_as_nanos(p.started, now);
-            self.stats.record(p.kind, p.bytes, latency, false);
-            self.free.push(slot as u32);
-            failed += 1;
-            on_complete(IoCompletion {
-                token: p.token,
-                result: Err(IoError::Status {
-                    device: self.name.clone(),
-                    status: Status::HOST_PATHING_ERROR,
-                }),
-            });
-        }
+        let (stats, now) = (&mut self.stats, self.now_ns);
+        // The queue pairs go (their queues cannot be deleted on a removed device).
+        let failed = self
+            .channel
+            .abandon(|f| record(stats, now, f, &mut on_complete));
+        self.in_flight = 0;
         failed
     }
 
@@ -609,16 +580,22 @@ impl DeviceChannel {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.pending.len() - self.free.len()
+        self.in_flight
     }
 
     /// Whether another I/O can be queued now (it may still need more commands than are free).
     pub fn has_room(&self) -> bool {
-        !self.free.is_empty() && self.channel.free_commands() > 0
+        self.channel.free_commands() > 0
     }
 
+    /// This device's statistics on this reactor, since the start or the last reset.
     pub fn stats(&self) -> &IoStats {
         &self.stats
+    }
+
+    /// Starts the statistics afresh (e.g. at the end of a warm-up).
+    pub fn reset_stats(&mut self) {
+        self.stats.reset();
     }
 
     /// Buffers for this device's I/O, in its DMA space and on the reactor's node.
@@ -633,41 +610,25 @@ impl DeviceChannel {
     }
 }
 
-/// The channel of a device found gone: takes nothing, completes nothing.
-struct GoneChannel {
-    name: Arc<str>,
-}
-
-impl Channel for GoneChannel {
-    fn submit(
-        &mut self,
-        _op: Op,
-        _offset: u64,
-        _len: u64,
-        _buf: Option<IoBuffer>,
-        _token: u64,
-    ) -> Result<(), BlockError> {
-        Err(BlockError::Submit {
-            device: self.name.clone(),
-            source: SubmitError::Dead,
-        })
-    }
-
-    fn poll(&mut self, _on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
-        0
-    }
-
-    fn in_flight(&self) -> usize {
-        0
-    }
-
-    fn commands_needed(&self, _op: Op, _len: u64) -> usize {
-        1
-    }
-
-    fn free_commands(&self) -> usize {
-        0
-    }
+/// Records a finished I/O (latency on the reactor's clock) and hands it to the job.
+#[inline]
+fn record(
+    stats: &mut IoStats,
+    now_ns: u64,
+    f: Finished,
+    on_complete: &mut impl FnMut(IoCompletion),
+) {
+    let kind = match f.token >> KIND_SHIFT {
+        0 => OpKind::Read,
+        1 => OpKind::Write,
+        _ => OpKind::Other,
+    };
+    let latency = now_ns.saturating_sub(f.submitted_ns);
+    stats.record(kind, f.bytes, latency, f.result.is_ok());
+    on_complete(IoCompletion {
+        token: f.token & MAX_TOKEN,
+        result: f.result,
+    });
 }
 
 /// What a job sees of its reactor.
@@ -677,12 +638,24 @@ pub struct ReactorContext {
     /// One per device this reactor serves, in `info.devices` order.
     pub devices: Vec<DeviceChannel>,
     started: Instant,
+    /// The reactor's clock: the TSC where it is usable, calibrated once per process.
+    clock: quanta::Clock,
+    clock_base: u64,
 }
 
 impl ReactorContext {
     /// Time since the reactor started its job.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// Reads the clock (once per turn) and gives it to every channel.
+    #[inline]
+    fn tick(&mut self) {
+        let now = self.clock.delta_as_nanos(self.clock_base, self.clock.raw());
+        for d in &mut self.devices {
+            d.set_now(now);
+        }
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -697,8 +670,9 @@ impl ReactorContext {
     fn drain(&mut self, limit: Duration) {
         let started = Instant::now();
         while self.devices.iter().any(|d| d.in_flight() > 0) && started.elapsed() < limit {
+            self.tick();
             for d in &mut self.devices {
-                d.poll(&mut |_| {});
+                d.poll(|_| {});
             }
         }
     }
@@ -746,14 +720,11 @@ fn reactor<J: Job>(
                 return None;
             }
         };
-        let capacity = setup.channel.depth as usize * device.drives().len().max(1);
         let controllers = device
             .drives()
             .iter()
             .filter_map(|&d| setup.controllers.get(d).cloned())
             .collect();
-        let clock = quanta::Clock::new();
-        let now = clock.raw();
         devices.push(DeviceChannel {
             device: i,
             info: device.info().clone(),
@@ -761,31 +732,25 @@ fn reactor<J: Job>(
             dma: device.dma(),
             node: setup.info.memory_node,
             channel,
-            stats: IoStats::new(),
-            pending: vec![
-                Pending {
-                    token: 0,
-                    started: now,
-                    kind: OpKind::Other,
-                    bytes: 0
-                };
-                capacity
-            ]
-            .into_boxed_slice(),
-            free: (0..capacity as u32).rev().collect(),
+            stats: IoStats::with_histograms(setup.channel.latency_histograms),
+            in_flight: 0,
             controllers,
-            clock,
-            last_progress: now,
-            last_probe: now,
+            now_ns: 0,
+            last_progress_ns: 0,
+            last_probe_ns: 0,
             gone: None,
         });
     }
     let mut job = make_job(&setup.info);
+    let clock = quanta::Clock::new();
     let mut ctx = ReactorContext {
         info: setup.info,
         devices,
         started: Instant::now(),
+        clock_base: clock.raw(),
+        clock,
     };
+    ctx.tick();
     if let Err(what) = job.prepare(&mut ctx) {
         let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
         return None;
@@ -808,6 +773,7 @@ fn reactor<J: Job>(
     ctx.started = Instant::now();
     let mut turns = 0u32;
     while !stop {
+        ctx.tick();
         let more = job.turn(&mut ctx);
         turns = turns.wrapping_add(1);
         if !more || turns.is_multiple_of(CONTROL_EVERY) {
@@ -912,7 +878,8 @@ impl<O> Run<O> {
 mod tests {
     use super::*;
     use crate::topology::Topology;
-    use crate::StripeDevice;
+    use crate::{IoError, StripeDevice};
+    use usnvme_driver::spec::Status;
 
     /// Keeps 4 reads in flight on every device for `for_`; counts what completed how.
     struct Reads {
@@ -948,7 +915,7 @@ mod tests {
                     }
                 }
                 let counts = &mut self.counts[i];
-                d.poll(&mut |c| match &c.result {
+                d.poll(|c| match &c.result {
                     Ok(()) => counts.0 += 1,
                     Err(IoError::Status { status, .. })
                         if status.code() == Status::HOST_PATHING_ERROR =>

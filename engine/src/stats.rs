@@ -55,22 +55,29 @@ struct Lane {
     ios: u64,
     bytes: u64,
     lat_sum_ns: u128,
+    /// Sum of squared latencies: the standard deviation without a histogram.
+    lat_sq_sum_ns: u128,
     lat_min_ns: u64,
     lat_max_ns: u64,
-    hist: Histogram<u64>,
+    /// Percentiles, when asked for (`-L`): recording costs more than everything else here.
+    hist: Option<Histogram<u64>>,
 }
 
 impl Lane {
-    fn new() -> Self {
-        let mut hist = Histogram::new_with_bounds(1, MAX_LATENCY_NS, SIGNIFICANT_DIGITS)
-            .expect("constant histogram bounds are valid");
-        // The counts come zeroed from the allocator, possibly as untouched pages: write them once
-        // now so that the first I/O landing on a page does not take a page fault.
-        hist.reset();
+    fn new(histogram: bool) -> Self {
+        let hist = histogram.then(|| {
+            let mut hist = Histogram::new_with_bounds(1, MAX_LATENCY_NS, SIGNIFICANT_DIGITS)
+                .expect("constant histogram bounds are valid");
+            // The counts come zeroed from the allocator, possibly as untouched pages: write
+            // them once now so that the first I/O landing on a page does not take a page fault.
+            hist.reset();
+            hist
+        });
         Lane {
             ios: 0,
             bytes: 0,
             lat_sum_ns: 0,
+            lat_sq_sum_ns: 0,
             lat_min_ns: u64::MAX,
             lat_max_ns: 0,
             hist,
@@ -81,23 +88,45 @@ impl Lane {
         self.ios = 0;
         self.bytes = 0;
         self.lat_sum_ns = 0;
+        self.lat_sq_sum_ns = 0;
         self.lat_min_ns = u64::MAX;
         self.lat_max_ns = 0;
-        self.hist.reset();
+        if let Some(h) = &mut self.hist {
+            h.reset();
+        }
     }
 
     fn merge(&mut self, other: &Lane) {
         self.ios += other.ios;
         self.bytes += other.bytes;
         self.lat_sum_ns += other.lat_sum_ns;
+        self.lat_sq_sum_ns += other.lat_sq_sum_ns;
         self.lat_min_ns = self.lat_min_ns.min(other.lat_min_ns);
         self.lat_max_ns = self.lat_max_ns.max(other.lat_max_ns);
-        // Both histograms have the same bounds, so `add` cannot fail; should it, add value by value.
-        if self.hist.add(&other.hist).is_err() {
-            for v in other.hist.iter_recorded() {
-                self.hist
-                    .saturating_record_n(v.value_iterated_to(), v.count_at_value());
-            }
+        match (&mut self.hist, &other.hist) {
+            (Some(mine), Some(theirs)) => merge_histograms(mine, theirs),
+            (None, Some(theirs)) if self.ios == other.ios => self.hist = Some(theirs.clone()),
+            _ => {}
+        }
+    }
+
+    fn stdev_ns(&self) -> f64 {
+        if self.ios == 0 {
+            return 0.0;
+        }
+        let n = self.ios as f64;
+        let mean = self.lat_sum_ns as f64 / n;
+        (self.lat_sq_sum_ns as f64 / n - mean * mean)
+            .max(0.0)
+            .sqrt()
+    }
+}
+
+/// Adds `theirs` into `mine`. Same bounds, so `add` cannot fail; should it, value by value.
+fn merge_histograms(mine: &mut Histogram<u64>, theirs: &Histogram<u64>) {
+    if mine.add(theirs).is_err() {
+        for v in theirs.iter_recorded() {
+            mine.saturating_record_n(v.value_iterated_to(), v.count_at_value());
         }
     }
 }
@@ -116,12 +145,26 @@ impl Default for IoStats {
 }
 
 impl IoStats {
-    /// Allocates the histograms (about 800 KiB): do it before I/O starts.
+    /// With latency histograms (about 800 KiB, allocated now: before I/O starts).
     pub fn new() -> Self {
+        Self::with_histograms(true)
+    }
+
+    /// Counters, latency sum, min, max and deviation always; percentiles only with `histograms`.
+    pub fn with_histograms(histograms: bool) -> Self {
         IoStats {
-            lanes: [Lane::new(), Lane::new(), Lane::new()],
+            lanes: [
+                Lane::new(histograms),
+                Lane::new(histograms),
+                Lane::new(histograms),
+            ],
             errors: 0,
         }
+    }
+
+    /// Whether latency percentiles are kept.
+    pub fn has_histograms(&self) -> bool {
+        self.lanes.iter().all(|l| l.hist.is_some())
     }
 
     /// Records one completed I/O. No allocation, no lock; latencies above 1 hour are clamped.
@@ -136,9 +179,12 @@ impl IoStats {
         lane.ios += 1;
         lane.bytes += bytes;
         lane.lat_sum_ns += u128::from(lat);
+        lane.lat_sq_sum_ns += u128::from(lat) * u128::from(lat);
         lane.lat_min_ns = lane.lat_min_ns.min(lat);
         lane.lat_max_ns = lane.lat_max_ns.max(lat);
-        lane.hist.saturating_record(lat);
+        if let Some(h) = &mut lane.hist {
+            h.saturating_record(lat);
+        }
     }
 
     /// Adds `other` into `self` (off the I/O path).
@@ -190,9 +236,15 @@ impl IoStats {
         self.latency_at(kind, &DEFAULT_PERCENTILES)
     }
 
-    /// Latency summary of `kind` with the given percentiles (0..=100).
+    /// Latency summary of `kind` with the given percentiles (0..=100); no percentiles without
+    /// histograms.
     pub fn latency_at(&self, kind: OpKind, percentiles: &[f64]) -> LatencySummary {
         let lane = &self.lanes[kind as usize];
+        let percentiles = if lane.hist.is_some() {
+            percentiles
+        } else {
+            &[]
+        };
         if lane.ios == 0 {
             return LatencySummary {
                 percentiles: percentiles.iter().map(|&p| (p, 0)).collect(),
@@ -205,18 +257,23 @@ impl IoStats {
             min_ns: min,
             max_ns: max,
             mean_ns: lane.lat_sum_ns as f64 / lane.ios as f64,
-            stdev_ns: lane.hist.stdev(),
+            stdev_ns: lane.stdev_ns(),
             // A histogram value is the top of its bucket: keep it within what was really seen.
-            percentiles: percentiles
-                .iter()
-                .map(|&p| (p, lane.hist.value_at_percentile(p).clamp(min, max)))
-                .collect(),
+            percentiles: lane.hist.as_ref().map_or(Vec::new(), |h| {
+                percentiles
+                    .iter()
+                    .map(|&p| (p, h.value_at_percentile(p).clamp(min, max)))
+                    .collect()
+            }),
         }
     }
 
-    /// The non-empty buckets of `kind`'s latency histogram, log-spaced, for a `-LL` dump.
+    /// The non-empty buckets of `kind`'s latency histogram, log-spaced, for a `-LL` dump (none
+    /// without histograms).
     pub fn buckets(&self, kind: OpKind) -> Vec<Bucket> {
-        let hist = &self.lanes[kind as usize].hist;
+        let Some(hist) = &self.lanes[kind as usize].hist else {
+            return Vec::new();
+        };
         let mut low_ns = 0;
         let mut out = Vec::new();
         for v in hist.iter_log(1, 2f64.powf(1.0 / BUCKETS_PER_OCTAVE)) {
@@ -370,7 +427,8 @@ impl Snapshot {
 
     /// Every device merged into one.
     pub fn total(&self) -> IoStats {
-        let mut total = IoStats::new();
+        let histograms = self.devices.values().all(IoStats::has_histograms);
+        let mut total = IoStats::with_histograms(histograms);
         self.devices.values().for_each(|s| total.merge(s));
         total
     }
@@ -457,7 +515,9 @@ mod tests {
     #[test]
     fn recording_never_grows_the_histogram() {
         let mut s = IoStats::new();
-        let len = s.lanes[0].hist.distinct_values();
+        let values = |s: &IoStats| s.lanes[0].hist.as_ref().map(|h| h.distinct_values());
+        let len = values(&s);
+        assert!(len.is_some());
         for i in 0..1_000_000u64 {
             s.record(
                 OpKind::Read,
@@ -466,7 +526,22 @@ mod tests {
                 true,
             );
         }
-        assert_eq!(s.lanes[0].hist.distinct_values(), len);
+        assert_eq!(values(&s), len);
+    }
+
+    #[test]
+    fn without_histograms_the_summary_is_exact_and_has_no_percentiles() {
+        let mut s = IoStats::with_histograms(false);
+        for us in 1..=10_000u64 {
+            s.record(OpKind::Read, 4096, us * 1000, true);
+        }
+        let l = s.latency(OpKind::Read);
+        assert_eq!((l.count, l.min_ns, l.max_ns), (10_000, 1_000, 10_000_000));
+        assert!((l.mean_ns - 5_000_500.0).abs() < 1e-6);
+        // the population standard deviation of 1..=10000 us
+        assert!((l.stdev_ns - 2_886_751.2).abs() < 1.0, "{}", l.stdev_ns);
+        assert!(l.percentiles.is_empty());
+        assert!(s.buckets(OpKind::Read).is_empty());
     }
 
     #[test]

@@ -191,7 +191,7 @@ impl Job for OneShot {
             let started = Instant::now();
             let mut result = None;
             while result.is_none() {
-                dev.poll(&mut |c| result = Some(c.result));
+                dev.poll(|c| result = Some(c.result));
                 assert!(started.elapsed() < Duration::from_secs(10));
             }
             result.expect("a completion")
@@ -308,7 +308,7 @@ impl Job for Once {
             .expect("submit");
         let started = Instant::now();
         while self.result.is_none() && started.elapsed() < Duration::from_secs(10) {
-            ctx.devices[0].poll(&mut |c| {
+            ctx.devices[0].poll(|c| {
                 assert_eq!(c.token, 9);
                 self.result = Some(c.result);
             });
@@ -383,7 +383,7 @@ impl Job for Endless {
                 len: 4096,
             };
             while dev.in_flight() < 32 && dev.submit(Op::Read, 0, 4096, Some(io), 0).is_ok() {}
-            dev.poll(&mut |_| {});
+            dev.poll(|_| {});
         }
         true
     }

@@ -26,6 +26,9 @@ use ring::Rings;
 
 const SQE_BYTES: usize = 64;
 const CQE_BYTES: usize = 16;
+/// Timeouts are checked every this many polls, not on every one: a poll that finds nothing
+/// costs a few instructions, and timeouts are seconds long.
+const TIMEOUT_CHECK_POLLS: u32 = 64;
 
 /// A buffer for one command: IOVA-contiguous DMA memory (e.g. from a `BufferPool`).
 /// The memory must stay mapped and untouched until the command completes.
@@ -43,6 +46,11 @@ pub struct Completion {
     pub status: Status,
     /// Command specific result (CQE dword 0).
     pub dw0: u32,
+    /// The queue pair's clock when the command was submitted (nanoseconds, see
+    /// [`QueuePair::set_now`]): the caller's latency stamp, kept in the tracker.
+    pub submitted_ns: u64,
+    /// Bytes the command transferred (0 without data).
+    pub bytes: u32,
 }
 
 /// The geometry of a namespace the queue pair checks I/O against (indexed by nsid - 1).
@@ -64,15 +72,18 @@ pub struct QueueStats {
     pub garbage: u64,
 }
 
+/// The one per-command context: the caller's token, its submission stamp and size (handed back
+/// with the completion), and what recovery needs. 32 bytes: two trackers per cache line.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tracker {
     token: u64,
-    /// Milliseconds since the queue pair was created, when submitted (or when its abort was sent).
-    started_ms: u32,
-    busy: bool,
-    abort_sent: bool,
+    /// The queue pair's clock at submission, in nanoseconds (reset when its abort is sent).
+    started_ns: u64,
     /// Where the command went in the SQ, counted from the queue's creation (wrapping).
     sq_position: u32,
+    bytes: u32,
+    busy: bool,
+    abort_sent: bool,
 }
 
 /// Where the doorbells of this queue are: MMIO offsets, and the shadow doorbell / EventIdx
@@ -160,12 +171,17 @@ pub struct QueuePair {
     memory: DmaRegion,
     doorbells: Doorbells,
     stats: QueueStats,
-    /// Milliseconds since `clock`, refreshed once per poll when timeouts are on.
-    now_ms: u32,
-    /// When `check_timeouts` next scans the trackers.
-    next_scan_ms: u32,
-    // cold
-    timeout_ms: u32,
+    /// The clock commands are stamped with, in nanoseconds: given by the owner once per turn
+    /// ([`QueuePair::set_now`]), else read from `clock` when timeouts are checked.
+    now_ns: u64,
+    /// Polls since the last timeout check.
+    polls: u32,
+    /// When `check_timeouts` last ran, and when it next scans the trackers.
+    checked_ns: u64,
+    next_scan_ns: u64,
+    timeout_ns: u64,
+    /// The owner sets `now_ns`.
+    owner_clock: bool,
     clock: Instant,
     /// The controller's reset generation this queue pair's queues belong to.
     generation: u64,
@@ -228,11 +244,14 @@ impl QueuePair {
             memory: setup.memory,
             doorbells: setup.doorbells,
             stats: QueueStats::default(),
-            now_ms: 0,
-            next_scan_ms: 0,
-            timeout_ms: setup
-                .timeout
-                .map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128 / 2) as u32),
+            now_ns: 0,
+            polls: 0,
+            checked_ns: 0,
+            next_scan_ns: 0,
+            timeout_ns: setup.timeout.map_or(0, |t| {
+                t.as_nanos().clamp(1_000_000, u64::MAX as u128 / 4) as u64
+            }),
+            owner_clock: false,
             clock: Instant::now(),
             generation: setup.generation,
             qid: setup.qid,
@@ -255,6 +274,15 @@ impl QueuePair {
 
     pub fn stats(&self) -> QueueStats {
         self.stats
+    }
+
+    /// The time, in nanoseconds on the owner's monotonic clock: commands submitted from now on
+    /// carry it as their stamp, and timeouts are measured on it. An owner that polls in a loop
+    /// reads its clock once per turn and passes it here, so the queue pair reads none itself.
+    #[inline]
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        self.owner_clock = true;
     }
 
     /// Memory this queue pair holds: DMA (rings and PRP-list slots) and host (trackers).
@@ -301,7 +329,7 @@ impl QueuePair {
         buf: IoBuffer,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let blocks = self.blocks_for(nsid, buf.len as u64)?;
+        let blocks = self.blocks_for(nsid, slba, buf.len as u64)?;
         self.submit_data(Sqe::read(nsid, slba, blocks), buf, token)
     }
 
@@ -314,8 +342,15 @@ impl QueuePair {
         buf: IoBuffer,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let blocks = self.blocks_for(nsid, buf.len as u64)?;
+        let blocks = self.blocks_for(nsid, slba, buf.len as u64)?;
         self.submit_data(Sqe::write(nsid, slba, blocks), buf, token)
+    }
+
+    /// The device is gone (surprise removal): hands every command in flight back with "Host
+    /// Pathing Error" and refuses more. Its queues are not deleted (nothing would answer).
+    pub fn abandon(&mut self, mut on_completion: impl FnMut(Completion)) {
+        self.dead = true;
+        self.fail_all(Status::HOST_PATHING_ERROR, &mut on_completion);
     }
 
     pub fn flush_cache(&mut self, nsid: u32, token: u64) -> Result<(), SubmitError> {
@@ -358,14 +393,14 @@ impl QueuePair {
         }
         let mut sqe = Sqe::dataset_management(nsid, 1, true);
         sqe.prp1 = self.memory.iova_of(offset);
-        self.push(sqe, cid, token);
+        self.push(sqe, cid, token, 0);
         Ok(())
     }
 
     /// Any command without data (admin commands use this too).
     pub fn submit(&mut self, sqe: Sqe, token: u64) -> Result<(), SubmitError> {
         let cid = self.take_cid()?;
-        self.push(sqe, cid, token);
+        self.push(sqe, cid, token, 0);
         Ok(())
     }
 
@@ -392,7 +427,7 @@ impl QueuePair {
             self.free_cids.push(cid);
             return Err(e);
         }
-        self.push(sqe, cid, token);
+        self.push(sqe, cid, token, buf.len);
         Ok(())
     }
 
@@ -441,8 +476,10 @@ impl QueuePair {
             .ok_or(SubmitError::InvalidNamespace { nsid })
     }
 
+    /// The block count of `bytes` at `slba`: whole blocks, within the namespace. The one place
+    /// a read or write is checked against the namespace's geometry.
     #[inline]
-    fn blocks_for(&self, nsid: u32, bytes: u64) -> Result<u32, SubmitError> {
+    fn blocks_for(&self, nsid: u32, slba: u64, bytes: u64) -> Result<u32, SubmitError> {
         let g = self.geometry(nsid)?;
         if bytes & (g.block_size as u64 - 1) != 0 || bytes == 0 {
             return Err(SubmitError::NotBlockMultiple {
@@ -453,6 +490,13 @@ impl QueuePair {
         // block sizes are powers of two (LBADS): a shift, not a division, on the hot path
         let blocks = bytes >> g.block_size.trailing_zeros();
         check_block_count(blocks)?;
+        if slba.checked_add(blocks).is_none_or(|end| end > g.blocks) {
+            return Err(SubmitError::LbaRange {
+                slba,
+                blocks,
+                capacity: g.blocks,
+            });
+        }
         Ok(blocks as u32)
     }
 
@@ -517,15 +561,16 @@ impl QueuePair {
 
     /// Writes the SQE in place at the tail; the doorbell waits for `flush`/`poll`.
     #[inline]
-    fn push(&mut self, mut sqe: Sqe, cid: u16, token: u64) {
+    fn push(&mut self, mut sqe: Sqe, cid: u16, token: u64, bytes: u32) {
         sqe.set_cid(cid);
         self.rings.write_sqe(self.sq_tail, &sqe);
         self.trackers[cid as usize] = Tracker {
             token,
-            started_ms: self.now_ms,
+            started_ns: self.now_ns,
+            sq_position: self.sq_written,
+            bytes,
             busy: true,
             abort_sent: false,
-            sq_position: self.sq_written,
         };
         self.sq_written = self.sq_written.wrapping_add(1);
         self.sq_tail = self.next(self.sq_tail);
@@ -604,15 +649,17 @@ impl QueuePair {
             self.sq_fetched = fetched.unwrap_or(self.sq_fetched);
             let tracker = &mut self.trackers[cid as usize];
             tracker.busy = false;
-            let token = tracker.token;
+            let t = *tracker;
             self.free_cids.push(cid);
             self.in_flight -= 1;
             self.stats.completed += 1;
             done += 1;
             on_completion(Completion {
-                token,
+                token: t.token,
                 status: cqe.status(),
                 dw0: cqe.dw0,
+                submitted_ns: t.started_ns,
+                bytes: t.bytes,
             });
         }
         if self.in_flight == 0 {
@@ -631,8 +678,12 @@ impl QueuePair {
                 self.stats.cq_doorbells += 1;
             }
         }
-        if self.timeout_ms > 0 {
-            self.check_timeouts(&mut on_completion);
+        if self.timeout_ns > 0 {
+            self.polls += 1;
+            if self.polls >= TIMEOUT_CHECK_POLLS {
+                self.polls = 0;
+                self.check_timeouts(&mut on_completion);
+            }
         }
         done
     }

@@ -19,6 +19,8 @@ impl QueuePair {
                     token: t.token,
                     status,
                     dw0: 0,
+                    submitted_ns: t.started_ns,
+                    bytes: t.bytes,
                 });
             }
         }
@@ -76,22 +78,26 @@ impl QueuePair {
 
     /// Aborts commands older than the timeout; resets the controller when a command is still
     /// there after its abort, or CSTS.CFS is set; fails everything when the device is gone.
-    /// Runs on every poll: one clock read; a scan of the trackers a few times per timeout.
+    /// Runs every few dozen polls, on the owner's clock (or one read of its own); scans the
+    /// trackers a few times per timeout.
     pub(super) fn check_timeouts(&mut self, on_completion: &mut dyn FnMut(Completion)) {
-        let now = self.clock.elapsed().as_millis().min(u32::MAX as u128) as u32;
-        let timeout = self.timeout_ms;
-        // Commands are stamped with the time of the last poll. After a long gap without polls
-        // those stamps say nothing: start their clocks now.
-        if now.wrapping_sub(self.now_ms) > timeout / 2 {
-            let busy = self.trackers.iter_mut().filter(|t| t.busy);
-            busy.for_each(|t| t.started_ms = now);
+        if !self.owner_clock {
+            self.now_ns = self.clock.elapsed().as_nanos().min(u64::MAX as u128 / 2) as u64;
         }
-        self.now_ms = now;
-        if self.in_flight == 0 || now < self.next_scan_ms {
+        let now = self.now_ns;
+        let timeout = self.timeout_ns;
+        // After a long gap without polls the stamps say nothing about the device: start the
+        // clocks of the commands in flight now.
+        if now.saturating_sub(self.checked_ns) > timeout / 2 {
+            let busy = self.trackers.iter_mut().filter(|t| t.busy);
+            busy.for_each(|t| t.started_ns = now);
+        }
+        self.checked_ns = now;
+        if self.in_flight == 0 || now < self.next_scan_ns {
             return;
         }
-        self.next_scan_ms = now + (timeout / 4).clamp(1, 100);
-        let overdue = |t: &super::Tracker| t.busy && now.wrapping_sub(t.started_ms) > timeout;
+        self.next_scan_ns = now + (timeout / 4).clamp(1_000_000, 100_000_000);
+        let overdue = |t: &super::Tracker| t.busy && now.saturating_sub(t.started_ns) > timeout;
         if !self.trackers.iter().any(overdue) {
             return;
         }
@@ -124,12 +130,13 @@ impl QueuePair {
                 break;
             }
             log::warn!(
-                "{}: command {cid} on queue {} did not complete within {timeout} ms: aborting it",
+                "{}: command {cid} on queue {} did not complete within {} ms: aborting it",
                 owner.name(),
-                self.qid
+                self.qid,
+                timeout / 1_000_000
             );
             self.trackers[cid].abort_sent = true;
-            self.trackers[cid].started_ms = now;
+            self.trackers[cid].started_ns = now;
             if let Err(e) = owner.abort(self.qid, cid as u16) {
                 log::warn!(
                     "{}: abort failed ({e}): resetting the controller",

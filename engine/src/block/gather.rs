@@ -1,13 +1,15 @@
 //! Completing an I/O once when all of its parts are done: a fixed slab of parent I/Os, indexed
 //! by the token the parts carry. Allocated up front; nothing on the I/O path allocates.
 
-use super::{IoCompletion, IoError};
+use super::{Finished, IoError};
 
 #[derive(Debug, Clone, Default)]
 struct Parent {
     token: u64,
     remaining: u32,
     error: Option<IoError>,
+    submitted_ns: u64,
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -24,27 +26,27 @@ impl Gather {
         }
     }
 
-    pub fn in_flight(&self) -> usize {
-        self.parents.len() - self.free.len()
-    }
-
-    pub fn has_room(&self) -> bool {
+    #[cfg(test)]
+    fn has_room(&self) -> bool {
         !self.free.is_empty()
     }
 
-    /// A parent for an I/O of `parts` parts; its index is the token of every part.
-    pub fn start(&mut self, token: u64, parts: u32) -> Option<u64> {
+    /// A parent for an I/O of `parts` parts moving `bytes`, submitted at `now_ns`; its index
+    /// is the token of every part.
+    pub fn start(&mut self, token: u64, parts: u32, bytes: u64, now_ns: u64) -> Option<u64> {
         let index = self.free.pop()?;
         self.parents[index as usize] = Parent {
             token,
             remaining: parts,
             error: None,
+            submitted_ns: now_ns,
+            bytes,
         };
         Some(index as u64)
     }
 
     /// One part finished; the whole I/O when it was the last. The first error wins.
-    pub fn part_done(&mut self, index: u64, result: Result<(), IoError>) -> Option<IoCompletion> {
+    pub fn part_done(&mut self, index: u64, result: Result<(), IoError>) -> Option<Finished> {
         self.parts_done(index, 1, result)
     }
 
@@ -54,7 +56,7 @@ impl Gather {
         index: u64,
         n: u32,
         result: Result<(), IoError>,
-    ) -> Option<IoCompletion> {
+    ) -> Option<Finished> {
         let parent = self.parents.get_mut(index as usize)?;
         if parent.remaining == 0 {
             log::error!("completion for I/O slot {index}, which has no parts left: ignored");
@@ -69,9 +71,11 @@ impl Gather {
         }
         self.free.push(index as u32);
         let result = parent.error.take().map_or(Ok(()), Err);
-        Some(IoCompletion {
+        Some(Finished {
             token: parent.token,
             result,
+            submitted_ns: parent.submitted_ns,
+            bytes: parent.bytes,
         })
     }
 }
@@ -87,9 +91,9 @@ mod tests {
     #[test]
     fn completes_once_when_every_part_is_done_with_the_first_error() {
         let mut g = Gather::new(2);
-        let a = g.start(100, 3).unwrap();
-        let b = g.start(200, 1).unwrap();
-        assert!(g.start(300, 1).is_none(), "full");
+        let a = g.start(100, 3, 12288, 5).unwrap();
+        let b = g.start(200, 1, 4096, 6).unwrap();
+        assert!(g.start(300, 1, 4096, 7).is_none(), "full");
         let err = IoError::Status {
             device: Arc::from("d1"),
             status: Status::LBA_OUT_OF_RANGE,
@@ -98,9 +102,11 @@ mod tests {
         assert_eq!(g.part_done(a, Err(err.clone())), None);
         assert_eq!(
             g.part_done(b, Ok(())),
-            Some(IoCompletion {
+            Some(Finished {
                 token: 200,
-                result: Ok(())
+                result: Ok(()),
+                submitted_ns: 6,
+                bytes: 4096
             })
         );
         let other = IoError::Status {
@@ -109,12 +115,14 @@ mod tests {
         };
         assert_eq!(
             g.part_done(a, Err(other)),
-            Some(IoCompletion {
+            Some(Finished {
                 token: 100,
-                result: Err(err)
+                result: Err(err),
+                submitted_ns: 5,
+                bytes: 12288
             })
         );
-        assert_eq!(g.in_flight(), 0);
+        assert!(g.has_room());
         assert_eq!(
             g.part_done(a, Ok(())),
             None,

@@ -14,8 +14,17 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaSpace, PageSize};
 
-pub use namespace::NamespaceDevice;
-pub use stripe::StripeDevice;
+pub use namespace::{NamespaceChannel, NamespaceDevice};
+pub use stripe::{StripeChannel, StripeDevice};
+
+/// The largest token a caller may give an I/O (60 bits). The bits above are the block
+/// layer's: the op kind for statistics (63-62), and the marks of an I/O split at a namespace
+/// (61) or over a stripe (60), whose parts carry the index of their parent instead. One token
+/// travels from the caller to the driver's tracker and back; no layer keeps a table of its
+/// own for an I/O that is one command.
+pub const MAX_TOKEN: u64 = (1 << 60) - 1;
+pub(crate) const NAMESPACE_PARENT: u64 = 1 << 61;
+pub(crate) const STRIPE_PARENT: u64 = 1 << 60;
 
 /// What an I/O does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,6 +65,9 @@ pub struct ChannelOptions {
     pub node: Option<u32>,
     /// Commands older than this are aborted, then the controller reset.
     pub timeout: Option<Duration>,
+    /// Keep latency histograms (percentiles) per device: costs more per I/O than the rest of
+    /// the statistics together, so only when asked for (`perf -L`).
+    pub latency_histograms: bool,
 }
 
 impl Default for ChannelOptions {
@@ -64,6 +76,7 @@ impl Default for ChannelOptions {
             depth: 256,
             node: None,
             timeout: Some(Duration::from_secs(30)),
+            latency_histograms: false,
         }
     }
 }
@@ -83,7 +96,7 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// The drives (by the engine's index) whose queue pairs a channel uses.
     fn drives(&self) -> Vec<usize>;
     /// A channel for the calling thread, with its own queue pairs.
-    fn channel(&self, options: &ChannelOptions) -> Result<Box<dyn Channel>, usnvme_driver::Error>;
+    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error>;
 }
 
 /// Why an I/O failed.
@@ -98,6 +111,16 @@ pub enum IoError {
 pub struct IoCompletion {
     pub token: u64,
     pub result: Result<(), IoError>,
+}
+
+/// A finished I/O as a channel hands it up: the token it was given, how it went, and when it
+/// was submitted (the queue pair's clock) and how many bytes it moved, for statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub token: u64,
+    pub result: Result<(), IoError>,
+    pub submitted_ns: u64,
+    pub bytes: u64,
 }
 
 /// Why an I/O was not submitted (nothing was queued; the token is not returned).
@@ -128,28 +151,138 @@ pub enum BlockError {
         device: Arc<str>,
         source: SubmitError,
     },
+    #[error("{device}: token {token:#x} is larger than the block layer's {MAX_TOKEN:#x}")]
+    Token { device: Arc<str>, token: u64 },
 }
 
-/// One reactor's path to a block device. Owned by one thread.
-pub trait Channel: Send {
-    /// Queues `op` on `len` bytes at byte `offset` (`buf` for reads and writes). Doorbells ring
-    /// on `poll`.
-    fn submit(
+impl BlockError {
+    /// A driver's refusal, by kind: the caller's offset or length, the range, a full queue.
+    fn from_driver(
+        device: &Arc<str>,
+        offset: u64,
+        len: u64,
+        e: SubmitError,
+        info: &BlockInfo,
+    ) -> Self {
+        let device = device.clone();
+        match e {
+            SubmitError::NotBlockMultiple { block_size, .. } => BlockError::Misaligned {
+                device,
+                offset,
+                len,
+                block_size,
+            },
+            SubmitError::LbaRange { .. } => BlockError::OutOfRange {
+                device,
+                offset,
+                len,
+                size: info.size_bytes,
+            },
+            SubmitError::QueueFull { .. } => BlockError::Busy { device, needed: 1 },
+            source => BlockError::Submit { device, source },
+        }
+    }
+}
+
+/// One reactor's path to a block device, owned by one thread. An enum rather than a trait
+/// object: the I/O path dispatches with a match and inlines down to the queue pair.
+// The namespace variant is large (its queue pair) and kept inline: no pointer to chase per I/O.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Channel {
+    Namespace(NamespaceChannel),
+    Stripe(StripeChannel),
+    /// The device was found gone: takes nothing, completes nothing.
+    Gone(Arc<str>),
+}
+
+impl Channel {
+    /// Queues `op` on `len` bytes at byte `offset` (`buf` for reads and writes), all or
+    /// nothing. Doorbells ring on `flush` or `poll`.
+    #[inline]
+    pub fn submit(
         &mut self,
         op: Op,
         offset: u64,
         len: u64,
         buf: Option<IoBuffer>,
         token: u64,
-    ) -> Result<(), BlockError>;
-    /// Rings what was queued and hands finished I/Os to `on_complete`; returns how many.
-    fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize;
-    /// I/Os submitted and not yet completed.
-    fn in_flight(&self) -> usize;
-    /// Commands `op` on `len` bytes needs in the queues below (for all-or-nothing submission).
-    fn commands_needed(&self, op: Op, len: u64) -> usize;
-    /// Commands that can be queued now.
-    fn free_commands(&self) -> usize;
+    ) -> Result<(), BlockError> {
+        match self {
+            Channel::Namespace(c) => c.submit(op, offset, len, buf, token),
+            Channel::Stripe(c) => c.submit(op, offset, len, buf, token),
+            Channel::Gone(name) => Err(BlockError::Submit {
+                device: name.clone(),
+                source: SubmitError::Dead,
+            }),
+        }
+    }
+
+    /// Rings what was queued and hands finished I/Os up; returns how many.
+    #[inline]
+    pub fn poll(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        match self {
+            Channel::Namespace(c) => c.poll(on_finished),
+            Channel::Stripe(c) => c.poll(on_finished),
+            Channel::Gone(_) => 0,
+        }
+    }
+
+    /// Rings the doorbells of what was queued since the last time.
+    #[inline]
+    pub fn flush(&mut self) {
+        match self {
+            Channel::Namespace(c) => c.flush(),
+            Channel::Stripe(c) => c.flush(),
+            Channel::Gone(_) => {}
+        }
+    }
+
+    /// The owner's clock (nanoseconds), once per turn: the submission stamp of what follows.
+    #[inline]
+    pub fn set_now(&mut self, now_ns: u64) {
+        match self {
+            Channel::Namespace(c) => c.set_now(now_ns),
+            Channel::Stripe(c) => c.set_now(now_ns),
+            Channel::Gone(_) => {}
+        }
+    }
+
+    /// Whether commands are queued or in flight below.
+    #[inline]
+    pub fn busy(&self) -> bool {
+        match self {
+            Channel::Namespace(c) => c.busy(),
+            Channel::Stripe(c) => c.busy(),
+            Channel::Gone(_) => false,
+        }
+    }
+
+    /// Commands that can be queued now (on the fullest queue below).
+    pub fn free_commands(&self) -> usize {
+        match self {
+            Channel::Namespace(c) => c.free_commands(),
+            Channel::Stripe(c) => c.free_commands(),
+            Channel::Gone(_) => 0,
+        }
+    }
+
+    /// The device is gone: every I/O in flight finishes with "Host Pathing Error", and the
+    /// channel takes no more.
+    pub fn abandon(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        let name = match self {
+            Channel::Namespace(c) => c.name().clone(),
+            Channel::Stripe(c) => c.name().clone(),
+            Channel::Gone(_) => return 0,
+        };
+        let failed = match self {
+            Channel::Namespace(c) => c.abandon(on_finished),
+            Channel::Stripe(c) => c.abandon(on_finished),
+            Channel::Gone(_) => 0,
+        };
+        *self = Channel::Gone(name);
+        failed
+    }
 }
 
 /// Checks offset, length and buffer against the device.

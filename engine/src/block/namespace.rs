@@ -2,12 +2,13 @@
 
 use std::sync::Arc;
 
+use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, Controller, IoBuffer, QueuePair, QueuePairOptions};
 
 use super::gather::Gather;
 use super::{
-    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion,
-    IoError, Op,
+    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
+    IoError, Op, NAMESPACE_PARENT,
 };
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
@@ -74,29 +75,36 @@ impl BlockDevice for NamespaceDevice {
         vec![self.drive]
     }
 
-    fn channel(&self, options: &ChannelOptions) -> Result<Box<dyn Channel>, usnvme_driver::Error> {
+    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
         let qp = self.ctrl.create_queue_pair(QueuePairOptions {
             depth: options.depth,
             node: options.node,
             timeout: options.timeout,
         })?;
         let capacity = qp.depth() as usize - 1;
-        Ok(Box::new(NamespaceChannel {
+        Ok(Channel::Namespace(NamespaceChannel {
             qp,
             nsid: self.nsid,
+            block_shift: self.info.block_size.trailing_zeros(),
             info: self.info.clone(),
             name: self.name.clone(),
             gather: Gather::new(capacity),
+            now_ns: 0,
         }))
     }
 }
 
-struct NamespaceChannel {
+/// A reactor's queue pair on one namespace.
+#[derive(Debug)]
+pub struct NamespaceChannel {
     qp: QueuePair,
     nsid: u32,
+    block_shift: u32,
     info: BlockInfo,
     name: Arc<str>,
+    /// Parents of the I/Os split into several commands (only those).
     gather: Gather,
+    now_ns: u64,
 }
 
 impl NamespaceChannel {
@@ -110,10 +118,53 @@ impl NamespaceChannel {
             Op::Flush => u64::MAX,
         }
     }
-}
 
-impl Channel for NamespaceChannel {
-    fn submit(
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// A read or write of one command goes straight to the queue pair with the caller's token:
+    /// the driver checks it against the namespace (the layer that owns those facts) and keeps
+    /// the token. Only what the byte-to-block translation would hide is checked here.
+    #[inline]
+    pub(crate) fn submit(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
+            if len <= self.info.max_io && b.len as u64 >= len {
+                let mask = (1u64 << self.block_shift) - 1;
+                if offset & mask != 0 {
+                    return Err(BlockError::Misaligned {
+                        device: self.name.clone(),
+                        offset,
+                        len,
+                        block_size: self.info.block_size,
+                    });
+                }
+                let lba = offset >> self.block_shift;
+                let b = IoBuffer {
+                    len: len as u32,
+                    ..b
+                };
+                let queued = if op == Op::Read {
+                    self.qp.read(self.nsid, lba, b, token)
+                } else {
+                    self.qp.write(self.nsid, lba, b, token)
+                };
+                return queued
+                    .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
+            }
+        }
+        self.submit_parts(op, offset, len, buf, token)
+    }
+
+    /// Everything else: checked here, split into commands that complete as one I/O.
+    fn submit_parts(
         &mut self,
         op: Op,
         offset: u64,
@@ -123,72 +174,51 @@ impl Channel for NamespaceChannel {
     ) -> Result<(), BlockError> {
         check(&self.info, &self.name, op, offset, len, buf)?;
         let parts = self.commands_needed(op, len);
-        if parts > self.free_commands() || !self.gather.has_room() {
-            return Err(BlockError::Busy {
-                device: self.name.clone(),
-                needed: parts,
-            });
-        }
-        let Some(parent) = self.gather.start(token, parts as u32) else {
+        let bytes = if op.has_data() { len } else { 0 };
+        let parent = (parts <= self.free_commands())
+            .then(|| self.gather.start(token, parts as u32, bytes, self.now_ns))
+            .flatten();
+        let Some(parent) = parent else {
             return Err(BlockError::Busy {
                 device: self.name.clone(),
                 needed: parts,
             });
         };
-        // The common case, one read or write command, without the loop over parts.
-        if let (1, Op::Read | Op::Write, Some(b)) = (parts, op, buf) {
-            let lba = offset >> self.info.block_size.trailing_zeros();
-            let b = IoBuffer {
-                len: len as u32,
-                ..b
-            };
-            let queued = if op == Op::Read {
-                self.qp.read(self.nsid, lba, b, parent)
-            } else {
-                self.qp.write(self.nsid, lba, b, parent)
-            };
-            return queued.map_err(|source| {
-                let _ = self.gather.parts_done(parent, 1, Ok(()));
-                BlockError::Submit {
-                    device: self.name.clone(),
-                    source,
-                }
-            });
-        }
+        let part_token = NAMESPACE_PARENT | parent;
         let bs = self.info.block_size as u64;
         let step = self.part_bytes(op);
         let mut done = 0u64;
         for part in 0..parts {
             let (at, n) = (offset + done, (len - done).min(step));
-            let lba = at >> bs.trailing_zeros();
+            let lba = at >> self.block_shift;
             let buffer = buf.map(|b| IoBuffer {
                 iova: b.iova + done,
                 len: n as u32,
             });
             let queued = match (op, buffer) {
-                (Op::Read, Some(b)) => self.qp.read(self.nsid, lba, b, parent),
-                (Op::Write, Some(b)) => self.qp.write(self.nsid, lba, b, parent),
-                (Op::Flush, _) => self.qp.flush_cache(self.nsid, parent),
+                (Op::Read, Some(b)) => self.qp.read(self.nsid, lba, b, part_token),
+                (Op::Write, Some(b)) => self.qp.write(self.nsid, lba, b, part_token),
+                (Op::Flush, _) => self.qp.flush_cache(self.nsid, part_token),
                 (Op::WriteZeroes, _) => {
                     self.qp
-                        .write_zeroes(self.nsid, lba, (n / bs) as u32, parent)
+                        .write_zeroes(self.nsid, lba, (n / bs) as u32, part_token)
                 }
-                (Op::Deallocate, _) => self.qp.deallocate(self.nsid, lba, (n / bs) as u32, parent),
+                (Op::Deallocate, _) => {
+                    self.qp
+                        .deallocate(self.nsid, lba, (n / bs) as u32, part_token)
+                }
                 (Op::Read | Op::Write, None) => unreachable_buffer(),
             };
-            if let Err(source) = queued {
+            if let Err(e) = queued {
                 // Parts already queued complete later; the rest never will.
-                let err = BlockError::Submit {
-                    device: self.name.clone(),
-                    source,
-                };
+                let err = BlockError::from_driver(&self.name, offset, len, e, &self.info);
                 if part == 0 {
                     let _ = self.gather.parts_done(parent, parts as u32, Ok(()));
                     return Err(err);
                 }
                 let failed = IoError::Status {
                     device: self.name.clone(),
-                    status: usnvme_driver::spec::Status::INTERNAL_ERROR,
+                    status: Status::INTERNAL_ERROR,
                 };
                 let _ = self
                     .gather
@@ -201,31 +231,48 @@ impl Channel for NamespaceChannel {
         Ok(())
     }
 
-    fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+    #[inline]
+    pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
         let (gather, name) = (&mut self.gather, &self.name);
         let mut finished = 0;
         self.qp.poll(|c: Completion| {
-            let result = if c.status.is_success() {
-                Ok(())
-            } else {
-                Err(IoError::Status {
-                    device: name.clone(),
-                    status: c.status,
-                })
-            };
-            if let Some(done) = gather.part_done(c.token, result) {
+            if let Some(f) = finish(gather, name, c) {
                 finished += 1;
-                on_complete(done);
+                on_finished(f);
             }
         });
         finished
     }
 
-    fn in_flight(&self) -> usize {
-        self.gather.in_flight()
+    pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
+        let (gather, name) = (&mut self.gather, &self.name);
+        let mut finished = 0;
+        self.qp.abandon(|c: Completion| {
+            if let Some(f) = finish(gather, name, c) {
+                finished += 1;
+                on_finished(f);
+            }
+        });
+        finished
     }
 
-    fn commands_needed(&self, op: Op, len: u64) -> usize {
+    #[inline]
+    pub(crate) fn flush(&mut self) {
+        self.qp.flush();
+    }
+
+    #[inline]
+    pub(crate) fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        self.qp.set_now(now_ns);
+    }
+
+    #[inline]
+    pub(crate) fn busy(&self) -> bool {
+        self.qp.in_flight() > 0
+    }
+
+    pub(crate) fn commands_needed(&self, op: Op, len: u64) -> usize {
         if op == Op::Flush {
             return 1;
         }
@@ -236,9 +283,32 @@ impl Channel for NamespaceChannel {
         len.div_ceil(step) as usize
     }
 
-    fn free_commands(&self) -> usize {
+    pub(crate) fn free_commands(&self) -> usize {
         (self.qp.depth() as usize - 1).saturating_sub(self.qp.in_flight() as usize)
     }
+}
+
+/// A command's completion as the I/O it belongs to: itself, or its parent when it was the last
+/// part of a split one.
+#[inline]
+fn finish(gather: &mut Gather, name: &Arc<str>, c: Completion) -> Option<Finished> {
+    let result = if c.status.is_success() {
+        Ok(())
+    } else {
+        Err(IoError::Status {
+            device: name.clone(),
+            status: c.status,
+        })
+    };
+    if c.token & NAMESPACE_PARENT == 0 {
+        return Some(Finished {
+            token: c.token,
+            result,
+            submitted_ns: c.submitted_ns,
+            bytes: u64::from(c.bytes),
+        });
+    }
+    gather.part_done(c.token & !NAMESPACE_PARENT, result)
 }
 
 /// `check` guarantees reads and writes have a buffer.

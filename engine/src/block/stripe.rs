@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use usnvme_driver::IoBuffer;
 
+use usnvme_driver::spec::Status;
+
 use super::gather::Gather;
 use super::{
-    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, IoCompletion, Op,
+    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
+    IoError, NamespaceChannel, Op, STRIPE_PARENT,
 };
 
 #[derive(Debug)]
@@ -133,32 +136,42 @@ impl BlockDevice for StripeDevice {
         self.members.iter().flat_map(|m| m.drives()).collect()
     }
 
-    fn channel(&self, options: &ChannelOptions) -> Result<Box<dyn Channel>, usnvme_driver::Error> {
-        let members = self
-            .members
-            .iter()
-            .map(|m| m.channel(options))
-            .collect::<Result<Vec<_>, _>>()?;
+    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
+        let mut members = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            match m.channel(options)? {
+                Channel::Namespace(c) => members.push(c),
+                _ => {
+                    return Err(usnvme_driver::Error::Invalid {
+                        device: self.name.to_string(),
+                        what: format!("member {} is not a namespace", m.info().name),
+                    })
+                }
+            }
+        }
         let capacity: usize = members.iter().map(|m| m.free_commands()).sum();
-        Ok(Box::new(StripeChannel {
+        Ok(Channel::Stripe(StripeChannel {
             members,
             chunk: self.chunk,
             info: self.info.clone(),
             name: self.name.clone(),
             gather: Gather::new(capacity.max(1)),
-            needed: vec![0; self.members.len()],
+            now_ns: 0,
         }))
     }
 }
 
-struct StripeChannel {
-    members: Vec<Box<dyn Channel>>,
+/// A reactor's channels on every member of a stripe.
+#[derive(Debug)]
+pub struct StripeChannel {
+    /// Namespaces: a stripe of stripes would be a stripe with a smaller chunk.
+    members: Vec<NamespaceChannel>,
     chunk: u64,
     info: BlockInfo,
     name: Arc<str>,
+    /// Parents of the I/Os that span several chunks (only those).
     gather: Gather,
-    /// Scratch: commands per member for the I/O being submitted (allocated once).
-    needed: Vec<usize>,
+    now_ns: u64,
 }
 
 /// One part of a striped I/O: `len` bytes at `offset` of member `member`, `at` bytes into the I/O.
@@ -192,8 +205,15 @@ fn parts(offset: u64, len: u64, chunk: u64, width: usize) -> impl Iterator<Item 
     })
 }
 
-impl Channel for StripeChannel {
-    fn submit(
+impl StripeChannel {
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// An I/O inside one chunk (the common case) goes to its member with the caller's token,
+    /// touching nothing else; one that spans chunks gets a parent that completes once.
+    #[inline]
+    pub(crate) fn submit(
         &mut self,
         op: Op,
         offset: u64,
@@ -202,41 +222,53 @@ impl Channel for StripeChannel {
         token: u64,
     ) -> Result<(), BlockError> {
         check(&self.info, &self.name, op, offset, len, buf)?;
-        let width = self.members.len();
-        // All or nothing: every member must have room for its parts before any is queued.
-        self.needed.iter_mut().for_each(|n| *n = 0);
-        let mut count = 0u32;
-        if op == Op::Flush {
-            for (m, n) in self.members.iter().zip(self.needed.iter_mut()) {
-                *n = m.commands_needed(op, 0);
+        if op != Op::Flush {
+            let mut one = parts(offset, len, self.chunk, self.members.len());
+            if let (Some(p), None) = (one.next(), one.next()) {
+                return self.members[p.member].submit(op, p.offset, p.len, buf, token);
             }
-            count = width as u32;
+        }
+        self.submit_parts(op, offset, len, buf, token)
+    }
+
+    fn submit_parts(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        let width = self.members.len();
+        // All or nothing: every member an I/O touches must have room for its parts (a member
+        // touched twice is checked against the sum; I/Os span a few chunks).
+        let count = if op == Op::Flush {
+            if self.members.iter().any(|m| m.free_commands() == 0) {
+                return Err(self.busy_error(width));
+            }
+            width as u32
         } else {
+            let mut count = 0u32;
             for p in parts(offset, len, self.chunk, width) {
-                self.needed[p.member] += self.members[p.member].commands_needed(op, p.len);
+                let needed: usize = parts(offset, len, self.chunk, width)
+                    .filter(|q| q.member == p.member)
+                    .map(|q| self.members[q.member].commands_needed(op, q.len))
+                    .sum();
+                if needed > self.members[p.member].free_commands() {
+                    return Err(self.busy_error(needed));
+                }
                 count += 1;
             }
-        }
-        let short = self
-            .members
-            .iter()
-            .zip(&self.needed)
-            .any(|(m, n)| *n > m.free_commands());
-        if short || !self.gather.has_room() {
-            return Err(BlockError::Busy {
-                device: self.name.clone(),
-                needed: self.needed.iter().sum(),
-            });
-        }
-        let Some(parent) = self.gather.start(token, count) else {
-            return Err(BlockError::Busy {
-                device: self.name.clone(),
-                needed: count as usize,
-            });
+            count
         };
+        let bytes = if op.has_data() { len } else { 0 };
+        let Some(parent) = self.gather.start(token, count, bytes, self.now_ns) else {
+            return Err(self.busy_error(count as usize));
+        };
+        let part_token = STRIPE_PARENT | parent;
         if op == Op::Flush {
             for member in self.members.iter_mut() {
-                if let Err(e) = member.submit(op, 0, 0, None, parent) {
+                if let Err(e) = member.submit(op, 0, 0, None, part_token) {
                     log::error!("{}: flush of a member failed to queue: {e}", self.name);
                     let _ = self.gather.part_done(parent, Ok(()));
                 }
@@ -248,12 +280,12 @@ impl Channel for StripeChannel {
                 iova: b.iova + p.at,
                 len: p.len as u32,
             });
-            if let Err(e) = self.members[p.member].submit(op, p.offset, p.len, b, parent) {
+            if let Err(e) = self.members[p.member].submit(op, p.offset, p.len, b, part_token) {
                 // cannot happen after the room check; fail this part rather than lose the I/O
                 log::error!("{}: part of an I/O failed to queue: {e}", self.name);
-                let failed = super::IoError::Status {
+                let failed = IoError::Status {
                     device: self.name.clone(),
-                    status: usnvme_driver::spec::Status::INTERNAL_ERROR,
+                    status: Status::INTERNAL_ERROR,
                 };
                 let _ = self.gather.part_done(parent, Err(failed));
             }
@@ -261,43 +293,73 @@ impl Channel for StripeChannel {
         Ok(())
     }
 
-    fn poll(&mut self, on_complete: &mut dyn FnMut(IoCompletion)) -> usize {
+    fn busy_error(&self, needed: usize) -> BlockError {
+        BlockError::Busy {
+            device: self.name.clone(),
+            needed,
+        }
+    }
+
+    /// Polls the members with something queued or in flight only.
+    #[inline]
+    pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
         let gather = &mut self.gather;
         let mut finished = 0;
-        for member in self.members.iter_mut() {
-            member.poll(&mut |c: IoCompletion| {
-                if let Some(done) = gather.part_done(c.token, c.result) {
+        for member in self.members.iter_mut().filter(|m| m.busy()) {
+            member.poll(|f: Finished| {
+                if let Some(f) = up(gather, f) {
                     finished += 1;
-                    on_complete(done);
+                    on_finished(f);
                 }
             });
         }
         finished
     }
 
-    fn in_flight(&self) -> usize {
-        self.gather.in_flight()
-    }
-
-    fn commands_needed(&self, op: Op, len: u64) -> usize {
-        if op == Op::Flush {
-            return self.members.iter().map(|m| m.commands_needed(op, 0)).sum();
+    pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
+        let gather = &mut self.gather;
+        let mut finished = 0;
+        for member in self.members.iter_mut() {
+            member.abandon(|f: Finished| {
+                if let Some(f) = up(gather, f) {
+                    finished += 1;
+                    on_finished(f);
+                }
+            });
         }
-        // An upper bound: every chunk-sized part may need its own commands.
-        let per_part = self
-            .members
-            .first()
-            .map_or(1, |m| m.commands_needed(op, self.chunk));
-        (len.div_ceil(self.chunk) as usize + 1) * per_part
+        finished
     }
 
-    fn free_commands(&self) -> usize {
+    pub(crate) fn flush(&mut self) {
+        self.members.iter_mut().for_each(NamespaceChannel::flush);
+    }
+
+    pub(crate) fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        self.members.iter_mut().for_each(|m| m.set_now(now_ns));
+    }
+
+    pub(crate) fn busy(&self) -> bool {
+        self.members.iter().any(NamespaceChannel::busy)
+    }
+
+    pub(crate) fn free_commands(&self) -> usize {
         self.members
             .iter()
-            .map(|m| m.free_commands())
+            .map(NamespaceChannel::free_commands)
             .min()
             .unwrap_or(0)
     }
+}
+
+/// A member's finished I/O as the stripe's: itself when it was a whole I/O, else its parent
+/// once every part is done.
+#[inline]
+fn up(gather: &mut Gather, f: Finished) -> Option<Finished> {
+    if f.token & STRIPE_PARENT == 0 {
+        return Some(f);
+    }
+    gather.part_done(f.token & !STRIPE_PARENT, f.result)
 }
 
 #[cfg(test)]
