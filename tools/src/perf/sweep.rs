@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use usnvme_driver::pci::Sysfs;
 use usnvme_engine::stats::{IoStats, OpKind};
+use usnvme_tools::sweep::chart::RunInfo;
 use usnvme_tools::sweep::{self, output, Pattern, PointResult, Record, SweepPlan};
 
 use super::report::Row;
@@ -119,7 +120,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         return Ok(());
     }
     out.write_all(output::table(&records).as_bytes())?;
-    let files = output::write_files(&args.out, &records)?;
+    let files = output::write_files(&args.out, &records, &run_info(&session, args))?;
     writeln!(out, "results: {}", files.csv.display())?;
     writeln!(out, "         {}", files.json.display())?;
     writeln!(out, "charts:  {}", files.bandwidth_svg.display())?;
@@ -154,9 +155,22 @@ fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<
         )?;
         points.push((r.iops, r.lat_mean_us, r.lat_p99_us));
     }
-    let chart = output::write_latency_curve(&args.out, &points)?;
+    let chart = output::write_latency_curve(&args.out, &points, &run_info(session, args))?;
     writeln!(out, "chart: {}", chart.display())?;
     Ok(())
+}
+
+/// What the charts' captions say: the session's drives and cores, the queue depth and the time
+/// per point, dated now.
+fn run_info(session: &Session, args: &Args) -> RunInfo {
+    let drives = session.engine.drives().iter();
+    let reactors = session.engine.placement().reactors.iter();
+    RunInfo::now(
+        drives.map(|d| d.controller.name().to_string()).collect(),
+        args.perf.depth,
+        reactors.map(|r| r.cpu).collect(),
+        args.perf.time,
+    )
 }
 
 /// The totals of one measurement: IOPS and MiB/s summed over rows, latency over all I/Os.

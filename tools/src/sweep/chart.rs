@@ -2,16 +2,125 @@
 //!
 //! Text is written as SVG `<text>` elements and sized with plotters' built-in estimate, so no system
 //! font (nor fontconfig) is needed to draw; the viewer picks the font.
+//!
+//! Under each title a caption says what was measured, as fio-plot's subtitle does: a chart passed
+//! around on its own still names the drives, queue depth, cores, time per point, date and version.
 
 use anyhow::anyhow;
 use plotters::prelude::*;
+use usnvme_engine::topology::format_cpu_list;
 
+use super::output::UtcTime;
 use super::{size_label, Pattern, Record};
 
 /// Chart width in pixels.
 const WIDTH: u32 = 960;
 /// Chart height in pixels.
 const HEIGHT: u32 = 600;
+
+/// Longest drive list in a caption, in characters: longer ones are cut (the count stays).
+const MAX_DRIVES_TEXT: usize = 72;
+
+/// What a sweep measured and when: the caption under each chart's title.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInfo {
+    /// The drives measured, by name (`sim:0`, `0000:01:00.0`).
+    pub drives: Vec<String>,
+    /// I/Os in flight per reactor core per device (`-q`).
+    pub queue_depth: u32,
+    /// The reactor cores.
+    pub cores: Vec<usize>,
+    /// Measured seconds per point (`-t`).
+    pub seconds_per_point: u64,
+    /// When the sweep ran, e.g. `2026-12-01 00:32 UTC`.
+    pub date: String,
+    /// The usnvme version that measured.
+    pub version: String,
+}
+
+impl RunInfo {
+    /// A run of this build, dated now.
+    pub fn now(
+        drives: Vec<String>,
+        queue_depth: u32,
+        cores: Vec<usize>,
+        seconds_per_point: u64,
+    ) -> RunInfo {
+        RunInfo {
+            drives,
+            queue_depth,
+            cores,
+            seconds_per_point,
+            date: UtcTime::now().label(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// The two caption lines: what was measured, then when and by which version.
+    pub fn caption(&self) -> [String; 2] {
+        let n = self.cores.len();
+        let cores = if n == 1 { "core" } else { "cores" };
+        [
+            format!(
+                "{} · QD {} per core per drive · {n} {cores}: {} · {} s per point",
+                drives_label(&self.drives),
+                self.queue_depth,
+                format_cpu_list(&self.cores),
+                self.seconds_per_point
+            ),
+            format!("{} · usnvme {}", self.date, self.version),
+        ]
+    }
+}
+
+/// `4 drives: sim:0-3`, `1 drive: 0000:01:00.0`: numbered names in a row become a range, and a
+/// list too long for the chart is cut, saying how many names were left out.
+fn drives_label(names: &[String]) -> String {
+    // "sim:12" -> ("sim:", 12); a name without a trailing number stands alone
+    let split = |name: &str| -> Option<(String, u64)> {
+        let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
+        let number = name[prefix.len()..].parse().ok()?;
+        Some((prefix.to_string(), number))
+    };
+    let mut items: Vec<String> = Vec::new();
+    let mut run: Option<(String, u64, u64)> = None;
+    let flush = |run: &mut Option<(String, u64, u64)>, items: &mut Vec<String>| {
+        if let Some((prefix, first, last)) = run.take() {
+            items.push(if first == last {
+                format!("{prefix}{first}")
+            } else {
+                format!("{prefix}{first}-{last}")
+            });
+        }
+    };
+    for name in names {
+        match (split(name), &mut run) {
+            (Some((prefix, n)), Some((p, _, last))) if *p == prefix && n == *last + 1 => *last = n,
+            (Some((prefix, n)), _) => {
+                flush(&mut run, &mut items);
+                run = Some((prefix, n, n));
+            }
+            (None, _) => {
+                flush(&mut run, &mut items);
+                items.push(name.clone());
+            }
+        }
+    }
+    flush(&mut run, &mut items);
+    let mut list = String::new();
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 && list.len() + item.len() + 2 > MAX_DRIVES_TEXT {
+            list.push_str(&format!(" … (+{} more)", items.len() - i));
+            break;
+        }
+        if i > 0 {
+            list.push_str(", ");
+        }
+        list.push_str(item);
+    }
+    let noun = if names.len() == 1 { "drive" } else { "drives" };
+    format!("{} {noun}: {list}", names.len())
+}
 
 /// One line of a chart.
 struct Series {
@@ -98,10 +207,12 @@ fn series_by_pattern(records: &[Record], y: impl Fn(&Record) -> f64) -> Vec<Seri
         .collect()
 }
 
-/// Draw a line chart with markers and a legend (placed where the lines usually leave room);
-/// returns the SVG document.
+/// Draw a line chart with markers and a legend (placed where the lines usually leave room), the
+/// title and under it the caption of `info`; returns the SVG document.
+#[allow(clippy::too_many_arguments)]
 fn line_chart(
     title: &str,
+    info: &RunInfo,
     x_desc: &str,
     y_desc: &str,
     x_axis: XAxis,
@@ -146,8 +257,14 @@ fn line_chart(
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 24))
+        let mut area = root.titled(title, ("sans-serif", 24)).map_err(plot_err)?;
+        let grey = RGBColor(80, 80, 80);
+        for line in info.caption() {
+            area = area
+                .titled(&line, ("sans-serif", 15).into_font().color(&grey))
+                .map_err(plot_err)?;
+        }
+        let mut chart = ChartBuilder::on(&area)
             .margin(16)
             .x_label_area_size(56)
             .y_label_area_size(88)
@@ -210,10 +327,11 @@ fn plot_err(e: impl std::fmt::Display) -> anyhow::Error {
 }
 
 /// Bandwidth (GB/s, 10^9 bytes per second) against block size, one line per pattern.
-pub fn bandwidth_chart(records: &[Record]) -> anyhow::Result<String> {
+pub fn bandwidth_chart(records: &[Record], info: &RunInfo) -> anyhow::Result<String> {
     let series = series_by_pattern(records, |r| r.gb_per_s);
     line_chart(
         "Bandwidth vs block size",
+        info,
         "Block size",
         "Bandwidth (GB/s)",
         XAxis::Log2Size,
@@ -225,10 +343,11 @@ pub fn bandwidth_chart(records: &[Record]) -> anyhow::Result<String> {
 }
 
 /// IOPS against block size, one line per pattern.
-pub fn iops_chart(records: &[Record]) -> anyhow::Result<String> {
+pub fn iops_chart(records: &[Record], info: &RunInfo) -> anyhow::Result<String> {
     let series = series_by_pattern(records, |r| r.iops);
     line_chart(
         "IOPS vs block size",
+        info,
         "Block size",
         "IOPS",
         XAxis::Log2Size,
@@ -241,7 +360,7 @@ pub fn iops_chart(records: &[Record]) -> anyhow::Result<String> {
 
 /// The `--latency-curve` chart (vdbench's iorate method): average and p99 latency (µs) against
 /// achieved IOPS. `points` are `(achieved_iops, mean_us, p99_us)`, in any order.
-pub fn latency_curve(points: &[(f64, f64, f64)]) -> anyhow::Result<String> {
+pub fn latency_curve(points: &[(f64, f64, f64)], info: &RunInfo) -> anyhow::Result<String> {
     let mut pts = points.to_vec();
     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
     let series = [
@@ -258,6 +377,7 @@ pub fn latency_curve(points: &[(f64, f64, f64)]) -> anyhow::Result<String> {
     ];
     line_chart(
         "Latency vs IOPS",
+        info,
         "Achieved IOPS",
         "Latency (µs)",
         XAxis::Iops,
@@ -269,9 +389,21 @@ pub fn latency_curve(points: &[(f64, f64, f64)]) -> anyhow::Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sweep::output::tests::fake_records;
+
+    /// A sweep of 4 sim drives at QD 32 from cores 0 and 1, 10 s a point, on a fixed date.
+    pub(crate) fn run_info() -> RunInfo {
+        RunInfo {
+            drives: (0..4).map(|i| format!("sim:{i}")).collect(),
+            queue_depth: 32,
+            cores: vec![0, 1],
+            seconds_per_point: 10,
+            date: "2026-12-01 00:32 UTC".into(),
+            version: "0.1.0".into(),
+        }
+    }
 
     /// The contents of every `<text>` element, trimmed.
     fn texts(svg: &str) -> Vec<String> {
@@ -296,7 +428,7 @@ mod tests {
 
     #[test]
     fn bandwidth_chart_has_series_axes_and_size_labels() -> anyhow::Result<()> {
-        let svg = bandwidth_chart(&fake_records()?)?;
+        let svg = bandwidth_chart(&fake_records()?, &run_info())?;
         assert_svg(
             &svg,
             &[
@@ -317,7 +449,7 @@ mod tests {
 
     #[test]
     fn iops_chart_has_series_axes_and_size_labels() -> anyhow::Result<()> {
-        let svg = iops_chart(&fake_records()?)?;
+        let svg = iops_chart(&fake_records()?, &run_info())?;
         assert_svg(
             &svg,
             &[
@@ -340,7 +472,7 @@ mod tests {
                 (i * 1e5, 20.0 + i * i, 40.0 + 3.0 * i * i)
             })
             .collect();
-        let svg = latency_curve(&pts)?;
+        let svg = latency_curve(&pts, &run_info())?;
         assert_svg(
             &svg,
             &[
@@ -357,9 +489,55 @@ mod tests {
 
     #[test]
     fn empty_input_still_draws() -> anyhow::Result<()> {
-        assert_svg(&bandwidth_chart(&[])?, &["Block size"]);
-        assert_svg(&latency_curve(&[])?, &["Achieved IOPS"]);
+        assert_svg(&bandwidth_chart(&[], &run_info())?, &["Block size"]);
+        assert_svg(&latency_curve(&[], &run_info())?, &["Achieved IOPS"]);
         Ok(())
+    }
+
+    #[test]
+    fn charts_say_what_was_measured_and_when() -> anyhow::Result<()> {
+        let records = fake_records()?;
+        let info = run_info();
+        let caption = [
+            "4 drives: sim:0-3 · QD 32 per core per drive · 2 cores: 0-1 · 10 s per point",
+            "2026-12-01 00:32 UTC · usnvme 0.1.0",
+        ];
+        for svg in [
+            bandwidth_chart(&records, &info)?,
+            iops_chart(&records, &info)?,
+            latency_curve(&[(1e5, 50.0, 90.0)], &info)?,
+        ] {
+            assert_svg(&svg, &caption);
+        }
+        // a run of this build is dated now and names its version
+        let now = RunInfo::now(vec!["0000:01:00.0".into()], 1, vec![3], 2);
+        let [what, when] = now.caption();
+        assert_eq!(
+            what,
+            "1 drive: 0000:01:00.0 · QD 1 per core per drive · 1 core: 3 · 2 s per point"
+        );
+        assert!(when.ends_with(&format!(" UTC · usnvme {}", env!("CARGO_PKG_VERSION"))));
+        assert!(when.starts_with("20"), "{when}");
+        Ok(())
+    }
+
+    #[test]
+    fn drive_lists_are_ranges_and_cut_to_fit() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            drives_label(&names(&["sim:0", "sim:1", "sim:2", "sim:5", "sim:6"])),
+            "5 drives: sim:0-2, sim:5-6"
+        );
+        let bdfs: Vec<String> = (1..=24).map(|b| format!("0000:{b:02x}:00.0")).collect();
+        let label = drives_label(&bdfs);
+        assert!(
+            label.starts_with("24 drives: 0000:01:00.0, 0000:02:00.0, "),
+            "{label}"
+        );
+        assert!(label.ends_with(" more)"), "{label}");
+        assert!(label.len() < MAX_DRIVES_TEXT + 40, "{label}");
+        let all: Vec<String> = (0..24).map(|i| format!("sim:{i}")).collect();
+        assert_eq!(drives_label(&all), "24 drives: sim:0-23");
     }
 
     #[test]

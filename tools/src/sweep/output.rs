@@ -3,11 +3,12 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 
-use super::{chart, size_label, Pattern, Record};
+use super::chart::{self, RunInfo};
+use super::{size_label, Pattern, Record};
 
 /// File names written by [`write_files`] and [`write_latency_curve`] into the output directory.
 pub const CSV_FILE: &str = "sweep.csv";
@@ -130,6 +131,80 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// A calendar time in UTC (no time zone database needed, and the same on every machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcTime {
+    pub year: u64,
+    pub month: u32,
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+    pub second: u32,
+    /// 0 = Sunday.
+    pub weekday: u32,
+}
+
+impl UtcTime {
+    /// The calendar time `secs` seconds after 1970-01-01 00:00 UTC.
+    pub fn from_unix(secs: u64) -> UtcTime {
+        let days = secs / 86_400;
+        let in_day = secs % 86_400;
+        // Days to a civil date, counting in 400-year eras from 0000-03-01 (so that the leap
+        // day is the last day of its year).
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z % 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        UtcTime {
+            year,
+            month,
+            day,
+            hour: (in_day / 3600) as u32,
+            minute: (in_day / 60 % 60) as u32,
+            second: (in_day % 60) as u32,
+            // 1970-01-01 was a Thursday.
+            weekday: ((days + 4) % 7) as u32,
+        }
+    }
+
+    /// Now (a clock before 1970 reads as 1970).
+    pub fn now() -> UtcTime {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        UtcTime::from_unix(secs)
+    }
+
+    /// `2026-12-01 00:32 UTC`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}-{:02}-{:02} {:02}:{:02} UTC",
+            self.year, self.month, self.day, self.hour, self.minute
+        )
+    }
+
+    /// C's `ctime` layout, as fio's JSON `time` has it: `Tue Dec  1 00:32:05 2026`.
+    pub fn ctime(&self) -> String {
+        const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        let weekday = DAYS.get(self.weekday as usize).unwrap_or(&"?");
+        let month = MONTHS
+            .get((self.month as usize).wrapping_sub(1))
+            .unwrap_or(&"?");
+        format!(
+            "{weekday} {month} {:>2} {:02}:{:02}:{:02} {}",
+            self.day, self.hour, self.minute, self.second, self.year
+        )
+    }
+}
+
 /// One progress-bar line for the callback of [`run`](super::run), without newline, e.g.
 /// `[########------------]  12/36 points  33%  3m20s left`. Redraw it with `\r` on a terminal.
 pub fn progress_line(done: usize, total: usize, eta: Duration) -> String {
@@ -173,22 +248,27 @@ fn ensure_dir(dir: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))
 }
 
-/// Write `sweep.csv`, `sweep.json`, `bandwidth.svg` and `iops.svg` into `dir` (created if missing).
-pub fn write_files(dir: &Path, records: &[Record]) -> anyhow::Result<SweepFiles> {
+/// Write `sweep.csv`, `sweep.json`, `bandwidth.svg` and `iops.svg` into `dir` (created if missing);
+/// the charts say what was measured (`info`).
+pub fn write_files(dir: &Path, records: &[Record], info: &RunInfo) -> anyhow::Result<SweepFiles> {
     ensure_dir(dir)?;
     Ok(SweepFiles {
         csv: write(dir, CSV_FILE, &csv(records))?,
         json: write(dir, JSON_FILE, &json(records)?)?,
-        bandwidth_svg: write(dir, BANDWIDTH_SVG, &chart::bandwidth_chart(records)?)?,
-        iops_svg: write(dir, IOPS_SVG, &chart::iops_chart(records)?)?,
+        bandwidth_svg: write(dir, BANDWIDTH_SVG, &chart::bandwidth_chart(records, info)?)?,
+        iops_svg: write(dir, IOPS_SVG, &chart::iops_chart(records, info)?)?,
     })
 }
 
 /// Write the `--latency-curve` chart to `latency.svg` in `dir` (created if missing).
 /// `points` are `(achieved_iops, mean_us, p99_us)`.
-pub fn write_latency_curve(dir: &Path, points: &[(f64, f64, f64)]) -> anyhow::Result<PathBuf> {
+pub fn write_latency_curve(
+    dir: &Path,
+    points: &[(f64, f64, f64)],
+    info: &RunInfo,
+) -> anyhow::Result<PathBuf> {
     ensure_dir(dir)?;
-    write(dir, LATENCY_SVG, &chart::latency_curve(points)?)
+    write(dir, LATENCY_SVG, &chart::latency_curve(points, info)?)
 }
 
 #[cfg(test)]
@@ -298,10 +378,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn utc_calendar_times() {
+        // what fio 3.33 printed for its JSON `timestamp` 1796085125 on a UTC machine
+        let t = UtcTime::from_unix(1_796_085_125);
+        assert_eq!(t.ctime(), "Tue Dec  1 00:32:05 2026");
+        assert_eq!(t.label(), "2026-12-01 00:32 UTC");
+        assert_eq!(UtcTime::from_unix(0).ctime(), "Thu Jan  1 00:00:00 1970");
+        // a leap day, and the last second of a leap year
+        assert_eq!(
+            UtcTime::from_unix(951_782_400).label(),
+            "2000-02-29 00:00 UTC"
+        );
+        assert_eq!(
+            UtcTime::from_unix(1_735_689_599).ctime(),
+            "Tue Dec 31 23:59:59 2024"
+        );
+        assert!(UtcTime::now().year >= 2024);
+    }
+
+    #[test]
     fn writes_all_files_with_fixed_names() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("results");
-        let files = write_files(&out, &fake_records()?)?;
+        let info = chart::tests::run_info();
+        let files = write_files(&out, &fake_records()?, &info)?;
         assert_eq!(files.csv, out.join("sweep.csv"));
         assert_eq!(files.json, out.join("sweep.json"));
         assert_eq!(files.bandwidth_svg, out.join("bandwidth.svg"));
@@ -311,8 +411,9 @@ pub(crate) mod tests {
             let s = fs::read_to_string(svg)?;
             assert!(s.starts_with("<svg"), "{}", svg.display());
             assert!(s.contains("randread") && s.contains("Block size"));
+            assert!(s.contains("4 drives: sim:0-3"), "{}", svg.display());
         }
-        let lat = write_latency_curve(&out, &[(1e5, 50.0, 90.0), (2e5, 60.0, 120.0)])?;
+        let lat = write_latency_curve(&out, &[(1e5, 50.0, 90.0), (2e5, 60.0, 120.0)], &info)?;
         assert_eq!(lat, out.join("latency.svg"));
         assert!(fs::read_to_string(&lat)?.starts_with("<svg"));
         Ok(())
