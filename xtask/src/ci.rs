@@ -1,14 +1,16 @@
 //! `cargo xtask ci` (what CI runs) and `cargo xtask demo` (the README's main job).
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 
 use crate::cmd::{self, sh_quote};
 use crate::vm::run::{self, RunArgs};
 
-/// fmt, clippy with warnings denied, the workspace tests, a short fuzzing run, then the VM tests.
+/// fmt, clippy with warnings denied, the workspace tests, fio-plot on `perf --json`, a short
+/// fuzzing run, then the VM tests.
 pub fn run() -> Result<()> {
     let root = crate::workspace_root();
     let started = Instant::now();
@@ -46,6 +48,7 @@ pub fn run() -> Result<()> {
         )?;
         eprintln!("{step}: ok in {:.0} s", t.elapsed().as_secs_f64());
     }
+    fio_plot_check()?;
     fuzz_step(&root)?;
     let t = Instant::now();
     eprintln!("ci: cargo xtask vm-test");
@@ -56,6 +59,176 @@ pub fn run() -> Result<()> {
     })?;
     eprintln!("ci: vm-test ok in {:.0} s", t.elapsed().as_secs_f64());
     eprintln!("ci: all green in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// fio-plot and its direct dependencies, at the versions this check was written against.
+const FIO_PLOT_PINS: [&str; 7] = [
+    "fio-plot==1.1.21",
+    "matplotlib==3.11.2",
+    "numpy==2.4.6",
+    "Pillow==13.0.0",
+    "pyan3==2.9.0",
+    "pyparsing==3.3.3",
+    "rich==15.0.0",
+];
+
+/// Debian's Python: the one `apt-get install python3-venv` gives `venv`.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// `ci: fio-plot reads perf --json`: `usnvme perf --json` on sim drives, charted by fio-plot (the
+/// tool fio results are usually charted with), in its I/O-and-latency bar mode (`-l`) and its
+/// latency histogram mode (`-H`); each must write a PNG. Also `cargo xtask fio-plot-check`.
+pub fn fio_plot_check() -> Result<()> {
+    let step = "ci: fio-plot reads perf --json";
+    let t = Instant::now();
+    eprintln!("{step}");
+    let fio_plot = fio_plot_venv()?;
+    let root = crate::workspace_root();
+    cmd::run(
+        "ci: fio-plot: build usnvme",
+        Command::new("cargo")
+            .args(["build", "-p", "usnvme-tools"])
+            .current_dir(&root),
+        "fix the build errors above",
+    )?;
+    let usnvme = crate::target_dir().join("debug/usnvme");
+    let dir = crate::target_dir().join("fio-plot-check");
+    let _ = std::fs::remove_dir_all(&dir);
+    // fio-plot reads every .json of a folder: the perf file alone goes in `json/`
+    let json_dir = dir.join("json");
+    std::fs::create_dir_all(&json_dir)
+        .with_context(|| format!("{step}: cannot create {}", json_dir.display()))?;
+    let perf_json = dir.join("perf.json");
+    cmd::run(
+        "ci: fio-plot: usnvme perf --json",
+        Command::new(&usnvme)
+            // -L: percentiles and the latency histogram behind fio's latency distribution
+            .args(["perf", "-r", "sim:0-1", "-t", "3", "-L", "--json"])
+            .arg(&perf_json)
+            .current_dir(&root),
+        "fix `usnvme perf` (tools/src/perf)",
+    )?;
+    let text = std::fs::read_to_string(&perf_json)
+        .with_context(|| format!("{step}: cannot read {}", perf_json.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{step}: {} is not JSON", perf_json.display()))?;
+    // What fio-plot selects files by: the pattern, the queue depth and the job count.
+    let option = |key: &str| -> Result<String> {
+        match doc["global options"][key].as_str() {
+            Some(v) => Ok(v.to_string()),
+            None => bail!(
+                "{step}: {} has no fio `global options`.{key}. Fix: tools/src/perf/report.rs",
+                perf_json.display()
+            ),
+        }
+    };
+    let (rw, iodepth, numjobs) = (option("rw")?, option("iodepth")?, option("numjobs")?);
+    // fio-plot's file naming (as its bench-fio writes them)
+    let name = format!("{rw}-iodepth-{iodepth}-numjobs-{numjobs}.json");
+    std::fs::copy(&perf_json, json_dir.join(&name))
+        .with_context(|| format!("{step}: cannot copy {}", perf_json.display()))?;
+    let mut charts = Vec::new();
+    for (mode, file) in [("-l", "iops-latency.png"), ("-H", "latency-histogram.png")] {
+        let png = dir.join(file);
+        cmd::run(
+            &format!("{step}: fio-plot {mode}"),
+            Command::new(&fio_plot)
+                .arg("-i")
+                .arg(&json_dir)
+                .args(["-T", "usnvme perf sim:0-1", mode, "-d", &iodepth])
+                .args(["-n", &numjobs, "-r", &rw, "-o"])
+                .arg(&png)
+                // no display: draw to files
+                .env("MPLBACKEND", "Agg"),
+            "fio-plot did not take `usnvme perf --json` as fio JSON (its messages are above): fix tools/src/perf/report.rs",
+        )?;
+        let head = std::fs::read(&png).unwrap_or_default();
+        if !head.starts_with(b"\x89PNG") {
+            bail!(
+                "{step}: fio-plot {mode} wrote no image at {}: it did not chart `usnvme perf --json` (its messages are above). Fix: tools/src/perf/report.rs",
+                png.display()
+            );
+        }
+        charts.push(png);
+    }
+    eprintln!(
+        "{step}: ok in {:.0} s: {}",
+        t.elapsed().as_secs_f64(),
+        charts
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// The fio-plot command of a virtualenv under target/, made once (again when the pins change).
+fn fio_plot_venv() -> Result<PathBuf> {
+    let venv = crate::target_dir().join("fio-plot-venv");
+    let fio_plot = venv.join("bin/fio-plot");
+    let stamp = venv.join("usnvme-pins.txt");
+    let pins = FIO_PLOT_PINS.join("\n");
+    if fio_plot.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&pins) {
+        return Ok(fio_plot);
+    }
+    python_venv()?;
+    cmd::run(
+        "ci: fio-plot: create the virtualenv",
+        Command::new(PYTHON)
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv),
+        "apt-get install python3-venv",
+    )?;
+    cmd::run(
+        "ci: fio-plot: pip install",
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(FIO_PLOT_PINS),
+        "check that PyPI is reachable (pip's messages are above)",
+    )?;
+    std::fs::write(&stamp, pins).with_context(|| format!("cannot write {}", stamp.display()))?;
+    Ok(fio_plot)
+}
+
+/// Debian's python3 with `venv` (Debian ships `ensurepip`, which `venv` needs, in python3-venv):
+/// installed with apt-get when missing, after an `apt-get update` if the first try fails.
+fn python_venv() -> Result<()> {
+    let has_venv = || {
+        Path::new(PYTHON).exists()
+            && Command::new(PYTHON)
+                .args(["-c", "import ensurepip, venv"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+    };
+    if has_venv() {
+        return Ok(());
+    }
+    eprintln!("ci: fio-plot: installing python3-venv");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(["python3", "python3-venv"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let fix =
+        "run as root on Debian with the package archive reachable, or apt-get install python3-venv";
+    if !install() {
+        cmd::run(
+            "ci: fio-plot: apt-get update",
+            Command::new("apt-get").args(["update", "-q"]),
+            fix,
+        )?;
+        if !install() {
+            bail!("ci: fio-plot: apt-get install python3 python3-venv failed. Fix: {fix}");
+        }
+    }
+    if !has_venv() {
+        bail!("ci: fio-plot: {PYTHON} still has no venv after installing python3-venv. Fix: {fix}");
+    }
     Ok(())
 }
 

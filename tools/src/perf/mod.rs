@@ -765,6 +765,7 @@ impl Session {
                     core: r.info.cpu,
                     stats: d.stats,
                     elapsed: d.elapsed,
+                    per_second: d.per_second,
                     failed: d.failed,
                     aborted: d.aborted,
                     after_reset: m.reset.as_ref().map(|_| d.after_reset),

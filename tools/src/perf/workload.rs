@@ -67,6 +67,9 @@ pub struct DeviceResult {
     pub stats: IoStats,
     /// The measured window.
     pub elapsed: Duration,
+    /// Successful `[reads, writes]` completed in each whole second of the measured window, by
+    /// seconds since its start (fio's IOPS and bandwidth samples); empty with `--io-count`.
+    pub per_second: Vec<[u64; 2]>,
     pub mismatches: Vec<Mismatch>,
     /// Mismatches beyond those kept.
     pub more_mismatches: u64,
@@ -108,6 +111,8 @@ struct DevState {
     free: Vec<usize>,
     done: Vec<IoCompletion>,
     stats: IoStats,
+    /// See `DeviceResult::per_second`: sized at setup, so that counting allocates nothing.
+    per_second: Vec<[u64; 2]>,
     rng: u64,
     cursor: u64,
     issued: u64,
@@ -207,6 +212,7 @@ impl Workload {
                 free: (0..self.plan.depth).rev().collect(),
                 done: Vec::with_capacity(self.plan.depth),
                 stats: IoStats::new(),
+                per_second: vec![[0; 2]; self.plan.duration.map_or(0, |d| d.as_secs() as usize)],
                 rng: splitmix(seed) | 1,
                 cursor: 0,
                 issued: 0,
@@ -278,6 +284,7 @@ impl Job for Workload {
                     device: d.device,
                     stats: IoStats::new(),
                     elapsed: Duration::ZERO,
+                    per_second: Vec::new(),
                     mismatches: Vec::new(),
                     more_mismatches: 0,
                     checked: 0,
@@ -304,6 +311,7 @@ impl Job for Workload {
                     device: dev.device,
                     stats: std::mem::take(&mut st.stats),
                     elapsed: end.saturating_duration_since(measure_from),
+                    per_second: std::mem::take(&mut st.per_second),
                     mismatches: std::mem::take(&mut st.mismatches),
                     more_mismatches: st.more_mismatches,
                     checked: st.checked,
@@ -409,6 +417,7 @@ fn reap(
     }
     let now = Instant::now();
     let counted = now >= measure_from && deadline.is_none_or(|d| now < d);
+    let second = now.saturating_duration_since(measure_from).as_secs() as usize;
     for c in st.done.drain(..) {
         let Some(s) = st.slots.get(c.token as usize) else {
             continue;
@@ -439,6 +448,13 @@ fn reap(
             };
             let lat = now.saturating_duration_since(s.started).as_nanos() as u64;
             st.stats.record(kind, plan.io_size, lat, ok);
+            if ok {
+                // OpKind::Read and Write index [reads, writes]
+                let lane = st.per_second.get_mut(second);
+                if let Some(n) = lane.and_then(|l| l.get_mut(kind as usize)) {
+                    *n += 1;
+                }
+            }
             st.last_completion = now;
         }
         if ok && plan.verify && s.op == Op::Read {
