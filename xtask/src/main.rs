@@ -35,6 +35,8 @@ enum Command {
     Ci,
     /// Run the cargo-fuzz targets of driver/fuzz (installs cargo-fuzz if missing).
     Fuzz(fuzz::FuzzArgs),
+    /// CI's fio-plot step alone: fio-plot (cached venv) must chart a sim run's `perf --json`.
+    FioPlotCheck,
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),
         Command::Ci => ci::run().map(|_| ExitCode::SUCCESS),
         Command::Fuzz(args) => fuzz::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::FioPlotCheck => ci::fio_plot_check().map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
