@@ -79,7 +79,7 @@ impl Job for RandomReads {
                 self.left -= 1;
             }
             let (done, failed) = (&mut self.done, &mut self.failed);
-            ctx.devices[i].poll(&mut |c| {
+            ctx.devices[i].poll(|c| {
                 *done += 1;
                 *failed += u64::from(c.result.is_err());
             });

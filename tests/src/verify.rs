@@ -134,7 +134,7 @@ impl Job for Verify {
             }
             let st = &mut self.state[d];
             let (mut mismatches, mut errors) = (0u64, Vec::new());
-            dev.poll(&mut |c| {
+            dev.poll(|c| {
                 let (buf, op, offset, packed) =
                     st.in_flight.remove(&c.token).expect("a token given once");
                 let (len, seed) = (packed & 0xffff_ffff, packed >> 32);

@@ -731,3 +731,45 @@ fn ctrl_c_during_a_sweep_keeps_the_points_measured() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn drives_with_fewer_queues_than_cores_are_served_by_as_many_cores_as_they_granted() {
+    // Two cores, drives granting one queue pair each (an SR-IOV function, QEMU max_ioqpairs=1):
+    // each is served from one core, spread over both, and the run says so once.
+    let doc = perf_json(
+        "few-queues",
+        &[
+            "-r",
+            "sim:0-1,queues=1",
+            "-r",
+            "sim:2",
+            "-c",
+            "0-1",
+            "-t",
+            "1",
+        ],
+    );
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let cores_of = |dev: &str| -> Vec<u64> {
+        jobs.iter()
+            .filter(|j| j["device"] == dev)
+            .map(|j| j["core"].as_u64().expect("core"))
+            .collect()
+    };
+    assert_eq!(cores_of("sim:0"), [0], "{doc:#}");
+    assert_eq!(cores_of("sim:1"), [1], "{doc:#}");
+    assert_eq!(cores_of("sim:2"), [0, 1], "{doc:#}");
+    for j in jobs {
+        assert!(f(&j["read"]["total_ios"]) > 0.0, "{j:#}");
+    }
+    let out = usnvme(&["-r", "sim:0,queues=1", "-c", "0-1", "--io-count", "10"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        said.matches("sim:0 granted 1 I/O queue pair(s): served from core(s) 0 only, not 0-1")
+            .count(),
+        1,
+        "{}",
+        text(&out)
+    );
+}

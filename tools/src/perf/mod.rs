@@ -30,7 +30,8 @@ use usnvme_driver::vfio::VfioError;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
 use usnvme_engine::{
-    attach, BlockDevice, ChannelOptions, Engine, EngineOptions, NamespaceDevice, StripeDevice,
+    attach, BlockDevice, ChannelOptions, Engine, EngineOptions, NamespaceDevice, Share,
+    StripeDevice,
 };
 
 use crate::signals;
@@ -658,6 +659,22 @@ impl Session {
         let devices = devices(&engine, settings.stripe, settings.namespace)?;
         let spans = spans(&devices, &settings)?;
         check_io_size(&devices, &spans, io_size, &format!("-o {}", args.io_size))?;
+        // Said once, before any I/O: drives served by fewer cores than placed, and why.
+        for l in engine.assign(&devices)?.limited {
+            let name = &devices[l.device].info().name;
+            let device = if *name == l.drive {
+                String::new()
+            } else {
+                format!("{name} ")
+            };
+            eprintln!(
+                "usnvme: {} granted {} I/O queue pair(s): {device}served from core(s) {} only, not {}",
+                l.drive,
+                l.granted,
+                format_cpu_list(&l.cpus),
+                format_cpu_list(&l.placed_cpus)
+            );
+        }
         let names = devices.iter().map(|d| d.info().name.clone()).collect();
         Ok(Session {
             settings,
@@ -677,8 +694,8 @@ impl Session {
     /// Runs `plan` on every reactor, capped at `rate` IOPS in total, and collects its rows.
     /// `live`: the one-line progress on a terminal.
     pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>, live: bool) -> Result<Measured> {
-        let regions = regions(&self.engine, &self.devices, &self.spans, plan.io_size);
-        let pairs: usize = regions.iter().map(Vec::len).sum();
+        let assignment = self.engine.assign(&self.devices)?;
+        let pairs: usize = assignment.serving.iter().map(Vec::len).sum();
         let mut job_plan = plan.clone();
         job_plan.rate = rate.map(|r| r as f64 / pairs.max(1) as f64);
         let reset_done = self
@@ -686,16 +703,14 @@ impl Session {
             .reset_after
             .map(|_| Arc::new(AtomicBool::new(false)));
         job_plan.reset_done = reset_done.clone();
+        let spans = self.spans.clone();
+        let io_size = plan.io_size;
         let run = self.engine.start(self.devices.clone(), move |info| {
             let mine = info
                 .devices
                 .iter()
-                .map(|&d| {
-                    regions[d]
-                        .iter()
-                        .find(|(r, _)| *r == info.index)
-                        .map_or(Region { start: 0, len: 0 }, |&(_, region)| region)
-                })
+                .zip(&info.shares)
+                .map(|(&d, &share)| region(spans[d], share, io_size))
                 .collect();
             Workload::new(job_plan.clone(), mine)
         })?;
@@ -933,58 +948,16 @@ fn check_io_size(
     Ok(())
 }
 
-/// For each device: the reactors that serve it and each one's region (the device's span split
-/// evenly, in whole I/Os). Mirrors the engine's choice of reactors.
-fn regions(
-    engine: &Engine,
-    devices: &[Arc<dyn BlockDevice>],
-    spans: &[Region],
-    io_size: u64,
-) -> Vec<Vec<(usize, Region)>> {
-    let reactors = &engine.placement().reactors;
-    devices
-        .iter()
-        .zip(spans)
-        .map(|(dev, span)| {
-            let drives = dev.drives();
-            let pick = |all: bool| -> Vec<usize> {
-                (0..reactors.len())
-                    .filter(|&r| {
-                        let has = |d: &usize| reactors[r].drives.contains(d);
-                        if all {
-                            drives.iter().all(has)
-                        } else {
-                            drives.iter().any(has)
-                        }
-                    })
-                    .collect()
-            };
-            let mut serving = pick(true);
-            if serving.is_empty() {
-                serving = pick(false);
-            }
-            if serving.is_empty() {
-                serving = (0..reactors.len()).collect();
-            }
-            let ios = span.len / io_size;
-            let share = (ios / serving.len() as u64).max(1);
-            serving
-                .iter()
-                .enumerate()
-                .map(|(k, &r)| {
-                    let start =
-                        span.start + (k as u64 * share).min(ios.saturating_sub(1)) * io_size;
-                    (
-                        r,
-                        Region {
-                            start,
-                            len: share * io_size,
-                        },
-                    )
-                })
-                .collect()
-        })
-        .collect()
+/// A reactor's region of a device's span: the `share.index`-th of `share.of` equal parts, in
+/// whole I/Os (at least one I/O each).
+fn region(span: Region, share: Share, io_size: u64) -> Region {
+    let ios = span.len / io_size;
+    let per = (ios / share.of.max(1) as u64).max(1);
+    let first = (share.index as u64 * per).min(ios.saturating_sub(1));
+    Region {
+        start: span.start + first * io_size,
+        len: per * io_size,
+    }
 }
 
 /// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress where a person watches

@@ -150,8 +150,6 @@ pub struct Workload {
     /// This reactor's region of each device it serves, in `ReactorInfo::devices` order.
     regions: Vec<Region>,
     states: Vec<DevState>,
-    /// Setup failure before any I/O.
-    failed: Option<String>,
     started: Option<Instant>,
     last_turn: Instant,
 }
@@ -170,7 +168,6 @@ impl Workload {
             plan,
             regions,
             states: Vec::new(),
-            failed: None,
             started: None,
             last_turn: Instant::now(),
         }
@@ -239,19 +236,13 @@ impl Workload {
 impl Job for Workload {
     type Output = Vec<DeviceResult>;
 
+    /// Buffers and slots before any reactor starts: the clock starts with the first turn.
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        self.setup(ctx)
+    }
+
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
-        let started = match self.started {
-            Some(s) => s,
-            None => {
-                if let Err(e) = self.setup(ctx) {
-                    self.failed = Some(e);
-                    return false;
-                }
-                let now = Instant::now();
-                self.started = Some(now);
-                now
-            }
-        };
+        let started = *self.started.get_or_insert_with(Instant::now);
         let now = Instant::now();
         self.last_turn = now;
         let measure_from = started + self.plan.warmup;
@@ -292,7 +283,7 @@ impl Job for Workload {
                     aborted: 0,
                     after_reset: 0,
                     removed: None,
-                    error: self.failed.clone(),
+                    error: None,
                 })
                 .collect();
         };
@@ -411,7 +402,7 @@ fn reap(
     deadline: Option<Instant>,
 ) {
     let done = &mut st.done;
-    dev.poll(&mut |c| done.push(c));
+    dev.poll(|c| done.push(c));
     if st.done.is_empty() {
         return;
     }
