@@ -509,7 +509,16 @@ fn drives_granting_one_queue_pair_are_served_from_one_core_each() {
     // QEMU's max_ioqpairs=1: as an SR-IOV virtual function granting a handful of queues would.
     let out = vm_run(
         &["--drives", "2", "--nvme-opts", "max_ioqpairs=1"],
-        &[&program("usnvme"), "perf", "-c", "0-1", "-q", "8", "-t", "2"],
+        &[
+            &program("usnvme"),
+            "perf",
+            "-c",
+            "0-1",
+            "-q",
+            "8",
+            "-t",
+            "2",
+        ],
     );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(
@@ -520,7 +529,10 @@ fn drives_granting_one_queue_pair_are_served_from_one_core_each() {
     // one row per drive, the two drives on different cores, said once each
     let rows: Vec<&str> = stdout.lines().filter(|l| l.contains("@core")).collect();
     assert_eq!(rows.len(), 2, "{stdout}");
-    assert!(rows[0].contains("@core0") && rows[1].contains("@core1"), "{stdout}");
+    assert!(
+        rows[0].contains("@core0") && rows[1].contains("@core1"),
+        "{stdout}"
+    );
     assert_eq!(
         stdout
             .matches("granted 1 I/O queue pair(s): served from core(s)")
