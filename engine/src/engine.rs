@@ -460,7 +460,8 @@ pub struct DeviceChannel {
     in_flight: usize,
     /// The controllers under the device (one for a namespace, the members' for a stripe).
     controllers: Vec<Controller>,
-    /// The reactor's clock this turn (nanoseconds since it started).
+    clock: ReactorClock,
+    /// The reactor's clock this turn, or at this channel's last completions (nanoseconds).
     now_ns: u64,
     /// The last completion, or the submission that made the channel busy.
     last_progress_ns: u64,
@@ -521,16 +522,25 @@ impl DeviceChannel {
     }
 
     /// Rings queued I/O and hands finished ones to `on_complete`; records their statistics.
+    /// The clock is read again when the first completion comes: a completion stamped with the
+    /// turn's time, read before it arrived, would report less than the device took. What is
+    /// submitted after it carries that time too. One read per batch, not per I/O.
     #[inline]
     pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
-        let (stats, now) = (&mut self.stats, self.now_ns);
-        let done = self
-            .channel
-            .poll(|f| record(stats, now, f, &mut on_complete));
+        let (stats, clock) = (&mut self.stats, &self.clock);
+        let mut now = None;
+        let done = self.channel.poll(|f| {
+            let now = *now.get_or_insert_with(|| clock.now_ns());
+            record(stats, now, f, &mut on_complete)
+        });
         self.in_flight -= done.min(self.in_flight);
-        if done > 0 {
+        if let Some(now) = now {
+            self.set_now(now);
             self.last_progress_ns = now;
-        } else if self.in_flight > 0
+            return done;
+        }
+        let now = self.now_ns;
+        if self.in_flight > 0
             && now.saturating_sub(self.last_progress_ns) >= STALL_PROBE_NS
             && now.saturating_sub(self.last_probe_ns) >= STALL_PROBE_NS
         {
@@ -638,9 +648,30 @@ pub struct ReactorContext {
     /// One per device this reactor serves, in `info.devices` order.
     pub devices: Vec<DeviceChannel>,
     started: Instant,
-    /// The reactor's clock: the TSC where it is usable, calibrated once per process.
+    clock: ReactorClock,
+    /// The clock this turn, in nanoseconds since the reactor was set up.
+    now_ns: u64,
+}
+
+/// A reactor's clock: the TSC where it is usable (quanta, calibrated once per process), in
+/// nanoseconds since the reactor was set up.
+#[derive(Debug, Clone)]
+struct ReactorClock {
     clock: quanta::Clock,
-    clock_base: u64,
+    base: u64,
+}
+
+impl ReactorClock {
+    fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let base = clock.raw();
+        ReactorClock { clock, base }
+    }
+
+    #[inline]
+    fn now_ns(&self) -> u64 {
+        self.clock.delta_as_nanos(self.base, self.clock.raw())
+    }
 }
 
 impl ReactorContext {
@@ -649,10 +680,18 @@ impl ReactorContext {
         self.started.elapsed()
     }
 
+    /// The reactor's clock this turn (read once per turn, before the job's `turn`): what the
+    /// channels stamp I/Os with. Comparable with itself only.
+    #[inline]
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now_ns)
+    }
+
     /// Reads the clock (once per turn) and gives it to every channel.
     #[inline]
     fn tick(&mut self) {
-        let now = self.clock.delta_as_nanos(self.clock_base, self.clock.raw());
+        let now = self.clock.now_ns();
+        self.now_ns = now;
         for d in &mut self.devices {
             d.set_now(now);
         }
@@ -709,6 +748,7 @@ fn reactor<J: Job>(
     if let Err(e) = pin_current_thread(cpu) {
         log::warn!("reactor: cannot pin to core {cpu}: {e}");
     }
+    let clock = ReactorClock::new();
     let mut devices = Vec::new();
     for &i in &setup.info.devices {
         let device = &setup.devices[i];
@@ -735,6 +775,7 @@ fn reactor<J: Job>(
             stats: IoStats::with_histograms(setup.channel.latency_histograms),
             in_flight: 0,
             controllers,
+            clock: clock.clone(),
             now_ns: 0,
             last_progress_ns: 0,
             last_probe_ns: 0,
@@ -742,13 +783,12 @@ fn reactor<J: Job>(
         });
     }
     let mut job = make_job(&setup.info);
-    let clock = quanta::Clock::new();
     let mut ctx = ReactorContext {
         info: setup.info,
         devices,
         started: Instant::now(),
-        clock_base: clock.raw(),
         clock,
+        now_ns: 0,
     };
     ctx.tick();
     if let Err(what) = job.prepare(&mut ctx) {

@@ -69,7 +69,8 @@ pub struct Args {
     /// controller bound to vfio-pci.
     #[arg(short = 'r', long = "device")]
     devices: Vec<String>,
-    /// Latency percentiles (p50 … p99.99); -LL adds the histogram.
+    /// Latency percentiles (p50 … p99.99); -LL adds the histogram. Without it, latency is
+    /// mean, min and max (recording a histogram per I/O costs more than the rest).
     #[arg(short = 'L', action = clap::ArgAction::Count)]
     latency: u8,
     /// Stop after N I/Os per reactor per device (warm-up included) instead of after -t.
@@ -393,7 +394,8 @@ fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
 }
 
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    let session = Session::open(sysfs, args, None)?;
+    // percentiles with -L, as spdk_nvme_perf
+    let session = Session::open(sysfs, args, None, args.latency > 0)?;
     let plan = session.settings.plan.clone();
     let cores = session.engine.placement().reactors.len();
     let length = match plan.duration {
@@ -579,8 +581,14 @@ impl Measured {
 
 impl Session {
     /// Checks the flags, attaches the drives and builds the devices. `max_io_size`: the largest
-    /// I/O the session will run (default: `-o`), which sizes the queues.
-    pub(crate) fn open(sysfs: &Sysfs, args: &Args, max_io_size: Option<u64>) -> Result<Session> {
+    /// I/O the session will run (default: `-o`), which sizes the queues. `histograms`: latency
+    /// percentiles, which cost more per I/O than all the other statistics.
+    pub(crate) fn open(
+        sysfs: &Sysfs,
+        args: &Args,
+        max_io_size: Option<u64>,
+        histograms: bool,
+    ) -> Result<Session> {
         let topology =
             Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
         let settings = settings(args, &topology)?;
@@ -651,6 +659,7 @@ impl Session {
                 cores: settings.cores.clone(),
                 channel: ChannelOptions {
                     depth: entries.min(u64::from(u16::MAX)) as u16,
+                    latency_histograms: histograms,
                     ..ChannelOptions::default()
                 },
                 ..EngineOptions::default()

@@ -62,7 +62,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         ));
     }
     let largest = plan.block_sizes.iter().copied().max().unwrap_or(4096);
-    let session = Session::open(sysfs, &args.perf, Some(largest))?;
+    // every point reports its p99
+    let session = Session::open(sysfs, &args.perf, Some(largest), true)?;
     if args.latency_curve {
         return latency_curve(&session, args, out);
     }

@@ -2,10 +2,12 @@
 //!
 //! Sequential patterns walk the reactor's own region of the device (the device split evenly
 //! between the reactors that serve it); random ones pick aligned offsets in that region with a
-//! xorshift PRNG seeded per reactor and device. Every in-flight I/O owns one DMA buffer, allocated
-//! with the per-slot state on the first turn, before the clock starts: nothing is allocated per
-//! I/O. Only I/Os that complete inside the measured window (after the warm-up, before the end)
-//! are counted.
+//! xorshift PRNG seeded per reactor and device. Every in-flight I/O owns one slot (its DMA
+//! buffer, op and offset), prepared before any reactor starts; the slot's index is the I/O's
+//! token all the way to the driver, and nothing is allocated per I/O. Each turn visits each
+//! device once: completions first, then their slots refilled at once, then one doorbell, so a
+//! slot never waits a turn idle. Statistics are the engine's (reset when the warm-up ends,
+//! taken when the measured time ends), on the reactor's clock, read once per turn.
 //!
 //! `--verify`: every block written carries `usnvme_stamp`'s stamp (every byte of it follows from
 //! the block's offset and the run's seed); every read buffer is poisoned first, so that a read
@@ -13,7 +15,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use usnvme_driver::spec::Status;
 use usnvme_driver::IoBuffer;
@@ -97,11 +99,11 @@ fn status_of(e: &IoError) -> Status {
 /// Most mismatches kept per device (the rest are only counted).
 const KEEP_MISMATCHES: usize = 16;
 
+/// One I/O in flight: its index is the I/O's token.
 struct Slot {
     buf: DmaBuffer,
     op: Op,
     offset: u64,
-    started: Instant,
 }
 
 struct DevState {
@@ -109,23 +111,27 @@ struct DevState {
     pool: BufferPool,
     slots: Vec<Slot>,
     free: Vec<usize>,
-    done: Vec<IoCompletion>,
-    stats: IoStats,
-    /// See `DeviceResult::per_second`: sized at setup, so that counting allocates nothing.
-    per_second: Vec<[u64; 2]>,
+    /// The engine's statistics as the measured time ended (time mode).
+    measured: Option<IoStats>,
+    /// Successful `[reads, writes]` so far at the end of each whole second of the measured
+    /// window (sized at setup); `DeviceResult::per_second` is their differences.
+    seconds: Vec<[u64; 2]>,
+    seconds_marked: usize,
     rng: u64,
     cursor: u64,
     issued: u64,
     writes: u64,
     tokens: f64,
-    refilled: Instant,
-    last_completion: Instant,
+    refilled: Duration,
+    last_completion: Duration,
     mismatches: Vec<Mismatch>,
     more_mismatches: u64,
     checked: u64,
     failed: u64,
     aborted: u64,
     after_reset: u64,
+    /// "Host Pathing Error" failures: the device's removal, unless it is still there.
+    pathing_error: Option<String>,
     /// The device takes no more I/O (removed, or a submission failed for good).
     dead: bool,
     error: Option<String>,
@@ -150,8 +156,11 @@ pub struct Workload {
     /// This reactor's region of each device it serves, in `ReactorInfo::devices` order.
     regions: Vec<Region>,
     states: Vec<DevState>,
-    started: Option<Instant>,
-    last_turn: Instant,
+    /// The reactor's clock at the first turn, and at the last.
+    started: Option<Duration>,
+    last_turn: Duration,
+    /// The warm-up is over: the engine's statistics were reset.
+    measuring: bool,
 }
 
 impl std::fmt::Debug for Workload {
@@ -169,13 +178,13 @@ impl Workload {
             regions,
             states: Vec::new(),
             started: None,
-            last_turn: Instant::now(),
+            last_turn: Duration::ZERO,
+            measuring: false,
         }
     }
 
     /// Buffers and slots for every device: done once, before the clock starts.
     fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
-        let now = Instant::now();
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
             let mut pool = dev
@@ -191,7 +200,6 @@ impl Workload {
                     buf,
                     op: Op::Read,
                     offset: 0,
-                    started: now,
                 });
             }
             let seed = self.plan.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
@@ -202,27 +210,29 @@ impl Workload {
             };
             let mut poison = vec![0u8; block_len];
             usnvme_stamp::poison(&mut poison);
+            let seconds = self.plan.duration.map_or(0, |d| d.as_secs() as usize);
             self.states.push(DevState {
                 region,
                 pool,
                 slots,
                 free: (0..self.plan.depth).rev().collect(),
-                done: Vec::with_capacity(self.plan.depth),
-                stats: IoStats::new(),
-                per_second: vec![[0; 2]; self.plan.duration.map_or(0, |d| d.as_secs() as usize)],
+                measured: None,
+                seconds: vec![[0; 2]; seconds],
+                seconds_marked: 0,
                 rng: splitmix(seed) | 1,
                 cursor: 0,
                 issued: 0,
                 writes: 0,
                 tokens: 1.0,
-                refilled: now,
-                last_completion: now,
+                refilled: Duration::ZERO,
+                last_completion: Duration::ZERO,
                 mismatches: Vec::with_capacity(KEEP_MISMATCHES),
                 more_mismatches: 0,
                 checked: 0,
                 failed: 0,
                 aborted: 0,
                 after_reset: 0,
+                pathing_error: None,
                 dead: false,
                 error: None,
                 block: vec![0u8; block_len],
@@ -242,24 +252,37 @@ impl Job for Workload {
     }
 
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
-        let started = *self.started.get_or_insert_with(Instant::now);
-        let now = Instant::now();
+        let now = ctx.now();
+        let started = *self.started.get_or_insert(now);
         self.last_turn = now;
         let measure_from = started + self.plan.warmup;
         let deadline = self.plan.duration.map(|d| measure_from + d);
         let time_up = deadline.is_some_and(|d| now >= d);
+        if !self.measuring && now >= measure_from {
+            // the warm-up is over: count from here
+            ctx.devices.iter_mut().for_each(|d| d.reset_stats());
+            self.measuring = true;
+        }
         let mut busy = false;
         for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
+            reap(&self.plan, dev, st, now);
+            if self.measuring && st.measured.is_none() {
+                mark_seconds(dev, st, now.saturating_sub(measure_from));
+                if time_up {
+                    // the measured time is over: what completes from now on is not counted
+                    st.measured = Some(dev.stats().clone());
+                }
+            }
+            if dev.gone().is_some() {
+                st.dead = true;
+            }
             let count_done = self.plan.io_count.is_some_and(|n| st.issued >= n);
             // A dead device (removed, or refusing I/O for good) gets no more: a reactor whose
             // devices are all dead ends its job.
             let stop = time_up || count_done || st.dead;
             if !stop {
                 submit_some(&self.plan, dev, st, now);
-            }
-            reap(&self.plan, dev, st, measure_from, deadline);
-            if dev.gone().is_some() {
-                st.dead = true;
+                dev.flush();
             }
             busy |= !stop || dev.in_flight() > 0;
         }
@@ -267,28 +290,10 @@ impl Job for Workload {
     }
 
     fn finish(self, ctx: &mut ReactorContext) -> Vec<DeviceResult> {
-        let Some(started) = self.started else {
-            return ctx
-                .devices
-                .iter()
-                .map(|d| DeviceResult {
-                    device: d.device,
-                    stats: IoStats::new(),
-                    elapsed: Duration::ZERO,
-                    per_second: Vec::new(),
-                    mismatches: Vec::new(),
-                    more_mismatches: 0,
-                    checked: 0,
-                    failed: 0,
-                    aborted: 0,
-                    after_reset: 0,
-                    removed: None,
-                    error: None,
-                })
-                .collect();
-        };
+        let started = self.started.unwrap_or(self.last_turn);
         let measure_from = started + self.plan.warmup;
         let deadline = self.plan.duration.map(|d| measure_from + d);
+        let measuring = self.measuring;
         ctx.devices
             .iter()
             .zip(self.states)
@@ -298,11 +303,25 @@ impl Job for Workload {
                     Some(d) => self.last_turn.min(d),
                     None => st.last_completion,
                 };
+                let stats = match (st.measured.take(), measuring) {
+                    (Some(s), _) => s,
+                    (None, true) => dev.stats().clone(),
+                    (None, false) => IoStats::with_histograms(false),
+                };
+                let mut before = [0; 2];
+                let per_second = st.seconds[..st.seconds_marked]
+                    .iter()
+                    .map(|&now| {
+                        let n = [now[0] - before[0], now[1] - before[1]];
+                        before = now;
+                        n
+                    })
+                    .collect();
                 DeviceResult {
                     device: dev.device,
-                    stats: std::mem::take(&mut st.stats),
-                    elapsed: end.saturating_duration_since(measure_from),
-                    per_second: std::mem::take(&mut st.per_second),
+                    stats,
+                    elapsed: end.saturating_sub(measure_from),
+                    per_second,
                     mismatches: std::mem::take(&mut st.mismatches),
                     more_mismatches: st.more_mismatches,
                     checked: st.checked,
@@ -317,10 +336,21 @@ impl Job for Workload {
     }
 }
 
+/// Notes the reads and writes done by the end of each whole second passed (`into`: time into
+/// the measured window): once per second, not per I/O.
+fn mark_seconds(dev: &DeviceChannel, st: &mut DevState, into: Duration) {
+    let passed = (into.as_secs() as usize).min(st.seconds.len());
+    while st.seconds_marked < passed {
+        let s = dev.stats();
+        st.seconds[st.seconds_marked] = [s.ios(OpKind::Read), s.ios(OpKind::Write)];
+        st.seconds_marked += 1;
+    }
+}
+
 /// Fills the free slots (within the rate, if any).
-fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Instant) {
+fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
     if let Some(rate) = plan.rate {
-        let dt = now.saturating_duration_since(st.refilled).as_secs_f64();
+        let dt = now.saturating_sub(st.refilled).as_secs_f64();
         st.refilled = now;
         // The bucket holds a tenth of a second (at least one queue's worth): a reactor that was
         // descheduled catches up, so the average holds; fractions carry over.
@@ -332,7 +362,7 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
         if plan.rate.is_some() && st.tokens < 1.0 {
             break;
         }
-        if plan.io_count.is_some_and(|n| st.issued >= n) || !dev.has_room() {
+        if plan.io_count.is_some_and(|n| st.issued >= n) {
             break;
         }
         let op = if plan.read_pct >= 100 {
@@ -348,7 +378,7 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
             next(&mut st.rng) % blocks
         } else {
             let i = st.cursor;
-            st.cursor = (st.cursor + 1) % blocks;
+            st.cursor = if i + 1 == blocks { 0 } else { i + 1 };
             i
         };
         let offset = st.region.start + index * plan.io_size;
@@ -368,7 +398,6 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
         };
         s.op = op;
         s.offset = offset;
-        s.started = Instant::now();
         match dev.submit(op, offset, plan.io_size, Some(io), slot as u64) {
             Ok(()) => {
                 st.free.pop();
@@ -393,71 +422,53 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Ins
     }
 }
 
-/// Polls the device and accounts for what completed.
-fn reap(
-    plan: &Plan,
-    dev: &mut DeviceChannel,
-    st: &mut DevState,
-    measure_from: Instant,
-    deadline: Option<Instant>,
-) {
-    let done = &mut st.done;
-    dev.poll(|c| done.push(c));
-    if st.done.is_empty() {
-        return;
-    }
-    let now = Instant::now();
-    let counted = now >= measure_from && deadline.is_none_or(|d| now < d);
-    let second = now.saturating_duration_since(measure_from).as_secs() as usize;
-    for c in st.done.drain(..) {
+/// Polls the device and accounts for what completed (the engine records the statistics).
+fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
+    let reset_done = plan
+        .reset_done
+        .as_ref()
+        .is_some_and(|r| r.load(Ordering::Relaxed));
+    let done = dev.poll(|c: IoCompletion| {
         let Some(s) = st.slots.get(c.token as usize) else {
-            continue;
+            return;
         };
-        let ok = c.result.is_ok();
-        if let Err(e) = &c.result {
-            st.failed += 1;
-            let status = status_of(e).code();
-            if status == Status::ABORTED_BY_HOST {
-                st.aborted += 1;
-            } else if status == Status::HOST_PATHING_ERROR && dev.gone().is_some() {
-                // the device is gone: the report says so once, not per I/O
-            } else {
-                st.error.get_or_insert_with(|| e.to_string());
-            }
-        } else if plan
-            .reset_done
-            .as_ref()
-            .is_some_and(|r| r.load(Ordering::Relaxed))
-        {
-            st.after_reset += 1;
-        }
-        if counted {
-            let kind = if s.op == Op::Read {
-                OpKind::Read
-            } else {
-                OpKind::Write
-            };
-            let lat = now.saturating_duration_since(s.started).as_nanos() as u64;
-            st.stats.record(kind, plan.io_size, lat, ok);
-            if ok {
-                // OpKind::Read and Write index [reads, writes]
-                let lane = st.per_second.get_mut(second);
-                if let Some(n) = lane.and_then(|l| l.get_mut(kind as usize)) {
-                    *n += 1;
+        match &c.result {
+            Ok(()) => {
+                if reset_done {
+                    st.after_reset += 1;
+                }
+                if plan.verify && s.op == Op::Read {
+                    st.checked += check(
+                        plan,
+                        s,
+                        &mut st.block,
+                        &mut st.mismatches,
+                        &mut st.more_mismatches,
+                    );
                 }
             }
-            st.last_completion = now;
-        }
-        if ok && plan.verify && s.op == Op::Read {
-            st.checked += check(
-                plan,
-                s,
-                &mut st.block,
-                &mut st.mismatches,
-                &mut st.more_mismatches,
-            );
+            Err(e) => {
+                st.failed += 1;
+                let status = status_of(e).code();
+                if status == Status::ABORTED_BY_HOST {
+                    st.aborted += 1;
+                } else if status == Status::HOST_PATHING_ERROR {
+                    st.pathing_error.get_or_insert_with(|| e.to_string());
+                } else {
+                    st.error.get_or_insert_with(|| e.to_string());
+                }
+            }
         }
         st.free.push(c.token as usize);
+    });
+    if done > 0 {
+        st.last_completion = now;
+        // the device is gone: the report says so once, not per I/O; else it is an error
+        if dev.gone().is_none() {
+            if let Some(e) = st.pathing_error.take() {
+                st.error.get_or_insert(e);
+            }
+        }
     }
 }
 
