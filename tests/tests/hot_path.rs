@@ -194,7 +194,7 @@ impl Job for CountingJob {
             while d.in_flight() < 32 && self.completed < ENGINE_IOS {
                 let n = d.in_flight() as u64 + self.completed;
                 let b = &bufs[(n % 32) as usize];
-                let (op, offset, len) = if n % 4 == 0 {
+                let (op, offset, len) = if n.is_multiple_of(4) {
                     (Op::Write, (n % 100) * (96 << 10), 96 << 10)
                 } else {
                     (Op::Read, (n % 1000) * 4096, 4096)
