@@ -108,6 +108,11 @@ pub struct Args {
     /// run's seed (its JSON `options.seed`) checks the blocks that run wrote.
     #[arg(long = "seed", value_name = "N")]
     seed: Option<u64>,
+    /// Use the controllers' shadow doorbells (Doorbell Buffer Config) where offered: only
+    /// emulated controllers offer them; under software emulation (QEMU without KVM) they cost
+    /// more than the doorbell writes they save, under a hypervisor with KVM they save VM exits.
+    #[arg(long = "shadow-doorbells")]
+    shadow_doorbells: bool,
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
     #[arg(long = "remove", value_name = "DEVICE@S", hide = true)]
     remove: Option<String>,
@@ -610,7 +615,11 @@ impl Session {
             }
         }
         let mut drives = Vec::new();
-        for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
+        let options = ControllerOptions {
+            shadow_doorbells: args.shadow_doorbells,
+            ..ControllerOptions::default()
+        };
+        for attached in attach(&opener, sysfs, &targets, &options) {
             match attached {
                 Ok(d) => drives.push(d),
                 Err(e) => {
