@@ -1,107 +1,265 @@
-//! `cargo xtask bench`: the driver's and the engine's cost per I/O on `sim` (host), and usnvme
-//! against the kernel's path side by side in one VM boot; writes BENCHMARKS.md. Benchmarks
-//! report figures; they never fail on one.
+//! `cargo xtask bench`: the driver's, the engine's and `usnvme perf`'s cost per I/O on `sim`
+//! (host), usnvme against the kernel's path side by side in one VM boot, and, given a
+//! `spdk_nvme_perf` binary, against SPDK in another; writes BENCHMARKS.md. Benchmarks report
+//! figures; they never fail on one.
 
 mod host;
+mod spdk;
 mod vm;
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::cmd;
 use host::{example, Split};
+use spdk::SpdkResults;
 use vm::{Tool, VmResults};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Skip the VM side-by-side comparison (host figures only).
+    /// Skip the VM sections (host figures only).
     #[arg(long)]
     no_vm: bool,
-    /// Fewer I/Os and a single VM case: checks that everything runs.
+    /// Run only this section: host (callgrind and native on `sim`), vm (side by side with the
+    /// kernel) or spdk (same boot as SPDK; needs --spdk).
+    #[arg(long, value_enum, value_name = "SECTION")]
+    only: Option<Section>,
+    /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
     #[arg(long)]
     quick: bool,
-    /// Seconds per VM run.
+    /// Seconds per VM run of the side by side with the kernel.
     #[arg(long, default_value_t = 4)]
     seconds: u32,
+    /// A `spdk_nvme_perf` binary: run issue 13's workloads with it and with usnvme perf in one
+    /// boot (it is copied onto the guest's work share).
+    #[arg(long, value_name = "PATH")]
+    spdk: Option<PathBuf>,
+    /// Seconds per run (-t) of the SPDK comparison (default 10; 3 with --quick).
+    #[arg(long, value_name = "S")]
+    spdk_seconds: Option<u32>,
     /// Where to write the report (default: BENCHMARKS.md in the workspace root).
     #[arg(long)]
-    out: Option<std::path::PathBuf>,
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    Host,
+    Vm,
+    Spdk,
 }
 
 /// One host benchmark: what ran and what it measured.
 struct HostRow {
-    label: String,
+    key: &'static str,
+    label: &'static str,
     command: String,
     iops: f64,
     split: Split,
     line: String,
 }
 
+/// The host section's figures.
+struct HostResults {
+    rows: Vec<HostRow>,
+    cycles: Option<f64>,
+    scale: Vec<(&'static str, String, host::Native)>,
+}
+
+/// A host case: `program` with `args`, whose `{ios}` is the I/O count of each of `devices`
+/// devices (the benchmark examples take the total: one).
+struct HostCase {
+    key: &'static str,
+    label: &'static str,
+    program: &'static str,
+    args: Vec<String>,
+    devices: u64,
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let root = crate::workspace_root();
+    let only = |s: Section| args.only.is_none_or(|o| o == s);
+    let (run_host, run_vm) = (only(Section::Host), !args.no_vm && only(Section::Vm));
+    let spdk_binary = match &args.spdk {
+        Some(p) if !p.is_file() => bail!("--spdk {}: no such file", p.display()),
+        Some(p) => Some(std::fs::canonicalize(p)?),
+        None if args.only == Some(Section::Spdk) => {
+            bail!("--only spdk needs --spdk PATH (a spdk_nvme_perf binary)")
+        }
+        None => None,
+    };
+    let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
     cmd::run(
         "bench: build (release)",
         Command::new("cargo")
-            .args(["build", "--release", "-p", "usnvme-tools"])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "usnvme-tools",
+                "--bin",
+                "usnvme",
+            ])
             .args(["-p", "usnvme-driver", "--example", "null_bench"])
             .args(["-p", "usnvme-engine", "--example", "engine_bench"])
             .current_dir(&root),
         "fix the build errors above",
     )?;
+    let usnvme = crate::target_dir().join("release/usnvme");
+    let host = if run_host {
+        Some(host_section(&args, &usnvme)?)
+    } else {
+        None
+    };
+    let vm = if run_vm {
+        println!("bench: VM side by side (one boot, 12 drives on nvme, 12 on vfio-pci)");
+        Some(vm::side_by_side(&usnvme, args.quick, args.seconds)?)
+    } else {
+        None
+    };
+    let spdk = match (&spdk_binary, run_spdk) {
+        (Some(binary), true) => {
+            println!("bench: same boot as SPDK ({})", binary.display());
+            let seconds = args.spdk_seconds.unwrap_or(if args.quick { 3 } else { 10 });
+            let rounds = if args.quick { 2 } else { 3 };
+            Some(spdk::same_boot(&usnvme, binary, seconds, rounds)?)
+        }
+        _ => None,
+    };
+    let report = report(host.as_ref(), vm.as_ref(), spdk.as_ref(), &args)?;
+    let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
+    std::fs::write(&out, report)?;
+    println!("bench: wrote {}", out.display());
+    Ok(())
+}
+
+fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResults> {
     let (native_ios, callgrind_ios, runs) = if args.quick {
         (200_000u64, 20_000u64, 1)
     } else {
         (20_000_000, 100_000, 3)
     };
-    let null_bench = example("null_bench");
     let engine_bench = example("engine_bench");
     let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
-
-    // (label, program, arguments; `{ios}` stands for the I/O count)
+    // usnvme perf with its defaults but for the flags that make it a benchmark of the software
+    // (timeouts, statistics and the progress line stay on)
+    let perf = |drives: &str, extra: &[&str]| -> Vec<String> {
+        let mut a = s(&["perf", "-r"]);
+        a.push(format!("sim:{drives},backend=null,mode=inline,size=1T"));
+        a.extend(s(&[
+            "-c",
+            "0",
+            "-o",
+            "4k",
+            "-w",
+            "randread",
+            "--io-count",
+            "{ios}",
+        ]));
+        a.extend(s(extra));
+        a
+    };
+    let case = |key, label, program, args, devices| HostCase {
+        key,
+        label,
+        program,
+        args,
+        devices,
+    };
     let cases = [
-        (
+        case(
+            "driver-1",
             "driver, 1 drive, QD 128",
             "null_bench",
             s(&["1", "128", "{ios}"]),
+            1,
         ),
-        (
+        case(
+            "driver-24",
             "driver, 24 drives, QD 128 each",
             "null_bench",
             s(&["24", "128", "{ios}"]),
+            1,
         ),
-        (
+        case(
+            "engine-1",
             "engine, namespace, 1 drive, QD 128",
             "engine_bench",
             s(&["namespace", "1", "128", "{ios}", "0"]),
+            1,
         ),
-        (
+        case(
+            "engine-24",
             "engine, namespaces, 24 drives, QD 128 each",
             "engine_bench",
             s(&["namespace", "24", "128", "{ios}", "0"]),
+            1,
         ),
-        (
+        case(
+            "engine-stripe",
             "engine, stripe over 24 drives, QD 3072",
             "engine_bench",
             s(&["stripe", "24", "3072", "{ios}", "0"]),
+            1,
+        ),
+        case(
+            "perf-1",
+            "usnvme perf, 1 drive, QD 128",
+            "usnvme",
+            perf("0", &["-q", "128"]),
+            1,
+        ),
+        // QD 32 per drive for both 24-drive rows: perf's default, and as deep as a stripe may go
+        // (its -q is bounded by one drive's queue)
+        case(
+            "perf-24",
+            "usnvme perf, 24 namespaces, QD 32 each",
+            "usnvme",
+            perf("0-23", &["-q", "32"]),
+            24,
+        ),
+        case(
+            "perf-stripe",
+            "usnvme perf, stripe over 24 drives, QD 768",
+            "usnvme",
+            perf("0-23", &["-q", "768", "--stripe", "24"]),
+            1,
         ),
     ];
     let mut rows = Vec::new();
-    for (label, program, a) in &cases {
-        println!("bench: {label}");
-        let native_args = host::with_ios(a, native_ios);
-        let native = host::native(&example(program), &native_args, runs)?;
-        let split = host::callgrind(&example(program), a, callgrind_ios)?;
+    for c in &cases {
+        println!("bench: {}", c.label);
+        let program = if c.program == "usnvme" {
+            usnvme.to_path_buf()
+        } else {
+            example(c.program)
+        };
+        let native_args = host::with_ios(&c.args, native_ios / c.devices);
+        let native = host::native(&program, &native_args, runs)?;
+        let split = host::callgrind(
+            &program,
+            &c.args,
+            callgrind_ios / c.devices,
+            c.devices,
+            c.key,
+        )?;
         rows.push(HostRow {
-            label: label.to_string(),
-            command: format!("{program} {}", native_args.join(" ")),
+            key: c.key,
+            label: c.label,
+            command: format!("{} {}", c.program, native_args.join(" ")),
             iops: native.iops,
             split,
             line: native.line,
         });
     }
-    let cycles = host::cycles(&null_bench, &s(&["1", "128", "{ios}"]), callgrind_ios * 10)?;
+    let cycles = host::cycles(
+        &example("null_bench"),
+        &s(&["1", "128", "{ios}"]),
+        callgrind_ios * 10,
+    )?;
     let mut scale = Vec::new();
     for cores in ["0", "0-1"] {
         println!("bench: engine on 24 drives, cores {cores}");
@@ -109,18 +267,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let native = host::native(&engine_bench, &a, runs)?;
         scale.push((cores, format!("engine_bench {}", a.join(" ")), native));
     }
-    let vm = if args.no_vm {
-        None
-    } else {
-        println!("bench: VM side by side (one boot, 12 drives on nvme, 12 on vfio-pci)");
-        let usnvme = crate::target_dir().join("release/usnvme");
-        Some(vm::side_by_side(&usnvme, args.quick, args.seconds)?)
-    };
-    let report = report(&rows, cycles, &scale, vm.as_ref(), &args)?;
-    let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
-    std::fs::write(&out, report)?;
-    println!("bench: wrote {}", out.display());
-    Ok(())
+    Ok(HostResults {
+        rows,
+        cycles,
+        scale,
+    })
 }
 
 fn git(args: &[&str]) -> String {
@@ -153,10 +304,9 @@ fn millions(iops: f64) -> String {
 }
 
 fn report(
-    rows: &[HostRow],
-    cycles: Option<f64>,
-    scale: &[(&str, String, host::Native)],
+    host: Option<&HostResults>,
     vm: Option<&VmResults>,
+    spdk: Option<&SpdkResults>,
     args: &BenchArgs,
 ) -> Result<String> {
     let mut m = String::new();
@@ -165,100 +315,185 @@ fn report(
     } else {
         " (with uncommitted changes)"
     };
+    let mut flags = String::new();
+    if args.quick {
+        flags.push_str(" --quick");
+    }
+    if args.no_vm {
+        flags.push_str(" --no-vm");
+    }
+    if let Some(o) = args.only {
+        flags.push_str(&format!(" --only {}", format!("{o:?}").to_lowercase()));
+    }
+    if args.spdk.is_some() {
+        flags.push_str(" --spdk PATH");
+    }
     writeln!(m, "# Benchmarks\n")?;
     writeln!(
         m,
-        "Written by `cargo xtask bench{}` on {}.\n\n- Machine: {}\n- Commit: {}{dirty}\n- \
-         Programs: `driver/examples/null_bench.rs`, `engine/examples/engine_bench.rs` (release \
-         build), `usnvme perf` and fio in the VM test bed.\n",
-        if args.quick { " --quick" } else { "" },
+        "Written by `cargo xtask bench{flags}` on {}.\n\n- Machine: {}\n- Commit: {}{dirty}\n- \
+         Programs: `driver/examples/null_bench.rs`, `engine/examples/engine_bench.rs` and \
+         `usnvme perf` (release build) on `sim`; `usnvme perf`, fio and `spdk_nvme_perf` in the \
+         VM test bed.\n",
         git(&["log", "-1", "--format=%cd", "--date=iso"]),
         machine(),
         git(&["rev-parse", "--short", "HEAD"]),
     )?;
+    match host {
+        Some(h) => host_report(&mut m, h, args)?,
+        None => writeln!(
+            m,
+            "## Cost per I/O (host, `sim` null backend, inline mode)\n\nNot run (`--only`).\n"
+        )?,
+    }
+    match vm {
+        Some(vm) => vm_section(&mut m, vm, args)?,
+        None => writeln!(
+            m,
+            "\n## VM side by side (one boot: 12 drives on the kernel's nvme, 12 on vfio-pci)\n\n\
+             Not run (`{}`).",
+            if args.no_vm { "--no-vm" } else { "--only" }
+        )?,
+    }
+    if spdk.is_none() && args.spdk.is_some() {
+        writeln!(
+            m,
+            "\n## Same boot as SPDK's spdk_nvme_perf\n\nNot run (`{}`).",
+            if args.no_vm { "--no-vm" } else { "--only" }
+        )?;
+    } else {
+        spdk::section(&mut m, spdk)?;
+    }
+    Ok(m)
+}
+
+fn host_report(m: &mut String, h: &HostResults, args: &BenchArgs) -> Result<()> {
+    let rows = &h.rows;
+    let row = |key: &str| rows.iter().find(|r| r.key == key);
     writeln!(
         m,
-        "## Driver and engine cost per I/O (host, `sim` null backend, inline mode)\n\n\
-         4 KiB random reads, one thread. The inline `sim` controller runs inside the doorbell \
-         write, so its cost is counted apart: *instructions per I/O* come from `valgrind \
-         --tool=callgrind` (two runs of N and 2N I/Os, difference divided by N, so set-up \
-         cancels), split by inclusive cost into the simulated controller (its register writes) \
-         and everything else; for null_bench, *driver* is the inclusive cost of \
-         `QueuePair::read` + `QueuePair::poll` minus the controller. IOPS are the median of {} \
-         native runs and include the simulated controller's work.\n",
+        "## Cost per I/O (host, `sim` null backend, inline mode)\n\n\
+         4 KiB random reads, one thread (one reactor on core 0), with production settings: \
+         command timeouts on (30 s), and `usnvme perf` with its default flags otherwise \
+         (statistics, latency stamps, progress line). The inline `sim` controller runs inside \
+         the doorbell writes, on the same core, so its cost is counted apart. *Instructions per \
+         I/O* come from `valgrind --tool=callgrind --dump-instr=no`: two runs of N and 2N I/Os, \
+         the difference divided by N, so set-up cancels (and one-time lazy statics such as the \
+         TSC calibration, which spins for a wall-clock time, are left out). They are split by \
+         where the code lives, not by function names: each instruction is charged to the crate \
+         whose source line it comes from (the line tables follow inlining, so driver code that \
+         LTO inlined into the engine still counts as the driver's), and code of the standard \
+         library and dependencies that runs out of line (vm-memory lookups, clock reads, \
+         memcpy) is charged to its callers, in proportion to their calls' inclusive cost. \
+         *Driver*: `usnvme_driver` but its `sim` module, and `usnvme_hugepages`; *engine + \
+         block layer*: `usnvme_engine`; *perf workload*: `usnvme_tools` and the `usnvme` \
+         binary; *sim controller*: `usnvme_driver::sim`; *rest*: the example's own loop and \
+         library code no code of ours called. IOPS are the median of {} native runs and include \
+         the simulated controller's work.\n",
         if args.quick { 1 } else { 3 }
     )?;
     writeln!(
         m,
-        "| benchmark | IOPS (1 core) | instructions / I/O | driver | engine + block layer | sim controller | rest (loop) |\n|---|---:|---:|---:|---:|---:|---:|"
+        "| benchmark | IOPS (1 core) | instructions / I/O | driver | engine + block layer | perf workload | sim controller | rest |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     )?;
-    let driver_only = rows.first().and_then(|r| r.split.driver);
-    let driver_with_loop = rows.first().map(|r| r.split.host_side());
     for r in rows {
-        let (driver, engine, rest) = match r.split.driver {
-            Some(d) => (
-                format!("{d:.0}"),
-                "–".to_string(),
-                format!("{:.0}", r.split.host_side() - d),
-            ),
-            None => (
-                "–".into(),
-                // the engine row's host side minus the bare driver loop's
-                driver_with_loop
-                    .map(|d| format!("{:.0}", r.split.host_side() - d))
-                    .unwrap_or_default(),
-                "–".into(),
-            ),
-        };
+        let p = &r.split;
         writeln!(
             m,
-            "| {} | {} | {:.0} | {driver} | {engine} | {:.0} | {rest} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
             r.label,
             millions(r.iops),
-            r.split.total,
-            r.split.sim
+            p.total,
+            p.driver,
+            p.engine,
+            p.perf,
+            p.sim,
+            p.rest
         )?;
     }
     writeln!(m)?;
-    if let (Some(d), Some(first)) = (driver_only, rows.first()) {
+    if let (Some(d), Some(p)) = (row("driver-1"), row("perf-1")) {
         writeln!(
             m,
-            "- Driver: **{d:.0} instructions per 4 KiB read** (submit + completion; goal ≤ 150).\n\
-             - Driver + simulated controller on one core: **{}** IOPS (goal ≥ 15 M for the driver; \
-             the simulated controller runs on the same core and costs {:.0} instructions per I/O, \
-             {:.0} % of the total). At the same instructions per cycle, the driver alone would \
-             run at about {} IOPS per core.",
-            millions(first.iops),
-            first.split.sim,
-            100.0 * first.split.sim / first.split.total,
-            millions(first.iops * first.split.total / d),
+            "- Driver: **{:.0} instructions per 4 KiB read** under the bare loop (null_bench), \
+             **{:.0}** under `usnvme perf` (goal ≤ 150).",
+            d.split.driver, p.split.driver
         )?;
-        if let Some(engine) = rows.iter().find(|r| r.label.contains("namespace, 1 drive")) {
-            let added = engine.split.host_side() - first.split.host_side();
+    }
+    if let Some(p) = row("perf-1") {
+        let s = &p.split;
+        writeln!(
+            m,
+            "- The whole `usnvme perf` path with default flags, less the simulated controller: \
+             **{:.0} instructions per I/O** (goal ≤ 400): driver {:.0}, engine and block layer \
+             {:.0}, perf's workload {:.0}, rest {:.0}.",
+            s.host_side(),
+            s.driver,
+            s.engine,
+            s.perf,
+            s.rest
+        )?;
+    }
+    if let (Some(st), Some(ns)) = (row("perf-stripe"), row("perf-24")) {
+        writeln!(
+            m,
+            "- A 24-drive stripe costs **{:.2} ×** 24 namespaces per I/O under `usnvme perf` \
+             (goal ≤ 1.3 ×; less the simulated controller: {:.0} against {:.0} instructions).",
+            st.split.host_side() / ns.split.host_side(),
+            st.split.host_side(),
+            ns.split.host_side()
+        )?;
+    }
+    if let (Some(st), Some(ns)) = (row("engine-stripe"), row("engine-24")) {
+        writeln!(
+            m,
+            "- Through the engine alone (engine_bench, QD 128 per drive): the stripe costs \
+             {:.2} × the namespaces ({:.0} against {:.0}).",
+            st.split.host_side() / ns.split.host_side(),
+            st.split.host_side(),
+            ns.split.host_side()
+        )?;
+    }
+    if let Some(first) = row("driver-1") {
+        let s = &first.split;
+        writeln!(
+            m,
+            "- Driver + simulated controller on one core: **{}** IOPS (goal ≥ 15 M for the \
+             driver; the simulated controller runs on the same core and costs {:.0} instructions \
+             per I/O, {:.0} % of the total).",
+            millions(first.iops),
+            s.sim,
+            100.0 * s.sim / s.total,
+        )?;
+        if let Some(engine) = row("engine-1") {
             writeln!(
                 m,
-                "- The engine (channels, latency stamps, statistics, block layer) adds {added:.0} \
-                 instructions per I/O to the bare driver loop: {:.0} % of the driver's cost \
-                 (goal ≤ 30 %).",
-                100.0 * added / d
+                "- The engine (channels, latency stamps, statistics, block layer) costs {:.0} \
+                 instructions per I/O: {:.0} % of the driver's cost (goal ≤ 30 %).",
+                engine.split.engine,
+                100.0 * engine.split.engine / s.driver.max(1.0)
             )?;
         }
     }
-    match cycles {
+    match h.cycles {
         Some(c) => writeln!(m, "- Cycles per I/O (`perf stat`, driver + sim): {c:.0}.")?,
         None => writeln!(
             m,
             "- Cycles per I/O: not measured — `perf stat` has no cycle counter on this machine."
         )?,
     }
-    let qp = rows.first().map(|r| {
+    let qp = row("driver-1").map(|r| {
         let n = host::Native {
             iops: 0.0,
             line: r.line.clone(),
         };
         (n.value("qp_dma_bytes"), n.value("qp_host_bytes"))
     });
-    writeln!(m, "\nCommands (from `target/release/examples/`):\n")?;
+    writeln!(
+        m,
+        "\nCommands (examples from `target/release/examples/`, `usnvme` from `target/release/`; \
+         callgrind ran the same with a smaller `{{ios}}`):\n"
+    )?;
     for r in rows {
         writeln!(m, "- `{}` → `{}`", r.command, r.line)?;
     }
@@ -267,7 +502,7 @@ fn report(
         m,
         "| engine on 24 `sim` null drives, QD 128 each | IOPS |\n|---|---:|"
     )?;
-    for (cores, command, n) in scale {
+    for (cores, command, n) in &h.scale {
         writeln!(
             m,
             "| {} core{} (`{command}`) | {} |",
@@ -285,16 +520,13 @@ fn report(
             host / 1024.0
         )?;
     }
-    if let Some(a) = scale.first().and_then(|(_, _, n)| n.value("attach_ms")) {
+    if let Some(a) = h.scale.first().and_then(|(_, _, n)| n.value("attach_ms")) {
         writeln!(
             m,
             "- Attach of 24 `sim` controllers (in parallel): {a:.1} ms."
         )?;
     }
-    if let Some(vm) = vm {
-        vm_section(&mut m, vm, args)?;
-    }
-    Ok(m)
+    Ok(())
 }
 
 fn vm_section(m: &mut String, vm: &VmResults, args: &BenchArgs) -> Result<()> {
