@@ -440,7 +440,8 @@ const STALL_PROBE_NS: u64 = STALL_PROBE.as_nanos() as u64;
 ///
 /// An I/O's token goes down with its op kind in the top bits (see [`MAX_TOKEN`]) and comes
 /// back from the driver's tracker with its submission stamp: no table here. The clock is the
-/// reactor's, read once per turn.
+/// reactor's, read at most once per channel visit: at the first completion of a poll, or at
+/// the first submission when nothing completed (not per I/O).
 ///
 /// A device that disappears (surprise removal, or given back to the kernel: its registers read
 /// all ones) completes nothing. When a channel has I/O in flight and nothing completed for
@@ -463,6 +464,10 @@ pub struct DeviceChannel {
     clock: ReactorClock,
     /// The reactor's clock this turn, or at this channel's last completions (nanoseconds).
     now_ns: u64,
+    /// `now_ns` was read during this channel's visit (completions came, or I/O was submitted):
+    /// what is submitted next is stamped with it, not with the turn's start, which lies
+    /// before every earlier channel's work in the turn.
+    fresh: bool,
     /// The last completion, or the submission that made the channel busy.
     last_progress_ns: u64,
     /// The last stall probe.
@@ -506,6 +511,10 @@ impl DeviceChannel {
             Op::Write => OpKind::Write,
             _ => OpKind::Other,
         };
+        if !self.fresh {
+            self.set_now(self.clock.now_ns());
+            self.fresh = true;
+        }
         self.channel
             .submit(op, offset, len, buf, token | (kind as u64) << KIND_SHIFT)?;
         if self.in_flight == 0 {
@@ -536,6 +545,7 @@ impl DeviceChannel {
         self.in_flight -= done.min(self.in_flight);
         if let Some(now) = now {
             self.set_now(now);
+            self.fresh = true;
             self.last_progress_ns = now;
             return done;
         }
@@ -694,6 +704,7 @@ impl ReactorContext {
         self.now_ns = now;
         for d in &mut self.devices {
             d.set_now(now);
+            d.fresh = false;
         }
     }
 
@@ -777,6 +788,7 @@ fn reactor<J: Job>(
             controllers,
             clock: clock.clone(),
             now_ns: 0,
+            fresh: false,
             last_progress_ns: 0,
             last_probe_ns: 0,
             gone: None,
@@ -1158,5 +1170,77 @@ mod tests {
                 r.info.index
             );
         }
+    }
+
+    /// Submits one read to each device, the second a second after the first (as if the first
+    /// device's submissions had taken that long), and waits for both.
+    struct LateSecond {
+        pool: Option<(BufferPool, usnvme_hugepages::DmaBuffer)>,
+        submitted: bool,
+    }
+
+    impl Job for LateSecond {
+        type Output = Vec<u64>;
+
+        fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+            let mut pool = ctx.devices[0]
+                .buffer_pool(4096, 1)
+                .map_err(|e| e.to_string())?;
+            let buf = pool.alloc().ok_or("no buffer")?;
+            self.pool = Some((pool, buf));
+            Ok(())
+        }
+
+        fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+            let Some((_, buf)) = &self.pool else {
+                return false;
+            };
+            if !self.submitted {
+                self.submitted = true;
+                for (i, d) in ctx.devices.iter_mut().enumerate() {
+                    if i > 0 {
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                    let io = IoBuffer {
+                        iova: buf.iova(),
+                        len: 4096,
+                    };
+                    d.submit(Op::Read, 0, 4096, Some(io), i as u64)
+                        .expect("submitted");
+                    d.flush();
+                }
+            }
+            for d in &mut ctx.devices {
+                d.poll(|c| assert!(c.result.is_ok()));
+            }
+            ctx.devices.iter().any(|d| d.in_flight() > 0)
+        }
+
+        fn finish(mut self, ctx: &mut ReactorContext) -> Self::Output {
+            if let Some((mut pool, buf)) = self.pool.take() {
+                let _ = pool.free(buf);
+            }
+            ctx.devices
+                .iter()
+                .map(|d| d.stats().latency(OpKind::Read).max_ns)
+                .collect()
+        }
+    }
+
+    #[test]
+    fn an_io_is_timed_from_its_submission_not_from_the_turns_start() {
+        let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+        let core = topology.allowed[0];
+        let engine = sim_engine(&["sim:0-1,mode=threaded,latency=50us"], &[core]);
+        let run = engine
+            .start(engine.namespaces(), |_| LateSecond {
+                pool: None,
+                submitted: false,
+            })
+            .expect("started");
+        let max = &run.wait().expect("ran")[0].output;
+        // A drive of 50 us: the second read must not be charged the second spent before it.
+        assert!(max.iter().all(|&ns| ns > 0), "{max:?}");
+        assert!(max[1] < 900_000_000, "the second read took {} ns", max[1]);
     }
 }
