@@ -43,7 +43,7 @@ const OURS: &[(&str, &str, Part)] = &[
     ("engine/src/", "usnvme_engine::", Part::Engine),
     ("tools/src/", "usnvme_tools::", Part::Perf),
     ("tools/src/", "usnvme::", Part::Perf),
-    ("stamp/src/", "usnvme_stamp::", Part::Perf),
+    ("tools/stamp/src/", "usnvme_stamp::", Part::Perf),
 ];
 
 /// Lazily initialised statics run once per process; quanta's clock calibration is one and spins
