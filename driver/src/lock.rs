@@ -21,6 +21,9 @@ use crate::pci::PciAddress;
 /// The preferred folder of the lock files.
 pub const LOCK_DIR: &str = "/run/usnvme";
 
+/// The fallback folder's name, in the temporary directory.
+const FALLBACK_DIR: &str = "usnvme-locks";
+
 /// Why a drive's lock was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -101,7 +104,41 @@ fn lock_dir() -> PathBuf {
     if std::fs::create_dir_all(&run).is_ok() && writable(&run) {
         return run;
     }
-    std::env::temp_dir().join("usnvme-locks")
+    std::env::temp_dir().join(FALLBACK_DIR)
+}
+
+/// The folders where drives' locks may be, under `root` (`/`, or a fake tree in tests): the
+/// preferred one, then the fallback of processes that cannot write it.
+pub fn lock_dirs(root: &Path) -> [PathBuf; 2] {
+    let tmp = std::env::temp_dir();
+    let tmp = tmp.strip_prefix("/").unwrap_or(&tmp);
+    [
+        root.join(LOCK_DIR.trim_start_matches('/')),
+        root.join(tmp).join(FALLBACK_DIR),
+    ]
+}
+
+/// Who holds the lock of `addr` in one of `dirs` now, as "usnvme PID 1234 (usnvme perf -t 5)";
+/// None if nobody holds it, or if its holder wrote no PID. Creates nothing and writes nothing.
+///
+/// Whether the lock is held is asked of the kernel (a file's text outlives a killed owner): a
+/// shared lock is tried and, if granted, let go at once. An owner that starts in that instant
+/// is refused as if the drive were in use; running it again works.
+pub fn holder(dirs: &[PathBuf], addr: PciAddress) -> Option<String> {
+    for dir in dirs {
+        let Ok(mut file) = File::open(dir.join(format!("{addr}.lock"))) else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        if rc == 0 {
+            continue; // free: closing the file lets go of the shared lock
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return read_owner(&mut file);
+        }
+    }
+    None
 }
 
 fn writable(dir: &Path) -> bool {
@@ -112,9 +149,14 @@ fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
 }
 
-/// "usnvme PID 1234 (usnvme perf -t 5)", from what the owner wrote in the lock file. The owner
-/// writes it right after locking: a reader that comes in between retries briefly.
+/// "usnvme PID 1234 (usnvme perf -t 5)", from what the owner wrote in the lock file.
 fn owner_of(file: &mut File) -> String {
+    read_owner(file).unwrap_or_else(|| "another process (its PID is not in the lock file)".into())
+}
+
+/// The owner as the held lock `file` names it. The owner writes its line right after locking: a
+/// reader that comes in between retries briefly.
+fn read_owner(file: &mut File) -> Option<String> {
     for _ in 0..50 {
         let mut text = String::new();
         let read = file
@@ -122,12 +164,12 @@ fn owner_of(file: &mut File) -> String {
             .and_then(|_| file.read_to_string(&mut text));
         if read.is_ok() {
             if let Some(owner) = describe(&text) {
-                return owner;
+                return Some(owner);
             }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    "another process (its PID is not in the lock file)".into()
+    None
 }
 
 /// The owner as the lock file's line `PID COMMAND LINE` describes it.
@@ -209,6 +251,46 @@ mod tests {
         let again = OwnerLock::acquire_in(&dir, addr).expect("free once dropped");
         drop(again);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_holder_is_named_only_while_the_lock_is_held() {
+        let dir = temp_dir("holder");
+        let dirs = [temp_dir("holder-none"), dir.clone()];
+        let addr: PciAddress = "0000:04:00.0".parse().expect("address");
+        assert_eq!(holder(&dirs, addr), None, "no lock file");
+        assert!(!dirs[0].exists(), "looking creates nothing");
+
+        let lock = OwnerLock::acquire_in(&dir, addr).expect("the owner");
+        let owner = holder(&dirs, addr).expect("held");
+        assert!(
+            owner.contains(&format!("PID {}", std::process::id())),
+            "{owner}"
+        );
+        assert!(
+            OwnerLock::acquire_in(&dir, addr).is_err(),
+            "still its owner's"
+        );
+
+        // A killed owner leaves its line behind, but not its lock.
+        drop(lock);
+        std::fs::write(dir.join("0000:04:00.0.lock"), "4242 usnvme perf\n").expect("write");
+        assert_eq!(holder(&dirs, addr), None);
+        let again = OwnerLock::acquire_in(&dir, addr).expect("free");
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn lock_folders_are_found_under_the_root() {
+        let [run, tmp] = lock_dirs(Path::new("/fake"));
+        assert_eq!(run, Path::new("/fake/run/usnvme"));
+        assert!(
+            tmp.starts_with("/fake") && tmp.ends_with("usnvme-locks"),
+            "{}",
+            tmp.display()
+        );
+        assert_eq!(lock_dirs(Path::new("/"))[0], Path::new(LOCK_DIR));
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! `usnvme setup` on the test bed, on one drive (serial `usnvme21`): back to the kernel `nvme`
-//! driver, where its namespace becomes a block device; refused while that block device is
-//! active swap; then onto vfio-pci again, where a second bind does nothing. The suites share
-//! the drives, so the drive ends where it started, on vfio-pci, even if the test fails.
+//! `usnvme setup` on the test bed, on one drive (serial `usnvme21`): refused while usnvme perf
+//! owns it; back to the kernel `nvme` driver, where its namespace becomes a block device;
+//! refused while that block device is active swap; then onto vfio-pci again, where a second
+//! bind does nothing. The suites share the drives, so the drive ends where it started, on
+//! vfio-pci, even if the test fails.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -176,6 +178,54 @@ fn reset_to_nvme_refuse_while_in_use_and_bind_back() {
     let again = format!("{address}: already on vfio-pci\n");
     assert_eq!(ok(&bed, &["setup", "bind", &address]), again);
     assert_eq!(ok(&bed, &["setup", "bind", &address, "--dry-run"]), again);
+    assert_eq!(driver(&dir), "vfio-pci");
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn reset_is_refused_naming_the_perf_that_owns_the_drive() {
+    let bed = VmBed::from_env();
+    let address = address_of(&bed, SERIAL);
+    let dir = PathBuf::from("/sys/bus/pci/devices").join(&address);
+    // If reset went through anyway, the drive goes back to vfio-pci.
+    let _restore = Restore {
+        bed: &bed,
+        address: address.clone(),
+        swap: None,
+    };
+    let mut perf = Command::new(&bed.usnvme)
+        .args(["perf", "-r", &address, "-q", "1", "-t", "30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bed.usnvme.display()));
+    // Once perf measures, it holds the drive's lock and its VFIO group.
+    let mut stderr = perf.stderr.take().expect("piped");
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !text(&seen).contains("measuring") {
+        match stderr.read(&mut byte) {
+            Ok(1) => seen.push(byte[0]),
+            _ => panic!("perf ended before measuring:\n{}", text(&seen)),
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+
+    let out = bed.usnvme(&["setup", "reset", &address]);
+    // Ctrl-C: perf shuts its controller down on the way out.
+    let _ = Command::new("kill")
+        .args(["-INT", &perf.id().to_string()])
+        .status();
+    let _ = perf.wait();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "usnvme: error: refusing {address}: in use by usnvme PID {} (usnvme perf -r {address} -q 1 -t 30): stop it first",
+            perf.id()
+        )),
+        "{err}"
+    );
     assert_eq!(driver(&dir), "vfio-pci");
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use usnvme_driver::lock::OwnerLock;
 use usnvme_driver::pci::fake::FakeSysfs;
 
 mod common;
@@ -434,6 +435,42 @@ fn reset_refuses_a_drive_a_process_has_open() {
             .contains("0000:02:00.0: left on vfio-pci: usnvme (pid 4242) has /dev/vfio/2 open"),
         "{}",
         stdout(&out)
+    );
+}
+
+#[test]
+fn reset_refuses_a_drive_naming_the_owner_its_lock_names() {
+    let fake = server();
+    fake.open_file(4242, "usnvme", 7, "/dev/vfio/2");
+    // The owner's lock, held (by this test) in the root's lock folder, naming usnvme perf.
+    let addr = "0000:02:00.0".parse().expect("address");
+    let lock = OwnerLock::acquire_in(&fake.root().join("run/usnvme"), addr).expect("lock");
+    fs::write(lock.path(), "4242 usnvme perf -t 60 -r 02:00.0\n").expect("owner line");
+    let says = "in use by usnvme PID 4242 (usnvme perf -t 60 -r 02:00.0): stop it first";
+    refused(
+        &fake,
+        &["setup", "reset", "02:00.0"],
+        &format!("usnvme: error: refusing 0000:02:00.0: {says}"),
+    );
+    let out = usnvme(fake.root(), &["setup", "reset", "all"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains(&format!("0000:02:00.0: left on vfio-pci: {says}")),
+        "{}",
+        stdout(&out)
+    );
+
+    // A lock nobody holds names nobody (its owner was killed): back to who has the group open.
+    drop(lock);
+    fs::write(
+        fake.root().join("run/usnvme/0000:02:00.0.lock"),
+        "4242 usnvme perf -t 60 -r 02:00.0\n",
+    )
+    .expect("a stale line");
+    refused(
+        &fake,
+        &["setup", "reset", "02:00.0"],
+        "refusing 0000:02:00.0: usnvme (pid 4242) has /dev/vfio/2 open: stop it first",
     );
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{anyhow, bail, Result};
+use usnvme_driver::lock;
 use usnvme_driver::pci::{BlockDeviceInfo, Driver, NvmeControllerInfo, PciAddress, Sysfs};
 
 use super::iommu::IommuState;
@@ -345,11 +346,17 @@ pub fn bind(
     moves(sysfs, controllers, &Driver::VfioPci, &reasons, all)
 }
 
-/// `reset`: each drive back to the kernel `nvme` driver, unless a process has its VFIO group
-/// open (unbinding would block until it lets go).
+/// `reset`: each drive back to the kernel `nvme` driver, unless a usnvme process owns it (its
+/// owner lock names it, as a second usnvme process is told) or a process has its VFIO group open
+/// (unbinding would block until it lets go).
 pub fn reset(sysfs: &Sysfs, controllers: &[NvmeControllerInfo], all: bool) -> Result<Vec<Item>> {
     let mut reasons: Vec<(PciAddress, String)> = Vec::new();
+    let lock_dirs = lock::lock_dirs(sysfs.root());
     for c in controllers.iter().filter(|c| c.driver != Driver::Nvme) {
+        if let Some(owner) = lock::holder(&lock_dirs, c.address) {
+            reasons.push((c.address, format!("in use by {owner}: stop it first")));
+            continue;
+        }
         let Some(group) = c.iommu_group else { continue };
         let users = vfio_users(sysfs.root(), group);
         if !users.is_empty() {
