@@ -1,26 +1,38 @@
 //! VFIO: one container for the whole process (so every drive shares one IOVA space and a buffer
 //! can go to any drive), PCI functions bound to `vfio-pci`, their config space and BAR0.
-//! Group, container and device handling come from `vfio-ioctls`; the ioctls it lacks (the
-//! IOMMU's valid IOVA ranges, a device's request interrupt) are here.
+//! The container and its DMA mappings come from `vfio-ioctls`. Groups and devices are opened
+//! here, each file owned by one object and closed once: a group (shared by its open devices)
+//! when the last of them is closed. vfio-ioctls' `VfioDevice` cannot be let go of after a hot
+//! removal: its drop closes the device file, which lets the removal go on, then finds the group
+//! again through the device's sysfs node (which may be gone by then: it unwraps, a panic) and
+//! asks to detach it from the container, which the kernel has already done as the group's last
+//! device went away (`vfio_device_remove_group`; seen on the test VM's 6.1): on that EINVAL it
+//! keeps the group's file open for the process's lifetime.
+//! The ioctls vfio-ioctls lacks (the IOMMU's valid IOVA ranges, a device's request interrupt)
+//! are here too.
 //!
 //! Around each device:
 //! - its owner lock (`lock.rs`), taken before the device is touched;
 //! - its BAR0 in a process-wide table that [`disable_all_for_exit`] walks from a signal handler;
 //! - a thread that waits for the kernel to ask for the device back (VFIO's request interrupt:
 //!   hot removal, or an unbind): the device is then disabled, its BAR0 reads all ones from then
-//!   on, and its file is closed so that the removal can complete. The controller's queue pairs
-//!   see a removed device and fail their commands ("Host Pathing Error").
+//!   on, and it is closed (its file, so that the removal can complete, then its group) and its
+//!   lock let go. The controller's queue pairs see a removed device and fail their commands
+//!   ("Host Pathing Error").
 
+use std::collections::HashMap;
+use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use usnvme_hugepages::{DmaMapper, IovaSpace, MapError};
-use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps};
+use vfio_ioctls::VfioContainer;
 
 use crate::lock::{LockError, OwnerLock};
 use crate::mmio::Bar;
@@ -32,6 +44,16 @@ use crate::spec::{Cap, Cc, Csts};
 /// VFIO region indices of a PCI device.
 const BAR0_REGION: u32 = 0;
 const CONFIG_REGION: u32 = 7;
+
+/// VFIO ioctls (`_IO(';', 100 + n)`) and their values.
+const VFIO_SET_IOMMU: libc::c_ulong = 0x3b66;
+const VFIO_GROUP_GET_STATUS: libc::c_ulong = 0x3b67;
+const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = 0x3b68;
+const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = 0x3b6a;
+const VFIO_DEVICE_GET_REGION_INFO: libc::c_ulong = 0x3b6c;
+const VFIO_IOMMU_GET_INFO: libc::c_ulong = 0x3b70;
+const VFIO_TYPE1V2_IOMMU: libc::c_ulong = 3;
+const VFIO_GROUP_FLAGS_VIABLE: u32 = 1;
 
 /// PCI config space: command register bits, capability list.
 const PCI_COMMAND: u64 = 0x04;
@@ -60,10 +82,13 @@ pub enum VfioError {
     GroupNotViable { addr: PciAddress, group: String },
     #[error("cannot open /dev/vfio/vfio (load vfio-pci and run as root)")]
     Container(#[source] vfio_ioctls::VfioError),
-    #[error("{addr}: cannot open the VFIO device; is another process using it? ({source})")]
+    #[error(
+        "{addr}: cannot open the VFIO device; is another process using it? ({what}: {source})"
+    )]
     Device {
         addr: PciAddress,
-        source: vfio_ioctls::VfioError,
+        what: String,
+        source: std::io::Error,
     },
     #[error("{addr}: BAR0 is {size} bytes, too small for an NVMe controller")]
     SmallBar { addr: PciAddress, size: u64 },
@@ -79,8 +104,18 @@ pub enum VfioError {
 /// The process's VFIO container and the IOVA space every device opened through it shares.
 pub struct Vfio {
     container: Arc<VfioContainer>,
+    /// The groups attached to the container, by number, while a device of theirs is open; the
+    /// lock also keeps attachments (and the container's IOMMU set-up) one at a time.
+    groups: Mutex<HashMap<u32, Weak<Group>>>,
     space: OnceLock<Arc<IovaSpace>>,
     sysfs: PathBuf,
+}
+
+/// An IOMMU group attached to the container. Closing its file (when its last open device is
+/// closed) detaches it, unless the removal of its last device did already.
+#[derive(Debug)]
+struct Group {
+    file: File,
 }
 
 impl std::fmt::Debug for Vfio {
@@ -95,6 +130,7 @@ impl Vfio {
         let container = VfioContainer::new(None).map_err(VfioError::Container)?;
         Ok(Arc::new(Vfio {
             container: Arc::new(container),
+            groups: Mutex::new(HashMap::new()),
             space: OnceLock::new(),
             sysfs: sysfs.into(),
         }))
@@ -118,27 +154,27 @@ impl Vfio {
         if driver != "vfio-pci" {
             return Err(VfioError::NotVfio { addr, driver });
         }
-        let Some(group) = link_name(&dev_path.join("iommu_group")) else {
+        let Some(group_id) = link_name(&dev_path.join("iommu_group")) else {
             return Err(VfioError::NoIommuGroup { addr });
         };
         // One owner per drive: before the device is touched.
         let lock = OwnerLock::acquire(addr)?;
-        let ops: Arc<dyn VfioOps> = self.container.clone();
-        let device = VfioDevice::new(&dev_path, ops, false).map_err(|source| match source {
-            vfio_ioctls::VfioError::GroupViable => VfioError::GroupNotViable { addr, group },
-            source => VfioError::Device { addr, source },
-        })?;
-        let size = device.get_region_size(BAR0_REGION);
+        let group = self.attach_group(addr, &group_id)?;
+        let failed = |what: &str| {
+            let what = what.to_string();
+            move |source| VfioError::Device { addr, what, source }
+        };
+        let device = open_device(&group, addr).map_err(failed("VFIO_GROUP_GET_DEVICE_FD"))?;
+        let (bar0_offset, size) =
+            region_info(&device, BAR0_REGION).map_err(failed("BAR0 region info"))?;
+        let (config, _) =
+            region_info(&device, CONFIG_REGION).map_err(failed("config region info"))?;
         if size < 0x2000 {
             return Err(VfioError::SmallBar { addr, size });
         }
         let bar0 = Arc::new(
-            Bar::map(
-                &device,
-                device.get_region_offset(BAR0_REGION),
-                size as usize,
-            )
-            .map_err(|source| VfioError::MapBar { addr, source })?,
+            Bar::map(&device, bar0_offset, size as usize)
+                .map_err(|source| VfioError::MapBar { addr, source })?,
         );
         let request = request_eventfd(&device)
             .map_err(|e| log::info!("{addr}: no device request interrupt ({e}): hot removal waits for the controller to be dropped"))
@@ -148,6 +184,8 @@ impl Vfio {
             bar0: bar0.clone(),
             open: Mutex::new(Some(OpenDevice {
                 device,
+                config,
+                _group: group,
                 _lock: lock,
             })),
             request,
@@ -181,6 +219,62 @@ impl Vfio {
         Ok(dev)
     }
 
+    /// The group numbered `id` (as its sysfs name says), attached to the container: the one
+    /// already open, or opened now (then the first group gives the container its IOMMU).
+    fn attach_group(&self, addr: PciAddress, id: &str) -> Result<Arc<Group>, VfioError> {
+        let number: u32 = id.parse().map_err(|_| VfioError::NoIommuGroup { addr })?;
+        let mut groups = self.groups.lock();
+        if let Some(group) = groups.get(&number).and_then(Weak::upgrade) {
+            return Ok(group);
+        }
+        let path = format!("/dev/vfio/{number}");
+        let failed = |what: &str| {
+            let what = what.to_string();
+            move |source| VfioError::Device { addr, what, source }
+        };
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(failed(&path))?;
+        // struct vfio_group_status: argsz, flags
+        let mut status = [8u32, 0];
+        // SAFETY: the buffer is the kernel's 8-byte struct, argsz says so; the fd is the group's.
+        let rc =
+            unsafe { libc::ioctl(file.as_raw_fd(), VFIO_GROUP_GET_STATUS, status.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(failed("VFIO_GROUP_GET_STATUS")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if status[1] & VFIO_GROUP_FLAGS_VIABLE == 0 {
+            return Err(VfioError::GroupNotViable {
+                addr,
+                group: id.to_string(),
+            });
+        }
+        let container: libc::c_int = self.container.as_raw_fd();
+        // SAFETY: the kernel reads one int (the container's descriptor) from the pointer.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), VFIO_GROUP_SET_CONTAINER, &container) };
+        if rc != 0 {
+            return Err(failed("VFIO_GROUP_SET_CONTAINER")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // The IOMMU comes with the first group (again if the last one left meanwhile).
+        if !has_iommu(&*self.container) {
+            // SAFETY: the argument is a plain value; the fd is the container's.
+            let rc = unsafe { libc::ioctl(container, VFIO_SET_IOMMU, VFIO_TYPE1V2_IOMMU) };
+            if rc != 0 {
+                // (the group file closes on the way out, which detaches it)
+                return Err(failed("VFIO_SET_IOMMU")(std::io::Error::last_os_error()));
+            }
+        }
+        let group = Arc::new(Group { file });
+        groups.insert(number, Arc::downgrade(&group));
+        Ok(group)
+    }
+
     /// The IOVA space of this container, created when first asked for (after a device is open,
     /// so that the IOMMU type is set and its valid ranges can be read).
     pub fn iova_space(self: &Arc<Self>) -> Arc<IovaSpace> {
@@ -192,6 +286,53 @@ impl Vfio {
             })
             .clone()
     }
+}
+
+/// The device `addr` of `group`, opened.
+fn open_device(group: &Group, addr: PciAddress) -> std::io::Result<File> {
+    let name = std::ffi::CString::new(addr.to_string()).map_err(std::io::Error::other)?;
+    // SAFETY: the kernel reads the NUL-terminated name; the fd is the group's.
+    let fd = unsafe {
+        libc::ioctl(
+            group.file.as_raw_fd(),
+            VFIO_GROUP_GET_DEVICE_FD,
+            name.as_ptr(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just created for this call, owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Where region `index` of `device` is in its file, and its size.
+fn region_info(device: &File, index: u32) -> std::io::Result<(u64, u64)> {
+    /// `struct vfio_region_info`.
+    #[repr(C)]
+    struct RegionInfo {
+        argsz: u32,
+        flags: u32,
+        index: u32,
+        cap_offset: u32,
+        size: u64,
+        offset: u64,
+    }
+    let mut info = RegionInfo {
+        argsz: std::mem::size_of::<RegionInfo>() as u32,
+        flags: 0,
+        index,
+        cap_offset: 0,
+        size: 0,
+        offset: 0,
+    };
+    // SAFETY: the argument is the kernel's struct, argsz bytes long, which it reads and fills
+    // in; the fd is the device's.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_GET_REGION_INFO, &mut info) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((info.offset, info.size))
 }
 
 /// Maps host memory into the container's IOMMU domain.
@@ -217,13 +358,17 @@ impl DmaMapper for VfioMapper {
     }
 
     fn unmap(&self, iova: u64, len: usize) -> Result<(), MapError> {
-        self.container
-            .vfio_dma_unmap(iova, len)
-            .map_err(|e| MapError::Unmap {
+        match self.container.vfio_dma_unmap(iova, len) {
+            Ok(()) => Ok(()),
+            // The last group left the container (its last device was dropped or removed): the
+            // kernel released the IOMMU, and every mapping with it.
+            Err(_) if !has_iommu(&*self.container) => Ok(()),
+            Err(e) => Err(MapError::Unmap {
                 iova,
                 len: len as u64,
                 source: std::io::Error::other(e),
-            })
+            }),
+        }
     }
 
     fn iova_ranges(&self) -> Vec<std::ops::Range<u64>> {
@@ -237,9 +382,25 @@ impl DmaMapper for VfioMapper {
     }
 }
 
+/// Whether the container has an IOMMU: from its first group's attachment to the last one's
+/// leaving.
+fn has_iommu(container: &impl AsRawFd) -> bool {
+    // argsz, flags, iova_pgsizes, cap_offset, pad: the kernel's minimum
+    let mut info = [0u64; 3];
+    info[0] = 24;
+    // SAFETY: the buffer is 24 writable bytes, aligned for the kernel's struct, and argsz says
+    // so; the fd is a valid container.
+    unsafe {
+        libc::ioctl(
+            container.as_raw_fd(),
+            VFIO_IOMMU_GET_INFO,
+            info.as_mut_ptr(),
+        ) == 0
+    }
+}
+
 /// VFIO_IOMMU_GET_INFO's IOVA range capability: where the IOMMU accepts mappings.
 fn iommu_iova_ranges(container: &impl AsRawFd) -> Option<Vec<std::ops::Range<u64>>> {
-    const VFIO_IOMMU_GET_INFO: libc::c_ulong = 0x3b70; // _IO(';', 100 + 12)
     const INFO_CAPS: u32 = 1 << 1;
     const CAP_IOVA_RANGE: u16 = 1;
     const HEADER: usize = 24; // argsz, flags, iova_pgsizes, cap_offset, pad
@@ -286,7 +447,7 @@ fn iommu_iova_ranges(container: &impl AsRawFd) -> Option<Vec<std::ops::Range<u64
 
 /// The kernel's request interrupt of `device` on a new eventfd: the kernel signals it when it
 /// wants the device back (hot removal, unbind) and waits until the device file is closed.
-fn request_eventfd(device: &VfioDevice) -> std::io::Result<OwnedFd> {
+fn request_eventfd(device: &File) -> std::io::Result<OwnedFd> {
     const VFIO_DEVICE_SET_IRQS: libc::c_ulong = 0x3b6e; // _IO(';', 100 + 10)
     const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
     const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
@@ -338,8 +499,13 @@ struct DeviceShared {
     removed: AtomicBool,
 }
 
+/// Closed in this order: the device file (which a removal waits for), its group (if no other
+/// device of the group is open), the owner lock.
 struct OpenDevice {
-    device: VfioDevice,
+    device: File,
+    /// Where the config space is in the device file.
+    config: u64,
+    _group: Arc<Group>,
     _lock: OwnerLock,
 }
 
@@ -391,14 +557,9 @@ impl DeviceShared {
             return;
         }
         self.removed.store(true, Ordering::Release);
-        // vfio-ioctls' drop finds the device's group again through its sysfs node, which the
-        // removal takes away (it panics there): close the device file here, and leave the group
-        // attached to the container until the process exits.
-        let OpenDevice { device, _lock } = device;
-        // SAFETY: closes the device's own descriptor; `forget` below keeps vfio-ioctls from
-        // closing it again, and no mapping of it is left (BAR0 was just detached).
-        unsafe { libc::close(device.as_raw_fd()) };
-        std::mem::forget(device);
+        // No mapping of the device file is left (BAR0 was just detached): closing it lets the
+        // removal go on.
+        drop(device);
         log::warn!("{}: released to the kernel", self.addr);
     }
 }
@@ -584,9 +745,12 @@ impl VfioPciDevice {
 
     /// Reads config space into `buf` (all ones once the device is given back).
     fn config_read(&self, buf: &mut [u8], offset: u64) {
-        match &*self.shared.open.lock() {
-            Some(open) => open.device.region_read(CONFIG_REGION, buf, offset),
-            None => buf.fill(0xff),
+        let read = match &*self.shared.open.lock() {
+            Some(open) => open.device.read_exact_at(buf, open.config + offset),
+            None => Err(std::io::ErrorKind::NotConnected.into()),
+        };
+        if read.is_err() {
+            buf.fill(0xff); // as a removed device reads
         }
     }
 
@@ -604,8 +768,12 @@ impl VfioPciDevice {
 
     pub fn config_write16(&self, offset: u64, value: u16) {
         if let Some(open) = &*self.shared.open.lock() {
-            open.device
-                .region_write(CONFIG_REGION, &value.to_le_bytes(), offset);
+            if let Err(e) = open
+                .device
+                .write_all_at(&value.to_le_bytes(), open.config + offset)
+            {
+                log::warn!("{}: config space write at {offset:#x}: {e}", self.addr);
+            }
         }
     }
 
