@@ -410,6 +410,7 @@ impl Harness {
                 self.report.submitted += 1;
             }
             Err(e) => {
+                let past_the_end = cmd.out_of_range();
                 if let Some(buf) = cmd.buf {
                     let _ = self.pool.free(buf);
                 }
@@ -425,6 +426,11 @@ impl Harness {
                             self.cmds.len()
                         );
                         self.dead = true;
+                    }
+                    // the driver checks reads and writes against the namespace itself
+                    SubmitError::LbaRange { .. } => {
+                        assert!(past_the_end, "{kind:?} {lba}+{blocks} refused: {e}");
+                        self.report.failed += 1;
                     }
                     e => panic!("{kind:?} of {blocks} block(s) at {lba} refused: {e}"),
                 }
@@ -768,8 +774,8 @@ mod tests {
             POLL,
         ]));
         assert_eq!(report.failed, 1);
-        // the failed write leaves blocks 62 and 63 unknown
-        assert_eq!(report.blocks_checked, 4 + BLOCKS - 2, "{report:?}");
+        // the driver refused the write before any of it reached the drive: 62 and 63 are known
+        assert_eq!(report.blocks_checked, 4 + BLOCKS, "{report:?}");
     }
 
     /// A fault: `action` selector byte (see `inject`), on the first matching I/O, once.
@@ -868,10 +874,11 @@ mod tests {
         let mut input = Input::new(&data);
         let mut h = Harness::new(&mut input);
         h.sim.inject(Fault::new(
-            FaultWhen::opcode(IoOpcode::Write as u8),
+            FaultWhen::opcode(IoOpcode::WriteZeroes as u8),
             FaultAction::Duplicate,
         ));
-        h.submit(Kind::Write, BLOCKS, 1); // past the end: LBA Out of Range, twice
+        // past the end (Write Zeroes' range is the controller's to check): LBA Out of Range, twice
+        h.submit(Kind::Zeroes, BLOCKS, 1);
         h.drain();
         h.submit(Kind::Flush, 0, 1);
         h.drain();
@@ -879,7 +886,7 @@ mod tests {
         assert_eq!(
             flush,
             Some(Status::SUCCESS),
-            "the flush got the write's status"
+            "the flush got the write zeroes' status"
         );
     }
 }
