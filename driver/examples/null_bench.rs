@@ -27,8 +27,7 @@ fn arg<T: std::str::FromStr>(n: usize, default: T) -> Result<T, String> {
     }
 }
 
-// The driver's two calls stay out of line so that callgrind can count them apart from the loop
-// (`cargo xtask bench` reads their inclusive costs by these names).
+// The driver's two calls stay out of line: the loop's own cost stays apart from theirs.
 #[inline(never)]
 fn submit(qp: &mut QueuePair, lba: u64, buf: IoBuffer, token: u64) -> Result<(), String> {
     qp.read(1, lba, buf, token).map_err(|e| e.to_string())

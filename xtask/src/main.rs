@@ -29,7 +29,7 @@ enum Command {
     VmTest(vm::test::VmTestArgs),
     /// The main job: the test bed with 24 emulated drives and `usnvme` on all of them.
     Demo,
-    /// Benchmarks: driver and engine cost per I/O on sim, usnvme vs the kernel in the VM; writes BENCHMARKS.md.
+    /// Benchmarks: cost per I/O on sim (driver, engine, usnvme perf), usnvme vs the kernel and vs spdk_nvme_perf (--spdk) in the VM; writes BENCHMARKS.md.
     Bench(bench::BenchArgs),
     /// Everything CI checks: fmt, clippy, the workspace tests, the VM tests.
     Ci,
