@@ -267,8 +267,13 @@ impl Harness {
         };
         match cmd {
             Cmd::Flush { nsid } => *nsid == NSID,
-            Cmd::Read { nsid, buf, .. } | Cmd::Write { nsid, buf, .. } => {
-                *nsid == NSID && buf.len.is_multiple_of(BLOCK) && data_ok(buf)
+            // reads and writes are checked against the namespace's range too
+            Cmd::Read { nsid, slba, buf } | Cmd::Write { nsid, slba, buf } => {
+                let blocks = u64::from(buf.len / BLOCK);
+                *nsid == NSID
+                    && buf.len.is_multiple_of(BLOCK)
+                    && data_ok(buf)
+                    && slba.checked_add(blocks).is_some_and(|end| end <= BLOCKS)
             }
             Cmd::Zeroes { nsid, blocks, .. } => *nsid == NSID && (1..=65536).contains(blocks),
             Cmd::Deallocate { nsid, blocks, .. } => *nsid == NSID && *blocks > 0,
