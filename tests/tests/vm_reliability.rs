@@ -6,9 +6,8 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -206,145 +205,6 @@ fn a_reset_under_load_loses_no_data_and_io_resumes() {
         );
         assert_eq!(job["failed_ios"], job["aborted_ios"], "{job:#}");
     }
-}
-
-/// Where process `pid`'s open files lead (`/proc/PID/fd`).
-fn open_files(pid: u32) -> Vec<String> {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    fds.flatten()
-        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-        .map(|t| t.to_string_lossy().into_owned())
-        .collect()
-}
-
-/// Puts a removed PCI function back when the test ends, passed or not: a rescan finds it again,
-/// and `usnvme setup bind` moves it to vfio-pci (the suites share the drives).
-struct Rescan<'a> {
-    bed: &'a VmBed,
-    address: String,
-}
-
-impl Drop for Rescan<'_> {
-    fn drop(&mut self) {
-        let dir = Path::new("/sys/bus/pci/devices").join(&self.address);
-        if !dir.exists() {
-            let _ = std::fs::write("/sys/bus/pci/rescan", "1");
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !dir.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.bed.usnvme(&["setup", "bind", &self.address]);
-    }
-}
-
-/// Runs perf on `gone` and `others`, removes `gone` under it and checks that perf let go of all
-/// of it (device file and group file), kept the others, and neither panicked nor logged a
-/// failure to release or unmap anything.
-fn remove_under_perf(bed: &VmBed, gone: &str, others: &[String]) {
-    let dir = Path::new("/sys/bus/pci/devices").join(gone);
-    let group = std::fs::read_link(dir.join("iommu_group"))
-        .ok()
-        .and_then(|t| Some(t.file_name()?.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| panic!("{gone} has no IOMMU group"));
-    let group_file = format!("/dev/vfio/{group}");
-    // The group's file, also once the kernel deleted its node ("/dev/vfio/7 (deleted)").
-    let holds_group = |files: &[String]| {
-        files
-            .iter()
-            .any(|f| *f == group_file || f.starts_with(&format!("{group_file} ")))
-    };
-    let devices = |files: &[String]| {
-        files
-            .iter()
-            .filter(|f| f.as_str() == "anon_inode:[vfio-device]")
-            .count()
-    };
-
-    let mut args = vec!["perf", "-r", gone, "-q", "4", "-t", "20"];
-    for d in others {
-        args.extend(["-r", d.as_str()]);
-    }
-    let (perf, _, stderr) = start_perf(bed, &args);
-    let pid = perf.id();
-    // (past its reactors' queue creation, which a removal fails as an error of its own)
-    std::thread::sleep(Duration::from_secs(2));
-    let files = open_files(pid);
-    assert!(
-        holds_group(&files) && devices(&files) == 1 + others.len(),
-        "{files:?}"
-    );
-
-    // What a hot unplug does in the kernel (pci_stop_and_remove_bus_device): vfio-pci asks perf
-    // for the device back and waits; the write returns once the function is gone.
-    let _rescan = Rescan {
-        bed,
-        address: gone.to_string(),
-    };
-    let (done, removed) = mpsc::channel();
-    let remove = dir.join("remove");
-    std::thread::spawn(move || done.send(std::fs::write(remove, "1")));
-    let removed = removed.recv_timeout(Duration::from_secs(60));
-    assert!(
-        matches!(removed, Ok(Ok(()))),
-        "{gone} was not removed within 60 s ({removed:?}): perf kept its device open: {:?}",
-        open_files(pid)
-    );
-    assert!(!dir.exists());
-
-    // perf runs on (its container open), holding the other drives' device files and nothing of
-    // the removed one: neither its device file (the removal needed it) nor its group's.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let files = loop {
-        let files = open_files(pid);
-        if !holds_group(&files) || Instant::now() > deadline {
-            break files;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let let_go = files.iter().any(|f| f == "/dev/vfio/vfio")
-        && !holds_group(&files)
-        && devices(&files) == others.len();
-
-    let out = perf.wait_with_output().expect("perf ends");
-    let stderr = stderr.join().unwrap_or_default();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        let_go,
-        "perf should hold its container, {} device file(s) and not {group_file} of the removed \
-         {gone}: {files:?}\n{stderr}",
-        others.len()
-    );
-    // perf's convention: a drive lost during the run fails the run (exit 1), after the report
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains(&format!("removed during the run ({gone} is gone)")),
-        "{stdout}"
-    );
-    // a panic; vfio-ioctls' error when a group does not leave the container; an unmap failure
-    for bad in ["panicked", "Could not unbind", "leaking"] {
-        assert!(!stderr.contains(bad), "{bad:?} in perf's errors:\n{stderr}");
-    }
-}
-
-#[test]
-#[ignore = "VM: run by `cargo xtask vm-test`"]
-fn a_drive_removed_under_perf_is_let_go_whole_and_nothing_panics() {
-    let bed = VmBed::from_env();
-    let drives = vfio_controllers();
-    remove_under_perf(&bed, &drives[2].to_string(), &[drives[3].to_string()]);
-}
-
-#[test]
-#[ignore = "VM: run by `cargo xtask vm-test`"]
-fn perfs_only_drive_removed_is_let_go_whole_with_the_iommu_and_nothing_panics() {
-    // The last group leaves the container, and the kernel releases its IOMMU with every
-    // mapping: the buffers perf frees afterwards need no unmapping.
-    let bed = VmBed::from_env();
-    let drives = vfio_controllers();
-    remove_under_perf(&bed, &drives[4].to_string(), &[]);
 }
 
 /// Each drive's SMART "Host Write Commands", by PCI address.
