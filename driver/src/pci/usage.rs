@@ -63,28 +63,36 @@ pub(super) struct UsageScan {
 impl UsageScan {
     pub(super) fn new(root: &Path) -> Self {
         let block_dir = root.join("sys/block");
-        let disks = dir_names(&block_dir)
+        let names = dir_names(&block_dir);
+        // The per-path devices of native NVMe multipath (nvme0c0n1) are hidden: not usable, and
+        // their head (nvme0n1) is what gets mounted.
+        let (paths, disks): (Vec<String>, Vec<String>) = names.into_iter().partition(|name| {
+            nvme_path_head(name).is_some()
+                || attr(&block_dir.join(name), "hidden").as_deref() == Some("1")
+        });
+        let disks = disks
             .into_iter()
-            .filter_map(|name| {
+            .map(|name| {
                 let dir = block_dir.join(&name);
-                // The per-path devices of native NVMe multipath (nvme0c0n1) are hidden: not
-                // usable, and their head (nvme0n1) is what gets mounted.
-                if is_nvme_path_device(&name) || attr(&dir, "hidden").as_deref() == Some("1") {
-                    return None;
-                }
                 let mut anchors: Vec<PathBuf> = [dir.clone(), dir.join("device")]
                     .iter()
                     .filter_map(|p| fs::canonicalize(p).ok())
                     .collect();
-                // A multipath head lives under the virtual nvme-subsystem; its paths lead to the
-                // controllers.
+                // A multipath head lives under the virtual nvme-subsystem; its path devices
+                // (listed in its `multipath` folder since Linux 6.x, named after it always:
+                // nvme0c1n1 is a path of nvme0n1) lie under the controllers.
                 let multipath = dir.join("multipath");
-                anchors.extend(
-                    dir_names(&multipath)
-                        .iter()
-                        .filter_map(|p| fs::canonicalize(multipath.join(p)).ok()),
-                );
-                Some(Disk { name, anchors })
+                let path_dirs = dir_names(&multipath)
+                    .into_iter()
+                    .map(|p| multipath.join(p))
+                    .chain(
+                        paths
+                            .iter()
+                            .filter(|p| nvme_path_head(p).as_deref() == Some(name.as_str()))
+                            .map(|p| block_dir.join(p)),
+                    );
+                anchors.extend(path_dirs.filter_map(|p| fs::canonicalize(p).ok()));
+                Disk { name, anchors }
             })
             .collect();
         let mut mounts = parse_mounts(root, &read_optional(&root.join("proc/self/mounts")));
@@ -152,13 +160,13 @@ impl UsageScan {
     }
 }
 
-/// `nvme<subsys>c<ctrl>n<ns>`: a hidden path device of native NVMe multipath.
-fn is_nvme_path_device(name: &str) -> bool {
+/// The head `nvme<subsys>n<ns>` of `nvme<subsys>c<ctrl>n<ns>`, a hidden path device of native
+/// NVMe multipath; `None` for any other name.
+fn nvme_path_head(name: &str) -> Option<String> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    name.strip_prefix("nvme")
-        .and_then(|rest| rest.split_once('c'))
-        .and_then(|(subsys, rest)| rest.split_once('n').map(|(ctrl, ns)| (subsys, ctrl, ns)))
-        .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
+    let (subsys, rest) = name.strip_prefix("nvme")?.split_once('c')?;
+    let (ctrl, ns) = rest.split_once('n')?;
+    (digits(subsys) && digits(ctrl) && digits(ns)).then(|| format!("nvme{subsys}n{ns}"))
 }
 
 /// A file under /proc; empty if missing or unreadable (then nothing counts as mounted).
@@ -333,17 +341,31 @@ mod tests {
         fake.write(format!("{head}/size"), "1000\n");
         fake.symlink(format!("{head}/multipath/nvme0c0n1"), &path_dir);
         fake.symlink("sys/block/nvme0n1", head);
-        fake.add_nvme_controller("0000:02:00.0").bind("nvme");
+        // Linux 6.1 (the guest's): no `multipath` folder in the head; only the names tie the
+        // head nvme1n2 to its path nvme1c1n2 on the second controller.
+        let ctrl = fake.add_nvme_controller("0000:02:00.0").bind("nvme");
+        let path_dir = ctrl.dir().join("nvme/nvme1/nvme1c1n2");
+        fake.write(path_dir.join("size"), "1000\n");
+        fake.symlink("sys/block/nvme1c1n2", &path_dir);
+        let head = "sys/devices/virtual/nvme-subsystem/nvme-subsys1/nvme1n2";
+        fake.write(format!("{head}/size"), "1000\n");
+        fake.symlink("sys/block/nvme1n2", head);
+        fake.add_nvme_controller("0000:03:00.0").bind("nvme");
         let list = fake.sysfs().list_nvme_controllers().expect("list");
-        let names: Vec<&str> = list[0]
-            .block_devices
-            .iter()
-            .map(|b| b.name.as_str())
-            .collect();
-        assert_eq!(names, ["nvme0n1"]);
-        assert!(list[1].block_devices.is_empty());
-        assert!(is_nvme_path_device("nvme12c3n45") && !is_nvme_path_device("nvme0n1"));
-        assert!(!is_nvme_path_device("nvmecn1") && !is_nvme_path_device("nvme0c0n"));
+        let names = |i: usize| -> Vec<&str> {
+            list[i]
+                .block_devices
+                .iter()
+                .map(|b| b.name.as_str())
+                .collect()
+        };
+        assert_eq!(names(0), ["nvme0n1"]);
+        assert_eq!(names(1), ["nvme1n2"]);
+        assert!(list[2].block_devices.is_empty());
+        assert_eq!(nvme_path_head("nvme12c3n45").as_deref(), Some("nvme12n45"));
+        assert_eq!(nvme_path_head("nvme0n1"), None);
+        assert_eq!(nvme_path_head("nvmecn1"), None);
+        assert_eq!(nvme_path_head("nvme0c0n"), None);
     }
 
     #[test]

@@ -91,7 +91,7 @@ fn script(cases: &[Case], usnvme: &str, out: &str, seconds: u32) -> String {
     let limit = seconds * 5 + 30;
     let mut s = String::from(
         "# kernel drives: nvme block devices; ours: the controllers on vfio-pci\n\
-         KDEVS=$(ls /sys/block | grep '^nvme' | sort -V)\n\
+         KDEVS=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | sort -V)\n\
          VDEVS=$(ls /sys/bus/pci/drivers/vfio-pci | grep '^0000:' | sort)\n\
          first() { echo \"$1\" | head -n \"$2\"; }\n\
          up() { cut -d' ' -f1 /proc/uptime; }\n\

@@ -45,8 +45,10 @@ done
 if [ $nkern -gt 0 ]; then
   # two poll queues per controller, so that io_uring polled I/O (fio --hipri) can be compared too
   insmod /mods/nvme-core.ko && insmod /mods/nvme.ko poll_queues=2 || echo "USNVME-VM: warning: loading the nvme driver failed"
-  # namespaces appear asynchronously: wait (bounded) until every kernel controller has its block device
-  t=0; while [ "$(ls /sys/block | grep -c '^nvme')" -lt $nkern ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t+1)); done
+  # namespaces appear asynchronously: wait (bounded) until every kernel controller has its block
+  # device; with native multipath (QEMU 10 marks namespaces shared) the hidden path devices
+  # (nvme0c0n1) come before their heads (nvme0n1), which are what gets used: count heads only
+  t=0; while [ "$(ls /sys/block | grep -cE '^nvme[0-9]+n[0-9]+$')" -lt $nkern ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t+1)); done
 fi
 
 # Host root read-only and the writable work folder, over virtio-9p.

@@ -16,6 +16,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("fio", "/usr/bin/fio"),
 ];
 
+/// The oldest QEMU the bed runs on. QEMU 7.2 (Debian 12's own) segfaults under the guest suites'
+/// load (NVMe behind the emulated Intel IOMMU, multi-threaded TCG): CI lost whole runs to it.
+const MIN_QEMU_MAJOR: u32 = 10;
+
+/// Where Debian 12 gets a QEMU that new: its backports suite.
+const BACKPORTS_SOURCES: &str = "/etc/apt/sources.list.d/usnvme-bookworm-backports.sources";
+
 /// Firmware: qboot boots fastest; SeaBIOS is needed to enumerate `pxb-pcie` expander buses (NUMA).
 pub const QBOOT: &str = "/usr/share/qemu/qboot.rom";
 pub const SEABIOS: &str = "/usr/share/seabios/bios-256k.bin";
@@ -50,6 +57,7 @@ pub fn run() -> Result<()> {
 /// Makes sure everything is installed and built; returns the assets and whether anything changed.
 pub fn ensure() -> Result<(Assets, bool)> {
     let mut changed = install_packages()?;
+    changed |= ensure_new_qemu()?;
     let dir = vm_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
 
@@ -166,6 +174,81 @@ fn install_packages() -> Result<bool> {
         bail!("vm-setup: {pkg} is installed but {file} is missing. Fix: apt-get install --reinstall {pkg}");
     }
     Ok(true)
+}
+
+/// Makes sure QEMU is at least `MIN_QEMU_MAJOR`; on Debian 12 installs it from bookworm-backports.
+fn ensure_new_qemu() -> Result<bool> {
+    let version = || {
+        cmd::output(
+            "vm-setup: QEMU's version",
+            Command::new("qemu-system-x86_64").arg("--version"),
+            "apt-get install --reinstall qemu-system-x86",
+        )
+        .map(|out| qemu_major(&out))
+    };
+    let found = version()?;
+    if found.is_some_and(|major| major >= MIN_QEMU_MAJOR) {
+        return Ok(false);
+    }
+    let found = found.map_or("unknown".to_string(), |m| m.to_string());
+    let codename = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+                .map(str::to_string)
+        });
+    let fix = format!(
+        "install QEMU {MIN_QEMU_MAJOR} or newer as qemu-system-x86_64 (Debian 12: \
+         apt-get install -t bookworm-backports qemu-system-x86, with bookworm-backports in apt's sources)"
+    );
+    if codename.as_deref() != Some("bookworm") {
+        bail!("vm-setup: QEMU {found} is too old for the test bed (it needs {MIN_QEMU_MAJOR} or newer: 7.2 crashes under its load). Fix: {fix}");
+    }
+    eprintln!("vm-setup: QEMU {found} is too old: installing QEMU from bookworm-backports");
+    std::fs::write(
+        BACKPORTS_SOURCES,
+        "# written by cargo xtask vm-setup: QEMU for usnvme's test bed\n\
+         Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\n\
+         Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+    )
+    .with_context(|| {
+        format!("vm-setup: writing {BACKPORTS_SOURCES}. Fix: run as root, or {fix}")
+    })?;
+    cmd::run(
+        "vm-setup: apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+        &fix,
+    )?;
+    cmd::run(
+        "vm-setup: install QEMU from bookworm-backports",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(["-t", "bookworm-backports", "qemu-system-x86"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        &fix,
+    )?;
+    match version()? {
+        Some(major) if major >= MIN_QEMU_MAJOR => Ok(true),
+        other => bail!(
+            "vm-setup: QEMU is still {} after installing from bookworm-backports. Fix: {fix}",
+            other.map_or("unknown".to_string(), |m| m.to_string())
+        ),
+    }
+}
+
+/// 7 from "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b2)".
+fn qemu_major(version: &str) -> Option<u32> {
+    version
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The guest kernel package: the cached .deb if there is one (old ABIs leave the archive), else the
@@ -307,7 +390,20 @@ fn decode_one_xz_stream(input: &[u8]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::kernel_package_name;
+    use super::{kernel_package_name, qemu_major};
+
+    #[test]
+    fn reads_the_major_version_from_qemu_version_output() {
+        assert_eq!(
+            qemu_major("QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b2)\nCopyright"),
+            Some(7)
+        );
+        assert_eq!(
+            qemu_major("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"),
+            Some(10)
+        );
+        assert_eq!(qemu_major("something else"), None);
+    }
 
     #[test]
     fn finds_the_kernel_package_in_apt_cache_output() {
