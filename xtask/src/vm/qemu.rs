@@ -225,7 +225,10 @@ impl VmConfig {
         let smp = self.cpus.to_string();
         let mem = format!("{}M", self.mem_bytes / MIB);
         push(&["-smp", &smp, "-m", &mem]);
-        push(&["-device", "intel-iommu,intremap=on,caching-mode=on"]);
+        push(&[
+            "-device",
+            "intel-iommu,intremap=on,caching-mode=on,aw-bits=48",
+        ]);
         let vmlinux = assets.vmlinux.display().to_string();
         let initrd = assets.initramfs.display().to_string();
         let cmdline = self.kernel_cmdline(run);
