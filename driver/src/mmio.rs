@@ -3,6 +3,7 @@
 
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::regs::Registers;
 
@@ -102,6 +103,10 @@ impl Bar {
 }
 
 impl Registers for Bar {
+    fn as_bar(&self) -> Option<&Bar> {
+        Some(self)
+    }
+
     fn read32(&self, offset: usize) -> u32 {
         let Some(p) = self.register(offset) else {
             debug_assert!(
@@ -134,6 +139,45 @@ impl Registers for Bar {
         };
         // SAFETY: as in read32.
         unsafe { p.write_volatile(value) }
+    }
+}
+
+/// One doorbell register, found once when its queue is created: on a mapped BAR its address
+/// (bounds-checked here, once), so that ringing it is one volatile store; otherwise (`sim`, test
+/// registers) through `Registers::write32`.
+#[derive(Debug, Clone)]
+pub(crate) struct Doorbell {
+    /// Keeps the BAR (and so `direct`'s mapping) alive.
+    regs: Arc<dyn Registers>,
+    offset: usize,
+    direct: Option<NonNull<u32>>,
+}
+
+// SAFETY: `direct` points into the BAR mapping that `regs` owns and keeps alive; the doorbell
+// moves between threads with its queue pair, and register writes have no thread affinity.
+unsafe impl Send for Doorbell {}
+
+impl Doorbell {
+    pub fn new(regs: Arc<dyn Registers>, offset: usize) -> Doorbell {
+        let direct = regs
+            .as_bar()
+            .and_then(|bar| bar.register(offset))
+            .and_then(NonNull::new);
+        Doorbell {
+            regs,
+            offset,
+            direct,
+        }
+    }
+
+    #[inline]
+    pub fn write(&self, value: u32) {
+        match self.direct {
+            // SAFETY: `Bar::register` checked that the 4-byte register lies inside the BAR and is
+            // aligned; the mapping lives as long as `regs` (a detached BAR keeps its range mapped).
+            Some(p) => unsafe { p.as_ptr().write_volatile(value) },
+            None => self.regs.write32(self.offset, value),
+        }
     }
 }
 

@@ -7,6 +7,12 @@ pub trait Registers: Send + Sync + std::fmt::Debug {
     fn read32(&self, offset: usize) -> u32;
     fn write32(&self, offset: usize, value: u32);
 
+    /// The mapped BAR behind these registers, if they are one: doorbells are then written
+    /// straight to their address, found once (see `mmio::Doorbell`).
+    fn as_bar(&self) -> Option<&crate::mmio::Bar> {
+        None
+    }
+
     fn read64(&self, offset: usize) -> u64 {
         let lo = self.read32(offset) as u64;
         let hi = self.read32(offset + 4) as u64;

@@ -177,12 +177,7 @@ impl Harness {
             qid: 1,
             layout,
             memory,
-            doorbells: Doorbells {
-                regs: regs.clone(),
-                sq_tail: SQ_DOORBELL,
-                cq_head: CQ_DOORBELL,
-                shadow,
-            },
+            doorbells: Doorbells::new(&regs, SQ_DOORBELL, CQ_DOORBELL, shadow),
             namespaces: Arc::from(vec![NamespaceGeometry {
                 nsid: NSID,
                 block_size: BLOCK,

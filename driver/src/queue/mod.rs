@@ -19,10 +19,11 @@ use vm_memory::Bytes;
 
 use crate::controller::Controller;
 use crate::error::SubmitError;
+use crate::mmio::Doorbell;
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
 use crate::spec::{DsmRange, SglDescriptor, Sqe, Status};
-use ring::Rings;
+use ring::{Rings, ShadowEntry};
 
 const SQE_BYTES: usize = 64;
 const CQE_BYTES: usize = 16;
@@ -86,14 +87,41 @@ struct Tracker {
     abort_sent: bool,
 }
 
-/// Where the doorbells of this queue are: MMIO offsets, and the shadow doorbell / EventIdx
-/// entries when Doorbell Buffer Config is on.
+/// Where the doorbells of this queue are: the MMIO registers, and the shadow doorbell /
+/// EventIdx entries when Doorbell Buffer Config is on. Found once, when the queue is created.
 #[derive(Debug)]
 pub(crate) struct Doorbells {
-    pub regs: Arc<dyn Registers>,
-    pub sq_tail: usize,
-    pub cq_head: usize,
-    pub shadow: Option<Shadow>,
+    sq_tail: Doorbell,
+    cq_head: Doorbell,
+    shadow: Option<ShadowDoorbells>,
+}
+
+#[derive(Debug)]
+struct ShadowDoorbells {
+    sq_tail: ShadowEntry,
+    cq_head: ShadowEntry,
+    /// Write MMIO always, also keep the shadow current (the admin queue).
+    always_mmio: bool,
+}
+
+impl Doorbells {
+    /// The registers at byte offsets `sq_tail` and `cq_head` of `regs`.
+    pub fn new(
+        regs: &Arc<dyn Registers>,
+        sq_tail: usize,
+        cq_head: usize,
+        shadow: Option<Shadow>,
+    ) -> Doorbells {
+        Doorbells {
+            sq_tail: Doorbell::new(regs.clone(), sq_tail),
+            cq_head: Doorbell::new(regs.clone(), cq_head),
+            shadow: shadow.map(|s| ShadowDoorbells {
+                sq_tail: ShadowEntry::new(s.pages.clone(), s.sq_tail, s.eventidx),
+                cq_head: ShadowEntry::new(s.pages, s.cq_head, s.eventidx),
+                always_mmio: s.always_mmio,
+            }),
+        }
+    }
 }
 
 /// Shadow doorbell page and EventIdx page (one region of two pages) and this queue's offsets.
@@ -585,14 +613,12 @@ impl QueuePair {
             // SQEs must be visible in memory before the controller hears of them.
             fence(Ordering::Release);
             let (old, new) = (self.sq_tail_rung, self.sq_tail);
-            let shadow = self.doorbells.shadow.as_ref().map(|s| (s.sq_tail, s));
-            if ring(
-                &self.doorbells.regs,
-                self.doorbells.sq_tail,
-                shadow,
-                old,
-                new,
-            ) {
+            let shadow = self
+                .doorbells
+                .shadow
+                .as_ref()
+                .map(|s| (&s.sq_tail, s.always_mmio));
+            if ring(&self.doorbells.sq_tail, shadow, old, new) {
                 self.stats.sq_doorbells += 1;
             }
             self.sq_tail_rung = new;
@@ -667,14 +693,12 @@ impl QueuePair {
             (self.sq_head, self.sq_fetched) = (self.sq_tail, self.sq_written);
         }
         if consumed {
-            let shadow = self.doorbells.shadow.as_ref().map(|s| (s.cq_head, s));
-            if ring(
-                &self.doorbells.regs,
-                self.doorbells.cq_head,
-                shadow,
-                old_head,
-                self.cq_head,
-            ) {
+            let shadow = self
+                .doorbells
+                .shadow
+                .as_ref()
+                .map(|s| (&s.cq_head, s.always_mmio));
+            if ring(&self.doorbells.cq_head, shadow, old_head, self.cq_head) {
                 self.stats.cq_doorbells += 1;
             }
         }
@@ -691,34 +715,17 @@ impl QueuePair {
 
 /// Writes a doorbell: the shadow entry and, when the EventIdx rule says the controller waits for
 /// it (or the queue always uses MMIO), the register. Returns whether MMIO was written.
-fn ring(
-    regs: &Arc<dyn Registers>,
-    mmio: usize,
-    shadow: Option<(usize, &Shadow)>,
-    old: u16,
-    new: u16,
-) -> bool {
-    if let Some((entry, s)) = shadow {
-        let written = s
-            .pages
-            .slice(entry, 4)
-            .ok()
-            .is_some_and(|sl| sl.write_obj(new as u32, 0).is_ok());
-        if written && !s.always_mmio {
+fn ring(mmio: &Doorbell, shadow: Option<(&ShadowEntry, bool)>, old: u16, new: u16) -> bool {
+    if let Some((entry, always_mmio)) = shadow {
+        if entry.write(new as u32) && !always_mmio {
             // The shadow value must be visible before we read the controller's EventIdx.
             fence(Ordering::SeqCst);
-            let event_idx = s
-                .pages
-                .slice(s.eventidx + entry, 4)
-                .ok()
-                .and_then(|sl| sl.read_obj::<u32>(0).ok())
-                .unwrap_or(u32::MAX) as u16;
-            if !need_event(event_idx, new, old) {
+            if !need_event(entry.event_idx() as u16, new, old) {
                 return false;
             }
         }
     }
-    regs.write32(mmio, new as u32);
+    mmio.write(new as u32);
     true
 }
 

@@ -1,10 +1,11 @@
 //! The submission and completion rings in DMA memory, accessed through raw pointers.
 //!
-//! This is the hot path's only device-shared memory access: one 64-byte volatile store per
-//! command and two volatile loads per completion, without the per-access slice construction and
-//! bounds checks of `vm-memory` (the ring geometry is checked once, here, at creation).
+//! This is the hot path's only device-shared memory access: one 64-byte store per command, two
+//! volatile loads per completion, and the shadow doorbell entries, without the per-access slice
+//! construction and bounds checks of `vm-memory` (the geometry is checked once, at creation).
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use usnvme_hugepages::DmaRegion;
 
@@ -53,8 +54,10 @@ impl Rings {
         if index < self.depth {
             let slot = self.sq.as_ptr().wrapping_add(index as usize);
             // SAFETY: `index < depth` and `new` checked that `depth` entries fit in the region;
-            // Sqe is 64 bytes, repr(C), and the slot is 64-byte aligned. Volatile: the device reads it.
-            unsafe { slot.write_volatile(*sqe) }
+            // Sqe is 64 bytes, repr(C), and the slot is 64-byte aligned. A plain store (a few
+            // vector moves, where a volatile one is eight): the device reads the entry only after
+            // the doorbell, which `flush` writes after a release fence, as SPDK and Linux do.
+            unsafe { slot.write(*sqe) }
         }
     }
 
@@ -83,5 +86,64 @@ impl Rings {
             // SAFETY: in range as above; Cqe is 16 bytes, repr(C), in 16-byte aligned slots.
             unsafe { slot.read_volatile() }
         })
+    }
+}
+
+/// One queue's shadow doorbell entry and the controller's EventIdx entry for it, in the Doorbell
+/// Buffer Config pages (found once, checked once, like the rings).
+#[derive(Debug, Clone)]
+pub(crate) struct ShadowEntry {
+    /// Keeps the pages (and so the pointers) alive.
+    _pages: Arc<DmaRegion>,
+    /// `None` when the offsets lie outside the pages: nothing is written and the EventIdx reads
+    /// as "ring the register".
+    entries: Option<(NonNull<u32>, NonNull<u32>)>,
+}
+
+// SAFETY: the pointers address the shared pages this entry keeps alive; the queue pair that owns
+// it is not `Sync`, so one thread uses them at a time (the controller is the other party).
+unsafe impl Send for ShadowEntry {}
+
+impl ShadowEntry {
+    /// The entry at byte `entry` of the shadow page, and its EventIdx at `eventidx + entry`.
+    pub fn new(pages: Arc<DmaRegion>, entry: usize, eventidx: usize) -> ShadowEntry {
+        let fits = |offset: usize| {
+            offset.is_multiple_of(4) && offset.checked_add(4).is_some_and(|end| end <= pages.len())
+        };
+        let base = pages.as_ptr();
+        let entries = (fits(entry) && eventidx.checked_add(entry).is_some_and(fits))
+            .then(|| {
+                Some((
+                    NonNull::new(base.wrapping_add(entry).cast::<u32>())?,
+                    NonNull::new(base.wrapping_add(eventidx + entry).cast::<u32>())?,
+                ))
+            })
+            .flatten();
+        ShadowEntry {
+            _pages: pages,
+            entries,
+        }
+    }
+
+    /// Writes the shadow doorbell value; false if there is no entry.
+    #[inline]
+    pub fn write(&self, value: u32) -> bool {
+        let Some((shadow, _)) = self.entries else {
+            return false;
+        };
+        // SAFETY: checked in `new` to be an aligned u32 inside the pages, alive with `_pages`.
+        // Volatile: the controller reads it.
+        unsafe { shadow.as_ptr().write_volatile(value) };
+        true
+    }
+
+    /// The controller's EventIdx for this doorbell (`u32::MAX` if there is no entry).
+    #[inline]
+    pub fn event_idx(&self) -> u32 {
+        match self.entries {
+            // SAFETY: as in `write`; volatile: the controller writes it.
+            Some((_, event_idx)) => unsafe { event_idx.as_ptr().read_volatile() },
+            None => u32::MAX,
+        }
     }
 }
