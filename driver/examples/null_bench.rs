@@ -85,14 +85,8 @@ fn run() -> Result<(), String> {
         len: IO_SIZE,
     };
     let span = blocks - (IO_SIZE / bs) as u64;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next_lba = move || {
-        // xorshift64: a random LBA without a library call on the measured path
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % span) & !((IO_SIZE / bs) as u64 - 1)
-    };
+    let mut rng = fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15);
+    let mut next_lba = move || rng.u64(..span) & !((IO_SIZE / bs) as u64 - 1);
     let per_drive = ios / drives as u64;
     let start = Instant::now();
     let mut submitted = vec![0u64; qps.len()];

@@ -5,7 +5,7 @@
 //! - `block`: the block layer — `BlockDevice` (an NVMe namespace, a stripe over devices) and the
 //!   per-reactor `Channel` that submits and polls I/O.
 //! - `stats`: per-reactor, per-device counters and latency histograms, merged on request.
-//! - `engine` / `reactor`: attach drives in parallel, one pinned polling thread per core.
+//! - `engine`: attach drives in parallel, one pinned polling thread (reactor) per core.
 
 pub mod block;
 pub mod engine;

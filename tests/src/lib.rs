@@ -62,16 +62,9 @@ impl VmBed {
 
 /// Deterministic test data: `len` bytes that differ for every `seed` and position.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            // xorshift64*
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
+    let mut data = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut data);
+    data
 }
 
 /// FNV-1a 64: the checksum the host-side image check (`cargo xtask vm-test`) recomputes.

@@ -491,17 +491,12 @@ impl Inner {
     }
 }
 
-/// Fisher-Yates with a small xorshift generator: out-of-order completions.
+/// Out-of-order completions: a shuffle from one seeded generator, so runs repeat.
 fn shuffle<T>(items: &mut [T]) {
-    static STATE: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
-    let mut x = STATE.load(Ordering::Relaxed);
-    for i in (1..items.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        items.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    STATE.store(x, Ordering::Relaxed);
+    static SEED: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = fastrand::Rng::with_seed(SEED.load(Ordering::Relaxed));
+    rng.shuffle(items);
+    SEED.store(rng.get_seed(), Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -68,15 +68,9 @@ fn span(buf: &DmaBuffer, offset: usize, len: usize) -> IoBuffer {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut data = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut data);
+    data
 }
 
 /// Polls until one completion arrives (at most 5 s).

@@ -2,7 +2,7 @@
 //!
 //! Sequential patterns walk the reactor's own region of the device (the device split evenly
 //! between the reactors that serve it); random ones pick aligned offsets in that region with a
-//! xorshift PRNG seeded per reactor and device. Every in-flight I/O owns one slot (its DMA
+//! PRNG (fastrand) seeded per reactor and device. Every in-flight I/O owns one slot (its DMA
 //! buffer, op and offset), prepared before any reactor starts; the slot's index is the I/O's
 //! token all the way to the driver, and nothing is allocated per I/O. Each turn visits each
 //! device once: completions first, then their slots refilled at once, then one doorbell, so a
@@ -117,7 +117,7 @@ struct DevState {
     /// window (sized at setup); `DeviceResult::per_second` is their differences.
     seconds: Vec<[u64; 2]>,
     seconds_marked: usize,
-    rng: u64,
+    rng: fastrand::Rng,
     cursor: u64,
     issued: u64,
     writes: u64,
@@ -219,7 +219,7 @@ impl Workload {
                 measured: None,
                 seconds: vec![[0; 2]; seconds],
                 seconds_marked: 0,
-                rng: splitmix(seed) | 1,
+                rng: fastrand::Rng::with_seed(seed),
                 cursor: 0,
                 issued: 0,
                 writes: 0,
@@ -369,13 +369,13 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Dur
             Op::Read
         } else if plan.read_pct == 0 {
             Op::Write
-        } else if (next(&mut st.rng) % 100) < u64::from(plan.read_pct) {
+        } else if st.rng.u32(..100) < plan.read_pct {
             Op::Read
         } else {
             Op::Write
         };
         let index = if plan.random {
-            next(&mut st.rng) % blocks
+            st.rng.u64(..blocks)
         } else {
             let i = st.cursor;
             st.cursor = if i + 1 == blocks { 0 } else { i + 1 };
@@ -524,39 +524,6 @@ fn check(plan: &Plan, s: &Slot, block: &mut [u8], kept: &mut Vec<Mismatch>, more
         }
     }
     checked
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// xorshift64*: fast, good enough for offsets.
-#[inline]
-fn next(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn xorshift_covers_small_ranges() {
-        let mut s = splitmix(7) | 1;
-        let mut seen = [false; 16];
-        for _ in 0..1000 {
-            seen[(next(&mut s) % 16) as usize] = true;
-        }
-        assert!(seen.iter().all(|&b| b));
-    }
 }
 
 /// The smallest buffer size a pool offers (a power of two up to 4 KiB, else whole 4 KiB pages)
