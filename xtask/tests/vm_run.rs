@@ -23,14 +23,29 @@ fn program(name: &str) -> String {
     p.display().to_string()
 }
 
+/// `cargo xtask vm-run OPTIONS -- PROGRAM...`. QEMU itself crashing under TCG (a segfault or
+/// an assertion of its own, not the guest's doing) is the emulator's failure, not the test's:
+/// such a run is tried once more, as `vm-test` does with the guest suites.
 fn vm_run(options: &[&str], program_and_args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .arg("vm-run")
-        .args(options)
-        .arg("--")
-        .args(program_and_args)
-        .output()
-        .expect("xtask runs")
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .arg("vm-run")
+            .args(options)
+            .arg("--")
+            .args(program_and_args)
+            .output()
+            .expect("xtask runs")
+    };
+    let out = run();
+    let qemu_crashed = text(&out.stderr).contains("without reporting an exit code (QEMU signal");
+    if !qemu_crashed {
+        return out;
+    }
+    eprintln!(
+        "QEMU crashed under the run (not the program): once more\n{}",
+        text(&out.stderr)
+    );
+    run()
 }
 
 fn text(bytes: &[u8]) -> String {
