@@ -74,20 +74,6 @@ fn value_error(name: &str, value: &str, expected: &'static str) -> SimSpecError 
     }
 }
 
-/// `512`, `4K`, `1G`, `2TiB`: bytes, binary suffixes.
-fn parse_size(s: &str) -> Option<u64> {
-    let lower = s.to_ascii_lowercase();
-    let t = lower.trim_end_matches("ib").trim_end_matches('b');
-    let (digits, shift) = match t.char_indices().last()? {
-        (i, 'k') => (&t[..i], 10),
-        (i, 'm') => (&t[..i], 20),
-        (i, 'g') => (&t[..i], 30),
-        (i, 't') => (&t[..i], 40),
-        _ => (t, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 /// `100us`, `1ms`, `2s`, `500ns`, `0`.
 fn parse_duration(s: &str) -> Option<Duration> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -147,7 +133,7 @@ impl FromStr for SimSpec {
                     }
                 }
                 "size" => {
-                    size = parse_size(value)
+                    size = crate::parse_size(value)
                         .filter(|&s| s > 0)
                         .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
                 }
@@ -363,8 +349,8 @@ mod tests {
         assert!(SimSpec::is_sim("sim:0") && !SimSpec::is_sim("0000:01:00.0"));
         let e = "sim:0,nodata=0".parse::<SimSpec>().expect_err("nodata 0");
         assert!(e.to_string().contains("`nodata`"), "{e}");
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("2T"), Some(2 << 40));
+        let two_tib = "sim:0,size=2TiB".parse::<SimSpec>().expect("2 TiB");
+        assert_eq!(two_tib.config.namespaces[0].blocks, (2 << 40) / 512);
         assert_eq!(parse_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_duration("3ms"), Some(Duration::from_millis(3)));
     }

@@ -154,19 +154,6 @@ pub(crate) fn exit_on_usage(result: &Result<()>, out: &mut dyn Write) {
     }
 }
 
-/// `4096`, `4k`, `128K`, `1M`, `1MiB`.
-fn parse_size(s: &str) -> Option<u64> {
-    let lower = s.trim().to_ascii_lowercase();
-    let t = lower.trim_end_matches("ib").trim_end_matches('b');
-    let (digits, shift) = match t.char_indices().last()? {
-        (i, 'k') => (&t[..i], 10),
-        (i, 'm') => (&t[..i], 20),
-        (i, 'g') => (&t[..i], 30),
-        _ => (t, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 /// The checked flags.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -193,7 +180,7 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
     if args.depth == 0 {
         return Err(usage("-q 0: the queue depth must be at least 1"));
     }
-    let io_size = parse_size(&args.io_size)
+    let io_size = usnvme_driver::parse_size(&args.io_size)
         .filter(|&s| s > 0)
         .ok_or_else(|| {
             usage(format!(
@@ -275,7 +262,9 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
             };
             let (n, chunk) = s.split_once(':').unwrap_or((s, "128K"));
             let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;
-            let chunk = parse_size(chunk).filter(|&c| c > 0).ok_or_else(bad)?;
+            let chunk = usnvme_driver::parse_size(chunk)
+                .filter(|&c| c > 0)
+                .ok_or_else(bad)?;
             Some((n, chunk))
         }
     };
@@ -300,11 +289,13 @@ fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
     let bytes = |flag: &str, given: &Option<String>| -> Result<Option<(u64, String)>> {
         match given {
             None => Ok(None),
-            Some(g) => parse_size(g).map(|b| Some((b, g.clone()))).ok_or_else(|| {
-                usage(format!(
-                    "{flag} {g}: not a size; give bytes like 4096, 4k, 128M or 1G"
-                ))
-            }),
+            Some(g) => usnvme_driver::parse_size(g)
+                .map(|b| Some((b, g.clone())))
+                .ok_or_else(|| {
+                    usage(format!(
+                        "{flag} {g}: not a size; give bytes like 4096, 4k, 128M or 1G"
+                    ))
+                }),
         }
     };
     let offset = bytes("--offset", &args.offset)?;
@@ -1006,21 +997,5 @@ fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>, live: bool) {
     }
     if tty {
         eprint!("\r{:60}\r", "");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("128K"), Some(128 << 10));
-        assert_eq!(parse_size("1M"), Some(1 << 20));
-        assert_eq!(parse_size("1MiB"), Some(1 << 20));
-        assert_eq!(parse_size("4x"), None);
-        assert_eq!(parse_size(""), None);
     }
 }

@@ -84,24 +84,10 @@ impl FromStr for Request {
     }
 }
 
-/// `512M`, `2G`, `1T`, or `0`.
+/// `512M`, `2G`, `1T`, or `0` (whole pages are checked by the caller).
 fn parse_size(s: &str) -> Result<u64, String> {
-    let err = || format!("{s:?}: expected a size like 512M, 2G or 1T");
-    if s == "0" {
-        return Ok(0);
-    }
-    let (digits, unit) = s.split_at(s.len().saturating_sub(1));
-    let shift = match unit {
-        "M" | "m" => 20,
-        "G" | "g" => 30,
-        "T" | "t" => 40,
-        _ => return Err(err()),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(err)
+    usnvme_driver::parse_size(s)
+        .ok_or_else(|| format!("{s:?}: expected a size like 512M, 2G or 1T"))
 }
 
 /// The items that size the requested pools (one per pool; the last request for a pool wins),
@@ -306,7 +292,7 @@ mod tests {
         assert_eq!(r("0").map(|r| r.count()), Ok(0));
         assert_eq!(r("512m").map(|r| r.count()), Ok(256));
         for (bad, why) in [
-            ("2", "expected a size"),
+            ("2", "not a whole number of 2M pages"),
             ("G", "expected a size"),
             ("3M", "not a whole number of 2M pages"),
             ("1G,size=1G,node=x", "not a node number"),

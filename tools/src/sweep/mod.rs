@@ -85,26 +85,11 @@ impl FromStr for Pattern {
     }
 }
 
-/// Parse a size such as `4k`, `16K`, `1m`, `1MiB`, `512` (bytes) or `2g`; units are powers of 1024.
+/// A size such as `4k`, `16K`, `1m`, `1MiB`, `512` (bytes) or `2g` (binary units).
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    if num.is_empty() {
-        bail!("size {s:?} does not start with a number (e.g. 4k, 128k, 1m)");
-    }
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => bail!("size {s:?} has an unknown unit {unit:?}: use k, m or g (e.g. 4k, 128k, 1m)"),
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("size {s:?} is too large"))?;
-    n.checked_mul(1u64 << shift)
-        .with_context(|| format!("size {s:?} is too large"))
+    usnvme_driver::parse_size(s).with_context(|| {
+        format!("{s:?} is not a size: give bytes or a binary unit, e.g. 4k, 128k, 1m")
+    })
 }
 
 /// Parse the value of `--sizes`: a comma-separated list of sizes (`4k,16k,1m`), each at least
@@ -355,7 +340,7 @@ mod tests {
             assert!(err.contains("--sizes"), "{bad:?}: {err}");
         }
         let err = format!("{:#}", parse_sizes("4q").expect_err("4q"));
-        assert!(err.contains("k, m or g"), "{err}");
+        assert!(err.contains("not a size"), "{err}");
         let err = format!("{:#}", parse_sizes("1000").expect_err("1000"));
         assert!(err.contains("multiple of 512"), "{err}");
     }

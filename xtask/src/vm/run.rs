@@ -435,24 +435,12 @@ fn unique() -> u128 {
         .unwrap_or(0)
 }
 
-/// `1G`, `512M`, `64K`, `4096` (bytes); binary units.
+/// `1G`, `512M`, `64K`, `4096` (bytes); binary units, as every usnvme tool reads sizes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("'{s}' is not a size: use bytes or K, M, G, T (e.g. 512M)"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|_| format!("'{s}' is not a size: use bytes or K, M, G, T (e.g. 512M)"))
 }
 
 #[cfg(test)]
