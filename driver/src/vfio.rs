@@ -24,13 +24,15 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::pci::{attr, link_name, parse_hex};
 use usnvme_hugepages::{DmaMapper, IovaSpace, MapError};
 use vfio_ioctls::VfioContainer;
 
@@ -143,9 +145,9 @@ impl Vfio {
         if !dev_path.exists() {
             return Err(VfioError::NoDevice { addr });
         }
-        let class = std::fs::read_to_string(dev_path.join("class"))
-            .ok()
-            .and_then(|c| u32::from_str_radix(c.trim().trim_start_matches("0x"), 16).ok())
+        let class = attr(&dev_path, "class")
+            .as_deref()
+            .and_then(parse_hex)
             .unwrap_or(0);
         if class >> 8 != 0x0108 {
             return Err(VfioError::NotNvme { addr, class });
@@ -820,12 +822,6 @@ fn speed_x10(code: u32) -> u32 {
         6 => 640,
         _ => 0,
     }
-}
-
-fn link_name(link: &Path) -> Option<String> {
-    std::fs::read_link(link)
-        .ok()
-        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
 #[cfg(test)]

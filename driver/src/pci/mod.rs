@@ -561,7 +561,7 @@ fn read_attr(path: &Path) -> io::Result<String> {
 }
 
 /// An optional attribute of the device directory `dir`: `None` if missing or unreadable.
-fn attr(dir: &Path, name: &str) -> Option<String> {
+pub(crate) fn attr(dir: &Path, name: &str) -> Option<String> {
     let path = dir.join(name);
     match read_attr(&path) {
         Ok(value) => Some(value),
@@ -575,7 +575,7 @@ fn attr(dir: &Path, name: &str) -> Option<String> {
 }
 
 /// Parses `0x010802`-style hex (the `0x` is optional).
-fn parse_hex(s: &str) -> Option<u32> {
+pub(crate) fn parse_hex(s: &str) -> Option<u32> {
     let digits = s
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
@@ -588,8 +588,8 @@ fn parse_numa_node(s: &str) -> Option<u32> {
     s.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
-/// The basename of the symlink at `path`.
-fn link_name(path: &Path) -> Option<String> {
+/// The basename of the symlink at `path` (a device's `driver`, `iommu_group`).
+pub(crate) fn link_name(path: &Path) -> Option<String> {
     let target = fs::read_link(path).ok()?;
     target.file_name()?.to_str().map(str::to_owned)
 }
