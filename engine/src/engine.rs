@@ -931,7 +931,6 @@ mod tests {
     use super::*;
     use crate::topology::Topology;
     use crate::{IoError, StripeDevice};
-    use usnvme_driver::spec::Status;
 
     /// Keeps 4 reads in flight on every device for `for_`; counts what completed how.
     struct Reads {
@@ -969,11 +968,7 @@ mod tests {
                 let counts = &mut self.counts[i];
                 d.poll(|c| match &c.result {
                     Ok(()) => counts.0 += 1,
-                    Err(IoError::Status { status, .. })
-                        if status.code() == Status::HOST_PATHING_ERROR =>
-                    {
-                        counts.1 += 1
-                    }
+                    Err(IoError::Removed { .. }) => counts.1 += 1,
                     Err(_) => counts.2 += 1,
                 });
             }

@@ -280,12 +280,84 @@ fn a_failing_part_fails_the_whole_io_with_its_error() {
         .expect("start");
     let results = run.wait().expect("reactors");
     let result = results[0].output.clone().expect("a completion");
-    let Err(IoError::Status { device, status }) = result else {
+    let Err(IoError::Device { device, status }) = result else {
         panic!("the I/O must fail: {result:?}")
     };
     assert_eq!(&*device, "sim:2");
     assert_eq!(status.code(), Status::WRITE_FAULT);
     assert_eq!(results[0].stats.total().errors(), 1);
+}
+
+#[test]
+fn a_late_io_fails_as_timed_out_and_a_lost_one_as_aborted_by_a_reset() {
+    for (action, expected) in [
+        // still in the controller: the Abort finds it ("Command Abort Requested")
+        (FaultAction::Delay(Duration::from_secs(5)), "timed out"),
+        // forgotten: the Abort finds nothing, the reset after a second timeout fails it
+        (FaultAction::Drop, "aborted by a reset"),
+    ] {
+        let (drives, sims) = sim_drives(1, "16M");
+        let mut opts = options();
+        opts.cores = vec![0];
+        opts.channel.timeout = Some(Duration::from_millis(200));
+        let engine = Engine::new(two_nodes(), drives, opts).expect("engine");
+        let ns = engine.namespaces();
+        sims[0].inject(Fault::new(FaultWhen::opcode(IoOpcode::Write as u8), action));
+        let run = engine
+            .start(vec![ns[0].clone()], |_| OneWrite::default())
+            .expect("start");
+        let results = run.wait().expect("reactors");
+        let result = results[0].output.clone().expect("a completion");
+        let kind = match &result {
+            Err(IoError::TimedOut { .. }) => "timed out",
+            Err(IoError::AbortedByReset { .. }) => "aborted by a reset",
+            _ => "something else",
+        };
+        assert_eq!(kind, expected, "{result:?}");
+        let device = result.expect_err("failed").device().clone();
+        assert_eq!(&*device, "sim:0");
+    }
+}
+
+/// Writes 4 KiB once, then polls a turn at a time (the reactor's clock, and so the command
+/// timeouts, move between turns) until it completes or 10 s pass.
+#[derive(Default)]
+struct OneWrite {
+    pool: Option<(BufferPool, DmaBuffer)>,
+    started: Option<Instant>,
+    result: Option<Result<(), IoError>>,
+}
+
+impl Job for OneWrite {
+    type Output = Option<Result<(), IoError>>;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        if self.started.is_none() {
+            let mut pool = ctx.devices[0].buffer_pool(4096, 1).expect("pool");
+            let buf = pool.alloc().expect("buffer");
+            let io = IoBuffer {
+                iova: buf.iova(),
+                len: 4096,
+            };
+            ctx.devices[0]
+                .submit(Op::Write, 0, 4096, Some(io), 7)
+                .expect("submit");
+            self.pool = Some((pool, buf));
+            self.started = Some(Instant::now());
+        }
+        ctx.devices[0].poll(|c| self.result = Some(c.result));
+        self.result.is_none()
+            && self
+                .started
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+    }
+
+    fn finish(mut self, _ctx: &mut ReactorContext) -> Self::Output {
+        if let Some((mut pool, buf)) = self.pool.take() {
+            pool.free(buf).expect("its own buffer");
+        }
+        self.result
+    }
 }
 
 /// Writes 192 KiB (three 64 KiB chunks, one per member) once.

@@ -94,7 +94,7 @@ mod tests {
         let a = g.start(100, 3, 12288, 5).unwrap();
         let b = g.start(200, 1, 4096, 6).unwrap();
         assert!(g.start(300, 1, 4096, 7).is_none(), "full");
-        let err = IoError::Status {
+        let err = IoError::Device {
             device: Arc::from("d1"),
             status: Status::LBA_OUT_OF_RANGE,
         };
@@ -109,7 +109,7 @@ mod tests {
                 bytes: 4096
             })
         );
-        let other = IoError::Status {
+        let other = IoError::Device {
             device: Arc::from("d2"),
             status: Status::INTERNAL_ERROR,
         };

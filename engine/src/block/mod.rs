@@ -99,11 +99,58 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error>;
 }
 
-/// Why an I/O failed.
+/// Why an I/O failed, by kind: what callers match on. Each kind names the device (the member
+/// of a stripe) it failed on; [`IoError::status`] is the NVMe status it completed with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
+    /// A controller reset aborted it (a command timed out, the controller failed, or a reset
+    /// was asked for): it may or may not have been carried out, and may be retried.
+    #[error("{device}: aborted by a controller reset (Command Aborted By Host)")]
+    AbortedByReset { device: Arc<str> },
+    /// The device is gone (surprise removal, or it failed for good): nothing more completes on it.
+    #[error("{device}: the device is gone (Host Pathing Error)")]
+    Removed { device: Arc<str> },
+    /// It outlived the command timeout and was aborted on the device.
+    #[error("{device}: timed out and was aborted (Command Abort Requested)")]
+    TimedOut { device: Arc<str> },
+    /// The device completed it with an error status.
     #[error("{device}: {status}")]
-    Status { device: Arc<str>, status: Status },
+    Device { device: Arc<str>, status: Status },
+}
+
+impl IoError {
+    /// The kind of a failed completion. The driver reports the failures it detects itself with
+    /// statuses of their own: a reset's aborts as "Command Aborted By Host", a removed or dead
+    /// device as "Host Pathing Error", and a timed-out command is aborted on the device, which
+    /// completes it with "Command Abort Requested".
+    pub fn from_status(device: Arc<str>, status: Status) -> IoError {
+        match status.code() {
+            Status::ABORTED_BY_HOST => IoError::AbortedByReset { device },
+            Status::HOST_PATHING_ERROR => IoError::Removed { device },
+            Status::ABORT_REQUESTED => IoError::TimedOut { device },
+            _ => IoError::Device { device, status },
+        }
+    }
+
+    /// The NVMe status the I/O completed with.
+    pub fn status(&self) -> Status {
+        match self {
+            IoError::AbortedByReset { .. } => Status::ABORTED_BY_HOST,
+            IoError::Removed { .. } => Status::HOST_PATHING_ERROR,
+            IoError::TimedOut { .. } => Status::ABORT_REQUESTED,
+            IoError::Device { status, .. } => *status,
+        }
+    }
+
+    /// The device (the member of a stripe) the I/O failed on.
+    pub fn device(&self) -> &Arc<str> {
+        match self {
+            IoError::AbortedByReset { device }
+            | IoError::Removed { device }
+            | IoError::TimedOut { device }
+            | IoError::Device { device, .. } => device,
+        }
+    }
 }
 
 /// A finished I/O.
@@ -326,4 +373,44 @@ pub(crate) fn check(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_the_driver_reports_have_kinds_and_keep_their_status() {
+        let device: Arc<str> = Arc::from("0000:01:00.0");
+        let kind = |status| IoError::from_status(device.clone(), status);
+        assert!(matches!(
+            kind(Status::ABORTED_BY_HOST),
+            IoError::AbortedByReset { .. }
+        ));
+        assert!(matches!(
+            kind(Status::HOST_PATHING_ERROR),
+            IoError::Removed { .. }
+        ));
+        assert!(matches!(
+            kind(Status::ABORT_REQUESTED),
+            IoError::TimedOut { .. }
+        ));
+        assert_eq!(
+            kind(Status::WRITE_FAULT),
+            IoError::Device {
+                device: device.clone(),
+                status: Status::WRITE_FAULT
+            }
+        );
+        for status in [
+            Status::ABORTED_BY_HOST,
+            Status::HOST_PATHING_ERROR,
+            Status::ABORT_REQUESTED,
+            Status::WRITE_FAULT,
+        ] {
+            let e = kind(status);
+            assert_eq!((e.status(), e.device()), (status, &device));
+            assert!(e.to_string().starts_with("0000:01:00.0: "), "{e}");
+        }
+    }
 }

@@ -216,7 +216,7 @@ impl NamespaceChannel {
                     let _ = self.gather.parts_done(parent, parts as u32, Ok(()));
                     return Err(err);
                 }
-                let failed = IoError::Status {
+                let failed = IoError::Device {
                     device: self.name.clone(),
                     status: Status::INTERNAL_ERROR,
                 };
@@ -295,10 +295,7 @@ fn finish(gather: &mut Gather, name: &Arc<str>, c: Completion) -> Option<Finishe
     let result = if c.status.is_success() {
         Ok(())
     } else {
-        Err(IoError::Status {
-            device: name.clone(),
-            status: c.status,
-        })
+        Err(IoError::from_status(name.clone(), c.status))
     };
     if c.token & NAMESPACE_PARENT == 0 {
         return Some(Finished {

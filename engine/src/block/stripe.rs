@@ -283,7 +283,7 @@ impl StripeChannel {
             if let Err(e) = self.members[p.member].submit(op, p.offset, p.len, b, part_token) {
                 // cannot happen after the room check; fail this part rather than lose the I/O
                 log::error!("{}: part of an I/O failed to queue: {e}", self.name);
-                let failed = IoError::Status {
+                let failed = IoError::Device {
                     device: self.name.clone(),
                     status: Status::INTERNAL_ERROR,
                 };

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use usnvme_driver::spec::Status;
 use usnvme_driver::IoBuffer;
 use usnvme_engine::block::IoError;
 use usnvme_engine::engine::DeviceChannel;
@@ -87,13 +86,6 @@ pub struct DeviceResult {
     pub removed: Option<String>,
     /// The first I/O that failed other than by a reset or a removal, or a setup failure.
     pub error: Option<String>,
-}
-
-/// Why an I/O failed, as the report counts it.
-fn status_of(e: &IoError) -> Status {
-    match e {
-        IoError::Status { status, .. } => *status,
-    }
 }
 
 /// Most mismatches kept per device (the rest are only counted).
@@ -449,13 +441,14 @@ fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) 
             }
             Err(e) => {
                 st.failed += 1;
-                let status = status_of(e).code();
-                if status == Status::ABORTED_BY_HOST {
-                    st.aborted += 1;
-                } else if status == Status::HOST_PATHING_ERROR {
-                    st.pathing_error.get_or_insert_with(|| e.to_string());
-                } else {
-                    st.error.get_or_insert_with(|| e.to_string());
+                match e {
+                    IoError::AbortedByReset { .. } => st.aborted += 1,
+                    IoError::Removed { .. } => {
+                        st.pathing_error.get_or_insert_with(|| e.to_string());
+                    }
+                    IoError::TimedOut { .. } | IoError::Device { .. } => {
+                        st.error.get_or_insert_with(|| e.to_string());
+                    }
                 }
             }
         }
