@@ -622,6 +622,12 @@ impl Controller {
     pub fn status(&self) -> Csts {
         Csts(self.shared.regs.read32(reg::CSTS))
     }
+
+    /// Whether the device is gone (surprise removal, or handed back to the kernel): its
+    /// registers read all ones.
+    pub fn is_removed(&self) -> bool {
+        self.status().removed()
+    }
 }
 
 /// Disables a controller whose bring-up failed after it was enabled.
@@ -693,7 +699,7 @@ impl Admin {
             spins += 1;
             if spins.is_multiple_of(64) {
                 let csts = Csts(regs.read32(reg::CSTS));
-                if csts.0 == u32::MAX {
+                if csts.removed() {
                     self.queue.kill();
                     return Err(Error::Gone {
                         device: name.into(),
@@ -794,7 +800,7 @@ fn enable(
 fn disable(name: &str, regs: &dyn Registers, timeout: Duration) -> Result<(), Error> {
     let cc = Cc(regs.read32(reg::CC));
     let csts = Csts(regs.read32(reg::CSTS));
-    if csts.0 == u32::MAX {
+    if csts.removed() {
         return Err(Error::Gone {
             device: name.into(),
         });
@@ -819,7 +825,7 @@ fn wait_ready(
     let started = Instant::now();
     loop {
         let csts = Csts(regs.read32(reg::CSTS));
-        if csts.0 == u32::MAX {
+        if csts.removed() {
             return Err(Error::Gone {
                 device: name.into(),
             });
@@ -935,7 +941,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let regs = &*self.regs;
         let csts = Csts(regs.read32(reg::CSTS));
-        if csts.0 == u32::MAX {
+        if csts.removed() {
             log::warn!("{}: device gone; nothing to shut down", self.name);
             return;
         }

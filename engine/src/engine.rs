@@ -573,7 +573,7 @@ impl DeviceChannel {
         let Some(gone) = self
             .controllers
             .iter()
-            .find(|c| c.status().0 == u32::MAX)
+            .find(|c| c.is_removed())
             .map(|c| Arc::<str>::from(c.name()))
         else {
             return 0;

@@ -105,7 +105,7 @@ impl QueuePair {
             return;
         };
         let csts = owner.status();
-        if csts.0 == u32::MAX {
+        if csts.removed() {
             log::error!(
                 "{}: the device is gone: failing {} command(s) on queue {}",
                 owner.name(),

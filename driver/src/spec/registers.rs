@@ -283,6 +283,11 @@ pub enum ShutdownStatus {
 pub struct Csts(pub u32);
 
 impl Csts {
+    /// The device is gone: a removed PCIe function reads all ones.
+    pub const fn removed(self) -> bool {
+        self.0 == u32::MAX
+    }
+
     /// Ready.
     pub const fn rdy(self) -> bool {
         field32(self.0, 0, 1) != 0
