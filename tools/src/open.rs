@@ -10,6 +10,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
+use usnvme_engine::engine::AttachError;
+use usnvme_engine::Drive;
 
 /// Printed (on standard output for text, standard error with `--json`) when no BDF is given and
 /// no NVMe controller is bound to vfio-pci. Not an error: there is nothing to report.
@@ -64,40 +66,34 @@ pub fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
         .collect())
 }
 
-/// Opens every controller in `targets` (each on its own thread: bring-up and shutdown wait on
-/// the controller, up to seconds on real drives), runs `job` on it, then shuts it down.
-/// Results come back in the order of `targets`.
+/// Brings up every controller in `targets` at once (the engine's `attach`), runs `job` on each
+/// on its own thread, and shuts each down as its thread ends (shutdown waits on the controller,
+/// up to seconds on real drives). Results come back in the order of `targets`.
 pub fn each<T: Send>(
     sysfs: &Sysfs,
     targets: &[DeviceSpec],
     job: impl Fn(&Controller) -> Result<T> + Sync,
 ) -> Result<Vec<Result<T>>> {
-    if targets.is_empty() {
-        return Ok(Vec::new());
-    }
     let opener = Opener::new(sysfs.root().join("sys"));
-    let run = |addr: &DeviceSpec| -> Result<T> {
-        if crate::signals::received().is_some() {
-            anyhow::bail!("{addr}: skipped: interrupted");
-        }
+    let attached = usnvme_engine::attach(&opener, sysfs, targets, &ControllerOptions::default());
+    let job = &job;
+    let run = move |drive: Result<Drive, AttachError>| -> Result<T> {
         // The driver's errors name the controller and the fix (bind it, reserve hugepages, ...).
-        let ctrl = opener.open(addr, ControllerOptions::default())?;
-        let Some(ctrl) = ctrl.first() else {
-            anyhow::bail!("{addr}: no drive");
-        };
-        job(ctrl)
-        // `ctrl` drops here: queues deleted, CC.SHN shutdown, DMA unmapped.
+        let drive = drive.map_err(|e| anyhow::Error::new(*e.error))?;
+        if crate::signals::received().is_some() {
+            anyhow::bail!("{}: skipped: interrupted", drive.spec);
+        }
+        job(&drive.controller)
+        // `drive` drops here: queues deleted, CC.SHN shutdown, DMA unmapped.
     };
-    if let [addr] = targets {
-        return Ok(vec![run(addr)]);
-    }
     Ok(std::thread::scope(|scope| {
-        let threads: Vec<_> = targets
-            .iter()
-            .map(|addr| {
+        let threads: Vec<_> = attached
+            .into_iter()
+            .zip(targets)
+            .map(|(drive, addr)| {
                 std::thread::Builder::new()
                     .name(format!("usnvme {addr}"))
-                    .spawn_scoped(scope, move || run(addr))
+                    .spawn_scoped(scope, move || run(drive))
             })
             .collect();
         threads
