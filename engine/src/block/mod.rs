@@ -59,8 +59,12 @@ pub struct BlockInfo {
 /// How a reactor's channel is set up.
 #[derive(Debug, Clone, Copy)]
 pub struct ChannelOptions {
-    /// Queue depth of each queue pair under the channel.
+    /// Queue depth of each queue pair under the channel: ring entries, or I/Os with `io_size`.
     pub depth: u16,
+    /// With it, `depth` counts I/Os of up to this many bytes, not ring entries: each queue pair
+    /// holds `depth` such I/Os split at its drive's largest transfer (one more part where an
+    /// I/O straddles a boundary) and the entry a ring keeps empty, within what the drive grants.
+    pub io_size: Option<u64>,
     /// NUMA node of the channel's DMA memory.
     pub node: Option<u32>,
     /// Commands older than this are aborted, then the controller reset.
@@ -70,10 +74,24 @@ pub struct ChannelOptions {
     pub latency_histograms: bool,
 }
 
+impl ChannelOptions {
+    /// Ring entries for a queue pair on a drive whose largest transfer is `max_transfer` bytes
+    /// and that grants `mqes + 1` entries.
+    pub fn queue_entries(&self, max_transfer: u64, mqes: u16) -> u16 {
+        let Some(io_size) = self.io_size else {
+            return self.depth;
+        };
+        let parts = io_size.div_ceil(max_transfer.max(1)) + 1;
+        let entries = (u64::from(self.depth) * parts + 1).min(u64::from(mqes) + 1);
+        entries.min(u64::from(u16::MAX)) as u16
+    }
+}
+
 impl Default for ChannelOptions {
     fn default() -> Self {
         ChannelOptions {
             depth: 256,
+            io_size: None,
             node: None,
             timeout: Some(Duration::from_secs(30)),
             latency_histograms: false,
@@ -378,6 +396,23 @@ pub(crate) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_sized_in_ios_hold_every_part_of_each_within_the_grant() {
+        let entries = |depth, io_size| ChannelOptions {
+            depth,
+            io_size,
+            ..ChannelOptions::default()
+        };
+        // ring entries as given
+        assert_eq!(entries(64, None).queue_entries(128 << 10, 1023), 64);
+        // 32 I/Os of 4 KiB: up to 2 commands each (a straddled boundary), one entry empty
+        assert_eq!(entries(32, Some(4096)).queue_entries(128 << 10, 1023), 65);
+        // 1 MiB I/Os on a 128 KiB MDTS: 9 parts each
+        assert_eq!(entries(8, Some(1 << 20)).queue_entries(128 << 10, 1023), 73);
+        // never more than the drive grants
+        assert_eq!(entries(256, Some(1 << 20)).queue_entries(128 << 10, 1023), 1024);
+    }
 
     #[test]
     fn failures_the_driver_reports_have_kinds_and_keep_their_status() {

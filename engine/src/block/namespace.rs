@@ -77,7 +77,7 @@ impl BlockDevice for NamespaceDevice {
 
     fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
         let qp = self.ctrl.create_queue_pair(QueuePairOptions {
-            depth: options.depth,
+            depth: options.queue_entries(self.ctrl.max_transfer(), self.ctrl.cap().mqes()),
             node: options.node,
             timeout: options.timeout,
         })?;

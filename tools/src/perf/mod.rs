@@ -642,23 +642,15 @@ impl Session {
                 args.depth
             )));
         }
-        // Each queue pair holds -q I/Os, each split at the drive's largest transfer (one more
-        // part where an I/O straddles a boundary), and one empty entry; never more than granted.
-        let max_transfer = drives
-            .iter()
-            .map(|d| d.controller.max_transfer())
-            .min()
-            .unwrap_or(io_size)
-            .max(1);
-        let parts = io_size.div_ceil(max_transfer) + 1;
-        let entries = (u64::from(args.depth) * parts + 1).min(u64::from(granted) + 1);
         let engine = Engine::new(
             topology,
             drives,
             EngineOptions {
                 cores: settings.cores.clone(),
+                // -q I/Os of -o bytes per queue pair: the engine sizes each drive's rings
                 channel: ChannelOptions {
-                    depth: entries.min(u64::from(u16::MAX)) as u16,
+                    depth: args.depth.min(u32::from(u16::MAX)) as u16,
+                    io_size: Some(io_size),
                     latency_histograms: histograms,
                     ..ChannelOptions::default()
                 },
