@@ -411,7 +411,10 @@ mod tests {
         // 1 MiB I/Os on a 128 KiB MDTS: 9 parts each
         assert_eq!(entries(8, Some(1 << 20)).queue_entries(128 << 10, 1023), 73);
         // never more than the drive grants
-        assert_eq!(entries(256, Some(1 << 20)).queue_entries(128 << 10, 1023), 1024);
+        assert_eq!(
+            entries(256, Some(1 << 20)).queue_entries(128 << 10, 1023),
+            1024
+        );
     }
 
     #[test]

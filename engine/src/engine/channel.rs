@@ -1,0 +1,224 @@
+//! A reactor's path to one device: submission, polling, statistics, stall probes.
+
+use super::reactor::ReactorClock;
+use super::*;
+
+/// With I/O in flight and nothing completing for this long, a channel reads its controllers'
+/// status register (at most this often) to tell a removed device from a slow one.
+const STALL_PROBE: Duration = Duration::from_millis(500);
+const STALL_PROBE_NS: u64 = STALL_PROBE.as_nanos() as u64;
+
+/// One reactor's path to one device: the device's channel, with statistics.
+///
+/// An I/O's token goes down with its op kind in the top bits (see [`MAX_TOKEN`]) and comes
+/// back from the driver's tracker with its submission stamp: no table here. The clock is the
+/// reactor's, read at most once per channel visit: at the first completion of a poll, or at
+/// the first submission when nothing completed (not per I/O).
+///
+/// A device that disappears (surprise removal, or given back to the kernel: its registers read
+/// all ones) completes nothing. When a channel has I/O in flight and nothing completed for
+/// [`STALL_PROBE`], it checks its controllers; if one is gone, every I/O in flight completes
+/// with "Host Pathing Error", the channel's queue pairs are dropped and later submissions fail:
+/// the reactor goes on with its other devices. (The queue pairs would fail those I/Os
+/// themselves, but only after their command timeout.)
+pub struct DeviceChannel {
+    /// Index of the device in the run's list.
+    pub device: usize,
+    pub info: BlockInfo,
+    pub(super) name: Arc<str>,
+    pub(super) dma: DmaTarget,
+    pub(super) node: Option<u32>,
+    pub(super) channel: Channel,
+    pub(super) stats: IoStats,
+    pub(super) in_flight: usize,
+    /// The controllers under the device (one for a namespace, the members' for a stripe).
+    pub(super) controllers: Vec<Controller>,
+    pub(super) clock: ReactorClock,
+    /// The reactor's clock this turn, or at this channel's last completions (nanoseconds).
+    pub(super) now_ns: u64,
+    /// `now_ns` was read during this channel's visit (completions came, or I/O was submitted):
+    /// what is submitted next is stamped with it, not with the turn's start, which lies
+    /// before every earlier channel's work in the turn.
+    pub(super) fresh: bool,
+    /// The last completion, or the submission that made the channel busy.
+    pub(super) last_progress_ns: u64,
+    /// The last stall probe.
+    pub(super) last_probe_ns: u64,
+    /// The controller found gone, if one was.
+    pub(super) gone: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for DeviceChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceChannel")
+            .field("device", &self.device)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+/// Where the op kind sits in the tokens the block layer carries (see [`MAX_TOKEN`]).
+const KIND_SHIFT: u32 = 62;
+
+impl DeviceChannel {
+    /// Queues an I/O (see [`Channel::submit`]); `token` (at most [`MAX_TOKEN`]) comes back
+    /// with its completion. Doorbells ring on [`DeviceChannel::flush`] or the next poll.
+    #[inline]
+    pub fn submit(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        if token > MAX_TOKEN {
+            return Err(BlockError::Token {
+                device: self.name.clone(),
+                token,
+            });
+        }
+        let kind = match op {
+            Op::Read => OpKind::Read,
+            Op::Write => OpKind::Write,
+            _ => OpKind::Other,
+        };
+        if !self.fresh {
+            self.set_now(self.clock.now_ns());
+            self.fresh = true;
+        }
+        self.channel
+            .submit(op, offset, len, buf, token | (kind as u64) << KIND_SHIFT)?;
+        if self.in_flight == 0 {
+            self.last_progress_ns = self.now_ns; // the channel was idle: the stall clock starts
+        }
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Rings the doorbells of what was queued since the last poll or flush.
+    #[inline]
+    pub fn flush(&mut self) {
+        self.channel.flush();
+    }
+
+    /// Rings queued I/O and hands finished ones to `on_complete`; records their statistics.
+    /// The clock is read again when the first completion comes: a completion stamped with the
+    /// turn's time, read before it arrived, would report less than the device took. What is
+    /// submitted after it carries that time too. One read per batch, not per I/O.
+    #[inline]
+    pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
+        let (stats, clock) = (&mut self.stats, &self.clock);
+        let mut now = None;
+        let done = self.channel.poll(|f| {
+            let now = *now.get_or_insert_with(|| clock.now_ns());
+            record(stats, now, f, &mut on_complete)
+        });
+        self.in_flight -= done.min(self.in_flight);
+        if let Some(now) = now {
+            self.set_now(now);
+            self.fresh = true;
+            self.last_progress_ns = now;
+            return done;
+        }
+        let now = self.now_ns;
+        if self.in_flight > 0
+            && now.saturating_sub(self.last_progress_ns) >= STALL_PROBE_NS
+            && now.saturating_sub(self.last_probe_ns) >= STALL_PROBE_NS
+        {
+            self.last_probe_ns = now;
+            return self.probe(on_complete);
+        }
+        done
+    }
+
+    /// The reactor's clock for this turn.
+    #[inline]
+    pub(super) fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        self.channel.set_now(now_ns);
+    }
+
+    /// Checks the controllers of a stalled channel; fails everything in flight if one is gone.
+    #[cold]
+    fn probe(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
+        let Some(gone) = self
+            .controllers
+            .iter()
+            .find(|c| c.is_removed())
+            .map(|c| Arc::<str>::from(c.name()))
+        else {
+            return 0;
+        };
+        log::error!(
+            "{}: {gone} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
+            self.name,
+            self.in_flight
+        );
+        self.gone = Some(gone);
+        let (stats, now) = (&mut self.stats, self.now_ns);
+        // The queue pairs go (their queues cannot be deleted on a removed device).
+        let failed = self
+            .channel
+            .abandon(|f| record(stats, now, f, &mut on_complete));
+        self.in_flight = 0;
+        failed
+    }
+
+    /// The controller under this device that was found gone (removed), if any: the channel
+    /// takes no more I/O.
+    pub fn gone(&self) -> Option<&str> {
+        self.gone.as_deref()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Whether another I/O can be queued now (it may still need more commands than are free).
+    pub fn has_room(&self) -> bool {
+        self.channel.free_commands() > 0
+    }
+
+    /// This device's statistics on this reactor, since the start or the last reset.
+    pub fn stats(&self) -> &IoStats {
+        &self.stats
+    }
+
+    /// Starts the statistics afresh (e.g. at the end of a warm-up).
+    pub fn reset_stats(&mut self) {
+        self.stats.reset();
+    }
+
+    /// Buffers for this device's I/O, in its DMA space and on the reactor's node.
+    pub fn buffer_pool(&self, buffer_size: usize, count: usize) -> Result<BufferPool, PoolError> {
+        BufferPool::new(
+            &self.dma.space,
+            buffer_size,
+            count,
+            self.dma.page,
+            self.node,
+        )
+    }
+}
+
+/// Records a finished I/O (latency on the reactor's clock) and hands it to the job.
+#[inline]
+fn record(
+    stats: &mut IoStats,
+    now_ns: u64,
+    f: Finished,
+    on_complete: &mut impl FnMut(IoCompletion),
+) {
+    let kind = match f.token >> KIND_SHIFT {
+        0 => OpKind::Read,
+        1 => OpKind::Write,
+        _ => OpKind::Other,
+    };
+    let latency = now_ns.saturating_sub(f.submitted_ns);
+    stats.record(kind, f.bytes, latency, f.result.is_ok());
+    on_complete(IoCompletion {
+        token: f.token & MAX_TOKEN,
+        result: f.result,
+    });
+}

@@ -1,0 +1,203 @@
+//! The reactor thread: its context (channels, clock), control messages, the turn loop.
+
+use super::*;
+
+/// What a job sees of its reactor.
+#[derive(Debug)]
+pub struct ReactorContext {
+    pub info: ReactorInfo,
+    /// One per device this reactor serves, in `info.devices` order.
+    pub devices: Vec<DeviceChannel>,
+    started: Instant,
+    clock: ReactorClock,
+    /// The clock this turn, in nanoseconds since the reactor was set up.
+    now_ns: u64,
+}
+
+/// A reactor's clock: the TSC where it is usable (quanta, calibrated once per process), in
+/// nanoseconds since the reactor was set up.
+#[derive(Debug, Clone)]
+pub(super) struct ReactorClock {
+    clock: quanta::Clock,
+    base: u64,
+}
+
+impl ReactorClock {
+    pub(super) fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let base = clock.raw();
+        ReactorClock { clock, base }
+    }
+
+    #[inline]
+    pub(super) fn now_ns(&self) -> u64 {
+        self.clock.delta_as_nanos(self.base, self.clock.raw())
+    }
+}
+
+impl ReactorContext {
+    /// Time since the reactor started its job.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The reactor's clock this turn (read once per turn, before the job's `turn`): what the
+    /// channels stamp I/Os with. Comparable with itself only.
+    #[inline]
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.now_ns)
+    }
+
+    /// Reads the clock (once per turn) and gives it to every channel.
+    #[inline]
+    fn tick(&mut self) {
+        let now = self.clock.now_ns();
+        self.now_ns = now;
+        for d in &mut self.devices {
+            d.set_now(now);
+            d.fresh = false;
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::new(self.elapsed());
+        for d in &self.devices {
+            s.add(d.device, &d.stats);
+        }
+        s
+    }
+
+    /// Polls until nothing is in flight (completions go nowhere) or `limit` passes.
+    fn drain(&mut self, limit: Duration) {
+        let started = Instant::now();
+        while self.devices.iter().any(|d| d.in_flight() > 0) && started.elapsed() < limit {
+            self.tick();
+            for d in &mut self.devices {
+                d.poll(|_| {});
+            }
+        }
+    }
+}
+
+pub(super) struct Setup {
+    pub(super) info: ReactorInfo,
+    pub(super) devices: Arc<[Arc<dyn BlockDevice>]>,
+    /// Every drive's controller, by the engine's drive index.
+    pub(super) controllers: Arc<[Controller]>,
+    pub(super) channel: ChannelOptions,
+}
+
+pub(super) enum Control {
+    /// Every reactor is ready: start turning the job.
+    Start,
+    Stats,
+    Stop,
+}
+
+/// How often (in turns) a reactor looks at its control channel.
+const CONTROL_EVERY: u32 = 256;
+
+/// The reactor thread: pin, set up channels, run the job, answer control messages, drain,
+/// finish. Channels (and so queue pairs) are dropped at the end: their queues are deleted.
+pub(super) fn reactor<J: Job>(
+    setup: Setup,
+    make_job: &(dyn Fn(&ReactorInfo) -> J + Send + Sync),
+    ready: Sender<Result<(), EngineError>>,
+    control: Receiver<Control>,
+    replies: Sender<Snapshot>,
+) -> Option<(J::Output, Snapshot)> {
+    let cpu = setup.info.cpu;
+    if let Err(e) = pin_current_thread(cpu) {
+        log::warn!("reactor: cannot pin to core {cpu}: {e}");
+    }
+    let clock = ReactorClock::new();
+    let mut devices = Vec::new();
+    for &i in &setup.info.devices {
+        let device = &setup.devices[i];
+        let channel = match device.channel(&setup.channel) {
+            Ok(c) => c,
+            Err(e) => {
+                let what = format!("{}: {e}", device.info().name);
+                let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
+                return None;
+            }
+        };
+        let controllers = device
+            .drives()
+            .iter()
+            .filter_map(|&d| setup.controllers.get(d).cloned())
+            .collect();
+        devices.push(DeviceChannel {
+            device: i,
+            info: device.info().clone(),
+            name: Arc::from(device.info().name.as_str()),
+            dma: device.dma(),
+            node: setup.info.memory_node,
+            channel,
+            stats: IoStats::with_histograms(setup.channel.latency_histograms),
+            in_flight: 0,
+            controllers,
+            clock: clock.clone(),
+            now_ns: 0,
+            fresh: false,
+            last_progress_ns: 0,
+            last_probe_ns: 0,
+            gone: None,
+        });
+    }
+    let mut job = make_job(&setup.info);
+    let mut ctx = ReactorContext {
+        info: setup.info,
+        devices,
+        started: Instant::now(),
+        clock,
+        now_ns: 0,
+    };
+    ctx.tick();
+    if let Err(what) = job.prepare(&mut ctx) {
+        let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
+        return None;
+    }
+    let _ = ready.send(Ok(()));
+    // Wait for every other reactor (an error elsewhere stops this one before any I/O).
+    let mut stop = false;
+    loop {
+        match control.recv() {
+            Ok(Control::Start) => break,
+            Ok(Control::Stats) => {
+                let _ = replies.send(ctx.snapshot());
+            }
+            Ok(Control::Stop) | Err(_) => {
+                stop = true;
+                break;
+            }
+        }
+    }
+    ctx.started = Instant::now();
+    let mut turns = 0u32;
+    while !stop {
+        ctx.tick();
+        let more = job.turn(&mut ctx);
+        turns = turns.wrapping_add(1);
+        if !more || turns.is_multiple_of(CONTROL_EVERY) {
+            stop = !more;
+            while let Ok(msg) = control.try_recv() {
+                match msg {
+                    Control::Stats => {
+                        let _ = replies.send(ctx.snapshot());
+                    }
+                    Control::Stop => stop = true,
+                    Control::Start => {}
+                }
+            }
+        }
+    }
+    let limit = setup
+        .channel
+        .timeout
+        .map_or(Duration::from_secs(60), |t| t * 3);
+    ctx.drain(limit);
+    let snapshot = ctx.snapshot();
+    let output = job.finish(&mut ctx);
+    Some((output, snapshot))
+}

@@ -1,0 +1,78 @@
+//! A job running on the reactors: stop, statistics, results.
+
+use super::*;
+
+#[derive(Debug)]
+pub(super) struct ReactorHandle<O> {
+    pub(super) info: ReactorInfo,
+    pub(super) control: Sender<Control>,
+    pub(super) replies: Receiver<Snapshot>,
+    pub(super) thread: JoinHandle<Option<(O, Snapshot)>>,
+}
+
+/// A job running on the reactors.
+#[derive(Debug)]
+pub struct Run<O> {
+    pub(super) reactors: Vec<ReactorHandle<O>>,
+}
+
+/// What one reactor returned.
+#[derive(Debug)]
+pub struct ReactorResult<O> {
+    pub info: ReactorInfo,
+    pub output: O,
+    pub stats: Snapshot,
+}
+
+impl<O> Run<O> {
+    pub fn reactors(&self) -> Vec<ReactorInfo> {
+        self.reactors.iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// Each running reactor's statistics so far (a reactor that finished has none to give).
+    pub fn stats(&self) -> Vec<Snapshot> {
+        self.reactors
+            .iter()
+            .filter(|r| !r.thread.is_finished() && r.control.send(Control::Stats).is_ok())
+            .filter_map(|r| r.replies.recv_timeout(Duration::from_secs(2)).ok())
+            .collect()
+    }
+
+    /// Asks every reactor to stop: it stops submitting, drains, and finishes its job.
+    pub fn stop(&self) {
+        for r in &self.reactors {
+            let _ = r.control.send(Control::Stop);
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.reactors.iter().all(|r| r.thread.is_finished())
+    }
+
+    /// Waits for every reactor.
+    pub fn wait(self) -> Result<Vec<ReactorResult<O>>, EngineError> {
+        let mut results = Vec::new();
+        let mut failure = None;
+        for r in self.reactors {
+            let cpu = r.info.cpu;
+            match r.thread.join() {
+                Ok(Some((output, stats))) => results.push(ReactorResult {
+                    info: r.info,
+                    output,
+                    stats,
+                }),
+                Ok(None) => {}
+                Err(_) => {
+                    failure = Some(EngineError::Reactor {
+                        cpu,
+                        what: "its job panicked".into(),
+                    })
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    }
+}
