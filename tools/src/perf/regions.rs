@@ -1,0 +1,126 @@
+//! The run's block devices and the region of each that each reactor works on.
+
+use super::*;
+
+/// The run's block devices: every namespace (or namespace `nsid` of every drive), or stripes
+/// of `n` of them.
+pub(super) fn devices(
+    engine: &Engine,
+    stripe: Option<(usize, u64)>,
+    nsid: Option<u32>,
+) -> Result<Vec<Arc<dyn BlockDevice>>> {
+    let namespaces = match nsid {
+        None => engine.namespaces(),
+        Some(nsid) => {
+            let mut chosen: Vec<Arc<dyn BlockDevice>> = Vec::new();
+            for (i, d) in engine.drives().iter().enumerate() {
+                let ns = NamespaceDevice::new(d.controller.clone(), nsid, i)
+                    .map_err(|e| usage(format!("-n {nsid}: {e}")))?;
+                chosen.push(Arc::new(ns));
+            }
+            chosen
+        }
+    };
+    let devices: Vec<Arc<dyn BlockDevice>> = match stripe {
+        None => namespaces,
+        Some((n, chunk)) => {
+            if !namespaces.len().is_multiple_of(n) {
+                return Err(usage(format!(
+                    "--stripe {n}: {} namespaces do not make stripes of {n}; give a divisor of {}",
+                    namespaces.len(),
+                    namespaces.len()
+                )));
+            }
+            let mut stripes: Vec<Arc<dyn BlockDevice>> = Vec::new();
+            for (i, members) in namespaces.chunks(n).enumerate() {
+                let s = StripeDevice::new(&format!("stripe{i}"), members.to_vec(), chunk)
+                    .map_err(|e| usage(format!("--stripe: {e}")))?;
+                stripes.push(Arc::new(s));
+            }
+            stripes
+        }
+    };
+    Ok(devices)
+}
+
+/// Each device's I/O region: `--offset` (default 0) and `--size` (default: to the end). An
+/// offset beyond a device's capacity, or a region past its end, is a usage error naming the
+/// device: nothing has been written yet.
+pub(super) fn spans(devices: &[Arc<dyn BlockDevice>], settings: &Settings) -> Result<Vec<Region>> {
+    let mut spans = Vec::with_capacity(devices.len());
+    for d in devices {
+        let info = d.info();
+        let (start, len) = match (&settings.offset, &settings.size) {
+            (None, None) => (0, info.size_bytes),
+            (offset, size) => {
+                let start = offset.as_ref().map_or(0, |(o, _)| *o);
+                if let Some((_, given)) = offset {
+                    if start >= info.size_bytes {
+                        return Err(usage(format!(
+                            "--offset {given}: beyond the end of {} ({} bytes); give an offset below its capacity",
+                            info.name, info.size_bytes
+                        )));
+                    }
+                    if !start.is_multiple_of(u64::from(info.block_size)) {
+                        return Err(usage(format!(
+                            "--offset {given}: not a multiple of the {}-byte block size of {}",
+                            info.block_size, info.name
+                        )));
+                    }
+                }
+                let len = size.as_ref().map_or(info.size_bytes - start, |(s, _)| *s);
+                if let Some((_, given)) = size {
+                    if start
+                        .checked_add(len)
+                        .is_none_or(|end| end > info.size_bytes)
+                    {
+                        return Err(usage(format!(
+                            "--size {given}: past the end of {} ({} bytes) from offset {start}",
+                            info.name, info.size_bytes
+                        )));
+                    }
+                }
+                (start, len)
+            }
+        };
+        spans.push(Region { start, len });
+    }
+    Ok(spans)
+}
+
+/// `given`: the flag and value the size came from, e.g. `-o 4k`.
+pub(super) fn check_io_size(
+    devices: &[Arc<dyn BlockDevice>],
+    spans: &[Region],
+    io_size: u64,
+    given: &str,
+) -> Result<()> {
+    for (d, span) in devices.iter().zip(spans) {
+        let info = d.info();
+        if !io_size.is_multiple_of(u64::from(info.block_size)) || io_size > info.size_bytes {
+            return Err(usage(format!(
+                "{given}: {} needs a multiple of its {}-byte block size, at most {} bytes",
+                info.name, info.block_size, info.size_bytes
+            )));
+        }
+        if io_size > span.len {
+            return Err(usage(format!(
+                "{given}: larger than the {}-byte region of {} (--size)",
+                span.len, info.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A reactor's region of a device's span: the `share.index`-th of `share.of` equal parts, in
+/// whole I/Os (at least one I/O each).
+pub(super) fn region(span: Region, share: Share, io_size: u64) -> Region {
+    let ios = span.len / io_size;
+    let per = (ios / share.of.max(1) as u64).max(1);
+    let first = (share.index as u64 * per).min(ios.saturating_sub(1));
+    Region {
+        start: span.start + first * io_size,
+        len: per * io_size,
+    }
+}

@@ -1,0 +1,34 @@
+//! Waiting for a run: Ctrl-C / SIGTERM, and the live progress line.
+
+use super::*;
+
+/// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress where a person watches
+/// (see `progress::wanted`).
+pub(super) fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>, live: bool) {
+    let tty = live && usnvme_tools::progress::wanted();
+    let mut last = (Instant::now(), 0u64, 0u64);
+    let mut next_progress = Instant::now() + Duration::from_secs(1);
+    while !run.is_finished() {
+        if signals::received().is_some() {
+            run.stop();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if tty && Instant::now() >= next_progress {
+            next_progress += Duration::from_secs(1);
+            let snaps = run.stats();
+            let total = usnvme_engine::stats::Snapshot::aggregate(&snaps).total();
+            let (ios, bytes) = (total.total_ios(), total.total_bytes());
+            let dt = last.0.elapsed().as_secs_f64().max(1e-3);
+            eprint!(
+                "\r{:>12.0} IOPS {:>8.2} GB/s   ",
+                ios.saturating_sub(last.1) as f64 / dt,
+                bytes.saturating_sub(last.2) as f64 / dt / 1e9
+            );
+            last = (Instant::now(), ios, bytes);
+        }
+    }
+    if tty {
+        eprint!("\r{:60}\r", "");
+    }
+}
