@@ -324,14 +324,6 @@ mod tests {
     }
 
     #[test]
-    fn thread_safety() {
-        fn send_sync<T: Send + Sync>() {}
-        send_sync::<Memory>();
-        send_sync::<DmaRegion>();
-        send_sync::<IovaSpace>();
-    }
-
-    #[test]
     fn two_regions_two_mappings_translated_like_an_iommu() {
         let (mapper, space) = setup();
         let a = space.map(small(8192)).expect("map a");

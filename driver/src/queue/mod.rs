@@ -174,6 +174,10 @@ impl Layout {
     }
 }
 
+// One thread owns a queue pair (moved to it, never shared): the hot path takes no lock.
+static_assertions::assert_impl_all!(QueuePair: Send);
+static_assertions::assert_not_impl_any!(QueuePair: Sync);
+
 /// A submission/completion queue pair. Dropping an I/O queue pair deletes it on the controller.
 pub struct QueuePair {
     // hot: touched per command

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_hugepages::{BufferPool, PoolError};
