@@ -177,7 +177,12 @@ impl Harness {
             qid: 1,
             layout,
             memory,
-            doorbells: Doorbells::new(&regs, SQ_DOORBELL, CQ_DOORBELL, shadow),
+            doorbells: Doorbells::new(
+                &(regs.clone() as Arc<dyn Registers>),
+                SQ_DOORBELL,
+                CQ_DOORBELL,
+                shadow,
+            ),
             namespaces: Arc::from(vec![NamespaceGeometry {
                 nsid: NSID,
                 block_size: BLOCK,
