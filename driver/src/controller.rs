@@ -1,7 +1,7 @@
 //! A controller: bring-up as the spec says, the admin queue, identify, features, log pages,
 //! I/O queue pair creation, and shutdown on drop.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,7 +138,11 @@ struct Shared {
     sgl: bool,
     admin: Mutex<Admin>,
     qids: Mutex<Vec<bool>>,
+    /// Even: the controller is ready, odd: a reset is under way. Counts half-resets since
+    /// bring-up; queue pairs compare it once per poll.
     generation: AtomicU64,
+    /// The last reset failed: the queue pairs fail what they hold and take nothing more.
+    failed: AtomicBool,
     ready_timeout: Duration,
     shadow: Option<Arc<DmaRegion>>,
     options: ControllerOptions,
@@ -322,6 +326,7 @@ impl Controller {
             admin: Mutex::new(admin),
             qids: Mutex::new(vec![false; granted as usize + 1]),
             generation: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
             ready_timeout,
             shadow,
             options,
@@ -509,18 +514,83 @@ impl Controller {
         }
     }
 
-    /// How many times the controller was reset; queue pairs compare it once per poll.
+    /// Even while the controller is ready, odd while a reset is under way; it changes with
+    /// every reset. Queue pairs compare it once per poll.
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::Acquire)
     }
 
-    /// Resets the controller (after a fatal status, a command that an abort did not end, or on
-    /// request): disable, bring the admin queue up again, renegotiate queues and shadow
-    /// doorbells. Every queue pair then fails its commands in flight with "Command Aborted By
-    /// Host" and re-creates its queues on its next poll.
+    /// Resets completed since bring-up (each turns the generation odd, then even).
+    pub fn resets(&self) -> u64 {
+        self.generation() / 2
+    }
+
+    /// Whether the last reset failed (the controller is unusable).
+    pub fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Marks a reset as under way (the generation turns odd) unless one already is; returns
+    /// whether this call did. From then on queue pairs ring no doorbells and wait.
+    fn begin_reset(&self) -> bool {
+        self.shared
+            .generation
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |g| {
+                (g % 2 == 0).then_some(g + 1)
+            })
+            .is_ok()
+    }
+
+    /// Starts a reset and returns at once (a reactor that found a stuck command must not wait
+    /// seconds for CAP.TO): the reset runs on a thread of its own; the queue pairs of every
+    /// reactor stop using their queues now and re-create them on their first poll after it.
+    pub fn start_reset(&self) {
+        if !self.begin_reset() {
+            return; // one is under way already
+        }
+        let ctrl = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("reset {}", self.shared.name))
+            .spawn(move || {
+                if let Err(e) = ctrl.run_reset() {
+                    log::error!("{}: reset failed: {e}", ctrl.name());
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!(
+                "{}: no thread for the reset ({e}): resetting here",
+                self.shared.name
+            );
+            if let Err(e) = self.run_reset() {
+                log::error!("{}: reset failed: {e}", self.shared.name);
+            }
+        }
+    }
+
+    /// Resets the controller and waits for it (after a fatal status, a command that an abort
+    /// did not end, or on request): disable, bring the admin queue up again, renegotiate queues
+    /// and shadow doorbells. Every queue pair then fails its commands in flight with "Command
+    /// Aborted By Host" and re-creates its queues on its next poll.
     pub fn reset(&self) -> Result<(), Error> {
+        self.begin_reset();
+        self.run_reset()
+    }
+
+    /// The reset itself, under the admin lock; the generation is odd throughout and even after,
+    /// also when it fails (then `failed` is set and the queue pairs give up).
+    fn run_reset(&self) -> Result<(), Error> {
         let s = &self.shared;
         let mut admin = s.admin.lock();
+        // (a reset asked for after the previous one ended: odd again)
+        self.begin_reset();
+        let result = self.reset_steps(&mut admin);
+        s.failed.store(result.is_err(), Ordering::Release);
+        s.generation.fetch_add(1, Ordering::AcqRel);
+        result
+    }
+
+    fn reset_steps(&self, admin: &mut Admin) -> Result<(), Error> {
+        let s = &self.shared;
         log::warn!("{}: resetting the controller", s.name);
         let regs = &*s.regs;
         disable(&s.name, regs, s.ready_timeout)?;
@@ -552,7 +622,6 @@ impl Controller {
             let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
             admin.execute(&s.name, regs, sqe, None, s.options.admin_timeout)?;
         }
-        s.generation.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 

@@ -18,6 +18,8 @@ use crate::vfio::Vfio;
 
 /// One or more drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// A spec is parsed once per drive and moved rarely: no need to box the sim's configuration.
+#[allow(clippy::large_enum_variant)]
 pub enum DeviceSpec {
     Pci(PciAddress),
     Sim(SimSpec),

@@ -319,6 +319,142 @@ fn a_late_io_fails_as_timed_out_and_a_lost_one_as_aborted_by_a_reset() {
     }
 }
 
+/// Keeps 4 reads in flight on every device of its reactor and counts each device's completions
+/// (successful or not) where the test thread can read them.
+struct CountingReads {
+    counts: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    pools: Vec<(BufferPool, Vec<DmaBuffer>)>,
+    free: Vec<Vec<u64>>,
+}
+
+impl Job for CountingReads {
+    type Output = ();
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        for d in &ctx.devices {
+            let mut pool = d.buffer_pool(4096, 4).map_err(|e| e.to_string())?;
+            let bufs: Vec<DmaBuffer> = std::iter::from_fn(|| pool.alloc()).collect();
+            self.free.push((0..bufs.len() as u64).collect());
+            self.pools.push((pool, bufs));
+        }
+        Ok(())
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        for (i, d) in ctx.devices.iter_mut().enumerate() {
+            let device = d.device;
+            let (free, counts) = (&mut self.free[i], &self.counts);
+            d.poll(|c| {
+                counts[device].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                free.push(c.token);
+            });
+            while let Some(slot) = self.free[i].pop() {
+                let buf = &self.pools[i].1[slot as usize];
+                let io = IoBuffer {
+                    iova: buf.iova(),
+                    len: 4096,
+                };
+                if d.submit(Op::Read, slot * 4096, 4096, Some(io), slot)
+                    .is_err()
+                {
+                    self.free[i].push(slot);
+                    break;
+                }
+            }
+        }
+        true
+    }
+
+    fn finish(mut self, ctx: &mut ReactorContext) -> Self::Output {
+        // what is still in flight comes back before the buffers go
+        while ctx.devices.iter().any(|d| d.in_flight() > 0) {
+            for d in &mut ctx.devices {
+                d.poll(|_| {});
+            }
+        }
+        for (mut pool, bufs) in self.pools.drain(..) {
+            for b in bufs {
+                let _ = pool.free(b);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_reset_stalls_only_its_own_drive_on_a_reactor_of_24() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // 24 drives; drive 0's controller takes 300 ms to be ready after a reset (as real ones take
+    // time); drive 1 loses a command, so its queue pair's timeout resets it on its own
+    let mut spec: sim::SimSpec = "sim:0-23,backend=null,size=16M".parse().expect("spec");
+    spec.config.ready_delay = Duration::from_millis(300);
+    let opened = sim::open_with_handles(&spec, ControllerOptions::default()).expect("sims");
+    let mut drives = Vec::new();
+    let mut sims = Vec::new();
+    for (i, (controller, sim)) in opened.into_iter().enumerate() {
+        drives.push(Drive {
+            spec: format!("sim:{i}").parse().expect("spec"),
+            controller,
+            node: Some(0),
+        });
+        sims.push(sim);
+    }
+    let mut opts = options();
+    opts.cores = vec![0];
+    opts.channel.timeout = Some(Duration::from_millis(100));
+    let engine = Engine::new(two_nodes(), drives, opts).expect("engine");
+    let ctrls: Vec<_> = engine
+        .drives()
+        .iter()
+        .map(|d| d.controller.clone())
+        .collect();
+    let counts: Arc<Vec<AtomicU64>> = Arc::new((0..24).map(|_| AtomicU64::new(0)).collect());
+    let shared = counts.clone();
+    let run = engine
+        .start(engine.namespaces(), move |_| CountingReads {
+            counts: shared.clone(),
+            pools: Vec::new(),
+            free: Vec::new(),
+        })
+        .expect("start");
+    let snapshot = || -> Vec<u64> { counts.iter().map(|c| c.load(Ordering::Relaxed)).collect() };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "waited 20 s for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    wait_for("I/O on every drive", &|| snapshot().iter().all(|&n| n > 0));
+
+    // A reset asked for (as `perf --reset-after` does), and one the driver starts itself.
+    sims[1].inject(Fault::new(FaultWhen::any_io(), FaultAction::Drop));
+    for (drive, start) in [(0usize, true), (1, false)] {
+        if start {
+            ctrls[drive].start_reset();
+        }
+        wait_for("the reset to start", &|| ctrls[drive].generation() % 2 == 1);
+        let at_start = snapshot();
+        wait_for("the reset to end", &|| ctrls[drive].generation() % 2 == 0);
+        let at_end = snapshot();
+        for other in (0..24).filter(|&d| d != drive) {
+            assert!(
+                at_end[other] > at_start[other],
+                "drive {other} completed nothing while drive {drive} was reset: {at_start:?} -> {at_end:?}"
+            );
+        }
+        wait_for("I/O to resume on the reset drive", &|| {
+            snapshot()[drive] > at_end[drive]
+        });
+        assert_eq!(ctrls[drive].resets(), 1);
+        assert!(!ctrls[drive].failed());
+    }
+    run.stop();
+    run.wait().expect("reactors");
+    // no reactor rang a doorbell of a controller while it was being reset
+    let ignored: Vec<u64> = sims.iter().map(|s| s.invalid_doorbells()).collect();
+    assert!(ignored.iter().all(|&n| n == 0), "{ignored:?}");
+}
+
 /// Writes 4 KiB once, then polls a turn at a time (the reactor's clock, and so the command
 /// timeouts, move between turns) until it completes or 10 s pass.
 #[derive(Default)]

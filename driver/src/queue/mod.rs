@@ -634,6 +634,9 @@ impl QueuePair {
     pub fn poll(&mut self, mut on_completion: impl FnMut(Completion)) -> usize {
         if self.stale() {
             self.reconnect(&mut on_completion);
+            if self.stale() {
+                return 0; // a reset is under way: no doorbells, nothing to reap
+            }
         }
         self.flush();
         let mut done = 0usize;

@@ -1,7 +1,8 @@
 //! When commands do not complete: abort what timed out, reset the controller when an abort does
 //! not help or the controller reports a fatal status, re-create the queues after a reset, and
-//! fail everything when the device is gone. All of it runs on the owning thread, from `poll`,
-//! off the fast path.
+//! fail everything when the device is gone. Detection runs on the owning thread, from `poll`,
+//! off the fast path; the reset itself runs on a thread of its own (`Controller::start_reset`),
+//! so a reactor never waits for one: its queue pairs on that controller wait, the rest go on.
 
 use super::{Completion, QueuePair, CQE_BYTES};
 use crate::spec::Status;
@@ -47,12 +48,30 @@ impl QueuePair {
     }
 
     /// After a controller reset: the commands in flight were lost with the old queues; they come
-    /// back as "Command Aborted By Host", and the queues are created again.
+    /// back as "Command Aborted By Host", and the queues are created again. While the reset is
+    /// still under way (an odd generation) nothing happens: the queue pair waits, ringing
+    /// nothing, and its owner's other queue pairs go on. After a failed reset everything held
+    /// fails with "Host Pathing Error" and the queue pair is dead.
     pub(super) fn reconnect(&mut self, on_completion: &mut dyn FnMut(Completion)) {
         let Some(owner) = self.owner.clone() else {
             return;
         };
-        self.generation = owner.generation();
+        let generation = owner.generation();
+        if generation % 2 == 1 {
+            return;
+        }
+        self.generation = generation;
+        if owner.failed() {
+            log::error!(
+                "{}: the reset failed: queue {} fails {} command(s) and takes no more",
+                owner.name(),
+                self.qid,
+                self.in_flight
+            );
+            self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
+            self.dead = true;
+            return;
+        }
         self.fail_all(Status::ABORTED_BY_HOST, on_completion);
         self.reset_rings();
         if self.dead {
@@ -146,18 +165,9 @@ impl QueuePair {
             }
         }
         if reset {
-            match owner.reset() {
-                Ok(()) => self.reconnect(on_completion),
-                Err(e) => {
-                    log::error!(
-                        "{}: reset failed, queue {} is dead: {e}",
-                        owner.name(),
-                        self.qid
-                    );
-                    self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
-                    self.dead = true;
-                }
-            }
+            // On a thread of its own: this reactor's other devices keep being served; this
+            // queue pair waits (see `reconnect`).
+            owner.start_reset();
         }
     }
 }

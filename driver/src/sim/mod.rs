@@ -112,6 +112,9 @@ pub struct SimConfig {
     pub misdirect_write: Option<u64>,
     /// Faults armed at power-on (the `corrupt=N` and `nodata=N` options of a `sim:` address).
     pub faults: Vec<Fault>,
+    /// CSTS.RDY comes this long after CC.EN 0 -> 1, as a real controller's does: a reset takes
+    /// time (0: at once).
+    pub ready_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -135,6 +138,7 @@ impl Default for SimConfig {
             mode: SimMode::Inline,
             misdirect_write: None,
             faults: Vec::new(),
+            ready_delay: Duration::ZERO,
         }
     }
 }
@@ -238,6 +242,8 @@ pub(crate) struct Inner {
     identify: Box<IdentifyController>,
     regs: Mutex<RegFile>,
     csts: AtomicU32,
+    /// When CSTS.RDY is due after an enable (`SimConfig::ready_delay`).
+    ready_at: Mutex<Option<Instant>>,
     removed: AtomicBool,
     running: RwLock<Option<Arc<Running>>>,
     stores: Vec<Store>,
@@ -421,6 +427,7 @@ impl SimController {
                 identify,
                 regs: Mutex::default(),
                 csts: AtomicU32::new(0),
+                ready_at: Mutex::new(None),
                 removed: AtomicBool::new(false),
                 running: RwLock::new(None),
                 stores,
@@ -551,7 +558,15 @@ impl Registers for SimController {
             o if o == reg::CAP + 4 => (inner.cap.0 >> 32) as u32,
             reg::VS => 0x0001_0400,
             reg::CC => regs().cc,
-            reg::CSTS => inner.csts.load(Ordering::Acquire),
+            reg::CSTS => {
+                let mut ready_at = inner.ready_at.lock();
+                if ready_at.is_some_and(|at| Instant::now() >= at) {
+                    *ready_at = None;
+                    let csts = Csts(inner.csts.load(Ordering::Acquire));
+                    inner.csts.store(csts.with_rdy(true).0, Ordering::Release);
+                }
+                inner.csts.load(Ordering::Acquire)
+            }
             reg::AQA => regs().aqa,
             reg::ASQ => regs().asq as u32,
             o if o == reg::ASQ + 4 => (regs().asq >> 32) as u32,
@@ -666,7 +681,11 @@ impl Inner {
                 Ok(run) => {
                     self.start_worker(&run);
                     *self.running.write() = Some(run);
-                    self.csts.store(Csts(0).with_rdy(true).0, Ordering::Release);
+                    if self.config.ready_delay.is_zero() {
+                        self.csts.store(Csts(0).with_rdy(true).0, Ordering::Release);
+                    } else {
+                        *self.ready_at.lock() = Some(Instant::now() + self.config.ready_delay);
+                    }
                 }
                 Err(why) => self.fatal(&format!("enable refused: {why}")),
             }
@@ -774,6 +793,7 @@ impl Inner {
 
     /// Controller reset: stops the controller thread, forgets every queue and command.
     fn reset(&self) {
+        *self.ready_at.lock() = None;
         let run = self.running.write().take();
         if let Some(run) = run {
             run.stop.store(true, Ordering::Release);
