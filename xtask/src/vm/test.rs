@@ -85,9 +85,10 @@ pub fn run(args: VmTestArgs) -> Result<()> {
             if e.downcast_ref::<GuestDied>().is_none() {
                 return Err(e);
             }
-            // QEMU 7.2 under TCG has crashed this way (SIGSEGV in memory_region_dispatch_write,
-            // a vCPU's MMIO write racing a memory map change): the emulator, not a suite. Once
-            // more, from scratch (fresh images); a second death fails the run.
+            // QEMU under TCG has crashed this way (7.2: SIGSEGV in memory_region_dispatch_write,
+            // a vCPU's MMIO write racing a memory map change), and once sat idle with every
+            // vCPU asleep mid-suite: the emulator, not a suite (whose reactors never sleep).
+            // Once more, from scratch (fresh images); a second death fails the run.
             eprintln!("vm-test: {e}: running the guest suites once more, from scratch");
             guest_suites(args.filter.as_deref())?;
         }
@@ -95,14 +96,15 @@ pub fn run(args: VmTestArgs) -> Result<()> {
     Ok(())
 }
 
-/// The guest ended without an exit code (kernel panic or QEMU died): vm-run's exit code 125.
+/// The guest ended without an exit code (kernel panic or QEMU died: vm-run's exit code 125),
+/// or outlived the suites' time limit (124).
 #[derive(Debug)]
 struct GuestDied;
 
 impl std::fmt::Display for GuestDied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
-            "the guest ended without an exit code (vm-run exit code 125; its reason is above)",
+            "the guest ended without an exit code or hung (vm-run exit code 125 or 124; the reason is above)",
         )
     }
 }
@@ -185,7 +187,8 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         backend: Backend::File,
         numa_nodes: 2,
         logical_block_size: vec![512, 4096],
-        timeout: 1800,
+        // The suites take 8 minutes on QEMU 10 (13 under load): a hang costs this, then a retry.
+        timeout: 1000,
         keep_disks: true,
         disk_dir: Some(disk_dir.clone()),
         env: vec![
@@ -199,7 +202,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         suites.len()
     );
     let exit_code = run::run(&args)?;
-    if exit_code == run::EXIT_VM_FAILED {
+    if exit_code == run::EXIT_VM_FAILED || exit_code == run::EXIT_TIMEOUT {
         return Err(GuestDied.into());
     }
     if exit_code != 0 {
