@@ -12,7 +12,9 @@ use vm_memory::Bytes;
 use crate::error::Error;
 use crate::pci::PciAddress;
 use crate::prp::PAGE;
-use crate::queue::{Doorbells, IoBuffer, Layout, NamespaceGeometry, QueuePair, QueueSetup, Shadow};
+use crate::queue::{
+    Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair, QueueSetup, Shadow,
+};
 use crate::regs::Registers;
 use crate::spec::command::{num_queues_allocated, Cns, QueuePriority};
 use crate::spec::identify::{Oacs, SglSupport};
@@ -479,7 +481,7 @@ impl Controller {
             use_sgl: s.sgl,
             timeout: opts.timeout,
             generation,
-            owner: Some(self.clone()),
+            owner: Some(Arc::new(self.clone())),
         }))
     }
 
@@ -696,6 +698,34 @@ impl Controller {
     /// registers read all ones.
     pub fn is_removed(&self) -> bool {
         self.status().removed()
+    }
+}
+
+/// The controller as its I/O queue pairs see it (each holds one, for its cold paths).
+impl QueueOwner for Controller {
+    fn name(&self) -> &str {
+        Controller::name(self)
+    }
+    fn generation(&self) -> u64 {
+        Controller::generation(self)
+    }
+    fn failed(&self) -> bool {
+        Controller::failed(self)
+    }
+    fn status(&self) -> Csts {
+        Controller::status(self)
+    }
+    fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error> {
+        Controller::abort(self, sqid, cid)
+    }
+    fn start_reset(&self) {
+        Controller::start_reset(self)
+    }
+    fn create_queues(&self, qid: u16, depth: u16, sq: u64, cq: u64) -> Result<(), Error> {
+        Controller::create_queues(self, qid, depth, sq, cq)
+    }
+    fn release_queue(&self, qid: u16, delete: bool) {
+        Controller::release_queue(self, qid, delete)
     }
 }
 

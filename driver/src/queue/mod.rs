@@ -17,12 +17,11 @@ use std::time::Instant;
 use usnvme_hugepages::DmaRegion;
 use vm_memory::Bytes;
 
-use crate::controller::Controller;
-use crate::error::SubmitError;
+use crate::error::{Error, SubmitError};
 use crate::mmio::Doorbell;
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
-use crate::spec::{DsmRange, SglDescriptor, Sqe, Status};
+use crate::spec::{Csts, DsmRange, SglDescriptor, Sqe, Status};
 use ring::{Rings, ShadowEntry};
 
 const SQE_BYTES: usize = 64;
@@ -219,7 +218,7 @@ pub struct QueuePair {
     generation: u64,
     qid: u16,
     /// The controller that owns the queues (None for the admin queue).
-    owner: Option<Controller>,
+    owner: Option<Arc<dyn QueueOwner>>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -231,6 +230,25 @@ impl std::fmt::Debug for QueuePair {
             .field("stats", &self.stats)
             .finish()
     }
+}
+
+/// What an I/O queue pair needs of the controller that owns its queues, for the cold paths:
+/// noticing a reset, re-creating its queues after one, aborting, starting a reset, giving its
+/// queue id back. The controller implements it; this module knows no controller.
+pub(crate) trait QueueOwner: Send + Sync {
+    fn name(&self) -> &str;
+    /// Even while the controller is ready, odd while a reset is under way.
+    fn generation(&self) -> u64;
+    /// The last reset failed.
+    fn failed(&self) -> bool;
+    fn status(&self) -> Csts;
+    fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error>;
+    /// Returns at once; the reset runs elsewhere.
+    fn start_reset(&self);
+    fn create_queues(&self, qid: u16, depth: u16, sq_iova: u64, cq_iova: u64)
+        -> Result<(), Error>;
+    /// Deletes the queues first when `delete`.
+    fn release_queue(&self, qid: u16, delete: bool);
 }
 
 /// What the controller gives a new queue pair.
@@ -245,7 +263,7 @@ pub(crate) struct QueueSetup {
     /// Commands older than this are aborted, then the controller is reset (None: never).
     pub timeout: Option<std::time::Duration>,
     pub generation: u64,
-    pub owner: Option<Controller>,
+    pub owner: Option<Arc<dyn QueueOwner>>,
 }
 
 impl QueuePair {
@@ -348,7 +366,7 @@ impl QueuePair {
         self.owner.as_ref().is_some_and(|o| self.stale_for(o))
     }
 
-    fn stale_for(&self, owner: &Controller) -> bool {
+    fn stale_for(&self, owner: &Arc<dyn QueueOwner>) -> bool {
         owner.generation() != self.generation
     }
 
