@@ -221,6 +221,14 @@ pub enum BlockError {
 }
 
 impl BlockError {
+    /// `device` has no room for `needed` more commands until it is polled.
+    pub(crate) fn busy(device: &Arc<str>, needed: usize) -> Self {
+        BlockError::Busy {
+            device: device.clone(),
+            needed,
+        }
+    }
+
     /// A driver's refusal, by kind: the caller's offset or length, the range, a full queue.
     fn from_driver(
         device: &Arc<str>,
@@ -243,7 +251,7 @@ impl BlockError {
                 len,
                 size: info.size_bytes,
             },
-            SubmitError::QueueFull { .. } => BlockError::Busy { device, needed: 1 },
+            SubmitError::QueueFull { .. } => BlockError::busy(&device, 1),
             source => BlockError::Submit { device, source },
         }
     }

@@ -179,10 +179,7 @@ impl NamespaceChannel {
             .then(|| self.gather.start(token, parts as u32, bytes, self.now_ns))
             .flatten();
         let Some(parent) = parent else {
-            return Err(BlockError::Busy {
-                device: self.name.clone(),
-                needed: parts,
-            });
+            return Err(BlockError::busy(&self.name, parts));
         };
         let part_token = NAMESPACE_PARENT | parent;
         let bs = self.info.block_size as u64;

@@ -244,7 +244,7 @@ impl StripeChannel {
         // touched twice is checked against the sum; I/Os span a few chunks).
         let count = if op == Op::Flush {
             if self.members.iter().any(|m| m.free_commands() == 0) {
-                return Err(self.busy_error(width));
+                return Err(BlockError::busy(&self.name, width));
             }
             width as u32
         } else {
@@ -255,7 +255,7 @@ impl StripeChannel {
                     .map(|q| self.members[q.member].commands_needed(op, q.len))
                     .sum();
                 if needed > self.members[p.member].free_commands() {
-                    return Err(self.busy_error(needed));
+                    return Err(BlockError::busy(&self.name, needed));
                 }
                 count += 1;
             }
@@ -263,7 +263,7 @@ impl StripeChannel {
         };
         let bytes = if op.has_data() { len } else { 0 };
         let Some(parent) = self.gather.start(token, count, bytes, self.now_ns) else {
-            return Err(self.busy_error(count as usize));
+            return Err(BlockError::busy(&self.name, count as usize));
         };
         let part_token = STRIPE_PARENT | parent;
         if op == Op::Flush {
@@ -291,13 +291,6 @@ impl StripeChannel {
             }
         }
         Ok(())
-    }
-
-    fn busy_error(&self, needed: usize) -> BlockError {
-        BlockError::Busy {
-            device: self.name.clone(),
-            needed,
-        }
     }
 
     /// Polls the members with something queued or in flight only.
