@@ -10,9 +10,8 @@
 //! the user, so processes that can open the same drive make the same choice; VFIO's own refusal
 //! (EBUSY on a group in use) remains the backstop.
 
-use std::fs::File;
+use std::fs::{File, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -66,17 +65,15 @@ impl OwnerLock {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        // SAFETY: flock on a descriptor this function owns; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
                 return Err(LockError::InUse {
                     addr,
                     owner: owner_of(&mut file),
-                });
+                })
             }
-            return Err(io(e));
+            Err(TryLockError::Error(e)) => return Err(io(e)),
         }
         let line = format!("{} {}\n", std::process::id(), command_line());
         file.set_len(0)
@@ -129,24 +126,17 @@ pub fn holder(dirs: &[PathBuf], addr: PciAddress) -> Option<String> {
         let Ok(mut file) = File::open(dir.join(format!("{addr}.lock"))) else {
             continue;
         };
-        // SAFETY: flock on a descriptor this function owns; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-        if rc == 0 {
-            continue; // free: closing the file lets go of the shared lock
-        }
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return read_owner(&mut file);
+        match file.try_lock_shared() {
+            // free: closing the file lets go of the shared lock
+            Ok(()) | Err(TryLockError::Error(_)) => continue,
+            Err(TryLockError::WouldBlock) => return read_owner(&mut file),
         }
     }
     None
 }
 
 fn writable(dir: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: access() reads the NUL-terminated path and nothing else.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
 }
 
 /// "usnvme PID 1234 (usnvme perf -t 5)", from what the owner wrote in the lock file.

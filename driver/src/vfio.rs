@@ -8,8 +8,9 @@
 //! asks to detach it from the container, which the kernel has already done as the group's last
 //! device went away (`vfio_device_remove_group`; seen on the test VM's 6.1): on that EINVAL it
 //! keeps the group's file open for the process's lifetime.
-//! The ioctls vfio-ioctls lacks (the IOMMU's valid IOVA ranges, a device's request interrupt)
-//! are here too.
+//! Also here: the ioctl vfio-ioctls lacks (the IOMMU's valid IOVA ranges), and the one it
+//! offers only as a method of its `VfioDevice` (`enable_irq`, wiring the device's request
+//! interrupt to an eventfd).
 //!
 //! Around each device:
 //! - its owner lock (`lock.rs`), taken before the device is touched;
@@ -22,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -30,6 +31,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use parking_lot::Mutex;
 
 use crate::pci::{attr, link_name, parse_hex};
@@ -449,7 +451,7 @@ fn iommu_iova_ranges(container: &impl AsRawFd) -> Option<Vec<std::ops::Range<u64
 
 /// The kernel's request interrupt of `device` on a new eventfd: the kernel signals it when it
 /// wants the device back (hot removal, unbind) and waits until the device file is closed.
-fn request_eventfd(device: &File) -> std::io::Result<OwnedFd> {
+fn request_eventfd(device: &File) -> std::io::Result<EventFd> {
     const VFIO_DEVICE_SET_IRQS: libc::c_ulong = 0x3b6e; // _IO(';', 100 + 10)
     const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
     const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
@@ -464,13 +466,7 @@ fn request_eventfd(device: &File) -> std::io::Result<OwnedFd> {
         count: u32,
         fd: i32,
     }
-    // SAFETY: eventfd() takes no pointers; the result is checked before it is owned.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a descriptor eventfd() just returned, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
     let set = IrqSet {
         argsz: std::mem::size_of::<IrqSet>() as u32,
         flags: VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
@@ -495,7 +491,7 @@ struct DeviceShared {
     /// The open device and its owner lock; None once given back to the kernel.
     open: Mutex<Option<OpenDevice>>,
     /// The request interrupt's eventfd (None where the kernel offers none).
-    request: Option<OwnedFd>,
+    request: Option<EventFd>,
     /// Set when the device is closed normally: the watcher then just ends.
     closing: AtomicBool,
     removed: AtomicBool,
@@ -518,17 +514,13 @@ impl DeviceShared {
             return;
         };
         loop {
-            let mut count = [0u8; 8];
-            // SAFETY: reads 8 bytes into a local buffer from an eventfd this struct owns, which
-            // stays open until this thread is joined.
-            let n = unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+            match fd.read() {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    log::warn!("{}: waiting for device requests: {e}", self.addr);
+                    return;
                 }
-                log::warn!("{}: waiting for device requests: {e}", self.addr);
-                return;
             }
             if self.closing.load(Ordering::Acquire) {
                 return;
@@ -676,10 +668,7 @@ impl Drop for VfioPciDevice {
         }
         self.shared.closing.store(true, Ordering::Release);
         if let (Some(fd), Some(watcher)) = (&self.shared.request, self.watcher.take()) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a local buffer to the eventfd, which is still open.
-            let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
-            if n == 8 {
+            if fd.write(1).is_ok() {
                 let _ = watcher.join();
             }
         }

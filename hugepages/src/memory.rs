@@ -9,7 +9,13 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::sys::mman::{madvise, mlock, MmapAdvise};
+use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
 
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::MmapRegion;
@@ -248,22 +254,24 @@ pub(crate) fn allocate_in(
         })?;
     let ptr = region.as_ptr();
     // The child of a fork must never share (or copy-on-write) pages a device writes.
+    let start = NonNull::new(ptr.cast::<c_void>())
+        .ok_or_else(|| sys_err("mmap", io::Error::other("a null mapping")))?;
     // SAFETY: [ptr, ptr+len) is the mapping just created; MADV_DONTFORK changes no contents.
-    check(unsafe { libc::madvise(ptr.cast(), len, libc::MADV_DONTFORK) })
-        .map_err(|e| sys_err("madvise(MADV_DONTFORK)", e))?;
+    unsafe { madvise(start, len, MmapAdvise::MADV_DONTFORK) }
+        .map_err(|e| sys_err("madvise(MADV_DONTFORK)", e.into()))?;
     if let Some(n) = node {
         mbind(ptr, len, n).map_err(|e| sys_err("mbind", e))?;
     }
-    populate(ptr, len, page).map_err(|e| sys_err("populate", e))?;
+    populate(start, len, page).map_err(|e| sys_err("populate", e))?;
     // SAFETY: locking the pages of a mapping we own has no effect on memory safety.
-    if let Err(source) = check(unsafe { libc::mlock(ptr.cast(), len) }) {
-        return Err(match source.raw_os_error() {
-            Some(libc::EPERM | libc::ENOMEM) => MemoryError::MemlockLimit {
+    if let Err(errno) = unsafe { mlock(start, len) } {
+        return Err(match errno {
+            Errno::EPERM | Errno::ENOMEM => MemoryError::MemlockLimit {
                 len,
                 limit: memlock_limit(),
-                source,
+                source: errno.into(),
             },
-            _ => sys_err("mlock", source),
+            _ => sys_err("mlock", errno.into()),
         });
     }
     if let Some(n) = node {
@@ -280,13 +288,6 @@ pub(crate) fn allocate_in(
     })
 }
 
-fn check(ret: impl Into<libc::c_long>) -> io::Result<()> {
-    if ret.into() < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 fn mbind(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
     let bits = libc::c_ulong::BITS as usize;
@@ -296,7 +297,7 @@ fn mbind(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
     let maxnode = (mask.len() * bits + 1) as libc::c_ulong;
     const MPOL_MF_STRICT: libc::c_uint = 1;
     // SAFETY: [ptr, ptr+len) is our own mapping; `mask` outlives the call and holds maxnode - 1 bits.
-    check(unsafe {
+    let ret = unsafe {
         libc::syscall(
             libc::SYS_mbind,
             ptr,
@@ -306,14 +307,23 @@ fn mbind(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
             maxnode,
             MPOL_MF_STRICT,
         )
-    })
+    };
+    syscall_result(ret)
 }
 
-fn populate(ptr: *mut u8, len: usize, page: PageSize) -> io::Result<()> {
+/// A raw `syscall`'s return value as a result (the ones nix has no wrapper for).
+fn syscall_result(ret: libc::c_long) -> io::Result<()> {
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn populate(start: NonNull<c_void>, len: usize, page: PageSize) -> io::Result<()> {
+    let ptr = start.as_ptr().cast::<u8>();
     // SAFETY: [ptr, ptr+len) is our own writable mapping; populating writes no data.
-    let ret = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) };
-    match check(ret) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+    match unsafe { madvise(start, len, MmapAdvise::MADV_POPULATE_WRITE) } {
+        Err(Errno::EINVAL) => {
             // Kernels before 5.14: touch each page. A hugetlb pool emptied since the sysfs check
             // would raise SIGBUS here, which MADV_POPULATE_WRITE reports as an error instead.
             log::warn!(
@@ -326,18 +336,13 @@ fn populate(ptr: *mut u8, len: usize, page: PageSize) -> io::Result<()> {
             }
             Ok(())
         }
-        other => other,
+        other => other.map_err(io::Error::from),
     }
 }
 
 fn memlock_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the struct we pass.
-    let ret = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
-    (ret == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+    let (soft, _hard) = getrlimit(Resource::RLIMIT_MEMLOCK).ok()?;
+    (soft != RLIM_INFINITY).then_some(soft)
 }
 
 fn verify_node(ptr: *mut u8, len: usize, page: PageSize, node: u32) -> Result<(), MemoryError> {
@@ -359,7 +364,7 @@ fn verify_node(ptr: *mut u8, len: usize, page: PageSize, node: u32) -> Result<()
             0,
         )
     };
-    check(ret).map_err(|source| MemoryError::Syscall {
+    syscall_result(ret).map_err(|source| MemoryError::Syscall {
         op: "move_pages",
         len,
         page,

@@ -414,18 +414,15 @@ fn scan_stamps(disk_dir: &Path) -> Result<StampScan> {
 
 /// The data extents of a sparse file, 512-byte aligned (SEEK_DATA / SEEK_HOLE).
 fn data_extents(file: &std::fs::File) -> Result<Vec<(u64, u64)>> {
-    use std::os::fd::AsRawFd;
+    use nix::unistd::{lseek, Whence};
     let size = file.metadata()?.len();
     let mut extents = Vec::new();
     let mut at: u64 = 0;
     while at < size {
-        // SAFETY: lseek on a descriptor the caller keeps open; no memory is involved.
-        let data = unsafe { libc::lseek(file.as_raw_fd(), at as libc::off_t, libc::SEEK_DATA) };
-        if data < 0 {
+        let Ok(data) = lseek(file, at as i64, Whence::SeekData) else {
             break; // ENXIO: no data past `at`
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        };
+        let hole = lseek(file, data, Whence::SeekHole).unwrap_or(size as i64);
         let (start, end) = (data as u64 / 512 * 512, (hole.max(data) as u64).min(size));
         if end <= start {
             break;
