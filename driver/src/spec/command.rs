@@ -4,6 +4,7 @@
 //! creation).
 
 use core::mem::offset_of;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::log::LogPageId;
 
@@ -167,7 +168,7 @@ pub const DSM_DEALLOCATE: u32 = 1 << 2;
 
 /// A 64-byte submission queue entry.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable)]
 pub struct Sqe {
     /// Command Dword 0: opcode (7:0), FUSE (9:8), PSDT (15:14), command identifier (31:16).
     pub cdw0: u32,
@@ -455,7 +456,7 @@ pub const fn num_queues_allocated(dw0: u32) -> (u32, u32) {
 
 /// A Dataset Management range (NVM Command Set 1.0, figure 39).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable)]
 pub struct DsmRange {
     /// Context Attributes.
     pub attributes: u32,
@@ -492,7 +493,7 @@ pub const SGL_LAST_SEGMENT: u8 = 0x3;
 
 /// A 16-byte Scatter Gather List descriptor (NVMe Base 2.0, section 4.1.2).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable)]
 pub struct SglDescriptor {
     /// Address (of the data, or of the next segment).
     pub address: u64,

@@ -1,12 +1,13 @@
 //! Completion queue entries (NVMe Base 2.0, section 4.2.1).
 
 use core::mem::offset_of;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::status::Status;
 
 /// A 16-byte completion queue entry.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable)]
 pub struct Cqe {
     /// Dword 0: command specific result.
     pub dw0: u32,

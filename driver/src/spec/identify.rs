@@ -2,6 +2,7 @@
 
 use core::fmt;
 use core::mem::offset_of;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::ascii_field;
 use super::registers::Vs;
@@ -54,7 +55,7 @@ pub enum SglSupport {
 /// Identify Controller data structure (CNS 01h). Fields carry the specification's mnemonics;
 /// `rsvd<offset>` fields are reserved.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct IdentifyController {
     pub vid: u16,      // PCI Vendor ID
     pub ssvid: u16,    // PCI Subsystem Vendor ID
@@ -267,7 +268,7 @@ impl fmt::Debug for IdentifyController {
 
 /// An LBA Format descriptor.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable)]
 pub struct LbaFormat {
     /// Metadata Size in bytes per block.
     pub ms: u16,
@@ -295,7 +296,7 @@ impl LbaFormat {
 /// Identify Namespace data structure of the NVM command set (CNS 00h), fields named by the
 /// specification's mnemonics.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct IdentifyNamespace {
     pub nsze: u64,        // Namespace Size in blocks
     pub ncap: u64,        // Namespace Capacity in blocks
@@ -420,7 +421,7 @@ impl fmt::Debug for IdentifyNamespace {
 
 /// A namespace ID list (CNS 02h): ascending IDs, ended by the first zero.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct NamespaceList {
     /// Namespace identifiers.
     pub ids: [u32; 1024],

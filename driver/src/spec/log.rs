@@ -1,6 +1,7 @@
 //! Log pages (NVMe Base 2.0, section 5.16.1).
 
 use core::mem::offset_of;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::ascii_field;
 use super::status::Status;
@@ -50,7 +51,7 @@ spec_flags! {
 /// SMART / Health Information log (LID 02h), 512 bytes. The 128-bit counters are stored as
 /// little-endian byte arrays; the accessors of the same name decode them.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct SmartLog {
     pub critical_warning: u8,           // see CriticalWarning
     pub composite_temperature: [u8; 2], // kelvin, u16 at an odd offset
@@ -185,7 +186,7 @@ impl SmartLog {
 
 /// An Error Information log entry (LID 01h), 64 bytes.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct ErrorLogEntry {
     pub error_count: u64, // unique and increasing; 0 marks an unused entry
     pub sqid: u16,
@@ -233,7 +234,7 @@ impl ErrorLogEntry {
 
 /// Firmware Slot Information log (LID 03h), 512 bytes.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct FirmwareSlotLog {
     pub afi: u8, // Active Firmware Info: active slot (2:0), slot activated at next reset (6:4)
     rsvd1: [u8; 7],

@@ -14,51 +14,18 @@
 #[cfg(target_endian = "big")]
 compile_error!("usnvme spec types assume a little-endian host, as NVMe data structures are");
 
-use core::mem::size_of;
 
-/// Plain old data: a type that can be made from any bytes of its size and viewed as bytes.
-///
-/// # Safety
-///
-/// Implement only for `#[repr(C)]` (or `#[repr(transparent)]`) types that
-/// - consist solely of integers and arrays of integers (no references, pointers, `bool`,
-///   `char`, enums or other types with invalid bit patterns), so every byte pattern is valid;
-/// - have no padding bytes anywhere, so every byte of a value is initialized.
-///
-/// The `pod!` macro implements this trait together with a compile-time size check; each
-/// struct's field offsets are asserted next to its definition.
-pub unsafe trait Pod: Copy + Send + Sync + 'static {}
-
-/// Reads a `T` out of exactly `size_of::<T>()` bytes.
-fn pod_from_array<T: Pod, const N: usize>(bytes: &[u8; N]) -> T {
-    const { assert!(N == size_of::<T>()) };
-    // SAFETY: `bytes` is N == size_of::<T>() initialized bytes (asserted at compile time above),
-    // any byte pattern is a valid `T` (T: Pod), and `read_unaligned` has no alignment needs.
-    unsafe { bytes.as_ptr().cast::<T>().read_unaligned() }
-}
-
-/// Views a `T` as its `size_of::<T>()` bytes.
-fn pod_as_array<T: Pod, const N: usize>(value: &T) -> &[u8; N] {
-    const { assert!(N == size_of::<T>()) };
-    // SAFETY: N == size_of::<T>() (asserted above); T: Pod has no padding, so all N bytes behind
-    // `value` are initialized; `[u8; N]` has alignment 1; the returned borrow is tied to `value`,
-    // which cannot be mutated meanwhile.
-    unsafe { &*core::ptr::from_ref(value).cast::<[u8; N]>() }
-}
-
-/// Marks `#[repr(C)]` structs as [`Pod`] (and `vm_memory::ByteValued`), asserts their size and
-/// gives each `SIZE`, `from_bytes`, `from_slice`, `as_bytes` and `zeroed`.
+/// For `#[repr(C)]` structs that derive zerocopy's `FromBytes`, `IntoBytes` and `Immutable`
+/// (which prove at compile time that any bytes form a valid value and that no byte is padding,
+/// so a `bool` field or a gap between fields does not compile): asserts their size, marks them
+/// `vm_memory::ByteValued` and gives each `SIZE`, `from_bytes`, `from_slice`, `as_bytes` and
+/// `zeroed`.
 macro_rules! pod {
     ($($ty:ident = $size:literal),* $(,)?) => {$(
         const _: () = assert!(core::mem::size_of::<$ty>() == $size);
 
-        // SAFETY: `$ty` is `#[repr(C)]` and made only of integers and integer arrays, laid out
-        // so that each field starts where the previous one ends (its size and key offsets are
-        // asserted at compile time): it has no padding and any bytes form a valid value.
-        unsafe impl $crate::spec::Pod for $ty {}
-
-        // SAFETY: the same properties as for `Pod` above: any bytes form a valid value and no
-        // byte is padding.
+        // SAFETY: any bytes form a valid `$ty` and no byte of one is padding: `from_bytes` and
+        // `as_bytes` below compile only because its zerocopy derives prove exactly that.
         unsafe impl vm_memory::ByteValued for $ty {}
 
         impl $ty {
@@ -67,7 +34,7 @@ macro_rules! pod {
 
             /// Decodes the structure from its little-endian wire representation.
             pub fn from_bytes(bytes: &[u8; $size]) -> Self {
-                $crate::spec::pod_from_array(bytes)
+                zerocopy::transmute!(*bytes)
             }
 
             /// Like [`Self::from_bytes`], for a slice; `None` unless it is exactly `SIZE` bytes.
@@ -77,7 +44,7 @@ macro_rules! pod {
 
             /// The wire representation of the structure.
             pub fn as_bytes(&self) -> &[u8; $size] {
-                $crate::spec::pod_as_array(self)
+                zerocopy::transmute_ref!(self)
             }
 
             /// An all-zero value (every reserved field zero, as the specification wants).
