@@ -50,7 +50,15 @@ enum Command {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A bad flag: one line naming it, exit 2, as the commands' own usage errors.
+        Err(e) if e.use_stderr() => {
+            eprintln!("usnvme: {}", one_line(&e));
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(), // --help, --version
+    };
     if let Err(e) = signals::install() {
         log::warn!("cannot install the Ctrl-C handler: {e}");
     }
@@ -96,6 +104,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let flushed = stdout.flush();
     result?;
     Ok(flushed?)
+}
+
+/// clap's error on one line: its message and hints without the usage block clap adds
+/// (`--help` shows that).
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let kept: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:"))
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .collect();
+    kept.join(" ")
 }
 
 /// The sysfs/procfs view: `/`, or the root named by `USNVME_SYSFS_ROOT`.

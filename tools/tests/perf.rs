@@ -49,20 +49,21 @@ fn f(v: &Value) -> f64 {
 #[test]
 fn bad_input_exits_2_naming_the_flag_before_any_io() {
     let cases: &[(&[&str], &str)] = &[
-        (&["-q", "0"], "-q 0"),
+        (&["-q", "0"], "'0' for '--queue-depth"),
         (&["-q", "100000"], "-q 100000"),
         (&["-q", "300", "-r", "sim:1,mqes=255"], "-q 300"),
         (&["-o", "4097"], "-o 4097"),
-        (&["-o", "4x"], "-o 4x"),
+        (&["-o", "4x"], "'4x' for '--io-size"),
         (&["-o", "3M"], "-o 3M"),
-        (&["-w", "rw", "-M", "101"], "-M 101"),
-        (&["-w", "sideways"], "-w sideways"),
+        (&["-w", "rw", "-M", "101"], "'101' for '--rwmixread"),
+        (&["-w", "sideways"], "'sideways' for '--workload"),
         (&["-c", "4095"], "-c 4095"),
         (&["-c", "0xZ"], "-c"),
         (&["-c", "1-0"], "-c"),
         (&["-r", "sim:0"], "sim:0 is given twice"),
-        (&["-t", "0"], "-t 0"),
-        (&["--stripe", "x"], "--stripe x"),
+        (&["-t", "0"], "'0' for '--time"),
+        (&["--stripe", "x"], "'x' for '--stripe"),
+        (&["--seed", "7"], "required arguments were not provided: --verify"),
         (&["--stripe", "3"], "--stripe 3"),
     ];
     for (args, flag) in cases {
@@ -595,7 +596,7 @@ fn a_missing_namespace_or_a_region_beyond_capacity_is_refused_before_any_io() {
             &["-r", "sim:0,bs=4096,size=4M", "--offset", "512"],
             &["--offset 512: not a multiple of the 4096-byte block size of sim:0"],
         ),
-        (&["-r", "sim:0", "-n", "0"], &["-n 0"]),
+        (&["-r", "sim:0", "-n", "0"], &["'0' for '--namespace"]),
     ];
     for (args, says) in cases {
         let mut all = args.to_vec();

@@ -274,7 +274,8 @@ fn usage_errors_exit_2() {
         let out = usnvme(fake.root(), args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         let err = stderr(&out);
-        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.starts_with("usnvme: error: "), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
     }
     let err = stderr(&usnvme(fake.root(), &["setup", "bind", "all", "01:00.0"]));
     assert!(err.contains("`all` stands alone"), "{err}");

@@ -42,7 +42,7 @@ use crate::signals;
 use regions::{check_io_size, devices, region, spans};
 use report::Row;
 pub(crate) use session::Session;
-use settings::settings;
+use settings::{positive_size, removal, seconds, settings, size, stripe, Given, Pattern};
 pub(crate) use settings::Settings;
 use watch::watch;
 use workload::{Plan, Region, Workload};
@@ -54,19 +54,22 @@ const MAX_SPLIT: u64 = 2 << 20;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Queue depth: I/Os in flight per reactor per device.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 32)]
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
     depth: u32,
     /// I/O size in bytes: 4096, 4k, 128K, 1M.
-    #[arg(short = 'o', long = "io-size", default_value = "4k")]
-    io_size: String,
-    /// Pattern: read, write, randread, randwrite, rw, randrw.
-    #[arg(short = 'w', long = "workload", default_value = "randread")]
-    workload: String,
+    #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = positive_size)]
+    io_size: Given<u64>,
+    /// Access pattern (rw and randrw mix reads and writes by -M).
+    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Pattern::Randread)]
+    workload: Pattern,
     /// Percentage of reads for rw and randrw (0-100).
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50)]
+    #[arg(short = 'M', long = "rwmixread", default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(0..=100))]
     read_pct: u32,
     /// Seconds to measure (after the warm-up).
-    #[arg(short = 't', long = "time", default_value_t = 10)]
+    #[arg(short = 't', long = "time", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
     time: u64,
     /// Warm-up seconds: I/O runs but is not counted.
     #[arg(short = 'a', long = "warmup", default_value_t = 0)]
@@ -83,39 +86,40 @@ pub struct Args {
     #[arg(short = 'L', action = clap::ArgAction::Count)]
     latency: u8,
     /// Stop after N I/Os per reactor per device (warm-up included) instead of after -t.
-    #[arg(long = "io-count", value_name = "N")]
+    #[arg(long = "io-count", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     io_count: Option<u64>,
     /// Write the results as JSON (fio-like) to FILE.
     #[arg(long = "json", value_name = "FILE")]
     json: Option<PathBuf>,
     /// Run on stripes (RAID 0) of N drives each, chunk size default 128K: N or N:CHUNK.
-    #[arg(long = "stripe", value_name = "N[:CHUNK]")]
-    stripe: Option<String>,
+    #[arg(long = "stripe", value_name = "N[:CHUNK]", value_parser = stripe)]
+    stripe: Option<Given<(usize, u64)>>,
     /// Cap the rate at this many IOPS in total.
-    #[arg(long = "rate", value_name = "IOPS")]
+    #[arg(long = "rate", value_name = "IOPS", value_parser = clap::value_parser!(u64).range(1..))]
     rate: Option<u64>,
     /// Stamp every written block (offset, seed, checksum) and check every block read.
     #[arg(long = "verify")]
     verify: bool,
     /// Debug: every write after the first N per device carries a bad checksum in its first block.
-    #[arg(long = "corrupt-after", value_name = "N", hide = true)]
+    #[arg(long = "corrupt-after", value_name = "N", hide = true, requires = "verify")]
     corrupt_after: Option<u64>,
     /// Namespace to run on, on every drive (default: every active namespace).
-    #[arg(short = 'n', long = "namespace", value_name = "NSID")]
+    #[arg(short = 'n', long = "namespace", value_name = "NSID",
+          value_parser = clap::value_parser!(u32).range(1..))]
     namespace: Option<u32>,
     /// Where the I/O region of each device starts, in bytes (4k, 1G, ...), like fio's --offset.
-    #[arg(long = "offset", value_name = "BYTES")]
-    offset: Option<String>,
+    #[arg(long = "offset", value_name = "BYTES", value_parser = size)]
+    offset: Option<Given<u64>>,
     /// How many bytes the I/O region spans (default: to the end of the device), like fio's --size.
-    #[arg(long = "size", value_name = "BYTES")]
-    size: Option<String>,
+    #[arg(long = "size", value_name = "BYTES", value_parser = positive_size)]
+    size: Option<Given<u64>>,
     /// Reset every controller once, S seconds into the measurement, while I/O runs. The I/Os
     /// the reset aborts are counted, not failures; the run fails if I/O does not resume.
-    #[arg(long = "reset-after", value_name = "S")]
+    #[arg(long = "reset-after", value_name = "S", value_parser = seconds)]
     reset_after: Option<f64>,
     /// Seed of the --verify stamps (default: from the process ID). A read run given an earlier
     /// run's seed (its JSON `options.seed`) checks the blocks that run wrote.
-    #[arg(long = "seed", value_name = "N")]
+    #[arg(long = "seed", value_name = "N", requires = "verify")]
     seed: Option<u64>,
     /// Use the controllers' shadow doorbells (Doorbell Buffer Config) where offered: only
     /// emulated controllers offer them; under software emulation (QEMU without KVM) they cost
@@ -123,8 +127,8 @@ pub struct Args {
     #[arg(long = "shadow-doorbells")]
     shadow_doorbells: bool,
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
-    #[arg(long = "remove", value_name = "DEVICE@S", hide = true)]
-    remove: Option<String>,
+    #[arg(long = "remove", value_name = "DEVICE@S", hide = true, value_parser = removal)]
+    remove: Option<(String, f64)>,
 }
 
 /// A bad flag: `main` prints it on one line and exits 2, and no I/O was issued.

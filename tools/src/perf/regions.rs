@@ -53,8 +53,8 @@ pub(super) fn spans(devices: &[Arc<dyn BlockDevice>], settings: &Settings) -> Re
         let (start, len) = match (&settings.offset, &settings.size) {
             (None, None) => (0, info.size_bytes),
             (offset, size) => {
-                let start = offset.as_ref().map_or(0, |(o, _)| *o);
-                if let Some((_, given)) = offset {
+                let start = offset.as_ref().map_or(0, |o| o.value);
+                if let Some(given) = offset {
                     if start >= info.size_bytes {
                         return Err(usage(format!(
                             "--offset {given}: beyond the end of {} ({} bytes); give an offset below its capacity",
@@ -68,8 +68,8 @@ pub(super) fn spans(devices: &[Arc<dyn BlockDevice>], settings: &Settings) -> Re
                         )));
                     }
                 }
-                let len = size.as_ref().map_or(info.size_bytes - start, |(s, _)| *s);
-                if let Some((_, given)) = size {
+                let len = size.as_ref().map_or(info.size_bytes - start, |s| s.value);
+                if let Some(given) = size {
                     if start
                         .checked_add(len)
                         .is_none_or(|end| end > info.size_bytes)

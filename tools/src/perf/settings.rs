@@ -1,4 +1,8 @@
-//! The flags checked: everything that does not need the drives (a bad one is a usage error).
+//! The flags checked. clap checks each flag on its own (ranges, sizes, patterns, what needs
+//! `--verify`); [`settings`] checks what depends on several flags or on the machine. Either way
+//! a bad flag is a usage error: one line naming it, exit 2, no drive opened.
+
+use serde::Serialize;
 
 use super::*;
 
@@ -10,12 +14,111 @@ pub(crate) struct Settings {
     pub(super) specs: Vec<DeviceSpec>,
     pub(super) stripe: Option<(usize, u64)>,
     pub(super) namespace: Option<u32>,
-    /// `--offset` and `--size` in bytes, each with the text given (for errors).
-    pub(super) offset: Option<(u64, String)>,
-    pub(super) size: Option<(u64, String)>,
+    pub(super) offset: Option<Given<u64>>,
+    pub(super) size: Option<Given<u64>>,
     pub(super) reset_after: Option<Duration>,
     /// `--remove`: the simulated drive and when.
     pub(super) remove: Option<(String, Duration)>,
+}
+
+/// `-w`: the access pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Pattern {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+    Rw,
+    Randrw,
+}
+
+impl Pattern {
+    fn is_random(self) -> bool {
+        matches!(self, Pattern::Randread | Pattern::Randwrite | Pattern::Randrw)
+    }
+
+    /// The share of reads, in percent (`mix`: `-M`, for the mixed patterns).
+    fn read_pct(self, mix: u32) -> u32 {
+        match self {
+            Pattern::Read | Pattern::Randread => 100,
+            Pattern::Write | Pattern::Randwrite => 0,
+            Pattern::Rw | Pattern::Randrw => mix,
+        }
+    }
+}
+
+/// A flag's value and the text it was given as: later errors and the JSON options quote the
+/// text (`--offset 1G`, not 1073741824).
+#[derive(Debug, Clone)]
+pub(crate) struct Given<T> {
+    pub(crate) value: T,
+    pub(crate) text: String,
+}
+
+impl<T> std::fmt::Display for Given<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl<T> Serialize for Given<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+/// clap's parser of sizes in bytes (`4096`, `4k`, `128K`, `1M`, `1G`).
+pub(super) fn size(s: &str) -> std::result::Result<Given<u64>, String> {
+    let value = usnvme_driver::parse_size(s)
+        .ok_or("not a size; give bytes like 4096, 4k, 128K, 1M or 1G")?;
+    Ok(Given {
+        value,
+        text: s.into(),
+    })
+}
+
+/// [`size`], at least one byte.
+pub(super) fn positive_size(s: &str) -> std::result::Result<Given<u64>, String> {
+    size(s).and_then(|g| match g.value {
+        0 => Err("give at least one byte, e.g. 4k".into()),
+        _ => Ok(g),
+    })
+}
+
+/// `--stripe N[:CHUNK]`: N >= 1 drives, CHUNK bytes each (default 128K).
+pub(super) fn stripe(s: &str) -> std::result::Result<Given<(usize, u64)>, String> {
+    let bad = || "expected N or N:CHUNK, e.g. 12 or 12:128K (N >= 1)".to_string();
+    let (n, chunk) = s.split_once(':').unwrap_or((s, "128K"));
+    let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;
+    let chunk = usnvme_driver::parse_size(chunk)
+        .filter(|&c| c > 0)
+        .ok_or_else(bad)?;
+    Ok(Given {
+        value: (n, chunk),
+        text: s.into(),
+    })
+}
+
+/// Seconds (`1`, `2.5`): positive and finite.
+pub(super) fn seconds(s: &str) -> std::result::Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|&s| parse_seconds(s).is_some())
+        .ok_or_else(|| "give seconds, e.g. 2 or 1.5".into())
+}
+
+/// `--remove sim:N@SECONDS`: one simulated drive and when.
+pub(super) fn removal(s: &str) -> std::result::Result<(String, f64), String> {
+    let bad = || "expected sim:N@SECONDS, e.g. sim:2@1.5".to_string();
+    let (device, at) = s.rsplit_once('@').ok_or_else(bad)?;
+    let at = seconds(at).map_err(|_| bad())?;
+    match device.parse::<DeviceSpec>() {
+        Ok(DeviceSpec::Sim(sim)) if sim.drives.len() == 1 => {
+            Ok((format!("sim:{}", sim.drives[0]), at))
+        }
+        _ => Err(bad()),
+    }
 }
 
 /// Seconds as given on the command line (`1`, `2.5`), positive and finite.
@@ -25,45 +128,7 @@ pub(super) fn parse_seconds(s: f64) -> Option<Duration> {
 
 /// Checks everything that does not need the drives.
 pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
-    if args.depth == 0 {
-        return Err(usage("-q 0: the queue depth must be at least 1"));
-    }
-    let io_size = usnvme_driver::parse_size(&args.io_size)
-        .filter(|&s| s > 0)
-        .ok_or_else(|| {
-            usage(format!(
-                "-o {}: not an I/O size; give bytes like 4096, 4k, 128K or 1M",
-                args.io_size
-            ))
-        })?;
-    let (random, read_pct) = match args.workload.as_str() {
-        "read" => (false, 100),
-        "write" => (false, 0),
-        "randread" => (true, 100),
-        "randwrite" => (true, 0),
-        "rw" => (false, args.read_pct),
-        "randrw" => (true, args.read_pct),
-        w => {
-            return Err(usage(format!(
-                "-w {w}: unknown pattern; valid: read, write, randread, randwrite, rw, randrw"
-            )))
-        }
-    };
-    if args.read_pct > 100 {
-        return Err(usage(format!(
-            "-M {}: the read percentage must be 0-100",
-            args.read_pct
-        )));
-    }
-    if args.time == 0 {
-        return Err(usage("-t 0: the run time must be at least 1 second"));
-    }
-    if args.io_count == Some(0) {
-        return Err(usage("--io-count 0: give at least 1 I/O"));
-    }
-    if args.rate == Some(0) {
-        return Err(usage("--rate 0: give a rate of at least 1 IOPS"));
-    }
+    let io_size = args.io_size.value;
     let cores = match &args.cores {
         None => Vec::new(),
         Some(c) => {
@@ -100,22 +165,7 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
             specs.push(drive);
         }
     }
-    let stripe = match &args.stripe {
-        None => None,
-        Some(s) => {
-            let bad = || {
-                usage(format!(
-                    "--stripe {s}: expected N or N:CHUNK, e.g. 12 or 12:128K (N >= 1)"
-                ))
-            };
-            let (n, chunk) = s.split_once(':').unwrap_or((s, "128K"));
-            let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;
-            let chunk = usnvme_driver::parse_size(chunk)
-                .filter(|&c| c > 0)
-                .ok_or_else(bad)?;
-            Some((n, chunk))
-        }
-    };
+    let stripe = args.stripe.as_ref().map(|s| s.value);
     let width = stripe.map_or(1, |(n, _)| n as u64);
     if io_size > MAX_SPLIT * width {
         return Err(usage(format!(
@@ -125,40 +175,10 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
             MAX_SPLIT >> 20
         )));
     }
-    if args.corrupt_after.is_some() && !args.verify {
-        return Err(usage("--corrupt-after needs --verify"));
-    }
-    if args.seed.is_some() && !args.verify {
-        return Err(usage("--seed needs --verify"));
-    }
-    if args.namespace == Some(0) {
-        return Err(usage("-n 0: namespace IDs start at 1"));
-    }
-    let bytes = |flag: &str, given: &Option<String>| -> Result<Option<(u64, String)>> {
-        match given {
-            None => Ok(None),
-            Some(g) => usnvme_driver::parse_size(g)
-                .map(|b| Some((b, g.clone())))
-                .ok_or_else(|| {
-                    usage(format!(
-                        "{flag} {g}: not a size; give bytes like 4096, 4k, 128M or 1G"
-                    ))
-                }),
-        }
-    };
-    let offset = bytes("--offset", &args.offset)?;
-    let size = bytes("--size", &args.size)?;
-    if let Some((0, given)) = &size {
-        return Err(usage(format!("--size {given}: give at least one I/O")));
-    }
     let reset_after = match args.reset_after {
         None => None,
         Some(s) => {
-            let after = parse_seconds(s).ok_or_else(|| {
-                usage(format!(
-                    "--reset-after {s}: give the seconds into the measurement, e.g. 2 or 1.5"
-                ))
-            })?;
+            let after = Duration::from_secs_f64(s);
             if args.io_count.is_none() && after >= Duration::from_secs(args.time) {
                 return Err(usage(format!(
                     "--reset-after {s}: the run measures {} s; reset inside it",
@@ -168,33 +188,15 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
             Some(after)
         }
     };
-    let remove = match &args.remove {
-        None => None,
-        Some(r) => {
-            let bad = || {
-                usage(format!(
-                    "--remove {r}: expected sim:N@SECONDS, e.g. sim:2@1.5"
-                ))
-            };
-            let (device, at) = r.rsplit_once('@').ok_or_else(bad)?;
-            let at = at
-                .parse::<f64>()
-                .ok()
-                .and_then(parse_seconds)
-                .ok_or_else(bad)?;
-            match device.parse::<DeviceSpec>() {
-                Ok(DeviceSpec::Sim(sim)) if sim.drives.len() == 1 => {
-                    Some((format!("sim:{}", sim.drives[0]), at))
-                }
-                _ => return Err(bad()),
-            }
-        }
-    };
+    let remove = args
+        .remove
+        .as_ref()
+        .map(|(device, at)| (device.clone(), Duration::from_secs_f64(*at)));
     let plan = Plan {
         io_size,
         depth: args.depth as usize,
-        random,
-        read_pct,
+        random: args.workload.is_random(),
+        read_pct: args.workload.read_pct(args.read_pct),
         warmup: Duration::from_secs(args.warmup),
         duration: args
             .io_count
@@ -213,8 +215,8 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         specs,
         stripe,
         namespace: args.namespace,
-        offset,
-        size,
+        offset: args.offset.clone(),
+        size: args.size.clone(),
         reset_after,
         remove,
     })

@@ -116,11 +116,9 @@ pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 fn is_all(drives: &Drives) -> bool {
     let all = drives.drives.contains(&Target::All);
     if all && drives.drives.len() > 1 {
-        clap::Error::raw(
-            clap::error::ErrorKind::ArgumentConflict,
-            "`all` stands alone: name drives by address, or say `all`\n",
-        )
-        .exit();
+        // nothing was done yet: a usage error as clap's own (see `main`)
+        eprintln!("usnvme: error: `all` stands alone: name drives by address, or say `all`");
+        std::process::exit(2);
     }
     all
 }
