@@ -799,7 +799,7 @@ impl Admin {
             if spins.is_multiple_of(64) {
                 let csts = Csts(regs.read32(reg::CSTS));
                 if csts.removed() {
-                    self.queue.kill();
+                    self.queue.make_unusable();
                     return Err(Error::Gone {
                         device: name.into(),
                     });

@@ -169,7 +169,7 @@ pub(super) struct Report {
     pub blocks_checked: u64,
     pub faults: u64,
     pub resets: u64,
-    pub dead: bool,
+    pub unusable: bool,
 }
 
 struct Harness {
@@ -189,7 +189,7 @@ struct Harness {
     taint_generation: u64,
     removal_injected: bool,
     admin_faults: bool,
-    dead: bool,
+    unusable: bool,
     /// The status of the last command handed back.
     last: Option<(u64, Status)>,
     /// Print each step, fault and completion (`USNVME_FUZZ_TRACE=1`, to read a crashing input).
@@ -280,7 +280,7 @@ impl Harness {
             taint_generation: 0,
             removal_injected: false,
             admin_faults: false,
-            dead: false,
+            unusable: false,
             last: None,
             trace: std::env::var_os("USNVME_FUZZ_TRACE").is_some(),
             report: Report::default(),
@@ -422,10 +422,10 @@ impl Harness {
                     SubmitError::Dead => {
                         assert!(
                             self.cmds.is_empty(),
-                            "the queue pair is dead with {} command(s) never handed back",
+                            "the queue pair is unusable with {} command(s) never handed back",
                             self.cmds.len()
                         );
-                        self.dead = true;
+                        self.unusable = true;
                     }
                     // the driver checks reads and writes against the namespace itself
                     SubmitError::LbaRange { .. } => {
@@ -640,7 +640,7 @@ impl Harness {
     }
 
     /// Submits one command and waits for it: its status, or None when the queue pair refuses
-    /// it (dead). A command that timed out (aborted, or lost in a reset) is tried again: under
+    /// it (unusable). A command that timed out (aborted, or lost in a reset) is tried again: under
     /// load a healthy command may take longer than the short timeout.
     fn one(&mut self, kind: Kind, lba: u64, blocks: u32) -> Option<Status> {
         let mut status = None;
@@ -685,13 +685,13 @@ impl Harness {
                 None => break,
             }
         }
-        self.report.dead = self.dead;
+        self.report.unusable = self.unusable;
         if !works || self.tainted {
             assert!(
                 self.removal_injected || self.admin_faults,
-                "the queue pair does not work again after the faults were cleared (dead: {}, \
+                "the queue pair does not work again after the faults were cleared (unusable: {}, \
                  tainted: {})",
-                self.dead,
+                self.unusable,
                 self.tainted
             );
             return;
@@ -806,7 +806,7 @@ mod tests {
                 report.submitted,
                 "action {action}: {report:?}"
             );
-            assert!(!report.dead);
+            assert!(!report.unusable);
         }
     }
 
@@ -820,10 +820,10 @@ mod tests {
                 &read(8, 1),
                 POLL,
             ]));
-            assert!(!report.dead, "action {action}");
+            assert!(!report.unusable, "action {action}");
         }
         let report = run(&input(&[&fault(0, 8, 0), &write(8, 1), POLL, &read(8, 1)]));
-        assert!(report.dead, "{report:?}");
+        assert!(report.unusable, "{report:?}");
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! A polled submission/completion queue pair, owned by one thread (`Send`, not `Sync`).
 //!
 //! Hot path: a command takes a tracker (indexed by command id, each with its own PRP-list slot
-//! allocated up front), is written in place in the SQ ring, and waits for `flush`/`poll` to ring
-//! the SQ tail doorbell once per batch. `poll` consumes completions by phase tag, frees trackers,
-//! takes the SQ head from `sqhd`, hands the caller's token back, and rings the CQ head doorbell
-//! once. No allocation, lock or system call per I/O. With shadow doorbells (Doorbell Buffer
+//! allocated up front), is built on the stack and copied into the SQ ring with one 64-byte store,
+//! and waits for `flush`/`poll` to ring the SQ tail doorbell once per batch. `poll` consumes
+//! completions by phase tag, frees trackers, takes the SQ head from `sqhd`, hands the caller's
+//! token back, and rings the CQ head doorbell once. No allocation, lock or system call per I/O. With shadow doorbells (Doorbell Buffer
 //! Config) MMIO is written only when the controller's EventIdx asks for it.
 
 mod recovery;
@@ -179,7 +179,7 @@ static_assertions::assert_not_impl_any!(QueuePair: Sync);
 
 /// A submission/completion queue pair. Dropping an I/O queue pair deletes it on the controller.
 pub struct QueuePair {
-    // hot: touched per command
+    // (Rust lays the fields out as it sees fit: their order here is for reading only.)
     sq_tail: u16,
     sq_head: u16,
     /// Commands written to the SQ, and the SQ head, counted from the queue's creation
@@ -191,7 +191,7 @@ pub struct QueuePair {
     cq_phase: bool,
     depth: u16,
     in_flight: u16,
-    dead: bool,
+    unusable: bool,
     free_cids: Vec<u16>,
     trackers: Box<[Tracker]>,
     rings: Rings,
@@ -245,8 +245,7 @@ pub(crate) trait QueueOwner: Send + Sync {
     fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error>;
     /// Returns at once; the reset runs elsewhere.
     fn start_reset(&self);
-    fn create_queues(&self, qid: u16, depth: u16, sq_iova: u64, cq_iova: u64)
-        -> Result<(), Error>;
+    fn create_queues(&self, qid: u16, depth: u16, sq_iova: u64, cq_iova: u64) -> Result<(), Error>;
     /// Deletes the queues first when `delete`.
     fn release_queue(&self, qid: u16, delete: bool);
 }
@@ -283,7 +282,7 @@ impl QueuePair {
             depth,
             in_flight: 0,
             // cannot happen: the controller sizes the region for the rings
-            dead: !rings.is_valid(),
+            unusable: !rings.is_valid(),
             free_cids,
             trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
             rings,
@@ -357,16 +356,16 @@ impl QueuePair {
     }
 
     /// Marks the queue pair unusable (controller failed or removed): submissions are refused.
-    pub(crate) fn kill(&mut self) {
-        self.dead = true;
+    pub(crate) fn make_unusable(&mut self) {
+        self.unusable = true;
     }
 
     /// Whether the controller was reset since this queue pair's queues were created.
-    fn stale(&self) -> bool {
-        self.owner.as_ref().is_some_and(|o| self.stale_for(o))
+    fn lost_queues(&self) -> bool {
+        self.owner.as_ref().is_some_and(|o| self.lost_queues_of(o))
     }
 
-    fn stale_for(&self, owner: &Arc<dyn QueueOwner>) -> bool {
+    fn lost_queues_of(&self, owner: &Arc<dyn QueueOwner>) -> bool {
         owner.generation() != self.generation
     }
 
@@ -399,7 +398,7 @@ impl QueuePair {
     /// The device is gone (surprise removal): hands every command in flight back with "Host
     /// Pathing Error" and refuses more. Its queues are not deleted (nothing would answer).
     pub fn abandon(&mut self, mut on_completion: impl FnMut(Completion)) {
-        self.dead = true;
+        self.unusable = true;
         self.fail_all(Status::HOST_PATHING_ERROR, &mut on_completion);
     }
 
@@ -554,10 +553,10 @@ impl QueuePair {
     fn take_cid(&mut self) -> Result<u16, SubmitError> {
         // An idle queue pair catches up with a controller reset here (nothing to fail); a busy
         // one does in `poll`, where its commands in flight can be handed back.
-        if self.in_flight == 0 && self.stale() {
+        if self.in_flight == 0 && self.lost_queues() {
             self.reconnect(&mut |_| {});
         }
-        if self.dead {
+        if self.unusable {
             return Err(SubmitError::Dead);
         }
         if self.next(self.sq_tail) == self.sq_head {
@@ -609,7 +608,7 @@ impl QueuePair {
         slice.write_obj(value, 0).map_err(|_| ())
     }
 
-    /// Writes the SQE in place at the tail; the doorbell waits for `flush`/`poll`.
+    /// Copies the SQE into the ring at the tail; the doorbell waits for `flush`/`poll`.
     #[inline]
     fn push(&mut self, mut sqe: Sqe, cid: u16, token: u64, bytes: u32) {
         sqe.set_cid(cid);
@@ -631,7 +630,7 @@ impl QueuePair {
     /// Rings the SQ tail doorbell if commands were queued since the last time.
     pub fn flush(&mut self) {
         // After a controller reset the queues are gone until `poll` re-creates them.
-        if self.sq_tail != self.sq_tail_rung && !self.stale() {
+        if self.sq_tail != self.sq_tail_rung && !self.lost_queues() {
             // SQEs must be visible in memory before the controller hears of them.
             fence(Ordering::Release);
             let (old, new) = (self.sq_tail_rung, self.sq_tail);
@@ -650,9 +649,9 @@ impl QueuePair {
     /// Rings queued commands, then hands every available completion (at most one ring's worth)
     /// to `on_completion`. Returns how many completed.
     pub fn poll(&mut self, mut on_completion: impl FnMut(Completion)) -> usize {
-        if self.stale() {
+        if self.lost_queues() {
             self.reconnect(&mut on_completion);
-            if self.stale() {
+            if self.lost_queues() {
                 return 0; // a reset is under way: no doorbells, nothing to reap
             }
         }
@@ -771,7 +770,7 @@ impl Drop for QueuePair {
     /// Deletes the queues on the controller (unless a reset already did) and frees the queue id.
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
-            owner.release_queue(self.qid, !self.stale_for(&owner) && !self.dead);
+            owner.release_queue(self.qid, !self.lost_queues_of(&owner) && !self.unusable);
         }
     }
 }

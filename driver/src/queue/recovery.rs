@@ -35,7 +35,7 @@ impl QueuePair {
             .slice(self.layout.cq, zeroes.len())
             .is_ok_and(|cq| vm_memory::Bytes::write_slice(&cq, &zeroes, 0).is_ok());
         if !zeroed {
-            self.dead = true;
+            self.unusable = true;
         }
         (self.sq_written, self.sq_fetched) = (0, 0);
         (
@@ -51,7 +51,7 @@ impl QueuePair {
     /// back as "Command Aborted By Host", and the queues are created again. While the reset is
     /// still under way (an odd generation) nothing happens: the queue pair waits, ringing
     /// nothing, and its owner's other queue pairs go on. After a failed reset everything held
-    /// fails with "Host Pathing Error" and the queue pair is dead.
+    /// fails with "Host Pathing Error" and the queue pair is unusable.
     pub(super) fn reconnect(&mut self, on_completion: &mut dyn FnMut(Completion)) {
         let Some(owner) = self.owner.clone() else {
             return;
@@ -69,12 +69,12 @@ impl QueuePair {
                 self.in_flight
             );
             self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
-            self.dead = true;
+            self.unusable = true;
             return;
         }
         self.fail_all(Status::ABORTED_BY_HOST, on_completion);
         self.reset_rings();
-        if self.dead {
+        if self.unusable {
             return;
         }
         let (sq, cq) = (self.sq_iova(), self.cq_iova());
@@ -90,7 +90,7 @@ impl QueuePair {
                     owner.name(),
                     self.qid
                 );
-                self.dead = true;
+                self.unusable = true;
             }
         }
     }
@@ -132,7 +132,7 @@ impl QueuePair {
                 self.qid
             );
             self.fail_all(Status::HOST_PATHING_ERROR, on_completion);
-            self.dead = true;
+            self.unusable = true;
             return;
         }
         let mut reset = csts.cfs();

@@ -1,8 +1,10 @@
 //! The submission and completion rings in DMA memory, accessed through raw pointers.
 //!
-//! This is the hot path's only device-shared memory access: one 64-byte store per command, two
+//! The per-command accesses to device-shared memory: one 64-byte store per command, two
 //! volatile loads per completion, and the shadow doorbell entries, without the per-access slice
 //! construction and bounds checks of `vm-memory` (the geometry is checked once, at creation).
+//! PRP lists and SGL segments (only for transfers that need them) are written through
+//! `vm-memory` by the queue pair.
 
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! Large I/Os are split (at the controller's maximum transfer, at stripe chunks) and complete
 //! once, when every part has; a part that fails fails the whole I/O with the part's error.
 
-mod gather;
 mod namespace;
+mod split;
 mod stripe;
 
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, Controller, IoBuffer, QueuePair, QueuePairOptions};
 
-use super::gather::Gather;
+use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
     IoError, Op, NAMESPACE_PARENT,
@@ -88,7 +88,7 @@ impl BlockDevice for NamespaceDevice {
             block_shift: self.info.block_size.trailing_zeros(),
             info: self.info.clone(),
             name: self.name.clone(),
-            gather: Gather::new(capacity),
+            splits: SplitIos::new(capacity),
             now_ns: 0,
         }))
     }
@@ -103,7 +103,7 @@ pub struct NamespaceChannel {
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os split into several commands (only those).
-    gather: Gather,
+    splits: SplitIos,
     now_ns: u64,
 }
 
@@ -176,7 +176,7 @@ impl NamespaceChannel {
         let parts = self.commands_needed(op, len);
         let bytes = if op.has_data() { len } else { 0 };
         let parent = (parts <= self.free_commands())
-            .then(|| self.gather.start(token, parts as u32, bytes, self.now_ns))
+            .then(|| self.splits.start(token, parts as u32, bytes, self.now_ns))
             .flatten();
         let Some(parent) = parent else {
             return Err(BlockError::busy(&self.name, parts));
@@ -210,7 +210,7 @@ impl NamespaceChannel {
                 // Parts already queued complete later; the rest never will.
                 let err = BlockError::from_driver(&self.name, offset, len, e, &self.info);
                 if part == 0 {
-                    let _ = self.gather.parts_done(parent, parts as u32, Ok(()));
+                    let _ = self.splits.parts_done(parent, parts as u32, Ok(()));
                     return Err(err);
                 }
                 let failed = IoError::Device {
@@ -218,7 +218,7 @@ impl NamespaceChannel {
                     status: Status::INTERNAL_ERROR,
                 };
                 let _ = self
-                    .gather
+                    .splits
                     .parts_done(parent, (parts - part) as u32, Err(failed));
                 log::error!("{err}: I/O partly submitted; it will complete with an error");
                 return Ok(());
@@ -230,10 +230,10 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (gather, name) = (&mut self.gather, &self.name);
+        let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.qp.poll(|c: Completion| {
-            if let Some(f) = finish(gather, name, c) {
+            if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
             }
@@ -242,10 +242,10 @@ impl NamespaceChannel {
     }
 
     pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (gather, name) = (&mut self.gather, &self.name);
+        let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.qp.abandon(|c: Completion| {
-            if let Some(f) = finish(gather, name, c) {
+            if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
             }
@@ -288,7 +288,7 @@ impl NamespaceChannel {
 /// A command's completion as the I/O it belongs to: itself, or its parent when it was the last
 /// part of a split one.
 #[inline]
-fn finish(gather: &mut Gather, name: &Arc<str>, c: Completion) -> Option<Finished> {
+fn finish(splits: &mut SplitIos, name: &Arc<str>, c: Completion) -> Option<Finished> {
     let result = if c.status.is_success() {
         Ok(())
     } else {
@@ -302,7 +302,7 @@ fn finish(gather: &mut Gather, name: &Arc<str>, c: Completion) -> Option<Finishe
             bytes: u64::from(c.bytes),
         });
     }
-    gather.part_done(c.token & !NAMESPACE_PARENT, result)
+    splits.part_done(c.token & !NAMESPACE_PARENT, result)
 }
 
 /// `check` guarantees reads and writes have a buffer.

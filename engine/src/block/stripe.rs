@@ -8,7 +8,7 @@ use usnvme_driver::IoBuffer;
 
 use usnvme_driver::spec::Status;
 
-use super::gather::Gather;
+use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
     IoError, NamespaceChannel, Op, STRIPE_PARENT,
@@ -155,7 +155,7 @@ impl BlockDevice for StripeDevice {
             chunk: self.chunk,
             info: self.info.clone(),
             name: self.name.clone(),
-            gather: Gather::new(capacity.max(1)),
+            splits: SplitIos::new(capacity.max(1)),
             now_ns: 0,
         }))
     }
@@ -170,7 +170,7 @@ pub struct StripeChannel {
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os that span several chunks (only those).
-    gather: Gather,
+    splits: SplitIos,
     now_ns: u64,
 }
 
@@ -262,7 +262,7 @@ impl StripeChannel {
             count
         };
         let bytes = if op.has_data() { len } else { 0 };
-        let Some(parent) = self.gather.start(token, count, bytes, self.now_ns) else {
+        let Some(parent) = self.splits.start(token, count, bytes, self.now_ns) else {
             return Err(BlockError::busy(&self.name, count as usize));
         };
         let part_token = STRIPE_PARENT | parent;
@@ -270,7 +270,7 @@ impl StripeChannel {
             for member in self.members.iter_mut() {
                 if let Err(e) = member.submit(op, 0, 0, None, part_token) {
                     log::error!("{}: flush of a member failed to queue: {e}", self.name);
-                    let _ = self.gather.part_done(parent, Ok(()));
+                    let _ = self.splits.part_done(parent, Ok(()));
                 }
             }
             return Ok(());
@@ -287,7 +287,7 @@ impl StripeChannel {
                     device: self.name.clone(),
                     status: Status::INTERNAL_ERROR,
                 };
-                let _ = self.gather.part_done(parent, Err(failed));
+                let _ = self.splits.part_done(parent, Err(failed));
             }
         }
         Ok(())
@@ -296,11 +296,11 @@ impl StripeChannel {
     /// Polls the members with something queued or in flight only.
     #[inline]
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let gather = &mut self.gather;
+        let splits = &mut self.splits;
         let mut finished = 0;
         for member in self.members.iter_mut().filter(|m| m.busy()) {
             member.poll(|f: Finished| {
-                if let Some(f) = up(gather, f) {
+                if let Some(f) = up(splits, f) {
                     finished += 1;
                     on_finished(f);
                 }
@@ -310,11 +310,11 @@ impl StripeChannel {
     }
 
     pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let gather = &mut self.gather;
+        let splits = &mut self.splits;
         let mut finished = 0;
         for member in self.members.iter_mut() {
             member.abandon(|f: Finished| {
-                if let Some(f) = up(gather, f) {
+                if let Some(f) = up(splits, f) {
                     finished += 1;
                     on_finished(f);
                 }
@@ -348,11 +348,11 @@ impl StripeChannel {
 /// A member's finished I/O as the stripe's: itself when it was a whole I/O, else its parent
 /// once every part is done.
 #[inline]
-fn up(gather: &mut Gather, f: Finished) -> Option<Finished> {
+fn up(splits: &mut SplitIos, f: Finished) -> Option<Finished> {
     if f.token & STRIPE_PARENT == 0 {
         return Some(f);
     }
-    gather.part_done(f.token & !STRIPE_PARENT, f.result)
+    splits.part_done(f.token & !STRIPE_PARENT, f.result)
 }
 
 #[cfg(test)]

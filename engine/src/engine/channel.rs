@@ -45,7 +45,7 @@ pub struct DeviceChannel {
     /// The last stall probe.
     pub(super) last_probe_ns: u64,
     /// The controller found gone, if one was.
-    pub(super) gone: Option<Arc<str>>,
+    pub(super) removed: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for DeviceChannel {
@@ -139,10 +139,10 @@ impl DeviceChannel {
         self.channel.set_now(now_ns);
     }
 
-    /// Checks the controllers of a stalled channel; fails everything in flight if one is gone.
+    /// Checks the controllers of a stalled channel; fails everything in flight if one was removed.
     #[cold]
     fn probe(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
-        let Some(gone) = self
+        let Some(removed) = self
             .controllers
             .iter()
             .find(|c| c.is_removed())
@@ -151,11 +151,11 @@ impl DeviceChannel {
             return 0;
         };
         log::error!(
-            "{}: {gone} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
+            "{}: {removed} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
             self.name,
             self.in_flight
         );
-        self.gone = Some(gone);
+        self.removed = Some(removed);
         let (stats, now) = (&mut self.stats, self.now_ns);
         // The queue pairs go (their queues cannot be deleted on a removed device).
         let failed = self
@@ -165,10 +165,10 @@ impl DeviceChannel {
         failed
     }
 
-    /// The controller under this device that was found gone (removed), if any: the channel
+    /// The controller under this device that was found removed, if any: the channel
     /// takes no more I/O.
-    pub fn gone(&self) -> Option<&str> {
-        self.gone.as_deref()
+    pub fn removed(&self) -> Option<&str> {
+        self.removed.as_deref()
     }
 
     pub fn in_flight(&self) -> usize {

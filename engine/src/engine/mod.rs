@@ -434,7 +434,7 @@ mod tests {
             ctx.devices
                 .iter()
                 .zip(&self.counts)
-                .map(|(d, &(ok, gone, other))| (ok, gone, other, d.gone().map(str::to_owned)))
+                .map(|(d, &(ok, gone, other))| (ok, gone, other, d.removed().map(str::to_owned)))
                 .collect()
         }
     }
@@ -479,8 +479,16 @@ mod tests {
                 counts: Vec::new(),
             })
             .expect("started");
-        std::thread::sleep(Duration::from_millis(500));
-        opener.sim_controller("sim:1").expect("sim:1").remove();
+        // sim:1 completes I/O, then goes
+        let sim1 = opener.sim_controller("sim:1").expect("sim:1");
+        while sim1.completions() < 100 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no I/O on sim:1"
+            );
+            std::thread::yield_now();
+        }
+        sim1.remove();
         let results = run.wait().expect("the run ends");
         assert!(
             started.elapsed() < Duration::from_secs(30),

@@ -142,7 +142,7 @@ pub(super) fn reactor<J: Job>(
             fresh: false,
             last_progress_ns: 0,
             last_probe_ns: 0,
-            gone: None,
+            removed: None,
         });
     }
     let mut job = make_job(&setup.info);

@@ -24,9 +24,10 @@ use usnvme_engine::stats::{IoStats, OpKind};
 use usnvme_engine::{IoCompletion, Job, Op, ReactorContext};
 use usnvme_hugepages::{BufferPool, DmaBuffer};
 
-/// What every reactor runs (the same for all).
+/// What one measurement runs, the same on every reactor: I/O size, depth, pattern, how long,
+/// stamps.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct RunSpec {
     pub io_size: u64,
     pub depth: usize,
     pub random: bool,
@@ -125,7 +126,7 @@ struct DevState {
     /// "Host Pathing Error" failures: the device's removal, unless it is still there.
     pathing_error: Option<String>,
     /// The device takes no more I/O (removed, or a submission failed for good).
-    dead: bool,
+    stopped: bool,
     error: Option<String>,
     /// `--verify`: one block to stamp or check in (DMA memory is only copied, never borrowed),
     /// and one block of poison; empty otherwise.
@@ -144,7 +145,7 @@ impl Drop for DevState {
 
 /// The job (one per reactor).
 pub struct Workload {
-    plan: Plan,
+    run: RunSpec,
     /// This reactor's region of each device it serves, in `ReactorInfo::devices` order.
     regions: Vec<Region>,
     states: Vec<DevState>,
@@ -157,16 +158,14 @@ pub struct Workload {
 
 impl std::fmt::Debug for Workload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Workload")
-            .field("plan", &self.plan)
-            .finish()
+        f.debug_struct("Workload").field("run", &self.run).finish()
     }
 }
 
 impl Workload {
-    pub fn new(plan: Plan, regions: Vec<Region>) -> Self {
+    pub fn new(run: RunSpec, regions: Vec<Region>) -> Self {
         Workload {
-            plan,
+            run,
             regions,
             states: Vec::new(),
             started: None,
@@ -180,10 +179,10 @@ impl Workload {
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
             let mut pool = dev
-                .buffer_pool(pool_buffer_size(self.plan.io_size), self.plan.depth)
+                .buffer_pool(pool_buffer_size(self.run.io_size), self.run.depth)
                 .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
-            let mut slots = Vec::with_capacity(self.plan.depth);
-            for _ in 0..self.plan.depth {
+            let mut slots = Vec::with_capacity(self.run.depth);
+            for _ in 0..self.run.depth {
                 let buf = pool
                     .alloc()
                     .ok_or_else(|| format!("{}: DMA buffer pool ran out", dev.info.name))?;
@@ -194,20 +193,20 @@ impl Workload {
                     offset: 0,
                 });
             }
-            let seed = self.plan.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
-            let block_len = if self.plan.verify {
+            let seed = self.run.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
+            let block_len = if self.run.verify {
                 dev.info.block_size as usize
             } else {
                 0
             };
             let mut poison = vec![0u8; block_len];
             usnvme_stamp::poison(&mut poison);
-            let seconds = self.plan.duration.map_or(0, |d| d.as_secs() as usize);
+            let seconds = self.run.duration.map_or(0, |d| d.as_secs() as usize);
             self.states.push(DevState {
                 region,
                 pool,
                 slots,
-                free: (0..self.plan.depth).rev().collect(),
+                free: (0..self.run.depth).rev().collect(),
                 measured: None,
                 seconds: vec![[0; 2]; seconds],
                 seconds_marked: 0,
@@ -225,7 +224,7 @@ impl Workload {
                 aborted: 0,
                 after_reset: 0,
                 pathing_error: None,
-                dead: false,
+                stopped: false,
                 error: None,
                 block: vec![0u8; block_len],
                 poison,
@@ -247,8 +246,8 @@ impl Job for Workload {
         let now = ctx.now();
         let started = *self.started.get_or_insert(now);
         self.last_turn = now;
-        let measure_from = started + self.plan.warmup;
-        let deadline = self.plan.duration.map(|d| measure_from + d);
+        let measure_from = started + self.run.warmup;
+        let deadline = self.run.duration.map(|d| measure_from + d);
         let time_up = deadline.is_some_and(|d| now >= d);
         if !self.measuring && now >= measure_from {
             // the warm-up is over: count from here
@@ -257,7 +256,7 @@ impl Job for Workload {
         }
         let mut busy = false;
         for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
-            reap(&self.plan, dev, st, now);
+            reap(&self.run, dev, st, now);
             if self.measuring && st.measured.is_none() {
                 mark_seconds(dev, st, now.saturating_sub(measure_from));
                 if time_up {
@@ -265,15 +264,15 @@ impl Job for Workload {
                     st.measured = Some(dev.stats().clone());
                 }
             }
-            if dev.gone().is_some() {
-                st.dead = true;
+            if dev.removed().is_some() {
+                st.stopped = true;
             }
-            let count_done = self.plan.io_count.is_some_and(|n| st.issued >= n);
+            let count_done = self.run.io_count.is_some_and(|n| st.issued >= n);
             // A dead device (removed, or refusing I/O for good) gets no more: a reactor whose
             // devices are all dead ends its job.
-            let stop = time_up || count_done || st.dead;
+            let stop = time_up || count_done || st.stopped;
             if !stop {
-                submit_some(&self.plan, dev, st, now);
+                submit_some(&self.run, dev, st, now);
                 dev.flush();
             }
             busy |= !stop || dev.in_flight() > 0;
@@ -283,8 +282,8 @@ impl Job for Workload {
 
     fn finish(self, ctx: &mut ReactorContext) -> Vec<DeviceResult> {
         let started = self.started.unwrap_or(self.last_turn);
-        let measure_from = started + self.plan.warmup;
-        let deadline = self.plan.duration.map(|d| measure_from + d);
+        let measure_from = started + self.run.warmup;
+        let deadline = self.run.duration.map(|d| measure_from + d);
         let measuring = self.measuring;
         ctx.devices
             .iter()
@@ -320,7 +319,7 @@ impl Job for Workload {
                     failed: st.failed,
                     aborted: st.aborted,
                     after_reset: st.after_reset,
-                    removed: dev.gone().map(str::to_owned),
+                    removed: dev.removed().map(str::to_owned),
                     error: st.error.take(),
                 }
             })
@@ -340,74 +339,74 @@ fn mark_seconds(dev: &DeviceChannel, st: &mut DevState, into: Duration) {
 }
 
 /// Fills the free slots (within the rate, if any).
-fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
-    if let Some(rate) = plan.rate {
+fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
+    if let Some(rate) = run.rate {
         let dt = now.saturating_sub(st.refilled).as_secs_f64();
         st.refilled = now;
         // The bucket holds a tenth of a second (at least one queue's worth): a reactor that was
         // descheduled catches up, so the average holds; fractions carry over.
-        let burst = (rate / 10.0).max(plan.depth as f64);
+        let burst = (rate / 10.0).max(run.depth as f64);
         st.tokens = (st.tokens + dt * rate).min(burst);
     }
-    let blocks = (st.region.len / plan.io_size).max(1);
+    let blocks = (st.region.len / run.io_size).max(1);
     while let Some(&slot) = st.free.last() {
-        if plan.rate.is_some() && st.tokens < 1.0 {
+        if run.rate.is_some() && st.tokens < 1.0 {
             break;
         }
-        if plan.io_count.is_some_and(|n| st.issued >= n) {
+        if run.io_count.is_some_and(|n| st.issued >= n) {
             break;
         }
-        let op = if plan.read_pct >= 100 {
+        let op = if run.read_pct >= 100 {
             Op::Read
-        } else if plan.read_pct == 0 {
+        } else if run.read_pct == 0 {
             Op::Write
-        } else if st.rng.u32(..100) < plan.read_pct {
+        } else if st.rng.u32(..100) < run.read_pct {
             Op::Read
         } else {
             Op::Write
         };
-        let index = if plan.random {
+        let index = if run.random {
             st.rng.u64(..blocks)
         } else {
             let i = st.cursor;
             st.cursor = if i + 1 == blocks { 0 } else { i + 1 };
             i
         };
-        let offset = st.region.start + index * plan.io_size;
+        let offset = st.region.start + index * run.io_size;
         let s = &mut st.slots[slot];
-        if plan.verify {
+        if run.verify {
             if op == Op::Write {
-                let corrupt = plan.corrupt_after.is_some_and(|n| st.writes >= n);
-                stamp(&s.buf, offset, plan, corrupt, &mut st.block);
+                let corrupt = run.corrupt_after.is_some_and(|n| st.writes >= n);
+                stamp(&s.buf, offset, run, corrupt, &mut st.block);
             } else {
                 // a read that brings nothing must not pass for what the buffer held before
-                poison(&s.buf, plan.io_size, &st.poison);
+                poison(&s.buf, run.io_size, &st.poison);
             }
         }
         let io = IoBuffer {
             iova: s.buf.iova(),
-            len: plan.io_size as u32,
+            len: run.io_size as u32,
         };
         s.op = op;
         s.offset = offset;
-        match dev.submit(op, offset, plan.io_size, Some(io), slot as u64) {
+        match dev.submit(op, offset, run.io_size, Some(io), slot as u64) {
             Ok(()) => {
                 st.free.pop();
                 st.issued += 1;
                 if op == Op::Write {
                     st.writes += 1;
                 }
-                if plan.rate.is_some() {
+                if run.rate.is_some() {
                     st.tokens -= 1.0;
                 }
             }
             Err(usnvme_engine::BlockError::Busy { .. }) => break,
             Err(e) => {
-                if dev.gone().is_none() {
+                if dev.removed().is_none() {
                     st.error.get_or_insert_with(|| e.to_string());
                 }
                 // A device that refuses I/O for good gets no more.
-                st.dead = true;
+                st.stopped = true;
                 break;
             }
         }
@@ -415,8 +414,8 @@ fn submit_some(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Dur
 }
 
 /// Polls the device and accounts for what completed (the engine records the statistics).
-fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
-    let reset_done = plan
+fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
+    let reset_done = run
         .reset_done
         .as_ref()
         .is_some_and(|r| r.load(Ordering::Relaxed));
@@ -429,9 +428,9 @@ fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) 
                 if reset_done {
                     st.after_reset += 1;
                 }
-                if plan.verify && s.op == Op::Read {
-                    st.checked += check(
-                        plan,
+                if run.verify && s.op == Op::Read {
+                    st.checked += verify_block(
+                        run,
                         s,
                         &mut st.block,
                         &mut st.mismatches,
@@ -457,7 +456,7 @@ fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) 
     if done > 0 {
         st.last_completion = now;
         // the device is gone: the report says so once, not per I/O; else it is an error
-        if dev.gone().is_none() {
+        if dev.removed().is_none() {
             if let Some(e) = st.pathing_error.take() {
                 st.error.get_or_insert(e);
             }
@@ -467,10 +466,10 @@ fn reap(plan: &Plan, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) 
 
 /// Stamps every block of `buf`, meant for byte `offset`, through `block` (one block long).
 /// `corrupt` (`--corrupt-after`): the first block's checksum is wrong.
-fn stamp(buf: &DmaBuffer, offset: u64, plan: &Plan, corrupt: bool, block: &mut [u8]) {
+fn stamp(buf: &DmaBuffer, offset: u64, run: &RunSpec, corrupt: bool, block: &mut [u8]) {
     let bs = block.len() as u64;
-    for b in 0..plan.io_size / bs.max(1) {
-        usnvme_stamp::stamp(block, offset + b * bs, plan.seed);
+    for b in 0..run.io_size / bs.max(1) {
+        usnvme_stamp::stamp(block, offset + b * bs, run.seed);
         if corrupt && b == 0 {
             block[usnvme_stamp::HEADER - 1] ^= 1; // the last byte of the checksum
         }
@@ -490,17 +489,23 @@ fn poison(buf: &DmaBuffer, len: u64, poison: &[u8]) {
 
 /// Checks every block a read brought in, through `block` (one block long); returns how many
 /// this run had written (or that the read left poisoned).
-fn check(plan: &Plan, s: &Slot, block: &mut [u8], kept: &mut Vec<Mismatch>, more: &mut u64) -> u64 {
+fn verify_block(
+    run: &RunSpec,
+    s: &Slot,
+    block: &mut [u8],
+    kept: &mut Vec<Mismatch>,
+    more: &mut u64,
+) -> u64 {
     let bs = block.len() as u64;
     let mut checked = 0;
-    for b in 0..plan.io_size / bs.max(1) {
+    for b in 0..run.io_size / bs.max(1) {
         let at = s.offset + b * bs;
         if s.buf.read_into(block, (b * bs) as usize).is_err() {
             continue;
         }
         // A block never written in this run reads as zeroes, or as what an earlier run (another
         // seed) left there: nothing to check.
-        let verdict = usnvme_stamp::check(block, at, plan.seed);
+        let verdict = usnvme_stamp::check(block, at, run.seed);
         if !verdict.checked() {
             continue;
         }
@@ -508,7 +513,7 @@ fn check(plan: &Plan, s: &Slot, block: &mut [u8], kept: &mut Vec<Mismatch>, more
         let what = match verdict {
             usnvme_stamp::Verdict::Intact => continue,
             usnvme_stamp::Verdict::Unread { .. } => verdict.to_string(),
-            _ => format!("{verdict} (seed {:#x})", plan.seed),
+            _ => format!("{verdict} (seed {:#x})", run.seed),
         };
         if kept.len() < KEEP_MISMATCHES {
             kept.push(Mismatch { lba: at / bs, what });

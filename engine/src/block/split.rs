@@ -1,5 +1,6 @@
-//! Completing an I/O once when all of its parts are done: a fixed slab of parent I/Os, indexed
-//! by the token the parts carry. Allocated up front; nothing on the I/O path allocates.
+//! I/Os split into parts (at MDTS, or across a stripe's drives), each completed once when all
+//! of its parts are done: a fixed slab of parent I/Os, indexed by the token the parts carry.
+//! Allocated up front; nothing on the I/O path allocates.
 
 use super::{Finished, IoError};
 
@@ -13,14 +14,14 @@ struct Parent {
 }
 
 #[derive(Debug)]
-pub(crate) struct Gather {
+pub(crate) struct SplitIos {
     parents: Box<[Parent]>,
     free: Vec<u32>,
 }
 
-impl Gather {
-    pub fn new(capacity: usize) -> Gather {
-        Gather {
+impl SplitIos {
+    pub fn new(capacity: usize) -> SplitIos {
+        SplitIos {
             parents: vec![Parent::default(); capacity].into_boxed_slice(),
             free: (0..capacity as u32).rev().collect(),
         }
@@ -90,7 +91,7 @@ mod tests {
 
     #[test]
     fn completes_once_when_every_part_is_done_with_the_first_error() {
-        let mut g = Gather::new(2);
+        let mut g = SplitIos::new(2);
         let a = g.start(100, 3, 12288, 5).unwrap();
         let b = g.start(200, 1, 4096, 6).unwrap();
         assert!(g.start(300, 1, 4096, 7).is_none(), "full");
