@@ -21,7 +21,7 @@ pub enum Policy {
 
 /// One reactor: its CPU, that CPU's node, and the drives (indices) it serves, ascending.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReactorPlan {
+pub struct ReactorAssignment {
     pub cpu: usize,
     pub node: Option<u32>,
     pub drives: Vec<usize>,
@@ -38,7 +38,7 @@ pub struct RemoteDrive {
 /// The reactors in the order of the selected cores, and the drives served from remote nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    pub reactors: Vec<ReactorPlan>,
+    pub reactors: Vec<ReactorAssignment>,
     pub remote: Vec<RemoteDrive>,
 }
 
@@ -75,9 +75,9 @@ pub fn place(
             });
         }
     }
-    let mut reactors: Vec<ReactorPlan> = cores
+    let mut reactors: Vec<ReactorAssignment> = cores
         .iter()
-        .map(|&cpu| ReactorPlan {
+        .map(|&cpu| ReactorAssignment {
             cpu,
             node: topology.node_of(cpu),
             drives: Vec::new(),
@@ -85,7 +85,7 @@ pub fn place(
         .collect();
     let mut remote = Vec::new();
     for (drive, &drive_node) in drive_nodes.iter().enumerate() {
-        let local = |r: &ReactorPlan| match (policy, drive_node) {
+        let local = |r: &ReactorAssignment| match (policy, drive_node) {
             (Policy::Local, Some(node)) => r.node == Some(node),
             _ => true,
         };

@@ -6,10 +6,10 @@
 //! space keeps the pages mapped in this process for as long as it lives. The only `unsafe` left here
 //! is the memory-policy and locking syscalls on that mapping.
 
+use std::ffi::c_void;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -287,7 +287,6 @@ pub(crate) fn allocate_in(
         node,
     })
 }
-
 
 fn mbind(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
     let bits = libc::c_ulong::BITS as usize;

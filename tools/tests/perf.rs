@@ -63,7 +63,10 @@ fn bad_input_exits_2_naming_the_flag_before_any_io() {
         (&["-r", "sim:0"], "sim:0 is given twice"),
         (&["-t", "0"], "'0' for '--time"),
         (&["--stripe", "x"], "'x' for '--stripe"),
-        (&["--seed", "7"], "required arguments were not provided: --verify"),
+        (
+            &["--seed", "7"],
+            "required arguments were not provided: --verify",
+        ),
         (&["--stripe", "3"], "--stripe 3"),
     ];
     for (args, flag) in cases {
@@ -465,12 +468,38 @@ fn start_until(args: &[&str], ready: &str) -> (std::process::Child, String) {
     (child, seen)
 }
 
+/// Sends signal `name` (INT, TERM) and waits until the process has taken it (it is no longer
+/// pending in /proc/PID/status): two signals sent this way are two, never merged into one.
 fn signal(child: &std::process::Child, name: &str) {
     let sent = Command::new("kill")
         .args([&format!("-{name}"), &child.id().to_string()])
         .status()
         .expect("kill runs");
     assert!(sent.success());
+    let bit = match name {
+        "INT" => 1u64 << 1,
+        "TERM" => 1u64 << 14,
+        other => panic!("signal {other}: not used by these tests"),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) else {
+            return; // gone: it took the signal
+        };
+        let pending = status
+            .lines()
+            .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+            .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+            .fold(0, |all, p| all | p);
+        if pending & bit == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIG{name} pending for 10 s"
+        );
+        std::thread::yield_now();
+    }
 }
 
 #[test]
@@ -670,9 +699,7 @@ fn a_second_ctrl_c_exits_at_once_without_waiting_for_the_drives() {
         ],
         "measuring",
     );
-    std::thread::sleep(Duration::from_millis(300));
     signal(&child, "INT");
-    std::thread::sleep(Duration::from_millis(300));
     let second = std::time::Instant::now();
     signal(&child, "INT");
     let out = child.wait_with_output().expect("usnvme exits");

@@ -107,7 +107,7 @@ pub fn fio_plot_check() -> Result<()> {
             .args(["perf", "-r", "sim:0-1", "-t", "3", "-L", "--json"])
             .arg(&perf_json)
             .current_dir(&root),
-        "fix `usnvme perf` (tools/src/perf)",
+        "fix `usnvme perf` (tools/src/cli/perf)",
     )?;
     let text = std::fs::read_to_string(&perf_json)
         .with_context(|| format!("{step}: cannot read {}", perf_json.display()))?;
@@ -118,7 +118,7 @@ pub fn fio_plot_check() -> Result<()> {
         match doc["global options"][key].as_str() {
             Some(v) => Ok(v.to_string()),
             None => bail!(
-                "{step}: {} has no fio `global options`.{key}. Fix: tools/src/perf/report.rs",
+                "{step}: {} has no fio `global options`.{key}. Fix: tools/src/cli/perf/report.rs",
                 perf_json.display()
             ),
         }
@@ -141,12 +141,12 @@ pub fn fio_plot_check() -> Result<()> {
                 .arg(&png)
                 // no display: draw to files
                 .env("MPLBACKEND", "Agg"),
-            "fio-plot did not take `usnvme perf --json` as fio JSON (its messages are above): fix tools/src/perf/report.rs",
+            "fio-plot did not take `usnvme perf --json` as fio JSON (its messages are above): fix tools/src/cli/perf/report.rs",
         )?;
         let head = std::fs::read(&png).unwrap_or_default();
         if !head.starts_with(b"\x89PNG") {
             bail!(
-                "{step}: fio-plot {mode} wrote no image at {}: it did not chart `usnvme perf --json` (its messages are above). Fix: tools/src/perf/report.rs",
+                "{step}: fio-plot {mode} wrote no image at {}: it did not chart `usnvme perf --json` (its messages are above). Fix: tools/src/cli/perf/report.rs",
                 png.display()
             );
         }

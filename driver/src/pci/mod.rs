@@ -2,8 +2,9 @@
 //!
 //! Finds the NVMe controllers (PCI class `0x0108xx`) and, for each, what `usnvme list` shows and
 //! what `usnvme setup` checks before it rebinds a drive: the driver it is bound to, its NUMA node,
-//! its IOMMU group and whether VFIO can use that group, its PCIe link, and the kernel block devices
-//! on it together with whether they are mounted, used as swap or held by LVM/md/dm.
+//! its IOMMU group and whether VFIO can use that group, and its PCIe link. (Which kernel block
+//! devices sit on a controller bound to `nvme`, and whether they are in use, is the tools' concern:
+//! `usnvme list` and `usnvme setup` find them under [`Sysfs::pci_device_path`].)
 //!
 //! Everything is read under a root directory (`/` by default), so tests run on a fake tree (the
 //! `fake` module, behind the `fake-sysfs` feature). Only the PCI device list is essential: any
@@ -12,7 +13,6 @@
 
 #[cfg(any(test, feature = "fake-sysfs"))]
 pub mod fake;
-mod usage;
 
 use std::fmt;
 use std::fs;
@@ -21,9 +21,6 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
-
-pub use usage::BlockDeviceInfo;
-use usage::UsageScan;
 
 /// The PCI base class and subclass of NVM Express controllers (mass storage, non-volatile memory),
 /// i.e. the `class` attribute shifted right by 8 (the low byte is the programming interface).
@@ -363,15 +360,6 @@ pub struct NvmeControllerInfo {
     pub iommu_group_blockers: Vec<GroupBlocker>,
     /// Its PCIe link.
     pub link: LinkInfo,
-    /// The kernel block devices on it, when bound to `nvme`.
-    pub block_devices: Vec<BlockDeviceInfo>,
-}
-
-impl NvmeControllerInfo {
-    /// Whether any of its block devices is mounted, swap, or held.
-    pub fn in_use(&self) -> bool {
-        self.block_devices.iter().any(BlockDeviceInfo::in_use)
-    }
 }
 
 /// Errors of PCI discovery.
@@ -482,10 +470,9 @@ impl Sysfs {
             }
         }
         found.sort_unstable();
-        let usage = UsageScan::new(&self.root);
         Ok(found
             .into_iter()
-            .map(|(address, class)| self.describe(address, class, &usage))
+            .map(|(address, class)| self.describe(address, class))
             .collect())
     }
 
@@ -508,10 +495,10 @@ impl Sysfs {
         if !is_nvme_class(class) {
             return Err(PciError::NotNvme { address, class });
         }
-        Ok(self.describe(address, class, &UsageScan::new(&self.root)))
+        Ok(self.describe(address, class))
     }
 
-    fn describe(&self, address: PciAddress, class: u32, usage: &UsageScan) -> NvmeControllerInfo {
+    fn describe(&self, address: PciAddress, class: u32) -> NvmeControllerInfo {
         let dir = self.pci_device_path(address);
         let hex16 = |name| {
             attr(&dir, name)
@@ -546,7 +533,6 @@ impl Sysfs {
                 current: link_state("current"),
                 max: link_state("max"),
             },
-            block_devices: usage.block_devices_of(&dir),
         }
     }
 }
@@ -560,8 +546,8 @@ fn read_attr(path: &Path) -> io::Result<String> {
     fs::read_to_string(path).map(|s| s.trim().to_owned())
 }
 
-/// An optional attribute of the device directory `dir`: `None` if missing or unreadable.
-pub(crate) fn attr(dir: &Path, name: &str) -> Option<String> {
+/// An optional attribute of the sysfs directory `dir`, trimmed: `None` if missing or unreadable.
+pub fn attr(dir: &Path, name: &str) -> Option<String> {
     let path = dir.join(name);
     match read_attr(&path) {
         Ok(value) => Some(value),
@@ -598,8 +584,9 @@ fn driver_of(device_dir: &Path) -> Driver {
     link_name(&device_dir.join("driver")).map_or(Driver::None, |name| Driver::from_name(&name))
 }
 
-/// The names of the entries of `dir`, sorted; empty if it cannot be read.
-fn dir_names(dir: &Path) -> Vec<String> {
+/// The names of the entries of `dir`, in natural order (`nvme0n2` before `nvme0n10`); empty if
+/// it cannot be read.
+pub fn dir_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(Result::ok)
@@ -639,7 +626,7 @@ fn group_blockers(devices_dir: &Path, me: PciAddress, group: u32) -> (bool, Vec<
 }
 
 /// Compares strings with embedded numbers numerically: `nvme0n2` < `nvme0n10`.
-fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     fn chunks(s: &str) -> Vec<(bool, &str)> {
         let mut out = Vec::new();
         let mut start = 0;
@@ -740,7 +727,6 @@ mod tests {
             (None, None, false)
         );
         assert_eq!(c.link, LinkInfo::default());
-        assert!(c.block_devices.is_empty());
     }
 
     #[test]

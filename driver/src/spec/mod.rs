@@ -14,7 +14,6 @@
 #[cfg(target_endian = "big")]
 compile_error!("usnvme spec types assume a little-endian host, as NVMe data structures are");
 
-
 /// For `#[repr(C)]` structs that derive zerocopy's `FromBytes`, `IntoBytes` and `Immutable`
 /// (which prove at compile time that any bytes form a valid value and that no byte is padding,
 /// so a `bool` field or a gap between fields does not compile): asserts their size, marks them

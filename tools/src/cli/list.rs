@@ -3,7 +3,10 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
-use usnvme_driver::pci::{BlockDeviceInfo, Driver, NvmeControllerInfo, Sysfs};
+use serde::Serialize;
+use usnvme_driver::pci::{Driver, NvmeControllerInfo, Sysfs};
+
+use crate::usage::{BlockDeviceInfo, UsageScan};
 
 /// Arguments of `usnvme list`.
 #[derive(Debug, clap::Args)]
@@ -13,11 +16,34 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Lists the controllers on `out`.
-pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+/// A controller as `usnvme list` shows it: what the driver's PCI discovery knows of it and the
+/// kernel block devices on it. In JSON, one object: the controller's fields, then
+/// `block_devices`.
+#[derive(Debug, Serialize)]
+struct Listed {
+    #[serde(flatten)]
+    controller: NvmeControllerInfo,
+    block_devices: Vec<BlockDeviceInfo>,
+}
+
+/// Every NVMe controller with its block devices (from one scan of sysfs and procfs).
+fn listed(sysfs: &Sysfs) -> Result<Vec<Listed>> {
     let controllers = sysfs
         .list_nvme_controllers()
         .context("cannot list the NVMe controllers")?;
+    let usage = UsageScan::new(sysfs.root());
+    Ok(controllers
+        .into_iter()
+        .map(|controller| Listed {
+            block_devices: usage.block_devices_of(&sysfs.pci_device_path(controller.address)),
+            controller,
+        })
+        .collect())
+}
+
+/// Lists the controllers on `out`.
+pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let controllers = listed(sysfs)?;
     let text = if args.json {
         let mut json = serde_json::to_string_pretty(&controllers)
             .context("cannot encode the controllers as JSON")?;
@@ -43,7 +69,7 @@ const HEADERS: [&str; 7] = [
 ];
 
 /// The table, one line per controller, columns as wide as their content.
-fn table(controllers: &[NvmeControllerInfo]) -> String {
+fn table(controllers: &[Listed]) -> String {
     let rows: Vec<[String; 7]> = controllers.iter().map(row).collect();
     let mut widths = HEADERS.map(|h| h.chars().count());
     for row in &rows {
@@ -65,7 +91,8 @@ fn table(controllers: &[NvmeControllerInfo]) -> String {
     text
 }
 
-fn row(c: &NvmeControllerInfo) -> [String; 7] {
+fn row(listed: &Listed) -> [String; 7] {
+    let c = &listed.controller;
     let hex = |id: Option<u16>| id.map_or_else(|| "????".to_owned(), |id| format!("{id:04x}"));
     let group = match c.iommu_group {
         None => "none".to_owned(),
@@ -77,10 +104,10 @@ fn row(c: &NvmeControllerInfo) -> [String; 7] {
     if c.link.is_downgraded() {
         link.push_str(" (downgraded)");
     }
-    let blocks = if c.block_devices.is_empty() {
+    let blocks = if listed.block_devices.is_empty() {
         "-".to_owned()
     } else {
-        let blocks: Vec<String> = c.block_devices.iter().map(block_device).collect();
+        let blocks: Vec<String> = listed.block_devices.iter().map(block_device).collect();
         blocks.join(", ")
     };
     [
@@ -119,8 +146,13 @@ fn join(items: &[impl std::fmt::Display]) -> String {
 }
 
 /// `24 NVMe controllers: 24 on vfio-pci, 0 on nvme, 0 unbound` (and the others, if any).
-fn summary(controllers: &[NvmeControllerInfo]) -> String {
-    let count = |want: fn(&Driver) -> bool| controllers.iter().filter(|c| want(&c.driver)).count();
+fn summary(controllers: &[Listed]) -> String {
+    let count = |want: fn(&Driver) -> bool| {
+        controllers
+            .iter()
+            .filter(|c| want(&c.controller.driver))
+            .count()
+    };
     let n = controllers.len();
     let mut text = format!(
         "{n} NVMe controller{}: {} on vfio-pci, {} on nvme, {} unbound",
@@ -131,7 +163,7 @@ fn summary(controllers: &[NvmeControllerInfo]) -> String {
     );
     let mut others: Vec<&str> = controllers
         .iter()
-        .filter_map(|c| match &c.driver {
+        .filter_map(|c| match &c.controller.driver {
             Driver::Other(name) => Some(name.as_str()),
             _ => None,
         })
@@ -162,7 +194,7 @@ mod tests {
         fake.add_pci_device("0000:0a:00.0", 0x010802, 0x144d, 0xa80a)
             .bind("uio_pci_generic")
             .numa_node("1");
-        let list = fake.sysfs().list_nvme_controllers().expect("list");
+        let list = listed(&fake.sysfs()).expect("list");
         let text = table(&list);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);

@@ -1,6 +1,8 @@
 //! `usnvme`: the command line of the usnvme userspace NVMe driver.
 //!
-//! Each command lives in its own module (`list.rs`, ...) with an `Args` struct (clap derive) and a
+//! The binary's modules live here, under `src/cli/`; `src/` itself holds the library pieces
+//! the binary and xtask share (progress lines, the sweep matrix, its table and charts). Each
+//! command lives in its own module (`list.rs`, ...) with an `Args` struct (clap derive) and a
 //! `run` function; `main` parses, dispatches, and turns errors into `usnvme: error: ...` and exit
 //! status 1 (clap's usage errors exit 2).
 
@@ -12,6 +14,8 @@ mod open;
 mod perf;
 mod setup;
 mod signals;
+mod sweep;
+mod usage;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -45,7 +49,7 @@ enum Command {
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
     /// Sweep block sizes × patterns (read, write, randread, randwrite): table, CSV, JSON, SVG charts.
-    Sweep(perf::sweep::Args),
+    Sweep(sweep::Args),
 }
 
 fn main() -> ExitCode {
@@ -98,7 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
-        Command::Sweep(args) => perf::sweep::main(&sysfs, &args, &mut stdout),
+        Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),
     };
     // What was reported goes out before the errors about the rest.
     let flushed = stdout.flush();

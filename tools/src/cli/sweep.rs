@@ -13,15 +13,14 @@ use usnvme_engine::stats::{IoStats, OpKind};
 use usnvme_tools::sweep::chart::RunInfo;
 use usnvme_tools::sweep::{self, output, Pattern, PointResult, Record, SweepPlan};
 
-use super::report::Row;
-use super::{usage, Session};
+use crate::perf::{self, usage, Row, Session};
 
 /// The perf flags (queue depth, time per point, cores, devices, stripes), plus:
 #[derive(Debug, clap::Args)]
 #[group(skip)]
 pub struct Args {
     #[command(flatten)]
-    pub perf: super::Args,
+    pub perf: perf::Args,
     /// Block sizes, e.g. 4k,16k,1m (default: powers of two from 4K to 1M).
     #[arg(long)]
     pub sizes: Option<String>,
@@ -38,7 +37,7 @@ pub struct Args {
 
 pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let result = run(sysfs, args, out);
-    super::exit_on_usage(&result, out);
+    perf::exit_on_usage(&result, out);
     result
 }
 
@@ -86,12 +85,12 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             if crate::signals::received().is_some() {
                 anyhow::bail!("interrupted");
             }
-            let mut p = session.settings.plan.clone();
+            let mut p = session.settings.run.clone();
             p.io_size = point.block_size;
             p.random = point.pattern.is_random();
             p.read_pct = if point.pattern.is_read() { 100 } else { 0 };
             let m = session.measure(&p, None, false)?;
-            m.check()?;
+            m.verdict()?;
             let result = point_result(&m.rows, point.pattern.is_read());
             // a point that Ctrl-C cut short is not a full point: left out
             if crate::signals::received().is_none() {
@@ -131,9 +130,9 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 
 /// vdbench's iorate method on the `-w`/`-o` workload.
 fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<()> {
-    let plan = session.settings.plan.clone();
-    let read = plan.read_pct >= 50;
-    let peak = point_result(&session.measure(&plan, None, false)?.rows, read);
+    let run = session.settings.run.clone();
+    let read = run.read_pct >= 50;
+    let peak = point_result(&session.measure(&run, None, false)?.rows, read);
     writeln!(out, "peak: {:.0} IOPS", peak.iops)?;
     writeln!(
         out,
@@ -145,8 +144,8 @@ fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<
         if crate::signals::received().is_some() {
             anyhow::bail!("interrupted");
         }
-        let m = session.measure(&plan, step, false)?;
-        m.check()?;
+        let m = session.measure(&run, step, false)?;
+        m.verdict()?;
         let r = point_result(&m.rows, read);
         let target = step.map_or("max".to_string(), |s| s.to_string());
         writeln!(

@@ -1,14 +1,20 @@
-//! The kernel block devices on controllers bound to `nvme` (namespaces, with their partitions and
-//! native multipath heads), and whether they are mounted, active swap, or held by LVM/md/dm.
+//! The kernel block devices on NVMe controllers bound to `nvme` (namespaces, with their
+//! partitions and native multipath heads), and whether they are mounted, active swap, or held by
+//! LVM/md/dm.
+//!
+//! Used by `usnvme list` (its BLOCK DEVICES column, also shown by `usnvme setup status`, and the
+//! `block_devices` of `--json`) and by `usnvme setup bind` (which refuses drives in use). Like the driver's PCI discovery, it reads
+//! `sys/` and `proc/` under a root directory (`/`, or a fake tree in tests), and whatever is
+//! missing or unreadable counts as absent or unused rather than failing the command.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-
-use super::{attr, dir_names, natural_cmp};
+use usnvme_driver::pci::{attr, dir_names, natural_cmp};
 
 /// A kernel block device on a controller (a namespace such as `nvme0n1`) and whether it is used.
+/// Serialized as an element of the `block_devices` array of `usnvme list --json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BlockDeviceInfo {
     /// The kernel name, e.g. `nvme0n1`.
@@ -23,13 +29,6 @@ pub struct BlockDeviceInfo {
     pub swap: bool,
     /// The devices stacked on it or its partitions (LVM/dm, md), e.g. `dm-0`.
     pub holders: Vec<String>,
-}
-
-impl BlockDeviceInfo {
-    /// Whether unbinding the controller would pull the disk out from under something.
-    pub fn in_use(&self) -> bool {
-        !self.mounted_at.is_empty() || self.swap || !self.holders.is_empty()
-    }
 }
 
 /// A mount, from `/proc/self/mounts` or `/proc/self/mountinfo`.
@@ -50,10 +49,11 @@ struct Disk {
     anchors: Vec<PathBuf>,
 }
 
-/// What is needed to tell which block devices sit on a controller and whether they are in use,
-/// read once per listing.
+/// What is needed to tell which block devices sit on a controller and whether they are in use:
+/// `sys/block`, the mounts and the swap areas, read once per command by [`UsageScan::new`], then
+/// asked about each controller with [`UsageScan::block_devices_of`].
 #[derive(Debug)]
-pub(super) struct UsageScan {
+pub struct UsageScan {
     block_dir: PathBuf,
     disks: Vec<Disk>,
     mounts: Vec<Mount>,
@@ -61,7 +61,9 @@ pub(super) struct UsageScan {
 }
 
 impl UsageScan {
-    pub(super) fn new(root: &Path) -> Self {
+    /// Reads `sys/block`, `proc/self/mounts`, `proc/self/mountinfo` and `proc/swaps` under
+    /// `root`; what cannot be read is taken as empty.
+    pub fn new(root: &Path) -> Self {
         let block_dir = root.join("sys/block");
         let names = dir_names(&block_dir);
         // The per-path devices of native NVMe multipath (nvme0c0n1) are hidden: not usable, and
@@ -108,8 +110,10 @@ impl UsageScan {
         }
     }
 
-    /// The block devices whose sysfs paths lie under the PCI device directory `device_dir`.
-    pub(super) fn block_devices_of(&self, device_dir: &Path) -> Vec<BlockDeviceInfo> {
+    /// The block devices whose sysfs paths lie under the PCI device directory `device_dir`
+    /// (see [`usnvme_driver::pci::Sysfs::pci_device_path`]), in natural order (`nvme0n2` before
+    /// `nvme0n10`); none for a controller that is not bound to `nvme`.
+    pub fn block_devices_of(&self, device_dir: &Path) -> Vec<BlockDeviceInfo> {
         let Ok(device_dir) = fs::canonicalize(device_dir) else {
             return Vec::new();
         };
@@ -260,8 +264,28 @@ fn parse_swaps(root: &Path, text: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use usnvme_driver::pci::fake::FakeSysfs;
+
     use super::*;
-    use crate::pci::fake::FakeSysfs;
+
+    /// The block devices of the PCI devices at `addresses`, from one scan of the tree, as the
+    /// commands ask.
+    fn block_devices(fake: &FakeSysfs, addresses: &[&str]) -> Vec<Vec<BlockDeviceInfo>> {
+        let scan = UsageScan::new(fake.root());
+        let sysfs = fake.sysfs();
+        addresses
+            .iter()
+            .map(|a| {
+                let address = a.parse().expect("valid address");
+                scan.block_devices_of(&sysfs.pci_device_path(address))
+            })
+            .collect()
+    }
+
+    /// Whether unbinding the controller would pull the disk out from under something.
+    fn in_use(b: &BlockDeviceInfo) -> bool {
+        !b.mounted_at.is_empty() || b.swap || !b.holders.is_empty()
+    }
 
     #[test]
     fn block_devices_and_their_use() {
@@ -304,28 +328,29 @@ mod tests {
             "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
              /dev/nvme0n2                            partition\t499996\t\t0\t\t-2\n",
         );
-        let list = fake.sysfs().list_nvme_controllers().expect("list");
+        let list = block_devices(&fake, &["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]);
         let c0 = &list[0];
-        let names: Vec<&str> = c0.block_devices.iter().map(|b| b.name.as_str()).collect();
+        let names: Vec<&str> = c0.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(
             names,
             ["nvme0n1", "nvme0n2", "nvme0n3", "nvme0n4", "nvme0n10"]
         );
-        let [n1, n2, n3, n4, n10] = &c0.block_devices[..] else {
+        let [n1, n2, n3, n4, n10] = &c0[..] else {
             panic!("5 namespaces expected");
         };
         assert_eq!(n1.size_bytes, Some(2_000_000 * 512));
         assert_eq!(n1.partitions, ["nvme0n1p1", "nvme0n1p2"]);
         assert_eq!(n1.mounted_at, ["/mnt/my data"]);
         assert_eq!(n1.holders, ["dm-0"]);
-        assert!(!n1.swap && n1.in_use());
-        assert!(n2.swap && n2.mounted_at.is_empty() && n2.holders.is_empty() && n2.in_use());
+        assert!(!n1.swap && in_use(n1));
+        assert!(n2.swap && n2.mounted_at.is_empty() && n2.holders.is_empty() && in_use(n2));
         assert_eq!(n3.mounted_at, ["/"]);
-        assert!(!n4.in_use() && !n10.in_use());
-        assert!(c0.in_use());
-        assert_eq!(list[1].block_devices.len(), 1);
-        assert_eq!(list[1].block_devices[0].mounted_at, ["/srv"]);
-        assert!(list[2].block_devices.is_empty());
+        assert!(!in_use(n4) && !in_use(n10));
+        assert_eq!(list[1].len(), 1);
+        assert_eq!(list[1][0].mounted_at, ["/srv"]);
+        assert!(list[2].is_empty());
+        // A device that is not there has none.
+        assert!(block_devices(&fake, &["0000:09:00.0"])[0].is_empty());
     }
 
     #[test]
@@ -351,17 +376,11 @@ mod tests {
         fake.write(format!("{head}/size"), "1000\n");
         fake.symlink("sys/block/nvme1n2", head);
         fake.add_nvme_controller("0000:03:00.0").bind("nvme");
-        let list = fake.sysfs().list_nvme_controllers().expect("list");
-        let names = |i: usize| -> Vec<&str> {
-            list[i]
-                .block_devices
-                .iter()
-                .map(|b| b.name.as_str())
-                .collect()
-        };
+        let list = block_devices(&fake, &["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]);
+        let names = |i: usize| -> Vec<&str> { list[i].iter().map(|b| b.name.as_str()).collect() };
         assert_eq!(names(0), ["nvme0n1"]);
         assert_eq!(names(1), ["nvme1n2"]);
-        assert!(list[2].block_devices.is_empty());
+        assert!(list[2].is_empty());
         assert_eq!(nvme_path_head("nvme12c3n45").as_deref(), Some("nvme12n45"));
         assert_eq!(nvme_path_head("nvme0n1"), None);
         assert_eq!(nvme_path_head("nvmecn1"), None);

@@ -442,7 +442,7 @@ Ir                   file:function
  9,000 (18.00%)  *  /w/driver/src/queue/mod.rs:<usnvme_engine::block::namespace::NamespaceChannel as usnvme_engine::block::Channel>::poll
  5,000 (10.00%)  *  /w/engine/src/block/namespace.rs:<usnvme_engine::block::namespace::NamespaceChannel as usnvme_engine::block::Channel>::poll [/w/target/release/usnvme]
 
- 7,000 (14.00%)  *  tools/src/perf/workload.rs:usnvme_engine::engine::reactor
+ 7,000 (14.00%)  *  tools/src/cli/perf/workload.rs:usnvme_engine::engine::reactor
  3,000 ( 6.00%)  *  /rustc/abc/library/alloc/src/vec/mod.rs:usnvme_engine::engine::reactor
 
  6,000 (12.00%)  < /r/vm-memory-0.18.0/src/guest_memory.rs:usnvme_driver::sim::queue::Cq::write (40,016x)

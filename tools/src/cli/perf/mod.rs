@@ -15,7 +15,6 @@ mod regions;
 mod report;
 mod session;
 mod settings;
-pub(crate) mod sweep;
 mod watch;
 mod workload;
 
@@ -40,12 +39,12 @@ use usnvme_engine::{
 
 use crate::signals;
 use regions::{check_io_size, devices, region, spans};
-use report::Row;
+pub(crate) use report::Row;
 pub(crate) use session::Session;
-use settings::{positive_size, removal, seconds, settings, size, stripe, Given, Pattern};
 pub(crate) use settings::Settings;
+use settings::{positive_size, removal, seconds, settings, size, stripe, Given, Pattern};
 use watch::watch;
-use workload::{Plan, Region, Workload};
+use workload::{Region, RunSpec, Workload};
 
 /// The largest I/O the block layer is asked to split, per drive of a stripe.
 const MAX_SPLIT: u64 = 2 << 20;
@@ -56,7 +55,7 @@ pub struct Args {
     /// Queue depth: I/Os in flight per reactor per device.
     #[arg(short = 'q', long = "queue-depth", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..))]
-    depth: u32,
+    pub(crate) depth: u32,
     /// I/O size in bytes: 4096, 4k, 128K, 1M.
     #[arg(short = 'o', long = "io-size", default_value = "4k", value_parser = positive_size)]
     io_size: Given<u64>,
@@ -70,7 +69,7 @@ pub struct Args {
     /// Seconds to measure (after the warm-up).
     #[arg(short = 't', long = "time", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..))]
-    time: u64,
+    pub(crate) time: u64,
     /// Warm-up seconds: I/O runs but is not counted.
     #[arg(short = 'a', long = "warmup", default_value_t = 0)]
     warmup: u64,
@@ -101,7 +100,12 @@ pub struct Args {
     #[arg(long = "verify")]
     verify: bool,
     /// Debug: every write after the first N per device carries a bad checksum in its first block.
-    #[arg(long = "corrupt-after", value_name = "N", hide = true, requires = "verify")]
+    #[arg(
+        long = "corrupt-after",
+        value_name = "N",
+        hide = true,
+        requires = "verify"
+    )]
     corrupt_after: Option<u64>,
     /// Namespace to run on, on every drive (default: every active namespace).
     #[arg(short = 'n', long = "namespace", value_name = "NSID",
@@ -116,7 +120,7 @@ pub struct Args {
     /// Reset every controller once, S seconds into the measurement, while I/O runs. The I/Os
     /// the reset aborts are counted, not failures; the run fails if I/O does not resume.
     #[arg(long = "reset-after", value_name = "S", value_parser = seconds)]
-    reset_after: Option<f64>,
+    pub(crate) reset_after: Option<f64>,
     /// Seed of the --verify stamps (default: from the process ID). A read run given an earlier
     /// run's seed (its JSON `options.seed`) checks the blocks that run wrote.
     #[arg(long = "seed", value_name = "N", requires = "verify")]
@@ -128,7 +132,7 @@ pub struct Args {
     shadow_doorbells: bool,
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
     #[arg(long = "remove", value_name = "DEVICE@S", hide = true, value_parser = removal)]
-    remove: Option<(String, f64)>,
+    pub(crate) remove: Option<(String, f64)>,
 }
 
 /// A bad flag: `main` prints it on one line and exits 2, and no I/O was issued.
@@ -187,17 +191,17 @@ fn targets(sysfs: &Sysfs, given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>> {
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     // percentiles with -L, as spdk_nvme_perf
     let session = Session::open(sysfs, args, None, args.latency > 0)?;
-    let plan = session.settings.plan.clone();
+    let run = session.settings.run.clone();
     let cores = session.engine.placement().reactors.len();
-    let length = match plan.duration {
+    let length = match run.duration {
         Some(d) => format!("for {} s", d.as_secs()),
-        None => format!("{} I/Os per device and core", plan.io_count.unwrap_or(0)),
+        None => format!("{} I/Os per device and core", run.io_count.unwrap_or(0)),
     };
     eprintln!(
         "usnvme perf: {} device(s) on {cores} core(s): measuring {length}",
         session.devices.len()
     );
-    let m = session.measure(&plan, args.rate, true)?;
+    let m = session.measure(&run, args.rate, true)?;
     out.write_all(report::table(&m.rows, args.latency).as_bytes())?;
     out.write_all(report::errors(&m.rows).as_bytes())?;
     if let Some(line) = m.reset_line() {
@@ -206,11 +210,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     out.flush()?;
     if let Some(path) = &args.json {
         let options = json!({
-            "queue_depth": args.depth, "io_size": plan.io_size, "workload": args.workload,
-            "read_pct": plan.read_pct, "time_s": args.time, "warmup_s": args.warmup,
+            "queue_depth": args.depth, "io_size": run.io_size, "workload": args.workload,
+            "read_pct": run.read_pct, "time_s": args.time, "warmup_s": args.warmup,
             "io_count": args.io_count, "rate": args.rate, "verify": args.verify,
             "stripe": args.stripe, "namespace": args.namespace, "offset": args.offset,
-            "size": args.size, "reset_after_s": args.reset_after, "seed": plan.seed,
+            "size": args.size, "reset_after_s": args.reset_after, "seed": run.seed,
         });
         let mut doc = report::json(&m.rows, options, args.latency);
         if let Some(reset) = m.reset_json() {
@@ -220,11 +224,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    if args.verify && plan.read_pct > 0 && m.checked == 0 {
+    if args.verify && run.read_pct > 0 && m.checked == 0 {
         eprintln!(
             "usnvme: warning: --verify checked no block: none read back carried a stamp \
              (write first, in the same run; a sim drive keeps data only with backend=ram)"
         );
     }
-    m.check()
+    m.verdict()
 }

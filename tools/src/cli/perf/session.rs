@@ -1,12 +1,12 @@
-//! A session: attached drives, the engine and the block devices, measuring one plan after another.
+//! A session: attached drives, the engine and the block devices, measuring one run after another.
 
 use super::*;
 
-/// Attached drives, the engine and the block devices, ready to measure one plan after another
+/// Attached drives, the engine and the block devices, ready to measure one run after another
 /// (`perf` measures one; `sweep` many).
 pub(crate) struct Session {
     pub(crate) settings: Settings,
-    pub(super) engine: Engine,
+    pub(crate) engine: Engine,
     pub(super) devices: Vec<Arc<dyn BlockDevice>>,
     /// Each device's I/O region (`--offset`, `--size`).
     pub(super) spans: Vec<Region>,
@@ -39,7 +39,7 @@ pub(crate) struct Measured {
 impl Measured {
     /// Reports data mismatches, removed devices, failed I/O and failed resets as errors (one
     /// line each).
-    pub(crate) fn check(&self) -> Result<()> {
+    pub(crate) fn verdict(&self) -> Result<()> {
         for m in &self.mismatches {
             eprintln!("usnvme: verify: {m}");
         }
@@ -197,7 +197,7 @@ impl Session {
                 }
             }
         }
-        let io_size = max_io_size.unwrap_or(settings.plan.io_size);
+        let io_size = max_io_size.unwrap_or(settings.run.io_size);
         // A queue holds MQES+1 entries, one always empty: at most MQES commands in flight.
         let granted = drives
             .iter()
@@ -260,20 +260,25 @@ impl Session {
         check_io_size(&self.devices, &self.spans, io_size, given)
     }
 
-    /// Runs `plan` on every reactor, capped at `rate` IOPS in total, and collects its rows.
+    /// Runs `spec` on every reactor, capped at `rate` IOPS in total, and collects its rows.
     /// `live`: the one-line progress on a terminal.
-    pub(crate) fn measure(&self, plan: &Plan, rate: Option<u64>, live: bool) -> Result<Measured> {
+    pub(crate) fn measure(
+        &self,
+        spec: &RunSpec,
+        rate: Option<u64>,
+        live: bool,
+    ) -> Result<Measured> {
         let assignment = self.engine.assign(&self.devices)?;
         let pairs: usize = assignment.serving.iter().map(Vec::len).sum();
-        let mut job_plan = plan.clone();
-        job_plan.rate = rate.map(|r| r as f64 / pairs.max(1) as f64);
+        let mut job_spec = spec.clone();
+        job_spec.rate = rate.map(|r| r as f64 / pairs.max(1) as f64);
         let reset_done = self
             .settings
             .reset_after
             .map(|_| Arc::new(AtomicBool::new(false)));
-        job_plan.reset_done = reset_done.clone();
+        job_spec.reset_done = reset_done.clone();
         let spans = self.spans.clone();
-        let io_size = plan.io_size;
+        let io_size = spec.io_size;
         let run = self.engine.start(self.devices.clone(), move |info| {
             let mine = info
                 .devices
@@ -281,11 +286,11 @@ impl Session {
                 .zip(&info.shares)
                 .map(|(&d, &share)| region(spans[d], share, io_size))
                 .collect();
-            Workload::new(job_plan.clone(), mine)
+            Workload::new(job_spec.clone(), mine)
         })?;
         // The reactors start their jobs as `start` returns: the measurement begins after the
         // warm-up from now.
-        let measure_from = Instant::now() + plan.warmup;
+        let measure_from = Instant::now() + spec.warmup;
         // Side actions at a time into the measurement; dropping `cancel` ends those not yet due.
         let (cancel, cancelled) = mpsc::channel::<()>();
         let resetter = match (self.settings.reset_after, reset_done) {
@@ -327,7 +332,7 @@ impl Session {
             checked: 0,
             reset,
             reset_asked: self.settings.reset_after.is_some(),
-            timed: plan.duration.is_some(),
+            timed: spec.duration.is_some(),
         };
         for r in results {
             for d in r.output {

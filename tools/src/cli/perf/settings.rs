@@ -9,7 +9,7 @@ use super::*;
 /// The checked flags.
 #[derive(Debug)]
 pub(crate) struct Settings {
-    pub(crate) plan: Plan,
+    pub(crate) run: RunSpec,
     pub(super) cores: Vec<usize>,
     pub(super) specs: Vec<DeviceSpec>,
     pub(super) stripe: Option<(usize, u64)>,
@@ -35,7 +35,10 @@ pub(crate) enum Pattern {
 
 impl Pattern {
     fn is_random(self) -> bool {
-        matches!(self, Pattern::Randread | Pattern::Randwrite | Pattern::Randrw)
+        matches!(
+            self,
+            Pattern::Randread | Pattern::Randwrite | Pattern::Randrw
+        )
     }
 
     /// The share of reads, in percent (`mix`: `-M`, for the mixed patterns).
@@ -192,7 +195,7 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         .remove
         .as_ref()
         .map(|(device, at)| (device.clone(), Duration::from_secs_f64(*at)));
-    let plan = Plan {
+    let run = RunSpec {
         io_size,
         depth: args.depth as usize,
         random: args.workload.is_random(),
@@ -210,7 +213,7 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         reset_done: None,
     };
     Ok(Settings {
-        plan,
+        run,
         cores,
         specs,
         stripe,

@@ -11,9 +11,10 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Result};
 use usnvme_driver::lock;
-use usnvme_driver::pci::{BlockDeviceInfo, Driver, NvmeControllerInfo, PciAddress, Sysfs};
+use usnvme_driver::pci::{Driver, NvmeControllerInfo, PciAddress, Sysfs};
 
 use super::iommu::IommuState;
+use crate::usage::{BlockDeviceInfo, UsageScan};
 
 /// One change, in the terms of the shell command that does the same by hand.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,9 +326,14 @@ pub fn bind(
     if !pending.is_empty() && !iommu.is_on() {
         bail!("{}", iommu.off_error());
     }
+    // One scan of the block devices, mounts and swap for all the drives.
+    let usage = UsageScan::new(sysfs.root());
     let mut reasons: Vec<(PciAddress, String)> = pending
         .iter()
-        .map(|c| (c.address, uses(sysfs.root(), c)))
+        .map(|c| {
+            let blocks = usage.block_devices_of(&sysfs.pci_device_path(c.address));
+            (c.address, uses(sysfs.root(), &blocks))
+        })
         .filter(|(_, uses)| !uses.is_empty())
         .map(|(a, uses)| (a, uses.join("; ")))
         .collect();
@@ -419,11 +425,12 @@ fn moves(
 // What stops a drive from moving
 // ---------------------------------------------------------------------------------------------
 
-/// What uses the drive's block devices, each with what to do about it; empty if nothing does.
-fn uses(root: &Path, c: &NvmeControllerInfo) -> Vec<String> {
+/// What uses a drive's block devices `blocks`, each with what to do about it; empty if nothing
+/// does.
+fn uses(root: &Path, blocks: &[BlockDeviceInfo]) -> Vec<String> {
     let swaps = swap_paths(root);
     let mut uses = Vec::new();
-    for b in &c.block_devices {
+    for b in blocks {
         let name = &b.name;
         if b.mounted_at.iter().any(|m| m == "/") {
             uses.push(format!(
