@@ -549,13 +549,20 @@ fn stopping_with_io_in_flight_drains_and_deletes_the_queues() {
     let run = engine
         .start(engine.namespaces(), |_| Endless { bufs: Vec::new() })
         .expect("start");
-    std::thread::sleep(Duration::from_millis(200));
-    let live = run.stats();
-    assert_eq!(live.len(), 2, "both reactors answer");
-    assert!(
-        live.iter().any(|s| s.total().total_ios() > 0),
-        "I/O is running"
-    );
+    // Live statistics while the reactors run: wait until they show I/O.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let live = run.stats();
+        assert_eq!(live.len(), 2, "both reactors answer");
+        if live.iter().any(|s| s.total().total_ios() > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no I/O in the live statistics after 20 s"
+        );
+        std::thread::yield_now();
+    }
     run.stop();
     let results = run.wait().expect("reactors");
     for r in &results {

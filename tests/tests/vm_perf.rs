@@ -1,5 +1,7 @@
 //! `usnvme perf` and `usnvme sweep` on the test bed's 24 file-backed drives.
 
+use std::collections::BTreeMap;
+
 use usnvme_tests::VmBed;
 
 fn run(bed: &VmBed, args: &[&str]) -> (String, String) {
@@ -12,21 +14,32 @@ fn run(bed: &VmBed, args: &[&str]) -> (String, String) {
     (stdout, stderr)
 }
 
-fn total_iops(json: &serde_json::Value, dir: &str) -> f64 {
-    json["jobs"]
-        .as_array()
-        .expect("jobs")
+/// Each vfio drive's Host Read Commands and Host Write Commands, from its own SMART log: the
+/// emulated controller counts every command it completes, independently of usnvme's counters.
+fn smart_commands(bed: &VmBed) -> BTreeMap<String, (u64, u64)> {
+    let (stdout, _) = run(bed, &["health", "--json"]);
+    let reports: Vec<serde_json::Value> = serde_json::from_str(&stdout).expect("health JSON");
+    reports
         .iter()
-        .map(|j| j[dir]["iops"].as_f64().unwrap_or(0.0))
-        .sum()
+        .map(|r| {
+            let count = |key: &str| r[key].as_u64().unwrap_or_else(|| panic!("{key}: {r}"));
+            let address = r["address"].as_str().expect("address").to_string();
+            (
+                address,
+                (count("host_read_commands"), count("host_write_commands")),
+            )
+        })
+        .collect()
 }
 
 #[test]
 #[ignore = "VM: run by `cargo xtask vm-test`"]
-fn perf_verifies_every_drive_and_its_json_adds_up() {
+fn perf_verifies_every_drive_and_its_counts_match_the_drives_own() {
     let bed = VmBed::from_env();
     let json = std::env::temp_dir().join("perf-24.json");
     let path = json.to_str().expect("utf-8");
+    let before = smart_commands(&bed);
+    let depth = 4;
     let (table, _) = run(
         &bed,
         &[
@@ -34,6 +47,7 @@ fn perf_verifies_every_drive_and_its_json_adds_up() {
             "--json", path,
         ],
     );
+    let after = smart_commands(&bed);
     // a job per drive and core serving it: with two NUMA nodes, each drive has one core
     let rows = bed.drives * (3 - bed.numa_nodes);
     assert!(
@@ -42,15 +56,34 @@ fn perf_verifies_every_drive_and_its_json_adds_up() {
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
-    let jobs = v["jobs"].as_array().expect("jobs").len();
-    assert_eq!(jobs, rows);
-    for dir in ["read", "write"] {
-        let sum = total_iops(&v, dir);
-        let total = v["total"][dir]["iops"].as_f64().expect("total iops");
-        assert!(
-            sum > 0.0 && (sum - total).abs() <= total * 1e-6 + 1.0,
-            "{dir}: rows {sum} vs total {total}"
-        );
+    let jobs = v["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), rows);
+    // Per drive, the I/Os perf counted against the commands the drive says it completed: as
+    // many, plus at most those still in flight when the measurement ended (completed after it,
+    // not counted); none counted that the drive did not do.
+    assert_eq!(before.len(), bed.drives - bed.kernel_drives, "{before:?}");
+    for (address, (reads_before, writes_before)) in &before {
+        let mine: Vec<&serde_json::Value> = jobs
+            .iter()
+            .filter(|j| j["job options"]["filename"] == address.as_str())
+            .collect();
+        assert!(!mine.is_empty(), "no job ran on {address}");
+        let counted = |dir: &str| -> u64 {
+            mine.iter()
+                .map(|j| j[dir]["total_ios"].as_u64().expect("total_ios"))
+                .sum()
+        };
+        let (reads_after, writes_after) = after[address];
+        let in_flight = (depth * mine.len()) as u64;
+        for (dir, counted, done) in [
+            ("read", counted("read"), reads_after - reads_before),
+            ("write", counted("write"), writes_after - writes_before),
+        ] {
+            assert!(
+                counted > 0 && counted <= done && done <= counted + in_flight,
+                "{address}: perf counted {counted} {dir}s, the drive completed {done}"
+            );
+        }
     }
 }
 
