@@ -146,6 +146,40 @@ pub fn vfio_controllers() -> Vec<usnvme_driver::pci::PciAddress> {
     list
 }
 
+/// Sends signal `name` (INT, TERM) and waits until the process has taken it (it is no longer
+/// pending in /proc/PID/status): two signals sent this way are two, never merged into one.
+pub fn signal(child: &std::process::Child, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let bit = match name {
+        "INT" => 1u64 << 1,
+        "TERM" => 1u64 << 14,
+        other => panic!("signal {other}: not used by these tests"),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) else {
+            return; // gone: it took the signal
+        };
+        let pending = status
+            .lines()
+            .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
+            .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+            .fold(0, |all, p| all | p);
+        if pending & bit == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIG{name} pending for 10 s"
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use usnvme_driver::pci::fake::FakeSysfs;
+use usnvme_tests::signal;
 
 fn usnvme(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_usnvme"))
@@ -466,40 +467,6 @@ fn start_until(args: &[&str], ready: &str) -> (std::process::Child, String) {
     // the child)
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     (child, seen)
-}
-
-/// Sends signal `name` (INT, TERM) and waits until the process has taken it (it is no longer
-/// pending in /proc/PID/status): two signals sent this way are two, never merged into one.
-fn signal(child: &std::process::Child, name: &str) {
-    let sent = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success());
-    let bit = match name {
-        "INT" => 1u64 << 1,
-        "TERM" => 1u64 << 14,
-        other => panic!("signal {other}: not used by these tests"),
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) else {
-            return; // gone: it took the signal
-        };
-        let pending = status
-            .lines()
-            .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
-            .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
-            .fold(0, |all, p| all | p);
-        if pending & bit == 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "SIG{name} pending for 10 s"
-        );
-        std::thread::yield_now();
-    }
 }
 
 #[test]
