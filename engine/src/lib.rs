@@ -6,9 +6,11 @@
 //!   per-reactor `Channel` that submits and polls I/O.
 //! - `stats`: per-reactor, per-device counters and latency histograms, merged on request.
 //! - `engine`: attach drives in parallel, one pinned polling thread (reactor) per core.
+//! - `fabric`: NVMe/TCP, to export block devices to other machines and reach remote ones.
 
 pub mod block;
 pub mod engine;
+pub mod fabric;
 pub mod placement;
 pub mod stats;
 pub mod topology;

@@ -1,0 +1,5 @@
+//! NVMe over Fabrics on TCP (NVMe/TCP): the wire format ([`pdu`]) shared by the target that
+//! exports the engine's block devices (`usnvme serve`) and the host side that reaches such
+//! targets.
+
+pub mod pdu;
