@@ -140,7 +140,14 @@ pub struct IdentifyController {
     rsvd564: [u8; 204],
     pub subnqn: [u8; 256], // NVM Subsystem NVMe Qualified Name (UTF-8, NUL padded)
     rsvd1024: [u8; 768],
-    pub nvmof: [u8; 256],    // NVMe over Fabrics attributes
+    // NVMe over Fabrics attributes (NVMe over Fabrics 1.1, Identify Controller fields)
+    pub ioccsz: u32, // I/O Queue Command Capsule Supported Size (16-byte units, SQE included)
+    pub iorcsz: u32, // I/O Queue Response Capsule Supported Size (16-byte units)
+    pub icdoff: u16, // In Capsule Data Offset (16-byte units after the SQE)
+    pub fcatt: u8,   // Fabrics Controller Attributes (bit 0: static controller model)
+    pub msdbd: u8,   // Maximum SGL Data Block Descriptors (0: no limit)
+    pub ofcs: u16,   // Optional Fabric Commands Support (bit 0: Disconnect)
+    rsvd1806: [u8; 242],
     pub psd: [[u8; 32]; 32], // Power State Descriptors 0..31
     pub vs: [u8; 1024],      // Vendor Specific
 }
@@ -165,7 +172,12 @@ const _: () = {
     assert!(offset_of!(IdentifyController, sgls) == 536);
     assert!(offset_of!(IdentifyController, maxcna) == 560);
     assert!(offset_of!(IdentifyController, subnqn) == 768);
-    assert!(offset_of!(IdentifyController, nvmof) == 1792);
+    assert!(offset_of!(IdentifyController, ioccsz) == 1792);
+    assert!(offset_of!(IdentifyController, iorcsz) == 1796);
+    assert!(offset_of!(IdentifyController, icdoff) == 1800);
+    assert!(offset_of!(IdentifyController, fcatt) == 1802);
+    assert!(offset_of!(IdentifyController, msdbd) == 1803);
+    assert!(offset_of!(IdentifyController, ofcs) == 1804);
     assert!(offset_of!(IdentifyController, psd) == 2048);
     assert!(offset_of!(IdentifyController, vs) == 3072);
 };
@@ -505,6 +517,21 @@ mod tests {
         assert_eq!(id.sgl_support(), SglSupport::Any);
         assert_eq!(id.as_bytes(), &bytes);
         assert!(format!("{id:?}").contains("deadbeef"));
+    }
+
+    #[test]
+    fn fabrics_attributes_at_1792() {
+        let mut bytes = [0u8; 4096];
+        bytes[1792..1796].copy_from_slice(&260u32.to_le_bytes()); // 4 KiB in-capsule data
+        bytes[1796..1800].copy_from_slice(&1u32.to_le_bytes());
+        bytes[1800..1802].copy_from_slice(&0x0102u16.to_le_bytes());
+        bytes[1802] = 1;
+        bytes[1803] = 1;
+        bytes[1804..1806].copy_from_slice(&1u16.to_le_bytes());
+        let id = IdentifyController::from_bytes(&bytes);
+        assert_eq!((id.ioccsz, id.iorcsz, id.icdoff), (260, 1, 0x0102));
+        assert_eq!((id.fcatt, id.msdbd, id.ofcs), (1, 1, 1));
+        assert_eq!(id.as_bytes(), &bytes);
     }
 
     #[test]

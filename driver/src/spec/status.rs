@@ -53,18 +53,36 @@ impl StatusCodeType {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Status(u16);
 
-/// Defines one `Status` constant per code and `Status::name` from the same table.
+/// Defines one `Status` constant per code and `Status::name` from the same table. An entry may
+/// carry a second constant and name after `|`: the command specific codes 80h and up mean one
+/// thing for NVM command set I/O commands and another for Fabrics commands (Connect), and a
+/// status word does not say which command it answers.
 macro_rules! status_codes {
-    ($($sct:literal => { $($sc:literal $constant:ident $text:literal,)* })*) => {
+    ($($sct:literal => {
+        $($sc:literal $constant:ident $text:literal $(| $alias:ident $alias_text:literal)?,)*
+    })*) => {
         impl Status {
-            $($(#[doc = $text] pub const $constant: Status = Status::new($sct, $sc);)*)*
+            $($(
+                #[doc = $text] pub const $constant: Status = Status::new($sct, $sc);
+                $(#[doc = $alias_text] pub const $alias: Status = Status::new($sct, $sc);)?
+            )*)*
 
-            /// The specification's name for this SCT/SC pair, or "Unknown status".
+            /// The specification's name for this SCT/SC pair, or "Unknown status". For a code
+            /// with two meanings, the first (see [`Status::alternate_name`]).
             pub const fn name(self) -> &'static str {
                 match (self.sct(), self.sc()) {
                     $($(($sct, $sc) => $text,)*)*
                     (7, _) => "Vendor Specific",
                     _ => UNKNOWN,
+                }
+            }
+
+            /// The other meaning of a command specific code that Fabrics commands use
+            /// differently (`CONNECT_INVALID_PARAMETERS` is `WRITE_TO_READ_ONLY_RANGE`).
+            pub const fn alternate_name(self) -> Option<&'static str> {
+                match (self.sct(), self.sc()) {
+                    $($($(($sct, $sc) => Some($alias_text),)?)*)*
+                    _ => None,
                 }
             }
         }
@@ -73,7 +91,8 @@ macro_rules! status_codes {
 
 const UNKNOWN: &str = "Unknown status";
 
-// NVMe Base 2.0 figures 101-104, NVM Command Set 1.0 and Zoned Namespace 1.1 (SC 80h-BFh).
+// NVMe Base 2.0 figures 101-104, NVM Command Set 1.0 and Zoned Namespace 1.1 (SC 80h-BFh); the
+// Fabrics command codes after `|` (NVMe over Fabrics 1.1, Connect and Fabrics status values).
 status_codes! {
     0 => {
         0x00 SUCCESS "Successful Completion",
@@ -164,10 +183,16 @@ status_codes! {
         0x2c INVALID_IO_COMMAND_SET "Invalid I/O Command Set",
         0x2d IDENTIFIER_UNAVAILABLE "Identifier Unavailable",
         0x7f STREAM_RESOURCE_ALLOCATION_FAILED "Stream Resource Allocation Failed",
-        0x80 CONFLICTING_ATTRIBUTES "Conflicting Attributes",
-        0x81 INVALID_PROTECTION_INFORMATION "Invalid Protection Information",
-        0x82 WRITE_TO_READ_ONLY_RANGE "Attempted Write to Read Only Range",
-        0x83 COMMAND_SIZE_LIMIT_EXCEEDED "Command Size Limit Exceeded",
+        0x80 CONFLICTING_ATTRIBUTES "Conflicting Attributes"
+            | CONNECT_INCOMPATIBLE_FORMAT "Connect Incompatible Format",
+        0x81 INVALID_PROTECTION_INFORMATION "Invalid Protection Information"
+            | CONNECT_CONTROLLER_BUSY "Connect Controller Busy",
+        0x82 WRITE_TO_READ_ONLY_RANGE "Attempted Write to Read Only Range"
+            | CONNECT_INVALID_PARAMETERS "Connect Invalid Parameters",
+        0x83 COMMAND_SIZE_LIMIT_EXCEEDED "Command Size Limit Exceeded"
+            | CONNECT_RESTART_DISCOVERY "Connect Restart Discovery",
+        0x84 CONNECT_INVALID_HOST "Connect Invalid Host",
+        0x85 INVALID_QUEUE_TYPE "Invalid Queue Type",
         0xb8 ZONE_BOUNDARY_ERROR "Zone Boundary Error",
         0xb9 ZONE_IS_FULL "Zone Is Full",
         0xba ZONE_IS_READ_ONLY "Zone Is Read Only",
@@ -283,16 +308,15 @@ impl Status {
 }
 
 /// "LBA Out of Range (SCT 0x0, SC 0x80)", with ", DNR" / ", More" inside the parentheses when
-/// those bits are set.
+/// those bits are set; both names of a code with two meanings ("Attempted Write to Read Only
+/// Range / Connect Invalid Parameters (SCT 0x1, SC 0x82)").
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (SCT {:#x}, SC {:#x}",
-            self.name(),
-            self.sct(),
-            self.sc()
-        )?;
+        f.write_str(self.name())?;
+        if let Some(other) = self.alternate_name() {
+            write!(f, " / {other}")?;
+        }
+        write!(f, " (SCT {:#x}, SC {:#x}", self.sct(), self.sc())?;
         if self.dnr() {
             f.write_str(", DNR")?;
         }
@@ -357,6 +381,7 @@ mod tests {
             "Deallocated or Unwritten Logical Block"
         );
         assert_eq!(Status::INTERNAL_PATH_ERROR.name(), "Internal Path Error");
+        assert_eq!(Status::INTERNAL_PATH_ERROR.alternate_name(), None);
         assert_eq!(Status::new(7, 0x12).name(), "Vendor Specific");
         assert_eq!(
             Status::new(4, 0x12).code_type(),
@@ -373,5 +398,30 @@ mod tests {
         for sct in [0, 1, 2, 3, 7] {
             assert_eq!(StatusCodeType::from_raw(sct).raw(), sct);
         }
+    }
+
+    #[test]
+    fn fabrics_connect_codes_show_their_names() {
+        assert_eq!(Status::CONNECT_INVALID_PARAMETERS, Status::new(1, 0x82));
+        assert_eq!(Status::CONNECT_CONTROLLER_BUSY, Status::new(1, 0x81));
+        assert_eq!(Status::CONNECT_INCOMPATIBLE_FORMAT, Status::new(1, 0x80));
+        assert_eq!(Status::CONNECT_RESTART_DISCOVERY, Status::new(1, 0x83));
+        assert_eq!(Status::CONNECT_INVALID_HOST, Status::new(1, 0x84));
+        assert_eq!(Status::INVALID_QUEUE_TYPE, Status::new(1, 0x85));
+        // a code shared with the NVM command set shows both meanings
+        assert_eq!(
+            Status::CONNECT_INVALID_PARAMETERS.with_dnr().to_string(),
+            "Attempted Write to Read Only Range / Connect Invalid Parameters \
+             (SCT 0x1, SC 0x82, DNR)"
+        );
+        assert_eq!(
+            Status::CONFLICTING_ATTRIBUTES.alternate_name(),
+            Some("Connect Incompatible Format")
+        );
+        assert_eq!(
+            Status::CONNECT_INVALID_HOST.to_string(),
+            "Connect Invalid Host (SCT 0x1, SC 0x84)"
+        );
+        assert_eq!(Status::INVALID_QUEUE_TYPE.name(), "Invalid Queue Type");
     }
 }

@@ -182,7 +182,7 @@ impl FatalError {
         }
     }
 
-    fn field(offset: u32, field: &'static str) -> FatalError {
+    pub(crate) fn field(offset: u32, field: &'static str) -> FatalError {
         FatalError::InvalidHeaderField { offset, field }
     }
 }

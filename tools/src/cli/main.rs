@@ -12,6 +12,7 @@ mod identify;
 mod list;
 mod open;
 mod perf;
+mod serve;
 mod setup;
 mod signals;
 mod sweep;
@@ -48,6 +49,8 @@ enum Command {
     Health(health::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
+    /// Export drives and stripes over NVMe/TCP to hosts running the Linux initiator.
+    Serve(serve::Args),
     /// Sweep block sizes × patterns (read, write, randread, randwrite): table, CSV, JSON, SVG charts.
     Sweep(sweep::Args),
 }
@@ -102,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
+        Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),
     };
     // What was reported goes out before the errors about the rest.

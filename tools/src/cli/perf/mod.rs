@@ -38,11 +38,13 @@ use usnvme_engine::{
 };
 
 use crate::signals;
-use regions::{check_io_size, devices, region, spans};
+pub(crate) use regions::devices;
+use regions::{check_io_size, region, spans};
 pub(crate) use report::Row;
 pub(crate) use session::Session;
 pub(crate) use settings::Settings;
-use settings::{positive_size, removal, seconds, settings, size, stripe, Given, Pattern};
+use settings::{positive_size, removal, seconds, settings, size, Pattern};
+pub(crate) use settings::{stripe, Given};
 use watch::watch;
 use workload::{Region, RunSpec, Workload};
 

@@ -4,7 +4,7 @@ use super::*;
 
 /// The run's block devices: every namespace (or namespace `nsid` of every drive), or stripes
 /// of `n` of them.
-pub(super) fn devices(
+pub(crate) fn devices(
     engine: &Engine,
     stripe: Option<(usize, u64)>,
     nsid: Option<u32>,

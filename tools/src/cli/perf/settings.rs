@@ -90,7 +90,7 @@ pub(super) fn positive_size(s: &str) -> std::result::Result<Given<u64>, String> 
 }
 
 /// `--stripe N[:CHUNK]`: N >= 1 drives, CHUNK bytes each (default 128K).
-pub(super) fn stripe(s: &str) -> std::result::Result<Given<(usize, u64)>, String> {
+pub(crate) fn stripe(s: &str) -> std::result::Result<Given<(usize, u64)>, String> {
     let bad = || "expected N or N:CHUNK, e.g. 12 or 12:128K (N >= 1)".to_string();
     let (n, chunk) = s.split_once(':').unwrap_or((s, "128K"));
     let n: usize = n.parse().ok().filter(|&n| n > 0).ok_or_else(bad)?;

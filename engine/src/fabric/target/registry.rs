@@ -1,0 +1,159 @@
+//! The target's controllers: created by an admin queue's Connect (dynamic controller IDs),
+//! found by the I/O queues' Connects, gone when their admin queue closes. Only Connect and
+//! connection teardown take its lock; no command on an established queue does.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use usnvme_driver::spec::Status;
+
+/// Controller IDs handed out: 1 ..= 0xFFEF (0xFFFF asks for a dynamic one).
+const FIRST_CNTLID: u16 = 1;
+const LAST_CNTLID: u16 = 0xffef;
+
+/// Who may connect, and the controllers that exist.
+#[derive(Debug)]
+pub struct Registry {
+    /// Host NQNs allowed to connect; None: any host.
+    allowed: Option<Vec<String>>,
+    controllers: Mutex<Controllers>,
+}
+
+#[derive(Debug, Default)]
+struct Controllers {
+    by_id: HashMap<u16, Arc<Controller>>,
+    next: u16,
+}
+
+/// One controller (an association of a host with the subsystem, or with discovery).
+#[derive(Debug)]
+pub struct Controller {
+    cntlid: u16,
+    host_nqn: String,
+    discovery: bool,
+    /// CSTS.RDY: I/O queues may connect only to an enabled controller.
+    ready: AtomicBool,
+    /// Its admin queue closed (keep-alive expiry, disconnect, protocol error): its I/O queues
+    /// close too.
+    gone: AtomicBool,
+}
+
+impl Controller {
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    pub fn host_nqn(&self) -> &str {
+        &self.host_nqn
+    }
+
+    pub fn discovery(&self) -> bool {
+        self.discovery
+    }
+
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    pub fn gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn go_away(&self) {
+        self.gone.store(true, Ordering::Release);
+    }
+}
+
+impl Registry {
+    /// `allowed`: the host NQNs that may connect (None: any).
+    pub fn new(allowed: Option<Vec<String>>) -> Registry {
+        Registry {
+            allowed,
+            controllers: Mutex::new(Controllers {
+                by_id: HashMap::new(),
+                next: FIRST_CNTLID,
+            }),
+        }
+    }
+
+    pub fn host_allowed(&self, host_nqn: &str) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|hosts| hosts.iter().any(|h| h == host_nqn))
+    }
+
+    /// A new controller with the next free ID; "Connect Controller Busy" when all are taken.
+    pub fn create(&self, host_nqn: &str, discovery: bool) -> Result<Arc<Controller>, Status> {
+        let mut c = self.controllers.lock();
+        c.by_id.retain(|_, ctrl| !ctrl.gone());
+        let span = usize::from(LAST_CNTLID - FIRST_CNTLID) + 1;
+        for _ in 0..span {
+            let id = c.next;
+            c.next = if id == LAST_CNTLID {
+                FIRST_CNTLID
+            } else {
+                id + 1
+            };
+            if c.by_id.contains_key(&id) {
+                continue;
+            }
+            let controller = Arc::new(Controller {
+                cntlid: id,
+                host_nqn: host_nqn.to_string(),
+                discovery,
+                ready: AtomicBool::new(false),
+                gone: AtomicBool::new(false),
+            });
+            c.by_id.insert(id, controller.clone());
+            return Ok(controller);
+        }
+        Err(Status::CONNECT_CONTROLLER_BUSY)
+    }
+
+    /// The live controller `cntlid` of host `host_nqn`.
+    pub fn find(&self, cntlid: u16, host_nqn: &str) -> Option<Arc<Controller>> {
+        let c = self.controllers.lock();
+        c.by_id
+            .get(&cntlid)
+            .filter(|ctrl| !ctrl.gone() && ctrl.host_nqn == host_nqn)
+            .cloned()
+    }
+
+    /// Controllers alive now.
+    pub fn live(&self) -> usize {
+        let c = self.controllers.lock();
+        c.by_id.values().filter(|ctrl| !ctrl.gone()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_dynamic_and_io_queues_find_only_their_hosts_live_controller() {
+        let r = Registry::new(Some(vec!["nqn.host-a".into()]));
+        assert!(r.host_allowed("nqn.host-a"));
+        assert!(!r.host_allowed("nqn.host-b"));
+        let a = r.create("nqn.host-a", false).expect("a controller");
+        let b = r.create("nqn.host-a", false).expect("another");
+        assert_ne!(a.cntlid(), b.cntlid());
+        assert!(r.find(a.cntlid(), "nqn.host-a").is_some());
+        assert!(
+            r.find(a.cntlid(), "nqn.host-b").is_none(),
+            "another host's controller"
+        );
+        a.go_away();
+        assert!(
+            r.find(a.cntlid(), "nqn.host-a").is_none(),
+            "a controller that went away"
+        );
+        assert_eq!(r.live(), 1);
+    }
+}

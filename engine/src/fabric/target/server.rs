@@ -1,0 +1,362 @@
+//! The target on the engine's reactors: each reactor runs a [`ServeJob`] that owns the
+//! connections handed to it (non-blocking sockets, no thread per connection), feeds their
+//! bytes to their [`Connection`]s, submits their commands on its own channels to the block
+//! devices, and writes their responses. Data moves through the reactor's DMA buffers.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use usnvme_driver::spec::{SmartLog, Status};
+use usnvme_driver::IoBuffer;
+use usnvme_hugepages::{BufferPool, DmaBuffer};
+
+use super::connection::{Backend, Connection, ConnectionLimits};
+use super::registry::Registry;
+use super::SubsystemInfo;
+use crate::block::{IoError, Op};
+use crate::engine::{DeviceChannel, Job, ReactorContext};
+
+/// Bytes read from a socket per call.
+const READ_CHUNK: usize = 64 << 10;
+/// How long a stopping target waits for connections to drain and flush.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Connection tokens: the engine token is the connection's slot here, then the command's.
+const TOKEN_BITS: u32 = 16;
+
+/// What every reactor's job shares.
+#[derive(Clone)]
+pub struct Shared {
+    pub subsystem: Arc<SubsystemInfo>,
+    pub registry: Arc<Registry>,
+    pub limits: ConnectionLimits,
+    /// SMART / Health of the drives, aggregated (admin path only).
+    pub smart: Arc<dyn Fn() -> SmartLog + Send + Sync>,
+    /// Set when the target stops.
+    pub stop: Arc<AtomicBool>,
+    pub counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("subsystem", &self.subsystem.nqn)
+            .finish()
+    }
+}
+
+/// Live figures for the status line.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub connections: AtomicU64,
+    pub commands: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// A connection on this reactor.
+struct Conn {
+    stream: TcpStream,
+    conn: Connection,
+    /// Each command slot's DMA buffer while it has one.
+    buffers: Vec<Option<DmaBuffer>>,
+}
+
+/// The job of one reactor.
+pub struct ServeJob {
+    shared: Shared,
+    incoming: Receiver<(TcpStream, String)>,
+    conns: Vec<Option<Conn>>,
+    pool: Option<BufferPool>,
+    buffers_per_reactor: usize,
+    scratch: Vec<u8>,
+    completions: Vec<(u64, Result<(), Status>)>,
+    stopping_since: Option<Instant>,
+}
+
+impl std::fmt::Debug for ServeJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.conns.iter().filter(|c| c.is_some()).count();
+        f.debug_struct("ServeJob")
+            .field("connections", &open)
+            .finish()
+    }
+}
+
+impl ServeJob {
+    /// `incoming`: the connections the acceptor gives this reactor; `buffers`: DMA buffers of
+    /// `max_transfer` bytes this reactor keeps for its commands' data.
+    pub fn new(shared: Shared, incoming: Receiver<(TcpStream, String)>, buffers: usize) -> Self {
+        ServeJob {
+            shared,
+            incoming,
+            conns: Vec::new(),
+            pool: None,
+            buffers_per_reactor: buffers,
+            scratch: vec![0; READ_CHUNK],
+            completions: Vec::with_capacity(1024),
+            stopping_since: None,
+        }
+    }
+
+    fn accept(&mut self) {
+        while let Ok((stream, peer)) = self.incoming.try_recv() {
+            if let Err(e) = stream
+                .set_nonblocking(true)
+                .and_then(|()| stream.set_nodelay(true))
+            {
+                log::warn!("{peer}: cannot set up the socket: {e}");
+                continue;
+            }
+            let conn = Connection::new(
+                self.shared.subsystem.clone(),
+                self.shared.registry.clone(),
+                self.shared.limits,
+                peer,
+            );
+            let entries = self.shared.subsystem.queue_entries as usize;
+            let c = Conn {
+                stream,
+                conn,
+                buffers: (0..entries).map(|_| None).collect(),
+            };
+            match self.conns.iter().position(Option::is_none) {
+                Some(free) => self.conns[free] = Some(c),
+                None => self.conns.push(Some(c)),
+            }
+            self.shared
+                .counters
+                .connections
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A connection's view of the reactor: its channels and buffers.
+struct ReactorBackend<'a> {
+    devices: &'a mut [DeviceChannel],
+    pool: &'a mut BufferPool,
+    buffers: &'a mut [Option<DmaBuffer>],
+    slot: usize,
+    smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
+}
+
+impl Backend for ReactorBackend<'_> {
+    fn reserve(&mut self, token: u16, len: usize) -> bool {
+        let Some(entry) = self.buffers.get_mut(token as usize) else {
+            return false;
+        };
+        if len > self.pool.buffer_size() {
+            return false;
+        }
+        if entry.is_none() {
+            *entry = self.pool.alloc();
+        }
+        entry.is_some()
+    }
+
+    fn fill(&mut self, token: u16, offset: usize, bytes: &[u8]) {
+        if let Some(Some(b)) = self.buffers.get(token as usize) {
+            let _ = b.write_from(bytes, offset);
+        }
+    }
+
+    fn submit(
+        &mut self,
+        token: u16,
+        ns: usize,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Status> {
+        let device = self.devices.get_mut(ns).ok_or(Status::INVALID_NAMESPACE)?;
+        let buf = match self.buffers.get(token as usize) {
+            Some(Some(b)) if op.has_data() => Some(IoBuffer {
+                iova: b.iova(),
+                len: len as u32,
+            }),
+            _ => None,
+        };
+        let engine_token = ((self.slot as u64) << TOKEN_BITS) | u64::from(token);
+        device
+            .submit(op, offset, len, buf, engine_token)
+            .map_err(|e| {
+                log::warn!("{e}");
+                Status::NAMESPACE_NOT_READY
+            })
+    }
+
+    fn copy_out(&mut self, token: u16, offset: usize, dst: &mut [u8]) {
+        if let Some(Some(b)) = self.buffers.get(token as usize) {
+            let _ = b.read_into(dst, offset);
+        }
+    }
+
+    fn release(&mut self, token: u16) {
+        if let Some(entry) = self.buffers.get_mut(token as usize) {
+            if let Some(b) = entry.take() {
+                let _ = self.pool.free(b);
+            }
+        }
+    }
+
+    fn smart(&mut self) -> SmartLog {
+        (self.smart)()
+    }
+}
+
+impl Job for ServeJob {
+    type Output = ();
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        let device = ctx.devices.first().ok_or("no device")?;
+        let size = self.shared.subsystem.max_transfer as usize;
+        let pool = device
+            .buffer_pool(size, self.buffers_per_reactor)
+            .map_err(|e| format!("DMA buffers for the target: {e}"))?;
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        if self.stopping_since.is_none() {
+            if self.shared.stop.load(Ordering::Acquire) {
+                self.stopping_since = Some(Instant::now());
+            } else {
+                self.accept(); // new connections only while running
+            }
+        }
+        let Some(pool) = self.pool.as_mut() else {
+            return false;
+        };
+        let now = Instant::now();
+        let smart = &*self.shared.smart;
+        for (slot, entry) in self.conns.iter_mut().enumerate() {
+            let Some(c) = entry else {
+                continue;
+            };
+            let mut backend = ReactorBackend {
+                devices: &mut ctx.devices,
+                pool,
+                buffers: &mut c.buffers,
+                slot,
+                smart,
+            };
+            if self.stopping_since.is_some() {
+                c.conn.shut_down(&mut backend);
+            }
+            c.conn.tick(now, &mut backend);
+            // Read what arrived.
+            loop {
+                match c.stream.read(&mut self.scratch) {
+                    Ok(0) => {
+                        c.conn
+                            .peer_gone("the host closed the connection", &mut backend);
+                        break;
+                    }
+                    Ok(n) => {
+                        c.conn.receive(&self.scratch[..n], &mut backend);
+                        if n < self.scratch.len() {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        c.conn
+                            .peer_gone(&format!("connection error: {e}"), &mut backend);
+                        break;
+                    }
+                }
+            }
+        }
+        // Completions of every device, to their connections.
+        self.completions.clear();
+        for d in ctx.devices.iter_mut() {
+            d.flush();
+            let completions = &mut self.completions;
+            d.poll(|c| {
+                let result = match c.result {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(status_of(&e)),
+                };
+                completions.push((c.token, result));
+            });
+        }
+        for &(token, result) in &self.completions {
+            let slot = (token >> TOKEN_BITS) as usize;
+            let command = (token & 0xffff) as u16;
+            if let Some(Some(c)) = self.conns.get_mut(slot) {
+                let mut backend = ReactorBackend {
+                    devices: &mut ctx.devices,
+                    pool,
+                    buffers: &mut c.buffers,
+                    slot,
+                    smart,
+                };
+                c.conn.complete(command, result, &mut backend);
+                self.shared
+                    .counters
+                    .commands
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Send, and let go of connections that are over.
+        for entry in self.conns.iter_mut() {
+            let Some(c) = entry else {
+                continue;
+            };
+            while !c.conn.outgoing().is_empty() {
+                match c.stream.write(c.conn.outgoing()) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        self.shared
+                            .counters
+                            .bytes
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        c.conn.sent(n);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        let mut backend = ReactorBackend {
+                            devices: &mut ctx.devices,
+                            pool,
+                            buffers: &mut c.buffers,
+                            slot: 0,
+                            smart,
+                        };
+                        c.conn
+                            .peer_gone(&format!("connection error: {e}"), &mut backend);
+                        break;
+                    }
+                }
+            }
+            if let Some(why) = c.conn.finished() {
+                log::info!("{:?}: closed: {why}", c.conn);
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+                *entry = None;
+                self.shared
+                    .counters
+                    .connections
+                    .fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        match self.stopping_since {
+            None => true,
+            Some(since) => {
+                let open = self.conns.iter().any(Option::is_some);
+                open && since.elapsed() < STOP_GRACE
+            }
+        }
+    }
+
+    fn finish(self, _ctx: &mut ReactorContext) {}
+}
+
+/// The NVMe status a failed block I/O is answered with.
+fn status_of(e: &IoError) -> Status {
+    e.status()
+}

@@ -1,0 +1,351 @@
+//! `usnvme serve`: export the engine's block devices (namespaces of drives on vfio-pci, `sim:`
+//! drives, stripes) as the namespaces of one NVM subsystem over NVMe/TCP, with the discovery
+//! subsystem on the same listeners, to hosts running the stock Linux initiator
+//! (`nvme discover`, `nvme connect -t tcp`).
+//!
+//! The listeners are polled here; each accepted connection goes to one reactor, round robin,
+//! which owns it from then on (`usnvme_engine::fabric::target::server`). Ctrl-C / SIGTERM:
+//! stop accepting, complete what is in flight, close the connections, shut the controllers
+//! down, exit 130 / 143.
+
+use std::io::{ErrorKind, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use usnvme_driver::pci::Sysfs;
+use usnvme_driver::spec::SmartLog;
+use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
+use usnvme_engine::fabric::target::admin::aggregate_smart;
+use usnvme_engine::fabric::target::connection::ConnectionLimits;
+use usnvme_engine::fabric::target::registry::Registry;
+use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared};
+use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::placement::Policy;
+use usnvme_engine::topology::{parse_cores, Topology};
+use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions};
+
+use crate::perf::{stripe, usage, Given};
+
+/// Largest transfer of one command (MDTS): 128 KiB, as most drives; the host splits larger I/O.
+const MAX_TRANSFER: u32 = 128 << 10;
+/// In-capsule data a command may carry: 8 KiB (a 4 KiB or 8 KiB write needs no R2T).
+const IN_CAPSULE: u32 = 8192;
+/// Entries of each queue, MAXCMD.
+const QUEUE_ENTRIES: u16 = 128;
+/// Most data in one H2CData PDU.
+const MAXH2CDATA: u32 = 128 << 10;
+/// DMA buffers of MAX_TRANSFER bytes each reactor keeps for its connections' commands.
+const BUFFERS_PER_REACTOR: usize = 256;
+
+/// Export drives and stripes over NVMe/TCP.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
+    /// controller bound to vfio-pci.
+    #[arg(short = 'r', long = "device")]
+    devices: Vec<String>,
+    /// Export stripes (RAID 0) of N drives each, chunk size default 128K: N or N:CHUNK.
+    #[arg(long = "stripe", value_name = "N[:CHUNK]", value_parser = stripe)]
+    stripe: Option<Given<(usize, u64)>>,
+    /// Reactor cores: a list (0,2-3), bracketed list ([0-3]) or hex mask (0xF). Default: all.
+    #[arg(short = 'c', long = "cores")]
+    cores: Option<String>,
+    /// Where to listen (repeatable).
+    #[arg(
+        long = "listen",
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:4420"
+    )]
+    listen: Vec<SocketAddr>,
+    /// The subsystem's NQN (default: derived from the host name).
+    #[arg(long = "nqn", value_name = "NQN")]
+    nqn: Option<String>,
+    /// A host NQN that may connect (repeatable).
+    #[arg(
+        long = "allow-host",
+        value_name = "HOSTNQN",
+        conflicts_with = "allow_any_host"
+    )]
+    allow_host: Vec<String>,
+    /// Any host may connect.
+    #[arg(long = "allow-any-host")]
+    allow_any_host: bool,
+}
+
+pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let result = run(sysfs, args, out);
+    crate::perf::exit_on_usage(&result, out);
+    result
+}
+
+fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let nqn = match &args.nqn {
+        Some(n) => check_nqn(n).map_err(|e| usage(format!("--nqn {n}: {e}")))?,
+        None => default_nqn(),
+    };
+    for host in &args.allow_host {
+        check_nqn(host).map_err(|e| usage(format!("--allow-host {host}: {e}")))?;
+    }
+    let topology = Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
+    let cores = match &args.cores {
+        None => Vec::new(),
+        Some(c) => parse_cores(c).map_err(|e| usage(format!("-c: {e}")))?,
+    };
+    let mut specs = Vec::new();
+    for given in &args.devices {
+        let spec: DeviceSpec = given
+            .parse()
+            .map_err(|e| usage(format!("-r {given}: {e}")))?;
+        specs.push(spec);
+    }
+    // Listen first: a port in use is refused before any drive is touched.
+    let mut listeners = Vec::new();
+    for (i, addr) in args.listen.iter().enumerate() {
+        let l = TcpListener::bind(addr)
+            .map_err(|e| usage(format!("--listen {addr}: cannot listen there: {e}")))?;
+        l.set_nonblocking(true)?;
+        let address = l.local_addr()?;
+        listeners.push((
+            l,
+            Listener {
+                address,
+                port_id: i as u16 + 1,
+            },
+        ));
+    }
+    let targets = crate::open::targets(sysfs, &specs)?;
+    if targets.is_empty() {
+        anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
+    }
+    let opener = Opener::new(sysfs.root().join("sys"));
+    let mut drives = Vec::new();
+    for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
+        drives.push(attached?);
+    }
+    let controllers: Vec<_> = drives.iter().map(|d| d.controller.clone()).collect();
+    let engine = Engine::new(
+        topology,
+        drives,
+        EngineOptions {
+            cores,
+            // every reactor reaches every device: a connection may use any namespace
+            policy: Policy::AllToAll,
+            channel: ChannelOptions {
+                depth: QUEUE_ENTRIES,
+                io_size: Some(u64::from(MAX_TRANSFER)),
+                ..ChannelOptions::default()
+            },
+            ..EngineOptions::default()
+        },
+    )?;
+    let devices = crate::perf::devices(&engine, args.stripe.as_ref().map(|s| s.value), None)?;
+    let subsystem = Arc::new(SubsystemInfo {
+        namespaces: devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| exported(&nqn, i, d.as_ref()))
+            .collect(),
+        listeners: listeners.iter().map(|(_, l)| l.clone()).collect(),
+        serial: serial(&nqn),
+        model: "usnvme".into(),
+        firmware: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+        nqn,
+        in_capsule_bytes: IN_CAPSULE,
+        max_transfer: MAX_TRANSFER,
+        queue_entries: QUEUE_ENTRIES,
+        io_queues: engine.placement().reactors.len().max(1) as u16 * 8,
+    });
+    let allowed = (!args.allow_any_host).then(|| args.allow_host.clone());
+    print_exports(out, &subsystem, allowed.as_deref())?;
+    let loopback_only = subsystem
+        .listeners
+        .iter()
+        .all(|l| l.address.ip().is_loopback());
+    if !loopback_only && allowed.as_ref().is_some_and(Vec::is_empty) {
+        eprintln!(
+            "usnvme: warning: listening beyond this machine with no --allow-host: no host can connect"
+        );
+    } else if !loopback_only && args.allow_any_host {
+        eprintln!("usnvme: warning: listening beyond this machine and any host may connect");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let smart_controllers = controllers.clone();
+    let shared = Shared {
+        subsystem: subsystem.clone(),
+        registry: Arc::new(Registry::new(allowed)),
+        limits: ConnectionLimits {
+            maxh2cdata: MAXH2CDATA,
+        },
+        smart: Arc::new(move || {
+            let logs: Vec<SmartLog> = smart_controllers
+                .iter()
+                .filter_map(|c| c.smart_log().ok())
+                .collect();
+            aggregate_smart(&logs)
+        }),
+        stop: stop.clone(),
+        counters: counters.clone(),
+    };
+    let reactors = engine.placement().reactors.len();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in 0..reactors {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    let receivers = Arc::new(parking_lot::Mutex::new(receivers));
+    let job_shared = shared.clone();
+    let run = engine.start(devices, move |info| {
+        let incoming = receivers.lock()[info.index].clone();
+        ServeJob::new(job_shared.clone(), incoming, BUFFERS_PER_REACTOR)
+    })?;
+    let tty = usnvme_tools::progress::wanted();
+    let mut next = 0usize;
+    let mut last_line = Instant::now();
+    let (mut last_commands, mut last_bytes) = (0u64, 0u64);
+    while crate::signals::received().is_none() && !run.is_finished() {
+        let mut accepted = false;
+        for (l, _) in &listeners {
+            match l.accept() {
+                Ok((stream, peer)) => {
+                    accepted = true;
+                    log::info!("{peer}: connected");
+                    let _ = senders[next % senders.len()].send((stream, peer.to_string()));
+                    next += 1;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => log::warn!(
+                    "accepting on {}: {e}",
+                    l.local_addr()
+                        .map_or_else(|_| "?".into(), |a| a.to_string())
+                ),
+            }
+        }
+        if tty && last_line.elapsed() >= Duration::from_secs(1) {
+            let commands = counters.commands.load(Ordering::Relaxed);
+            let bytes = counters.bytes.load(Ordering::Relaxed);
+            let secs = last_line.elapsed().as_secs_f64();
+            eprint!(
+                "\r{} connection(s), {:.0} IOPS, {:.1} MiB/s sent   ",
+                counters.connections.load(Ordering::Relaxed),
+                (commands - last_commands) as f64 / secs,
+                (bytes - last_bytes) as f64 / secs / (1 << 20) as f64
+            );
+            (last_commands, last_bytes) = (commands, bytes);
+            last_line = Instant::now();
+        }
+        if !accepted {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    stop.store(true, Ordering::Release);
+    drop(listeners);
+    run.wait()?;
+    Ok(())
+}
+
+/// One device as a namespace: NSID from its place, an NGUID from the subsystem and its name.
+fn exported(nqn: &str, index: usize, d: &dyn BlockDevice) -> ExportedNamespace {
+    let info = d.info();
+    ExportedNamespace {
+        nsid: index as u32 + 1,
+        name: info.name.clone(),
+        block_size: info.block_size,
+        blocks: info.size_bytes / u64::from(info.block_size),
+        nguid: nguid(nqn, &info.name),
+    }
+}
+
+/// 16 bytes that stay the same for the same device under the same subsystem NQN.
+fn nguid(nqn: &str, name: &str) -> [u8; 16] {
+    let a = crc32c_of(nqn.as_bytes(), name.as_bytes(), 0);
+    let b = crc32c_of(name.as_bytes(), nqn.as_bytes(), 1);
+    let c = crc32c_of(nqn.as_bytes(), name.as_bytes(), 2);
+    let d = crc32c_of(name.as_bytes(), nqn.as_bytes(), 3);
+    let mut g = [0u8; 16];
+    for (i, w) in [a, b, c, d].iter().enumerate() {
+        g[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    g
+}
+
+fn crc32c_of(first: &[u8], second: &[u8], salt: u8) -> u32 {
+    let mut bytes = Vec::with_capacity(first.len() + second.len() + 1);
+    bytes.push(salt);
+    bytes.extend_from_slice(first);
+    bytes.extend_from_slice(second);
+    usnvme_engine::fabric::pdu::crc32c(&bytes)
+}
+
+/// A serial number (20 ASCII characters at most) from the NQN.
+fn serial(nqn: &str) -> String {
+    format!(
+        "usnvme{:08x}",
+        usnvme_engine::fabric::pdu::crc32c(nqn.as_bytes())
+    )
+}
+
+/// `nqn.2014-08.org.nvmexpress:uuid`-style NQNs are what hosts expect; ours is
+/// `nqn.2024-01.io.usnvme:HOSTNAME`.
+fn default_nqn() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("nqn.2024-01.io.usnvme:{host}")
+}
+
+/// An NQN: "nqn." then at most 223 bytes, printable ASCII.
+fn check_nqn(nqn: &str) -> std::result::Result<String, String> {
+    if !nqn.starts_with("nqn.") {
+        return Err("an NQN starts with \"nqn.\", e.g. nqn.2024-01.com.example:storage1".into());
+    }
+    if nqn.len() > 223 {
+        return Err(format!("{} bytes; an NQN has at most 223", nqn.len()));
+    }
+    if !nqn.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("only printable ASCII without spaces".into());
+    }
+    Ok(nqn.to_string())
+}
+
+fn print_exports(out: &mut dyn Write, s: &SubsystemInfo, allowed: Option<&[String]>) -> Result<()> {
+    writeln!(out, "subsystem {}", s.nqn)?;
+    for ns in &s.namespaces {
+        writeln!(
+            out,
+            "  namespace {}: {} ({} blocks of {} bytes, {:.1} GiB)",
+            ns.nsid,
+            ns.name,
+            ns.blocks,
+            ns.block_size,
+            (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64
+        )?;
+    }
+    for l in &s.listeners {
+        writeln!(
+            out,
+            "listening on {} (tcp), discovery on the same port",
+            l.address
+        )?;
+    }
+    match allowed {
+        None => writeln!(out, "hosts: any")?,
+        Some([]) => writeln!(
+            out,
+            "hosts: none allowed (give --allow-host or --allow-any-host)"
+        )?,
+        Some(hosts) => writeln!(out, "hosts: {}", hosts.join(", "))?,
+    }
+    out.flush()?;
+    Ok(())
+}
