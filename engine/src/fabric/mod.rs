@@ -3,3 +3,4 @@
 //! targets.
 
 pub mod pdu;
+pub mod target;
