@@ -16,7 +16,13 @@ use clap::Args;
 use crate::cmd;
 
 /// The fuzz targets, in the order they run.
-pub const TARGETS: [&str; 4] = ["completions", "identify", "log_pages", "sim_faults"];
+pub const TARGETS: [&str; 5] = [
+    "completions",
+    "identify",
+    "log_pages",
+    "sim_faults",
+    "nvme_tcp_target",
+];
 
 #[derive(Args, Debug, Clone)]
 pub struct FuzzArgs {

@@ -2,5 +2,6 @@
 //! exports the engine's block devices (`usnvme serve`) and the host side that reaches such
 //! targets.
 
+pub mod host;
 pub mod pdu;
 pub mod target;

@@ -1,0 +1,6 @@
+#![no_main]
+
+// Bytes from a host to one connection of the NVMe/TCP target (`usnvme serve`).
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    usnvme_engine::fabric::target::memory::fuzz_connection(data)
+});
