@@ -1,0 +1,219 @@
+//! `usnvme serve` on `sim:` drives over 127.0.0.1, reached with the project's NVMe/TCP host
+//! side (`usnvme_engine::fabric::host`): discovery, connect, identify, data written and read
+//! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+use usnvme_driver::spec::{IdentifyController, IdentifyNamespace, Sqe, Status};
+use usnvme_engine::fabric::host::{HostError, HostOptions, Queue};
+use usnvme_engine::fabric::pdu::Digests;
+use usnvme_engine::fabric::target::DISCOVERY_NQN;
+use usnvme_tests::signal;
+
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-686f73743031";
+const NQN: &str = "nqn.2024-01.io.usnvme:test-serve";
+
+/// A running `usnvme serve` and where it listens.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Serve {
+    fn start(extra: &[&str]) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+            .args([
+                "serve",
+                "-r",
+                "sim:0-1,backend=ram,size=16M",
+                "-c",
+                "0",
+                "--listen",
+                "127.0.0.1:0",
+                "--nqn",
+                NQN,
+            ])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("usnvme runs");
+        let stdout = child.stdout.take().expect("piped");
+        let mut addr = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("a line");
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+            }
+            if line.starts_with("hosts:") {
+                break;
+            }
+        }
+        let addr = addr.expect("serve says where it listens");
+        Serve { child, addr }
+    }
+
+    /// An admin queue to `subnqn`, enabled (CC.EN, then CSTS.RDY).
+    fn admin(&self, subnqn: &str, opts: &HostOptions) -> (Queue, u16) {
+        let (mut q, cntlid) =
+            Queue::connect(self.addr, subnqn, 0, 32, 0xffff, opts).expect("admin connect");
+        q.property_set(0x14, false, 1 | 6 << 16 | 4 << 20)
+            .expect("CC.EN");
+        let csts = q.property_get(0x1c, false).expect("CSTS");
+        assert_eq!(csts & 1, 1, "CSTS.RDY");
+        (q, cntlid)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn identify(q: &mut Queue, cns: u32, nsid: u32) -> Vec<u8> {
+    let mut sqe = Sqe::new(0x06);
+    sqe.nsid = nsid;
+    sqe.cdw10 = cns;
+    let (cqe, data) = q.admin(sqe, 4096).expect("identify");
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    data
+}
+
+fn options(digests: Digests) -> HostOptions {
+    HostOptions {
+        digests,
+        host_nqn: HOST.into(),
+        ..HostOptions::default()
+    }
+}
+
+#[test]
+fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_digests() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let opts = options(digests);
+        // Discovery: the log names the subsystem at the listener.
+        let (mut disc, _) = serve.admin(DISCOVERY_NQN, &opts);
+        let mut sqe = Sqe::new(0x02);
+        sqe.cdw10 = 0x70 | ((2048 / 4 - 1) << 16);
+        let (cqe, log) = disc.admin(sqe, 2048).expect("discovery log");
+        assert_eq!(cqe.status(), Status::SUCCESS);
+        assert_eq!(
+            u64::from_le_bytes(log[8..16].try_into().unwrap()),
+            1,
+            "one record"
+        );
+        let entry = &log[1024..2048];
+        assert_eq!(entry[0], 3, "TCP");
+        let subnqn = String::from_utf8_lossy(&entry[256..512]);
+        assert_eq!(subnqn.trim_end_matches('\0'), NQN);
+        let port = String::from_utf8_lossy(&entry[32..64]);
+        assert_eq!(port.trim(), serve.addr.port().to_string());
+        disc.disconnect();
+
+        // The subsystem: identify, then an I/O queue.
+        let (mut admin, cntlid) = serve.admin(NQN, &opts);
+        let id = IdentifyController::from_slice(&identify(&mut admin, 1, 0)).expect("4096 bytes");
+        assert_eq!(id.subnqn(), NQN);
+        assert_eq!(id.cntlid, cntlid);
+        assert_ne!(id.sgls, 0);
+        let in_capsule = (id.ioccsz as usize * 16).saturating_sub(64);
+        let ns = IdentifyNamespace::from_slice(&identify(&mut admin, 0, 2)).expect("4096 bytes");
+        assert_eq!(ns.nsze, 16 << 20 >> 9, "16 MiB of 512-byte blocks");
+        let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+        io.set_in_capsule_limit(in_capsule);
+        for (nsid, slba, len) in [
+            (1u32, 8u64, 4096usize),
+            (2, 1000, 64 << 10),
+            (1, 30000, 128 << 10),
+        ] {
+            let data: Vec<u8> = (0..len)
+                .map(|i| (i * 7 + nsid as usize + slba as usize) as u8)
+                .collect();
+            io.write(nsid, slba, (len / 512) as u32, &data)
+                .expect("write");
+            let mut back = vec![0u8; len];
+            io.read(nsid, slba, (len / 512) as u32, &mut back)
+                .expect("read");
+            assert!(back == data, "nsid {nsid} LBA {slba}: read back differs");
+        }
+        // the other namespace at the same LBA was not written
+        let mut other = vec![0xAAu8; 4096];
+        io.read(2, 8, 8, &mut other).expect("read");
+        assert!(other.iter().all(|&b| b == 0));
+        // past the end: a status by name, and the queue goes on
+        let mut buf = vec![0u8; 4096];
+        match io.read(1, (16 << 20 >> 9) - 4, 8, &mut buf) {
+            Err(HostError::Status { status, .. }) => assert_eq!(status, Status::LBA_OUT_OF_RANGE),
+            other => panic!("{other:?}"),
+        }
+        io.read(1, 8, 1, &mut buf[..512]).expect("still usable");
+        io.disconnect();
+        admin.disconnect();
+    }
+}
+
+#[test]
+fn a_host_not_allowed_is_refused_by_name_and_sigterm_stops_the_target() {
+    let mut serve = Serve::start(&["--allow-host", HOST]);
+    let stranger = HostOptions {
+        host_nqn: "nqn.2024-01.io.usnvme:stranger".into(),
+        ..HostOptions::default()
+    };
+    match Queue::connect(serve.addr, NQN, 0, 32, 0xffff, &stranger) {
+        Err(HostError::Status { status, .. }) => assert_eq!(status, Status::CONNECT_INVALID_HOST),
+        other => panic!("{:?}", other.map(|(_, c)| c)),
+    }
+    // an unknown subsystem
+    match Queue::connect(
+        serve.addr,
+        "nqn.2024-01.io.usnvme:nothing",
+        0,
+        32,
+        0xffff,
+        &options(Digests::default()),
+    ) {
+        Err(HostError::Status { status, .. }) => {
+            assert_eq!(status, Status::CONNECT_INVALID_PARAMETERS)
+        }
+        other => panic!("{:?}", other.map(|(_, c)| c)),
+    }
+    // a connected host does not keep the target from stopping
+    let (_admin, _) = serve.admin(NQN, &options(Digests::default()));
+    signal(&serve.child, "TERM");
+    let status = serve.child.wait().expect("serve exits");
+    assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+fn serve_refuses_bad_flags_before_touching_a_drive() {
+    for (args, says) in [
+        (&["--nqn", "not-an-nqn"][..], "--nqn not-an-nqn"),
+        (
+            &["--allow-host", "x", "--allow-any-host"],
+            "--allow-any-host",
+        ),
+        (&["--listen", "nowhere"], "--listen"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+            .args(["serve", "-r", "sim:0"])
+            .args(args)
+            .output()
+            .expect("usnvme runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
