@@ -21,8 +21,9 @@ KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work);
 [ -n "$KNVME" ] || KNVME=0
 
 # Modules in dependency order (insmod resolves nothing); the kernel nvme driver only when asked.
+FABRICS="nvme-fabrics.ko nvme-tcp.ko nvmet.ko nvmet-tcp.ko"
 for m in $(cat /mods/order); do
-  case "$m" in nvme.ko|nvme-core.ko) continue;; esac
+  case " nvme.ko nvme-core.ko $FABRICS " in *" $m "*) continue;; esac
   insmod /mods/$m 2>/dev/null || echo "USNVME-VM: warning: insmod $m failed"
 done
 
@@ -50,6 +51,15 @@ if [ $nkern -gt 0 ]; then
   # (nvme0c0n1) come before their heads (nvme0n1), which are what gets used: count heads only
   t=0; while [ "$(ls /sys/block | grep -cE '^nvme[0-9]+n[0-9]+$')" -lt $nkern ] && [ $t -lt 100 ]; do sleep 0.1; t=$((t+1)); done
 fi
+
+# NVMe/TCP over loopback: the kernel's initiator and target (nvme-core without nvme.ko binds no
+# PCI device).
+ifconfig lo 127.0.0.1 up || echo "USNVME-VM: warning: no loopback"
+[ -e /sys/module/nvme_core ] || insmod /mods/nvme-core.ko
+for m in $FABRICS; do
+  [ -e /mods/$m ] && { insmod /mods/$m || echo "USNVME-VM: warning: insmod $m failed"; }
+done
+mount -t configfs none /sys/kernel/config 2>/dev/null
 
 # Host root read-only and the writable work folder, over virtio-9p.
 if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /host; then

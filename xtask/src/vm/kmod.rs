@@ -20,6 +20,14 @@ pub const WANTED: &[&str] = &[
     "9p",
     // last: loaded by /init only when some drives stay on the kernel driver
     "nvme",
+    // NVMe/TCP, loaded by /init after the drives are bound: the kernel's initiator and target
+    // (the fabric tests' counterparts), and the CRC32C they use for digests
+    "crc32c_intel",
+    "crc32c_generic",
+    "nvme_fabrics",
+    "nvme_tcp",
+    "nvmet",
+    "nvmet_tcp",
 ];
 
 /// Modules without which the guest cannot work at all.

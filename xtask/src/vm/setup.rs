@@ -14,6 +14,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
     ("busybox-static", "/bin/busybox"),
     ("fio", "/usr/bin/fio"),
+    // the kernel's NVMe over Fabrics tooling, run in the guest against `usnvme serve`
+    ("nvme-cli", "/usr/sbin/nvme"),
 ];
 
 /// The oldest QEMU the bed runs on. QEMU 7.2 (Debian 12's own) segfaults under the guest suites'
@@ -100,7 +102,11 @@ pub fn ensure() -> Result<(Assets, bool)> {
     let initramfs_stamp = dir.join("initramfs.from");
     let busybox = Path::new("/bin/busybox");
     let busybox_len = std::fs::metadata(busybox).map(|m| m.len()).unwrap_or(0);
-    let want = format!("{release}\n{busybox_len}\n{}", initramfs::INIT_SCRIPT);
+    let want = format!(
+        "{release}\n{busybox_len}\n{}\n{}",
+        kmod::WANTED.join(" "),
+        initramfs::INIT_SCRIPT
+    );
     if !initramfs.exists()
         || std::fs::read_to_string(&initramfs_stamp).ok().as_deref() != Some(want.as_str())
     {

@@ -434,7 +434,7 @@ fn data_extents(file: &std::fs::File) -> Result<Vec<(u64, u64)>> {
 }
 
 /// Suites that record writes for the host to check (`usnvme_tests::expect_on_host`).
-const CHECKED_ON_HOST: &[&str] = &["vm_driver"];
+const CHECKED_ON_HOST: &[&str] = &["vm_driver", "vm_fabric"];
 
 /// Written by the guest tests (`usnvme_tests::expect_on_host`): `IMAGE OFFSET LEN FNV1A64` per line.
 const EXPECTATIONS: &str = "expect-images.txt";
