@@ -832,28 +832,7 @@ impl Connection {
         let status = failed.unwrap_or(Status::SUCCESS);
         if status.is_success() && slot.op == Some(Op::Read) && self.closed.is_none() {
             let len = slot.len as usize;
-            let d = DataHeader {
-                cccid: slot.cid,
-                ttag: 0,
-                offset: 0,
-                length: slot.len,
-            };
-            let header = OutHeader::data(
-                PduType::C2HData,
-                &d,
-                flags::LAST_PDU,
-                self.digests,
-                self.host_alignment,
-            );
-            self.tx.extend_from_slice(header.as_slice());
-            self.tx.resize(self.tx.len() + header.pad(), 0);
-            let at = self.tx.len();
-            self.tx.resize(at + len, 0);
-            backend.copy_out(token, 0, &mut self.tx[at..]);
-            if self.digests.data {
-                let digest = pdu::crc32c(&self.tx[at..]);
-                self.tx.extend_from_slice(&digest.to_le_bytes());
-            }
+            self.send_c2h(slot.cid, len, |dst| backend.copy_out(token, 0, dst));
         }
         self.finish(token, status, backend);
     }
@@ -871,13 +850,19 @@ impl Connection {
         }
     }
 
-    /// Sends admin data to the host (C2HData, one PDU).
+    /// Sends admin data to the host.
     fn send_data(&mut self, cid: u16, data: &[u8]) {
+        self.send_c2h(cid, data.len(), |dst| dst.copy_from_slice(data));
+    }
+
+    /// One C2HData PDU (the last of its command) of `len` bytes for command `cid`, whose data
+    /// `fill` writes in place in the transmit buffer.
+    fn send_c2h(&mut self, cid: u16, len: usize, fill: impl FnOnce(&mut [u8])) {
         let d = DataHeader {
             cccid: cid,
             ttag: 0,
             offset: 0,
-            length: data.len() as u32,
+            length: len as u32,
         };
         let header = OutHeader::data(
             PduType::C2HData,
@@ -888,9 +873,12 @@ impl Connection {
         );
         self.tx.extend_from_slice(header.as_slice());
         self.tx.resize(self.tx.len() + header.pad(), 0);
-        self.tx.extend_from_slice(data);
+        let at = self.tx.len();
+        self.tx.resize(at + len, 0);
+        fill(&mut self.tx[at..]);
         if self.digests.data {
-            self.tx.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+            let digest = pdu::crc32c(&self.tx[at..]);
+            self.tx.extend_from_slice(&digest.to_le_bytes());
         }
     }
 

@@ -143,6 +143,24 @@ struct ReactorBackend<'a> {
     smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
 }
 
+impl<'a> ReactorBackend<'a> {
+    fn new(
+        devices: &'a mut [DeviceChannel],
+        pool: &'a mut BufferPool,
+        buffers: &'a mut [Option<DmaBuffer>],
+        slot: usize,
+        smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
+    ) -> Self {
+        ReactorBackend {
+            devices,
+            pool,
+            buffers,
+            slot,
+            smart,
+        }
+    }
+}
+
 impl Backend for ReactorBackend<'_> {
     fn reserve(&mut self, token: u16, len: usize) -> bool {
         let Some(entry) = self.buffers.get_mut(token as usize) else {
@@ -237,13 +255,8 @@ impl Job for ServeJob {
             let Some(c) = entry else {
                 continue;
             };
-            let mut backend = ReactorBackend {
-                devices: &mut ctx.devices,
-                pool,
-                buffers: &mut c.buffers,
-                slot,
-                smart,
-            };
+            let mut backend =
+                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, smart);
             if self.stopping_since.is_some() {
                 c.conn.shut_down(&mut backend);
             }
@@ -289,13 +302,8 @@ impl Job for ServeJob {
             let slot = (token >> TOKEN_BITS) as usize;
             let command = (token & 0xffff) as u16;
             if let Some(Some(c)) = self.conns.get_mut(slot) {
-                let mut backend = ReactorBackend {
-                    devices: &mut ctx.devices,
-                    pool,
-                    buffers: &mut c.buffers,
-                    slot,
-                    smart,
-                };
+                let mut backend =
+                    ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, smart);
                 c.conn.complete(command, result, &mut backend);
                 self.shared
                     .counters
@@ -304,7 +312,7 @@ impl Job for ServeJob {
             }
         }
         // Send, and let go of connections that are over.
-        for entry in self.conns.iter_mut() {
+        for (slot, entry) in self.conns.iter_mut().enumerate() {
             let Some(c) = entry else {
                 continue;
             };
@@ -321,13 +329,13 @@ impl Job for ServeJob {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        let mut backend = ReactorBackend {
-                            devices: &mut ctx.devices,
+                        let mut backend = ReactorBackend::new(
+                            &mut ctx.devices,
                             pool,
-                            buffers: &mut c.buffers,
-                            slot: 0,
+                            &mut c.buffers,
+                            slot,
                             smart,
-                        };
+                        );
                         c.conn
                             .peer_gone(&format!("connection error: {e}"), &mut backend);
                         break;
