@@ -19,10 +19,16 @@ const NQN: &str = "nqn.2024-01.io.usnvme:test-serve";
 struct Serve {
     child: Child,
     addr: SocketAddr,
+    status: std::path::PathBuf,
 }
 
 impl Serve {
     fn start(extra: &[&str]) -> Serve {
+        let status = std::env::temp_dir().join(format!(
+            "serve-status-{}-{}.json",
+            std::process::id(),
+            extra.len()
+        ));
         let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
             .args([
                 "serve",
@@ -34,6 +40,8 @@ impl Serve {
                 "127.0.0.1:0",
                 "--nqn",
                 NQN,
+                "--json-status",
+                status.to_str().expect("UTF-8 temp path"),
             ])
             .args(extra)
             .env_remove("RUST_LOG")
@@ -53,7 +61,29 @@ impl Serve {
             }
         }
         let addr = addr.expect("serve says where it listens");
-        Serve { child, addr }
+        Serve {
+            child,
+            addr,
+            status,
+        }
+    }
+
+    /// Waits (at most 20 s) until the status file shows `done`.
+    fn wait_for_status(&self, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let status = std::fs::read(&self.status)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if status.as_ref().is_some_and(&done) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after 20 s still not {what}: {status:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     /// An admin queue to `subnqn`, enabled (CC.EN, then CSTS.RDY).
@@ -72,6 +102,7 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.status);
     }
 }
 
@@ -216,4 +247,50 @@ fn serve_refuses_bad_flags_before_touching_a_drive() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buffer_behind() {
+    let serve = Serve::start(&["--allow-any-host"]);
+    let opts = options(Digests::default());
+    let data: Vec<u8> = (0..(64 << 10)).map(|i: usize| (i % 251) as u8).collect();
+    for cycle in 0..100u64 {
+        let (admin, cntlid) = serve.admin(NQN, &opts);
+        let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+        io.set_in_capsule_limit(8192);
+        let slba = cycle * 128;
+        io.write(1, slba, 128, &data).expect("write (R2T)");
+        io.write(2, slba, 16, &data[..8192])
+            .expect("write (in-capsule)");
+        let mut back = vec![0u8; 64 << 10];
+        io.read(1, slba, 128, &mut back).expect("read");
+        assert!(back == data, "cycle {cycle}: read back differs");
+        io.disconnect();
+        admin.disconnect();
+    }
+    serve.wait_for_status("drained", |s| {
+        s["controllers_created"] == 100
+            && s["connections"] == 0
+            && s["controllers"] == 0
+            && s["buffers_in_use"] == 0
+    });
+}
+
+#[test]
+fn an_association_without_keep_alive_ends_after_kato() {
+    let serve = Serve::start(&["--allow-any-host"]);
+    let opts = HostOptions {
+        kato_ms: 300, // and this client sends no Keep Alive
+        ..options(Digests::default())
+    };
+    let (mut admin, _) = serve.admin(NQN, &opts);
+    serve.wait_for_status("the controller gone", |s| {
+        s["controllers_created"] == 1 && s["controllers"] == 0 && s["connections"] == 0
+    });
+    let mut sqe = Sqe::new(0x06);
+    sqe.cdw10 = 1;
+    assert!(
+        admin.admin(sqe, 4096).is_err(),
+        "the target closed the admin queue"
+    );
 }

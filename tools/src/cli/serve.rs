@@ -73,6 +73,11 @@ pub struct Args {
     /// Any host may connect.
     #[arg(long = "allow-any-host")]
     allow_any_host: bool,
+    /// Write the target's status (subsystem, namespaces, listeners, hosts, connections,
+    /// controllers, commands, bytes sent, DMA buffers in use) as JSON to FILE, every second and
+    /// at exit.
+    #[arg(long = "json-status", value_name = "FILE")]
+    json_status: Option<std::path::PathBuf>,
 }
 
 pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
@@ -174,9 +179,10 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let smart_controllers = controllers.clone();
+    let registry = Arc::new(Registry::new(allowed.clone()));
     let shared = Shared {
         subsystem: subsystem.clone(),
-        registry: Arc::new(Registry::new(allowed)),
+        registry: registry.clone(),
         limits: ConnectionLimits {
             maxh2cdata: MAXH2CDATA,
         },
@@ -204,6 +210,12 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         let incoming = receivers.lock()[info.index].clone();
         ServeJob::new(job_shared.clone(), incoming, BUFFERS_PER_REACTOR)
     })?;
+    if let Some(path) = &args.json_status {
+        write_status(
+            path,
+            &status_json(&subsystem, allowed.as_deref(), &counters, &registry),
+        )?;
+    }
     let tty = usnvme_tools::progress::wanted();
     let mut next = 0usize;
     let mut last_line = Instant::now();
@@ -226,16 +238,22 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                 ),
             }
         }
-        if tty && last_line.elapsed() >= Duration::from_secs(1) {
+        if last_line.elapsed() >= Duration::from_secs(1) {
+            if let Some(path) = &args.json_status {
+                let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry);
+                write_status(path, &status)?;
+            }
             let commands = counters.commands.load(Ordering::Relaxed);
             let bytes = counters.bytes.load(Ordering::Relaxed);
             let secs = last_line.elapsed().as_secs_f64();
-            eprint!(
-                "\r{} connection(s), {:.0} IOPS, {:.1} MiB/s sent   ",
-                counters.connections.load(Ordering::Relaxed),
-                (commands - last_commands) as f64 / secs,
-                (bytes - last_bytes) as f64 / secs / (1 << 20) as f64
-            );
+            if tty {
+                eprint!(
+                    "\r{} connection(s), {:.0} IOPS, {:.1} MiB/s sent   ",
+                    counters.connections.load(Ordering::Relaxed),
+                    (commands - last_commands) as f64 / secs,
+                    (bytes - last_bytes) as f64 / secs / (1 << 20) as f64
+                );
+            }
             (last_commands, last_bytes) = (commands, bytes);
             last_line = Instant::now();
         }
@@ -249,7 +267,42 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     stop.store(true, Ordering::Release);
     drop(listeners);
     run.wait()?;
+    if let Some(path) = &args.json_status {
+        let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry);
+        write_status(path, &status)?;
+    }
     Ok(())
+}
+
+fn status_json(
+    s: &SubsystemInfo,
+    allowed: Option<&[String]>,
+    counters: &Counters,
+    registry: &Registry,
+) -> serde_json::Value {
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    serde_json::json!({
+        "subsystem": s.nqn,
+        "namespaces": s.namespaces.iter().map(|n| serde_json::json!({
+            "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
+        })).collect::<Vec<_>>(),
+        "listeners": s.listeners.iter().map(|l| l.address.to_string()).collect::<Vec<_>>(),
+        "allowed_hosts": allowed,
+        "connections": load(&counters.connections),
+        "controllers": registry.live(),
+        "controllers_created": registry.created(),
+        "commands": load(&counters.commands),
+        "bytes_sent": load(&counters.bytes),
+        "buffers_in_use": load(&counters.buffers_in_use),
+    })
+}
+
+/// Replaces `path` whole (a reader never sees half a document).
+fn write_status(path: &std::path::Path, status: &serde_json::Value) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(status)? + "\n")
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("--json-status {}: cannot write it", path.display()))
 }
 
 /// One device as a namespace: NSID from its place, an NGUID from the subsystem and its name.

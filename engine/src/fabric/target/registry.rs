@@ -25,6 +25,8 @@ pub struct Registry {
 struct Controllers {
     by_id: HashMap<u16, Arc<Controller>>,
     next: u16,
+    /// Controllers created since the start.
+    created: u64,
 }
 
 /// One controller (an association of a host with the subsystem, or with discovery).
@@ -78,6 +80,7 @@ impl Registry {
             controllers: Mutex::new(Controllers {
                 by_id: HashMap::new(),
                 next: FIRST_CNTLID,
+                created: 0,
             }),
         }
     }
@@ -111,6 +114,7 @@ impl Registry {
                 gone: AtomicBool::new(false),
             });
             c.by_id.insert(id, controller.clone());
+            c.created += 1;
             return Ok(controller);
         }
         Err(Status::CONNECT_CONTROLLER_BUSY)
@@ -123,6 +127,11 @@ impl Registry {
             .get(&cntlid)
             .filter(|ctrl| !ctrl.gone() && ctrl.host_nqn == host_nqn)
             .cloned()
+    }
+
+    /// Controllers created since the start.
+    pub fn created(&self) -> u64 {
+        self.controllers.lock().created
     }
 
     /// Controllers alive now.

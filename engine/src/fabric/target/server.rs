@@ -53,7 +53,10 @@ impl std::fmt::Debug for Shared {
 pub struct Counters {
     pub connections: AtomicU64,
     pub commands: AtomicU64,
+    /// Bytes sent to hosts.
     pub bytes: AtomicU64,
+    /// DMA buffers held by commands now (0 when nothing is in flight: none leaked).
+    pub buffers_in_use: AtomicU64,
 }
 
 /// A connection on this reactor.
@@ -141,6 +144,7 @@ struct ReactorBackend<'a> {
     buffers: &'a mut [Option<DmaBuffer>],
     slot: usize,
     smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
+    in_use: &'a AtomicU64,
 }
 
 impl<'a> ReactorBackend<'a> {
@@ -149,14 +153,15 @@ impl<'a> ReactorBackend<'a> {
         pool: &'a mut BufferPool,
         buffers: &'a mut [Option<DmaBuffer>],
         slot: usize,
-        smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
+        shared: &'a Shared,
     ) -> Self {
         ReactorBackend {
             devices,
             pool,
             buffers,
             slot,
-            smart,
+            smart: &*shared.smart,
+            in_use: &shared.counters.buffers_in_use,
         }
     }
 }
@@ -171,6 +176,9 @@ impl Backend for ReactorBackend<'_> {
         }
         if entry.is_none() {
             *entry = self.pool.alloc();
+            if entry.is_some() {
+                self.in_use.fetch_add(1, Ordering::Relaxed);
+            }
         }
         entry.is_some()
     }
@@ -215,6 +223,7 @@ impl Backend for ReactorBackend<'_> {
     fn release(&mut self, token: u16) {
         if let Some(entry) = self.buffers.get_mut(token as usize) {
             if let Some(b) = entry.take() {
+                self.in_use.fetch_sub(1, Ordering::Relaxed);
                 let _ = self.pool.free(b);
             }
         }
@@ -250,13 +259,13 @@ impl Job for ServeJob {
             return false;
         };
         let now = Instant::now();
-        let smart = &*self.shared.smart;
+        let shared = &self.shared;
         for (slot, entry) in self.conns.iter_mut().enumerate() {
             let Some(c) = entry else {
                 continue;
             };
             let mut backend =
-                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, smart);
+                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
             if self.stopping_since.is_some() {
                 c.conn.shut_down(&mut backend);
             }
@@ -303,7 +312,7 @@ impl Job for ServeJob {
             let command = (token & 0xffff) as u16;
             if let Some(Some(c)) = self.conns.get_mut(slot) {
                 let mut backend =
-                    ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, smart);
+                    ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
                 c.conn.complete(command, result, &mut backend);
                 self.shared
                     .counters
@@ -334,7 +343,7 @@ impl Job for ServeJob {
                             pool,
                             &mut c.buffers,
                             slot,
-                            smart,
+                            shared,
                         );
                         c.conn
                             .peer_gone(&format!("connection error: {e}"), &mut backend);
