@@ -43,8 +43,9 @@ fn run(program: &str, args: &[&str]) -> String {
 }
 
 /// `usnvme serve` running, and the namespaces it printed: (NSID, PCI address, bytes).
-fn serve(bed: &VmBed, addresses: &[String]) -> (Child, Vec<(u32, String, u64)>) {
+fn serve(bed: &VmBed, addresses: &[String], extra: &[&str]) -> (Child, Vec<(u32, String, u64)>) {
     let mut args = vec!["serve", "--nqn", NQN, "--allow-host", HOSTNQN];
+    args.extend_from_slice(extra);
     for a in addresses {
         args.extend(["-r", a.as_str()]);
     }
@@ -180,7 +181,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
         })
         .collect();
 
-    let (mut target, namespaces) = serve(&bed, &addresses);
+    let (mut target, namespaces) = serve(&bed, &addresses, &[]);
     assert_eq!(namespaces.len(), EXPORTED, "{namespaces:?}");
 
     let discovered = run(
@@ -275,4 +276,67 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
     signal(&target, "TERM");
     let status = target.wait().expect("serve exits");
     assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
+    let bed = VmBed::from_env();
+    let addresses: Vec<String> = vfio_controllers()
+        .iter()
+        .skip(EXPORTED)
+        .take(EXPORTED)
+        .map(|a| a.to_string())
+        .collect();
+    assert_eq!(
+        addresses.len(),
+        EXPORTED,
+        "the bed has {} vfio drives",
+        2 * EXPORTED
+    );
+    let (mut target, namespaces) = serve(&bed, &addresses, &["--stripe", "12:128K"]);
+    let [(nsid, name, bytes)] = &namespaces[..] else {
+        panic!("one stripe: {namespaces:?}");
+    };
+    assert_eq!(name, "stripe0");
+    run(
+        NVME,
+        &[
+            "connect",
+            "-t",
+            "tcp",
+            "-n",
+            NQN,
+            "-a",
+            "127.0.0.1",
+            "-s",
+            "4420",
+            "--hostnqn",
+            HOSTNQN,
+        ],
+    );
+    let devices = kernel_namespaces(1);
+    let dev = devices[nsid].display().to_string();
+    assert_eq!(block_bytes(&devices[nsid]), *bytes);
+    // across chunk and drive boundaries: 4k-1m random writes over 64 MiB, each verified
+    let out = run(
+        FIO,
+        &[
+            "--name=stripe",
+            &format!("--filename={dev}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bsrange=4k-1m",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--do_verify=1",
+            &format!("--offset={FIO_OFFSET}"),
+            "--size=64M",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+    run(NVME, &["disconnect", "-n", NQN]);
+    signal(&target, "TERM");
+    assert_eq!(target.wait().expect("serve exits").code(), Some(143));
 }
