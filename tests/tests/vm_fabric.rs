@@ -78,6 +78,37 @@ fn serve(bed: &VmBed, addresses: &[String], extra: &[&str]) -> (Child, Vec<(u32,
     (child, namespaces)
 }
 
+/// Disconnects the kernel from the subsystem when the test ends, passed or not: a kernel left
+/// connected to a stopped target would retry for ten minutes under the other suites.
+struct Connected;
+
+impl Connected {
+    fn new(extra: &[&str]) -> Connected {
+        let mut connect = vec![
+            "connect",
+            "-t",
+            "tcp",
+            "-n",
+            NQN,
+            "-a",
+            "127.0.0.1",
+            "-s",
+            "4420",
+            "--hostnqn",
+            HOSTNQN,
+        ];
+        connect.extend_from_slice(extra);
+        run(NVME, &connect);
+        Connected
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        let _ = Command::new(NVME).args(["disconnect", "-n", NQN]).output();
+    }
+}
+
 /// The kernel's block devices of our subsystem, by NSID, once all `count` are there.
 fn kernel_namespaces(count: usize) -> HashMap<u32, PathBuf> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -201,21 +232,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
     assert!(discovered.contains(NQN), "{discovered}");
 
     for digests in [&[][..], &["--hdr-digest", "--data-digest"]] {
-        let mut connect = vec![
-            "connect",
-            "-t",
-            "tcp",
-            "-n",
-            NQN,
-            "-a",
-            "127.0.0.1",
-            "-s",
-            "4420",
-            "--hostnqn",
-            HOSTNQN,
-        ];
-        connect.extend_from_slice(digests);
-        run(NVME, &connect);
+        let connected = Connected::new(digests);
         let devices = kernel_namespaces(EXPORTED);
         for (nsid, name, bytes) in &namespaces {
             let dev = &devices[nsid];
@@ -271,7 +288,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
             file.sync_all().expect("synced");
             expect_on_host(k, CHECKED_OFFSET, &data);
         }
-        run(NVME, &["disconnect", "-n", NQN]);
+        drop(connected);
     }
     signal(&target, "TERM");
     let status = target.wait().expect("serve exits");
@@ -299,22 +316,7 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
         panic!("one stripe: {namespaces:?}");
     };
     assert_eq!(name, "stripe0");
-    run(
-        NVME,
-        &[
-            "connect",
-            "-t",
-            "tcp",
-            "-n",
-            NQN,
-            "-a",
-            "127.0.0.1",
-            "-s",
-            "4420",
-            "--hostnqn",
-            HOSTNQN,
-        ],
-    );
+    let connected = Connected::new(&[]);
     let devices = kernel_namespaces(1);
     let dev = devices[nsid].display().to_string();
     assert_eq!(block_bytes(&devices[nsid]), *bytes);
@@ -336,7 +338,7 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
         ],
     );
     assert!(!out.contains("verify: bad"), "{out}");
-    run(NVME, &["disconnect", "-n", NQN]);
+    drop(connected);
     signal(&target, "TERM");
     assert_eq!(target.wait().expect("serve exits").code(), Some(143));
 }

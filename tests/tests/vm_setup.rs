@@ -84,6 +84,10 @@ fn load_nvme_driver() {
     }
     let mods = Path::new("/proc/1/root/mods");
     for module in ["nvme-core.ko", "nvme.ko"] {
+        // nvme-core is loaded already: the guest's NVMe/TCP modules need it
+        if module == "nvme-core.ko" && Path::new("/sys/module/nvme_core").is_dir() {
+            continue;
+        }
         let path = mods.join(module);
         busybox(&["insmod", &path.to_string_lossy()]);
     }

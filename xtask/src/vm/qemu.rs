@@ -174,6 +174,11 @@ impl VmConfig {
         // makes every clock read a system call plus an emulated MMIO access (microseconds):
         // both usnvme and fio read the clock per I/O. Servers use the TSC; so does the guest.
         s += " tsc=reliable clocksource=tsc";
+        // Linux 6.1's nvme-tcp initiator sends multi-page buffers with sendpage; received over
+        // loopback by a userspace target (usnvme serve), hardened usercopy takes the copy out
+        // for a kernel memory exposure and oopses the receiving thread (seen in the guest,
+        // `usercopy_abort` from `tcp_recvmsg`). The check guards the kernel, not our code.
+        s += " hardened_usercopy=off";
         if self.hugepages_bytes > 0 {
             s += &format!(
                 " hugepagesz=2M hugepages={}",

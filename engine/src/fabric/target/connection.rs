@@ -540,11 +540,12 @@ impl Connection {
         }
         let discovery = controller.discovery();
         let cntlid = controller.cntlid();
+        // Any admin command shows the host is there (the Keep Alive timer is traffic based);
+        // the association ends only after twice KATO without one, so a host that sends its
+        // Keep Alive every KATO is never cut off by scheduling jitter.
+        *last_keep_alive = Instant::now();
         let result: Result<(u32, Vec<u8>), Status> = match opcode {
-            KEEP_ALIVE => {
-                *last_keep_alive = Instant::now();
-                Ok((0, Vec::new()))
-            }
+            KEEP_ALIVE => Ok((0, Vec::new())),
             ASYNC_EVENT_REQUEST => {
                 if events.len() >= admin::ASYNC_EVENT_LIMIT {
                     Err(Status::AER_LIMIT_EXCEEDED)
@@ -919,7 +920,7 @@ impl Connection {
                 ..
             } if features.keep_alive_ms() > 0
                 && now.saturating_duration_since(*last_keep_alive)
-                    > Duration::from_millis(features.keep_alive_ms().into()) =>
+                    > 2 * Duration::from_millis(features.keep_alive_ms().into()) =>
             {
                 Some(format!(
                     "no Keep Alive within {} ms",
