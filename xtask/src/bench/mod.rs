@@ -1,8 +1,10 @@
 //! `cargo xtask bench`: the driver's, the engine's and `usnvme perf`'s cost per I/O on `sim`
-//! (host), usnvme against the kernel's path side by side in one VM boot, and, given a
-//! `spdk_nvme_perf` binary, against SPDK in another; writes BENCHMARKS.md. Benchmarks report
+//! (host), usnvme against the kernel's path side by side in one VM boot, `usnvme serve` against
+//! the kernel's nvmet-tcp under the same NVMe/TCP initiator in another, and, given a
+//! `spdk_nvme_perf` binary, against SPDK in a third; writes BENCHMARKS.md. Benchmarks report
 //! figures; they never fail on one.
 
+mod fabric;
 mod host;
 mod spdk;
 mod vm;
@@ -14,6 +16,7 @@ use std::process::Command;
 use anyhow::{bail, Result};
 
 use crate::cmd;
+use fabric::FabricResults;
 use host::{example, Split};
 use spdk::SpdkResults;
 use vm::{Tool, VmResults};
@@ -24,7 +27,8 @@ pub struct BenchArgs {
     #[arg(long)]
     no_vm: bool,
     /// Run only this section: host (callgrind and native on `sim`), vm (side by side with the
-    /// kernel) or spdk (same boot as SPDK; needs --spdk).
+    /// kernel), fabric (usnvme serve against the kernel's nvmet-tcp) or spdk (same boot as
+    /// SPDK; needs --spdk).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -33,6 +37,9 @@ pub struct BenchArgs {
     /// Seconds per VM run of the side by side with the kernel.
     #[arg(long, default_value_t = 4)]
     seconds: u32,
+    /// Seconds per run of the fabric section (default 10; 3 with --quick).
+    #[arg(long, value_name = "S")]
+    fabric_seconds: Option<u32>,
     /// A `spdk_nvme_perf` binary: run issue 13's workloads with it and with usnvme perf in one
     /// boot (it is copied onto the guest's work share).
     #[arg(long, value_name = "PATH")]
@@ -49,6 +56,7 @@ pub struct BenchArgs {
 enum Section {
     Host,
     Vm,
+    Fabric,
     Spdk,
 }
 
@@ -92,6 +100,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         None => None,
     };
     let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
+    let run_fabric = !args.no_vm && only(Section::Fabric);
     cmd::run(
         "bench: build (release)",
         Command::new("cargo")
@@ -120,6 +129,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
+    let fabric = if run_fabric {
+        println!(
+            "bench: fabric (one boot: the kernel's nvme-tcp initiator and fio against usnvme \
+             serve and nvmet-tcp)"
+        );
+        let seconds = args
+            .fabric_seconds
+            .unwrap_or(if args.quick { 3 } else { 10 });
+        Some(fabric::same_boot(&usnvme, args.quick, seconds)?)
+    } else {
+        None
+    };
     let spdk = match (&spdk_binary, run_spdk) {
         (Some(binary), true) => {
             println!("bench: same boot as SPDK ({})", binary.display());
@@ -129,7 +150,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         _ => None,
     };
-    let report = report(host.as_ref(), vm.as_ref(), spdk.as_ref(), &args)?;
+    let report = report(
+        host.as_ref(),
+        vm.as_ref(),
+        fabric.as_ref(),
+        spdk.as_ref(),
+        &args,
+    )?;
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     std::fs::write(&out, report)?;
     println!("bench: wrote {}", out.display());
@@ -306,6 +333,7 @@ fn millions(iops: f64) -> String {
 fn report(
     host: Option<&HostResults>,
     vm: Option<&VmResults>,
+    fabric: Option<&FabricResults>,
     spdk: Option<&SpdkResults>,
     args: &BenchArgs,
 ) -> Result<String> {
@@ -333,8 +361,8 @@ fn report(
         m,
         "Written by `cargo xtask bench{flags}` on {}.\n\n- Machine: {}\n- Commit: {}{dirty}\n- \
          Programs: `driver/examples/null_bench.rs`, `engine/examples/engine_bench.rs` and \
-         `usnvme perf` (release build) on `sim`; `usnvme perf`, fio and `spdk_nvme_perf` in the \
-         VM test bed.\n",
+         `usnvme perf` (release build) on `sim`; `usnvme perf`, fio, `usnvme serve`, nvmet-tcp and \
+         `spdk_nvme_perf` in the VM test bed.\n",
         git(&["log", "-1", "--format=%cd", "--date=iso"]),
         machine(),
         git(&["rev-parse", "--short", "HEAD"]),
@@ -355,6 +383,11 @@ fn report(
             if args.no_vm { "--no-vm" } else { "--only" }
         )?,
     }
+    fabric::section(
+        &mut m,
+        fabric,
+        if args.no_vm { "`--no-vm`" } else { "`--only`" },
+    )?;
     if spdk.is_none() && args.spdk.is_some() {
         writeln!(
             m,

@@ -1,0 +1,1098 @@
+//! The fabric section: in one boot, the same initiator against two NVMe/TCP targets on loopback:
+//! `usnvme serve` on drives bound to vfio-pci, and the kernel's own target (nvmet-tcp,
+//! configured through configfs) on drives left on the kernel's nvme driver. The initiator is
+//! the guest kernel's nvme-tcp host driver (`nvme connect`) with fio and io_uring on top; a
+//! second initiator (`usnvme perf -r tcp://…`) can join as another [`Initiator`].
+//!
+//! Besides fio's IOPS and latency, each run samples /proc/stat (every CPU of the guest) and the
+//! block devices' read counters before and after, so the CPU the kernel target used can be
+//! estimated (see [`kernel_target_cores`]): `usnvme serve` polls, its cores are its reactors.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::cmd::sh_quote;
+use crate::vm::run::{self, RunArgs};
+
+const NVME: &str = "/usr/sbin/nvme";
+const FIO: &str = "/usr/bin/fio";
+/// The host NQN the kernel initiator connects with (both targets admit any host).
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-62656e636866";
+/// The guest CPU the initiator (fio) runs on, and the one `usnvme serve`'s reactor gets.
+const INITIATOR_CPU: u32 = 0;
+const TARGET_CPU: u32 = 1;
+/// `usnvme serve -c 1`: one reactor, which polls its core whole.
+const SERVE_REACTORS: u32 = 1;
+/// Below this, an estimate of the kernel target's cores is shown but not used: the initiator's
+/// cost measured against serve then overstates its cost against the kernel.
+const MIN_CORES: f64 = 0.1;
+
+/// An NVMe/TCP target in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `usnvme serve` on drives bound to vfio-pci.
+    Usnvme,
+    /// The kernel's nvmet-tcp, with the block devices of drives on the kernel's nvme driver.
+    Kernel,
+}
+
+impl Target {
+    pub const ALL: [Target; 2] = [Target::Usnvme, Target::Kernel];
+
+    fn key(self) -> &'static str {
+        match self {
+            Target::Usnvme => "serve",
+            Target::Kernel => "nvmet",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Target::Usnvme => "usnvme serve",
+            Target::Kernel => "kernel nvmet-tcp",
+        }
+    }
+
+    fn port(self) -> u16 {
+        match self {
+            Target::Usnvme => 4420,
+            Target::Kernel => 4421,
+        }
+    }
+
+    fn nqn(self) -> &'static str {
+        match self {
+            Target::Usnvme => "nqn.2014-08.org.usnvme:bench",
+            Target::Kernel => "nqn.2014-08.org.usnvme:bench-nvmet",
+        }
+    }
+}
+
+/// What drives I/O against a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Initiator {
+    /// The guest kernel's nvme-tcp host (`nvme connect`), fio with io_uring on its block
+    /// devices.
+    KernelFio,
+}
+
+impl Initiator {
+    pub const ALL: [Initiator; 1] = [Initiator::KernelFio];
+
+    fn key(self) -> &'static str {
+        match self {
+            Initiator::KernelFio => "kfio",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Initiator::KernelFio => "Linux nvme-tcp + fio io_uring",
+        }
+    }
+
+    /// Shell lines that make the initiator ready for `target`'s subsystem of `drives`
+    /// namespaces, leaving its block devices in `$DEVS` (empty when that failed).
+    fn attach(self, target: Target, drives: u32) -> String {
+        match self {
+            Initiator::KernelFio => format!(
+                "DEVS=\n\
+                 timeout 60 $NVME connect -t tcp -a 127.0.0.1 -s {port} -n {nqn} --hostnqn $HOSTNQN \
+                 && wait_devs {nqn} {drives} && DEVS=$(fabric_devs {nqn} | head -n {drives}) \
+                 || echo 'FAILED: nvme connect to {nqn}'\n\
+                 FILES=$(echo $DEVS | tr ' ' :)\n\
+                 echo \"devices: $FILES\"\n",
+                port = target.port(),
+                nqn = target.nqn(),
+            ),
+        }
+    }
+
+    fn detach(self, target: Target) -> String {
+        match self {
+            Initiator::KernelFio => format!("$NVME disconnect -n {}\n", target.nqn()),
+        }
+    }
+
+    /// The command of one run, writing its figures into `{stem}.json` and its snapshots of
+    /// /proc/stat into `{stem}.before` and `{stem}.after`.
+    fn command(self, case: &Case, seconds: u32, stem: &str) -> String {
+        match self {
+            Initiator::KernelFio => format!(
+                "$FIO --name=fabric --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
+                 --iodepth={depth} --numjobs=1 --cpus_allowed={INITIATOR_CPU} --time_based \
+                 --runtime={seconds} --ramp_time=1 --output-format=json --output={stem}.json \
+                 --filename=$FILES \"--exec_prerun=/bin/sh $OUT/snap.sh {stem}.before $FILES\" \
+                 \"--exec_postrun=/bin/sh $OUT/snap.sh {stem}.after $FILES\" > /dev/null",
+                // QD per namespace, as everywhere in the benchmarks
+                depth = case.qd * case.drives,
+            ),
+        }
+    }
+}
+
+/// One run: an initiator against a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    pub round: u32,
+    pub target: Target,
+    pub initiator: Initiator,
+    pub qd: u32,
+    pub drives: u32,
+}
+
+impl Case {
+    fn stem(&self) -> String {
+        format!(
+            "r{}-{}-{}-qd{}-d{}",
+            self.round,
+            self.target.key(),
+            self.initiator.key(),
+            self.qd,
+            self.drives
+        )
+    }
+}
+
+/// The (drives, QDs per namespace) of the full run: one namespace at QD 32 and 1 (issue 15's
+/// goals), and 12 at QD 8 each: 96 in flight, within the 128 entries of the one nvme-tcp I/O
+/// queue fio's CPU submits to (at QD 32 each, the initiator's queue would cap it).
+const FULL: [(u32, &[u32]); 2] = [(1, &[32, 1]), (12, &[8])];
+const FULL_ROUNDS: u32 = 5;
+
+/// The runs of one boot, in order: per round and drive count, each target (odd rounds `usnvme
+/// serve` first, even rounds the kernel's), each initiator, each QD.
+pub fn cases(quick: bool) -> Vec<Case> {
+    let (shapes, rounds): (&[(u32, &[u32])], u32) = if quick {
+        (&[(1, &[32])], 1)
+    } else {
+        (&FULL, FULL_ROUNDS)
+    };
+    let mut out = Vec::new();
+    for round in 1..=rounds {
+        for &(d, qds) in shapes {
+            let mut targets = Target::ALL;
+            if round % 2 == 0 {
+                targets.reverse();
+            }
+            for target in targets {
+                for initiator in Initiator::ALL {
+                    for &qd in qds {
+                        out.push(Case {
+                            round,
+                            target,
+                            initiator,
+                            qd,
+                            drives: d,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Shell functions and variables every block uses, and `snap.sh`, which fio runs right before
+/// and after each job (`--exec_prerun`, `--exec_postrun`), so that a run's window holds its
+/// ramp-up and measured time and not fio's start and exit.
+const PRELUDE: &str = r#"# fabric benchmark, written by cargo xtask bench
+NVME=@NVME@
+FIO=@FIO@
+USNVME=@USNVME@
+OUT=@OUT@
+HOSTNQN=@HOSTNQN@
+CFS=/sys/kernel/config/nvmet
+# fio's exec_prerun/postrun write their output into the working directory
+cd $OUT
+# before any fabric connection: the kernel's nvme block devices are the PCIe drives'
+KDEVS=$(ls /sys/block | grep -E '^nvme[0-9]+n[0-9]+$' | sort -V)
+VDEVS=$(ls /sys/bus/pci/drivers/vfio-pci | grep '^0000:' | sort)
+first() { echo "$1" | head -n "$2"; }
+# the kernel's block devices (heads) of subsystem $1, by NSID
+fabric_devs() {
+  for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat $s/subsysnqn 2>/dev/null)" = "$1" ] && ls $s | grep -E '^nvme[0-9]+n[0-9]+$' | sort -V | sed 's|^|/dev/|'
+  done
+}
+wait_devs() { # NQN COUNT: until the kernel shows COUNT namespaces of NQN (30 s)
+  i=0
+  while [ $i -lt 60 ]; do
+    [ $(fabric_devs "$1" | wc -l) -ge "$2" ] && return 0
+    sleep 0.5; i=$((i + 1))
+  done
+  return 1
+}
+cat > $OUT/snap.sh <<'SNAP'
+# snap.sh FILE DEV[:DEV...]: reads completed on the devices (their paths' counters, nvmeXcYnZ,
+# under native multipath, else the head's), uptime, clock ticks per second, every CPU's
+# /proc/stat line
+n=0
+for d in $(echo "$2" | tr : ' '); do
+  b=${d#/dev/}; found=0
+  for p in /sys/class/block/$(echo "$b" | sed 's/^\(nvme[0-9]*\)n/\1c*n/'); do
+    [ -e "$p/stat" ] && { read r rest < "$p/stat"; n=$((n + r)); found=1; }
+  done
+  [ $found = 1 ] || { read r rest < /sys/block/$b/stat; n=$((n + r)); }
+done
+{ echo "ios $n"; echo "hz $(getconf CLK_TCK)"; echo "up $(cut -d' ' -f1 /proc/uptime)"; grep '^cpu' /proc/stat; } > "$1"
+SNAP
+grep -c ^processor /proc/cpuinfo | sed 's/^/guest CPUs: /'
+"#;
+
+fn prelude(usnvme: &str, out: &str) -> String {
+    PRELUDE
+        .replace("@NVME@", NVME)
+        .replace("@FIO@", FIO)
+        .replace("@USNVME@", usnvme)
+        .replace("@OUT@", out)
+        .replace("@HOSTNQN@", HOSTNQN)
+}
+
+/// Shell lines that start `target` exporting `drives` drives (`$READY` = 1 once it serves).
+fn start_target(target: Target, drives: u32, tag: &str) -> String {
+    let nqn = target.nqn();
+    let port = target.port();
+    match target {
+        Target::Usnvme => format!(
+            "READY=0\n\
+             : > $OUT/{tag}.log\n\
+             $USNVME serve $(first \"$VDEVS\" {drives} | sed 's/^/-r /') -c {TARGET_CPU} \
+             --listen 127.0.0.1:{port} --nqn {nqn} --allow-any-host > $OUT/{tag}.log 2>&1 &\n\
+             SERVE=$!\n\
+             # it prints what it serves, then \"hosts: any\", once listening\n\
+             i=0\n\
+             while [ $i -lt 120 ] && kill -0 $SERVE 2>/dev/null; do\n\
+             \x20 grep -q '^hosts:' $OUT/{tag}.log && {{ READY=1; break; }}\n\
+             \x20 sleep 0.5; i=$((i + 1))\n\
+             done\n\
+             cat $OUT/{tag}.log\n\
+             [ $READY = 1 ] && $NVME discover -t tcp -a 127.0.0.1 -s {port} --hostnqn $HOSTNQN \
+             | grep -q {nqn} || {{ READY=0; echo 'FAILED: usnvme serve does not serve'; }}\n"
+        ),
+        Target::Kernel => format!(
+            "READY=0\n\
+             S=$CFS/subsystems/{nqn}\n\
+             P=$CFS/ports/1\n\
+             mkdir $S && echo 1 > $S/attr_allow_any_host && READY=1\n\
+             i=1\n\
+             for d in $(first \"$KDEVS\" {drives}); do\n\
+             \x20 mkdir $S/namespaces/$i && echo /dev/$d > $S/namespaces/$i/device_path \
+             && echo 1 > $S/namespaces/$i/enable || READY=0\n\
+             \x20 i=$((i + 1))\n\
+             done\n\
+             mkdir $P && echo tcp > $P/addr_trtype && echo ipv4 > $P/addr_adrfam \
+             && echo 127.0.0.1 > $P/addr_traddr && echo {port} > $P/addr_trsvcid \
+             && ln -s $S $P/subsystems/{nqn} || READY=0\n\
+             for f in $S/namespaces/*/device_path; do echo \"$f: $(cat $f)\"; done\n\
+             [ $READY = 1 ] || echo 'FAILED: nvmet configuration'\n"
+        ),
+    }
+}
+
+fn stop_target(target: Target, tag: &str) -> String {
+    let nqn = target.nqn();
+    match target {
+        Target::Usnvme => format!(
+            "kill -TERM $SERVE 2>/dev/null\n\
+             i=0\n\
+             while [ $i -lt 30 ] && kill -0 $SERVE 2>/dev/null; do sleep 1; i=$((i + 1)); done\n\
+             kill -0 $SERVE 2>/dev/null && {{ echo 'usnvme serve still runs 30 s after SIGTERM: SIGKILL'; kill -KILL $SERVE; }}\n\
+             wait $SERVE; echo \"usnvme serve exited $?\" | tee -a $OUT/{tag}.log\n"
+        ),
+        Target::Kernel => format!(
+            "rm -f $P/subsystems/{nqn}\n\
+             rmdir $P\n\
+             for n in $S/namespaces/*; do echo 0 > $n/enable; rmdir $n; done\n\
+             rmdir $S\n"
+        ),
+    }
+}
+
+/// The guest script: per block of runs (round, drive count, target), the target up, each
+/// initiator attached, each run between two snapshots, everything torn down again.
+fn script(cases: &[Case], usnvme: &str, out: &str, seconds: u32) -> String {
+    let limit = seconds * 3 + 30;
+    let mut s = prelude(usnvme, out);
+    let mut i = 0;
+    while i < cases.len() {
+        let block = cases[i];
+        let same = |c: &Case| {
+            c.round == block.round && c.drives == block.drives && c.target == block.target
+        };
+        let end = i + cases[i..].iter().take_while(|c| same(c)).count();
+        let tag = format!("r{}-{}-d{}", block.round, block.target.key(), block.drives);
+        s += &format!(
+            "\necho '== round {}: {}, {} drive(s)'\n",
+            block.round,
+            block.target.label(),
+            block.drives
+        );
+        s += &start_target(block.target, block.drives, &tag);
+        let mut j = i;
+        while j < end {
+            let initiator = cases[j].initiator;
+            let k = j + cases[j..end]
+                .iter()
+                .take_while(|c| c.initiator == initiator)
+                .count();
+            s += "if [ $READY = 1 ]; then\n";
+            s += &initiator.attach(block.target, block.drives);
+            for c in &cases[j..k] {
+                let stem = format!("$OUT/{}", c.stem());
+                // a run that fails or does not finish in time (stopped like Ctrl-C) records
+                // nothing, and the next one runs
+                s += &format!(
+                    "echo '{}: {} against {}, qd {}, {} drive(s)'\n\
+                     [ -n \"$DEVS\" ] && timeout -s INT {limit} {} \
+                     || {{ echo FAILED; rm -f {stem}.json; }}\n",
+                    c.stem(),
+                    c.initiator.label(),
+                    c.target.label(),
+                    c.qd,
+                    c.drives,
+                    c.initiator.command(c, seconds, &stem),
+                );
+            }
+            s += &initiator.detach(block.target);
+            s += "fi\n";
+            j = k;
+        }
+        s += &stop_target(block.target, &tag);
+        i = end;
+    }
+    s += "dmesg > $OUT/dmesg.txt; grep -iE 'nvme|tcp' $OUT/dmesg.txt | tail -n 40\n";
+    s
+}
+
+/// One /proc/stat (and block counter) snapshot.
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    uptime: f64,
+    hz: f64,
+    ios: u64,
+    /// (name, busy ticks, all ticks), the "cpu" line first, then cpu0, cpu1…
+    cpus: Vec<(String, u64, u64)>,
+}
+
+fn parse_snapshot(text: &str) -> Option<Snapshot> {
+    let mut snap = Snapshot {
+        uptime: f64::NAN,
+        hz: 100.0,
+        ios: 0,
+        cpus: Vec::new(),
+    };
+    let mut ios = None;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("up") => snap.uptime = words.next()?.parse().ok()?,
+            Some("hz") => snap.hz = words.next()?.parse().ok()?,
+            Some("ios") => ios = Some(words.next()?.parse().ok()?),
+            Some(name) if name.starts_with("cpu") => {
+                // user nice system idle iowait irq softirq steal (guest time is in user)
+                let v: Vec<u64> = words
+                    .take(8)
+                    .map(|w| w.parse().ok())
+                    .collect::<Option<_>>()?;
+                if v.len() < 8 {
+                    return None;
+                }
+                let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+                snap.cpus.push((name.to_string(), busy, v.iter().sum()));
+            }
+            _ => {}
+        }
+    }
+    snap.ios = ios?;
+    (snap.uptime.is_finite() && !snap.cpus.is_empty()).then_some(snap)
+}
+
+/// What the guest spent between two snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub wall_s: f64,
+    /// CPU-seconds busy, all CPUs.
+    pub busy_s: f64,
+    /// Each CPU's busy share of the window, in % (cpu0, cpu1…).
+    pub per_cpu_pct: Vec<f64>,
+    /// Reads the initiator's block devices completed (ramp-up included).
+    pub ios: u64,
+}
+
+fn window(before: &Snapshot, after: &Snapshot) -> Option<Window> {
+    let wall_s = after.uptime - before.uptime;
+    if wall_s <= 0.0 || after.cpus.len() != before.cpus.len() {
+        return None;
+    }
+    let ticks = |i: usize| {
+        let (b, a) = (&before.cpus[i], &after.cpus[i]);
+        (
+            a.1.saturating_sub(b.1) as f64,
+            a.2.saturating_sub(b.2) as f64,
+        )
+    };
+    let busy_s = ticks(0).0 / after.hz;
+    let per_cpu_pct = (1..after.cpus.len())
+        .map(|i| {
+            let (busy, all) = ticks(i);
+            if all > 0.0 {
+                100.0 * busy / all
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Some(Window {
+        wall_s,
+        busy_s,
+        per_cpu_pct,
+        ios: after.ios.saturating_sub(before.ios),
+    })
+}
+
+/// What fio reported (latencies in microseconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub iops: f64,
+    /// Submission to completion.
+    pub lat_us: f64,
+    /// Completion latency (from when the kernel had the command).
+    pub clat_us: f64,
+    /// I/Os after the ramp.
+    pub ios: u64,
+}
+
+fn parse_fio(json: &str) -> Option<Figures> {
+    // fio may print warnings before its JSON
+    let doc: serde_json::Value = serde_json::from_str(&json[json.find('{')?..]).ok()?;
+    let jobs = doc["jobs"].as_array()?;
+    let (mut iops, mut ios, mut lat, mut clat) = (0.0, 0u64, 0.0, 0.0);
+    for j in jobs {
+        let r = &j["read"];
+        let n = r["total_ios"].as_u64()?;
+        iops += r["iops"].as_f64()?;
+        lat += r["lat_ns"]["mean"].as_f64()? * n as f64;
+        clat += r["clat_ns"]["mean"].as_f64()? * n as f64;
+        ios += n;
+    }
+    if ios == 0 {
+        return None;
+    }
+    Some(Figures {
+        iops,
+        lat_us: lat / ios as f64 / 1e3,
+        clat_us: clat / ios as f64 / 1e3,
+        ios,
+    })
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub case: Case,
+    /// None when the run failed or wrote nothing usable.
+    pub figures: Option<Figures>,
+    pub window: Option<Window>,
+}
+
+/// Everything the boot measured.
+#[derive(Debug)]
+pub struct FabricResults {
+    pub runs: Vec<Run>,
+    pub seconds: u32,
+    /// The guest's exit status (124: vm-run's time limit ended it).
+    pub exit_code: u8,
+    pub script: String,
+    /// `usnvme serve`'s output, per block (tag, text).
+    pub serve_logs: Vec<(String, String)>,
+    /// The host's /proc/loadavg before and after the boot (it shares its cores).
+    pub host_load: (String, String),
+}
+
+/// Boots the guest once and runs every case.
+pub fn same_boot(usnvme: &Path, quick: bool, seconds: u32) -> Result<FabricResults> {
+    let out = crate::vm::vm_dir().join("work/bench-fabric");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let cases = cases(quick);
+    let body = script(
+        &cases,
+        &sh_quote(&usnvme.display().to_string()),
+        &out.display().to_string(),
+        seconds,
+    );
+    std::fs::write(out.join("fabric.sh"), &body)?;
+    let mut args = RunArgs::for_program(vec![
+        "/bin/sh".into(),
+        out.join("fabric.sh").display().to_string(),
+    ]);
+    args.kernel_nvme = Some("12".into());
+    args.timeout = 600 + cases.len() as u64 * (u64::from(seconds) * 3 + 60);
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    let load_before = load();
+    // Whatever finished counts, also when the guest did not end cleanly.
+    let exit_code = run::run(&args)?;
+    let host_load = (load_before, load());
+    let read = |name: String| std::fs::read_to_string(out.join(name)).ok();
+    let runs = cases
+        .iter()
+        .map(|&case| {
+            let stem = case.stem();
+            let figures = read(format!("{stem}.json")).and_then(|j| parse_fio(&j));
+            let snap = |ext| read(format!("{stem}.{ext}")).and_then(|t| parse_snapshot(&t));
+            let window = match (snap("before"), snap("after")) {
+                (Some(b), Some(a)) if figures.is_some() => window(&b, &a),
+                _ => None,
+            };
+            Run {
+                case,
+                figures: figures.filter(|_| window.is_some()),
+                window,
+            }
+        })
+        .collect();
+    let mut serve_logs = Vec::new();
+    let mut seen = Vec::new();
+    for c in cases.iter().filter(|c| c.target == Target::Usnvme) {
+        let tag = format!("r{}-serve-d{}", c.round, c.drives);
+        if !seen.contains(&tag) {
+            if let Some(text) = read(format!("{tag}.log")) {
+                serve_logs.push((tag.clone(), text));
+            }
+            seen.push(tag);
+        }
+    }
+    Ok(FabricResults {
+        runs,
+        seconds,
+        exit_code,
+        script: body,
+        serve_logs,
+        host_load,
+    })
+}
+
+/// The initiator's CPU-seconds per I/O, from a run against `usnvme serve`: all the guest's busy
+/// time less the reactors' cores (they poll: busy the whole window), per I/O.
+pub fn initiator_cpu_per_io(serve: &Window) -> Option<f64> {
+    if serve.ios == 0 {
+        return None;
+    }
+    let v = (serve.busy_s - f64::from(SERVE_REACTORS) * serve.wall_s) / serve.ios as f64;
+    (v > 0.0).then_some(v)
+}
+
+/// The cores the kernel target used in a run: the guest's busy time less what the initiator
+/// spent (its CPU per I/O, measured against `usnvme serve` in the same case, times this run's
+/// I/Os), over the wall time.
+pub fn kernel_target_cores(kernel: &Window, initiator_per_io: f64) -> f64 {
+    (kernel.busy_s - initiator_per_io * kernel.ios as f64) / kernel.wall_s
+}
+
+/// One (round, case shape, initiator): both targets and the derived figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pair {
+    pub round: u32,
+    pub qd: u32,
+    pub drives: u32,
+    pub initiator: Initiator,
+    pub serve: Option<Figures>,
+    pub kernel: Option<Figures>,
+    /// The initiator's CPU per I/O, µs.
+    pub initiator_us_per_io: Option<f64>,
+    pub kernel_cores: Option<f64>,
+}
+
+impl Pair {
+    pub fn serve_iops_per_core(&self) -> Option<f64> {
+        self.serve.map(|f| f.iops / f64::from(SERVE_REACTORS))
+    }
+
+    pub fn kernel_iops_per_core(&self) -> Option<f64> {
+        match (self.kernel, self.kernel_cores) {
+            (Some(f), Some(c)) if c >= MIN_CORES => Some(f.iops / c),
+            _ => None,
+        }
+    }
+
+    /// usnvme serve's IOPS per target core ÷ the kernel target's.
+    pub fn per_core_ratio(&self) -> Option<f64> {
+        Some(self.serve_iops_per_core()? / self.kernel_iops_per_core()?)
+    }
+}
+
+pub fn pairs(r: &FabricResults) -> Vec<Pair> {
+    let mut out: Vec<Pair> = Vec::new();
+    for run in &r.runs {
+        let c = run.case;
+        if out.iter().any(|p| {
+            p.round == c.round && p.qd == c.qd && p.drives == c.drives && p.initiator == c.initiator
+        }) {
+            continue;
+        }
+        let find = |t: Target| r.runs.iter().find(|x| x.case == Case { target: t, ..c });
+        let (s, k) = (find(Target::Usnvme), find(Target::Kernel));
+        let per_io = s
+            .and_then(|s| s.figures.and(s.window.as_ref()))
+            .and_then(initiator_cpu_per_io);
+        let kernel_cores = match (k.and_then(|k| k.figures.and(k.window.as_ref())), per_io) {
+            (Some(w), Some(p)) => Some(kernel_target_cores(w, p)),
+            _ => None,
+        };
+        out.push(Pair {
+            round: c.round,
+            qd: c.qd,
+            drives: c.drives,
+            initiator: c.initiator,
+            serve: s.and_then(|s| s.figures),
+            kernel: k.and_then(|k| k.figures),
+            initiator_us_per_io: per_io.map(|p| p * 1e6),
+            kernel_cores,
+        });
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -> Result<()> {
+    writeln!(
+        m,
+        "\n## Fabric: usnvme serve against the kernel's nvmet-tcp (one boot, NVMe/TCP on loopback)\n"
+    )?;
+    let Some(r) = results else {
+        writeln!(m, "Not run ({why_not}).")?;
+        return Ok(());
+    };
+    let rounds = r.runs.iter().map(|x| x.case.round).max().unwrap_or(0);
+    writeln!(
+        m,
+        "One boot of the test bed (QEMU under software emulation, TCG, 2 vCPUs; 24 null-backed \
+         emulated drives, the first 12 on the kernel's nvme driver, the other 12 on vfio-pci): \
+         **emulation-ceiling figures** — every doorbell and DMA of the emulated drives and every \
+         instruction of both vCPUs is emulated in software, on a host whose cores QEMU's device \
+         emulation shares with the vCPUs — not hardware ones; only the comparison within the \
+         boot means something. The same initiator against both targets: the guest kernel's \
+         nvme-tcp host (`nvme connect -t tcp -a 127.0.0.1`, 2 I/O queues of 128 entries) and \
+         fio with io_uring (`--direct=1`) on the block devices it creates, pinned to CPU \
+         {INITIATOR_CPU}. Targets: `usnvme serve -c {TARGET_CPU}` (one reactor, polling CPU \
+         {TARGET_CPU}) on vfio-pci drives, port 4420; the kernel's nvmet-tcp on the block \
+         devices of drives left on the nvme driver, port 4421, set up through configfs. The \
+         kernel target cannot be pinned: its work runs in nvmet-tcp's per-CPU workers, queued \
+         on the CPU where its socket's packets arrive, which on loopback is the CPU that sent \
+         them — fio's CPU {INITIATOR_CPU} — and in the nvme driver's interrupts. 4 KiB random \
+         reads, QD per namespace (fio's iodepth = QD × namespaces, one job), {} s per run after \
+         1 s of ramp-up, {rounds} round(s): odd rounds run `usnvme serve` first, even rounds \
+         the kernel's.\n",
+        r.seconds
+    )?;
+    writeln!(
+        m,
+        "*Target cores.* `usnvme serve` polls: its cores are its reactors, {SERVE_REACTORS}, \
+         busy or not. The kernel target's are estimated: around each run the script samples \
+         /proc/stat (all CPUs; busy = user + nice + system + irq + softirq + steal) and the \
+         reads completed on the initiator's block devices (ramp-up included, like the CPU \
+         time). Against `usnvme serve`, the initiator's CPU per I/O is (guest busy − \
+         {SERVE_REACTORS} core × wall) ÷ I/Os; against the kernel target in the same round and \
+         case, kernel target cores ≈ (guest busy − initiator CPU per I/O × I/Os) ÷ wall. \
+         Assumptions: the initiator (fio, io_uring, the nvme-tcp host) costs the same per I/O \
+         against either target; loopback delivers a packet in the sender's context, so each \
+         side's share includes the TCP receive work of what it sends — for both targets alike, \
+         as the serve's core also carries the delivery of its responses to the initiator; the \
+         rest of the guest (serve's accept thread, which sleeps 2 ms between polls, kernel \
+         housekeeping) is small against a run; the guest's tick-based CPU accounting is right \
+         on average under TCG. One more bias, against `usnvme serve`: its polling vCPU keeps a \
+         host core busy that QEMU's emulation of the drives would otherwise use, and the guest \
+         has no steal time under TCG: while the host runs something else, a vCPU's time is \
+         charged to whatever it was doing. An estimate below {MIN_CORES} core is shown but not \
+         used (at QD 1 the initiator's cost per I/O against `usnvme serve`, which waits on a \
+         polling target, overstates it).\n\n\
+         *Mean latency* is fio's `lat` (submission to completion); `clat` leaves the \
+         submission out, which for the kernel target holds much of the round trip: the nvme-tcp \
+         host sends inline on fio's CPU, and loopback runs the target's receive path within \
+         that send. Host load average (1, 5, 15 min) before the boot: {}; after: {}.\n",
+        r.host_load.0, r.host_load.1
+    )?;
+    if r.exit_code != 0 {
+        writeln!(
+            m,
+            "**The guest exited {} (124: time limit, 123: DMA faults, 125: QEMU died); runs that \
+             did not finish show as \"failed\".**\n",
+            r.exit_code
+        )?;
+    }
+    writeln!(
+        m,
+        "| round | drives | QD | target | initiator | IOPS | mean latency (µs) | clat mean (µs) | target cores | IOPS per target core | guest CPU busy (cpu0 / cpu1) |\n\
+         |---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|"
+    )?;
+    let pairs = pairs(r);
+    let k = |v: f64| format!("{:.2} k", v / 1e3);
+    for run in &r.runs {
+        let c = run.case;
+        let pair = pairs.iter().find(|p| {
+            p.round == c.round && p.qd == c.qd && p.drives == c.drives && p.initiator == c.initiator
+        });
+        let (cores, per_core) = match (c.target, pair) {
+            (Target::Usnvme, Some(p)) => (Some(f64::from(SERVE_REACTORS)), p.serve_iops_per_core()),
+            (Target::Kernel, Some(p)) => (p.kernel_cores, p.kernel_iops_per_core()),
+            (_, None) => (None, None),
+        };
+        let busy = run.window.as_ref().map_or("–".into(), |w| {
+            w.per_cpu_pct
+                .iter()
+                .map(|p| format!("{p:.0} %"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        });
+        let head = format!(
+            "| {} | {} | {} | {} | {} |",
+            c.round,
+            c.drives,
+            c.qd,
+            c.target.label(),
+            c.initiator.label()
+        );
+        match run.figures {
+            Some(f) => writeln!(
+                m,
+                "{head} {} | {:.1} | {:.1} | {} | {} | {busy} |",
+                k(f.iops),
+                f.lat_us,
+                f.clat_us,
+                cores.map_or("–".into(), |c| if c < MIN_CORES {
+                    format!("{c:.2} (unusable)")
+                } else {
+                    format!("{c:.2}")
+                }),
+                per_core.map_or("–".into(), k),
+            )?,
+            None => writeln!(m, "{head} failed | | | | | |")?,
+        }
+    }
+    writeln!(m)?;
+    for p in &pairs {
+        if let Some(us) = p.initiator_us_per_io {
+            writeln!(
+                m,
+                "- Round {}, {} drive(s), QD {}: initiator CPU per I/O {us:.0} µs (from the \
+                 `usnvme serve` run); kernel target cores ≈ {}; IOPS per target core, usnvme \
+                 serve ÷ kernel: {}.",
+                p.round,
+                p.drives,
+                p.qd,
+                p.kernel_cores.map_or("–".into(), |c| format!("{c:.2}")),
+                p.per_core_ratio()
+                    .map_or("–".into(), |x| format!("{x:.2} ×"))
+            )?;
+        }
+    }
+    // issue 15's goals, on one namespace; judged on the median over the rounds (each shown)
+    for initiator in Initiator::ALL {
+        let of = |qd: u32| -> Vec<&Pair> {
+            pairs
+                .iter()
+                .filter(|p| p.qd == qd && p.drives == 1 && p.initiator == initiator)
+                .collect()
+        };
+        let qd32 = of(32);
+        let ratios: Vec<f64> = qd32.iter().filter_map(|p| p.per_core_ratio()).collect();
+        let each = ratios
+            .iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match median(ratios.clone()) {
+            Some(x) => writeln!(
+                m,
+                "- **Goal (issue 15), {}: usnvme serve ≥ 2 × the kernel target's IOPS per target \
+                 core at 4 KiB randread QD 32, one namespace: {x:.2} × (median; each round: \
+                 {each}): {}.**",
+                initiator.label(),
+                if x >= 2.0 { "met" } else { "not met" }
+            )?,
+            None if qd32.is_empty() => {}
+            None => writeln!(
+                m,
+                "- Goal (issue 15), {}: IOPS per target core at QD 32: not measured (a run \
+                 failed).",
+                initiator.label()
+            )?,
+        }
+        let qd1 = of(1);
+        let lat: Vec<(f64, f64)> = qd1
+            .iter()
+            .filter_map(|p| Some((p.serve?.lat_us, p.kernel?.lat_us)))
+            .collect();
+        let (ours, theirs): (Vec<f64>, Vec<f64>) = lat.iter().copied().unzip();
+        match (median(ours), median(theirs)) {
+            (Some(a), Some(b)) => writeln!(
+                m,
+                "- **Goal (issue 15), {}: lower mean latency than the kernel target at 4 KiB \
+                 randread QD 1: {a:.1} µs against {b:.1} µs (medians; each round: {}): {}.**",
+                initiator.label(),
+                lat.iter()
+                    .map(|(a, b)| format!("{a:.1} vs {b:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if a < b { "met" } else { "not met" }
+            )?,
+            _ if qd1.is_empty() => writeln!(
+                m,
+                "- Goal (issue 15), {}: mean latency at QD 1: not run (`--quick`).",
+                initiator.label()
+            )?,
+            _ => writeln!(
+                m,
+                "- Goal (issue 15), {}: mean latency at QD 1: not measured (a run failed).",
+                initiator.label()
+            )?,
+        }
+    }
+    writeln!(
+        m,
+        "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
+         --kernel-nvme 12`):\n\n```sh\n{}```",
+        r.script
+    )?;
+    for (tag, log) in &r.serve_logs {
+        writeln!(m, "\n`usnvme serve` ({tag}) printed:\n\n```\n{log}```")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "up 100.50\nhz 100\nios 1000\n\
+        cpu  200 0 300 5000 10 0 50 0 0 0\n\
+        cpu0 100 0 150 2500 5 0 25 0 0 0\n\
+        cpu1 100 0 150 2500 5 0 25 0 0 0\n";
+
+    #[test]
+    fn reads_a_snapshot_and_the_window_between_two() {
+        let before = parse_snapshot(STAT).expect("parsed");
+        assert_eq!(before.uptime, 100.5);
+        assert_eq!(before.ios, 1000);
+        assert_eq!(before.cpus[0], ("cpu".to_string(), 550, 5560));
+        let after = parse_snapshot(
+            "up 110.50\nhz 100\nios 51000\n\
+             cpu  1200 0 800 5500 10 0 50 0 0 0\n\
+             cpu0 200 0 550 2750 5 0 25 0 0 0\n\
+             cpu1 1000 0 250 2750 5 0 25 0 0 0\n",
+        )
+        .expect("parsed");
+        let w = window(&before, &after).expect("a window");
+        assert_eq!(w.wall_s, 10.0);
+        assert_eq!(w.busy_s, 15.0);
+        assert_eq!(w.ios, 50_000);
+        assert_eq!(w.per_cpu_pct.len(), 2);
+        assert!((w.per_cpu_pct[0] - 100.0 * 500.0 / 750.0).abs() < 1e-9);
+        assert!((w.per_cpu_pct[1] - 100.0 * 1000.0 / 1250.0).abs() < 1e-9);
+        assert_eq!(parse_snapshot("up 1\nhz 100\ncpu 1 2 3\n"), None);
+        assert_eq!(parse_snapshot("garbage"), None);
+    }
+
+    #[test]
+    fn reads_fio_iops_and_mean_latencies() {
+        let fio =
+            "fio: some warning\n{\"jobs\": [{\"read\": {\"iops\": 1000.0, \"total_ios\": 3000, \
+                   \"lat_ns\": {\"mean\": 31000.0}, \"clat_ns\": {\"mean\": 30000.0}}}]}";
+        let f = parse_fio(fio).expect("parsed");
+        assert_eq!(f.iops, 1000.0);
+        assert_eq!(f.ios, 3000);
+        assert!((f.lat_us - 31.0).abs() < 1e-9);
+        assert!((f.clat_us - 30.0).abs() < 1e-9);
+        assert_eq!(parse_fio("not json"), None);
+        assert_eq!(
+            parse_fio("{\"jobs\": [{\"read\": {\"iops\": 0.0, \"total_ios\": 0, \"lat_ns\": {\"mean\": 0.0}, \"clat_ns\": {\"mean\": 0.0}}}]}"),
+            None
+        );
+    }
+
+    #[test]
+    fn estimates_the_kernel_targets_cores_from_the_initiators_cost_against_serve() {
+        // against serve: 10 s, 15 CPU-s busy, 1 core is the reactor: 5 CPU-s for 50 000 I/Os
+        let serve = Window {
+            wall_s: 10.0,
+            busy_s: 15.0,
+            per_cpu_pct: vec![],
+            ios: 50_000,
+        };
+        let per_io = initiator_cpu_per_io(&serve).expect("positive");
+        assert!((per_io - 100e-6).abs() < 1e-12);
+        // against the kernel: 12 CPU-s for 40 000 I/Os: 4 for the initiator, 8 for the target
+        let kernel = Window {
+            wall_s: 10.0,
+            busy_s: 12.0,
+            per_cpu_pct: vec![],
+            ios: 40_000,
+        };
+        assert!((kernel_target_cores(&kernel, per_io) - 0.8).abs() < 1e-9);
+        let idle = Window {
+            busy_s: 9.0,
+            ..serve
+        };
+        assert_eq!(initiator_cpu_per_io(&idle), None);
+    }
+
+    #[test]
+    fn pairs_give_the_per_core_ratio() {
+        let fig = |iops| Figures {
+            iops,
+            lat_us: 10.0,
+            clat_us: 9.0,
+            ios: 1,
+        };
+        let case = |target| Case {
+            round: 1,
+            target,
+            initiator: Initiator::KernelFio,
+            qd: 32,
+            drives: 1,
+        };
+        let results = FabricResults {
+            runs: vec![
+                Run {
+                    case: case(Target::Usnvme),
+                    figures: Some(fig(5000.0)),
+                    window: Some(Window {
+                        wall_s: 10.0,
+                        busy_s: 15.0,
+                        per_cpu_pct: vec![],
+                        ios: 50_000,
+                    }),
+                },
+                Run {
+                    case: case(Target::Kernel),
+                    figures: Some(fig(4000.0)),
+                    window: Some(Window {
+                        wall_s: 10.0,
+                        busy_s: 12.0,
+                        per_cpu_pct: vec![],
+                        ios: 40_000,
+                    }),
+                },
+            ],
+            seconds: 10,
+            exit_code: 0,
+            script: String::new(),
+            serve_logs: vec![],
+            host_load: ("1.00 0.50 0.25".into(), "2.00 1.00 0.50".into()),
+        };
+        let p = pairs(&results);
+        assert_eq!(p.len(), 1);
+        assert!((p[0].initiator_us_per_io.unwrap() - 100.0).abs() < 1e-6);
+        // 5000 per core against 4000 / 0.8 = 5000 per core
+        assert!((p[0].per_core_ratio().unwrap() - 1.0).abs() < 1e-9);
+        let mut m = String::new();
+        section(&mut m, Some(&results), "").unwrap();
+        assert!(m.contains("| 1 | 1 | 32 | usnvme serve | Linux nvme-tcp + fio io_uring | 5.00 k | 10.0 | 9.0 | 1.00 | 5.00 k |"), "{m}");
+        assert!(m.contains("| 1 | 1 | 32 | kernel nvmet-tcp | Linux nvme-tcp + fio io_uring | 4.00 k | 10.0 | 9.0 | 0.80 | 5.00 k |"), "{m}");
+        assert!(
+            m.contains("one namespace: 1.00 × (median; each round: 1.00): not met.**"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mean latency at QD 1: not run (`--quick`)"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn the_quick_run_is_one_case_against_both_targets_and_the_full_run_alternates() {
+        let quick = cases(true);
+        assert_eq!(quick.len(), 2);
+        assert_eq!(
+            quick.iter().map(|c| (c.target, c.qd)).collect::<Vec<_>>(),
+            [(Target::Usnvme, 32), (Target::Kernel, 32)]
+        );
+        let full = cases(false);
+        // 5 rounds of: each target at QD 32 and 1 on one namespace, then at QD 8 on twelve
+        assert_eq!(full.len(), 30);
+        assert_eq!(
+            full[..6]
+                .iter()
+                .map(|c| (c.target, c.drives, c.qd))
+                .collect::<Vec<_>>(),
+            [
+                (Target::Usnvme, 1, 32),
+                (Target::Usnvme, 1, 1),
+                (Target::Kernel, 1, 32),
+                (Target::Kernel, 1, 1),
+                (Target::Usnvme, 12, 8),
+                (Target::Kernel, 12, 8),
+            ]
+        );
+        assert_eq!((full[6].round, full[6].target), (2, Target::Kernel));
+        assert_eq!((full[12].round, full[12].target), (3, Target::Usnvme));
+    }
+
+    #[test]
+    fn the_script_starts_both_targets_runs_fio_between_snapshots_and_tears_down() {
+        let s = script(&cases(true), "/u", "/o", 5);
+        assert!(
+            s.contains(
+                "$USNVME serve $(first \"$VDEVS\" 1 | sed 's/^/-r /') -c 1 --listen 127.0.0.1:4420 \
+                 --nqn nqn.2014-08.org.usnvme:bench --allow-any-host > $OUT/r1-serve-d1.log 2>&1 &"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("USNVME=/u\nOUT=/o\n"), "{s}");
+        assert!(
+            s.contains(
+                "timeout 60 $NVME connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2014-08.org.usnvme:bench --hostnqn $HOSTNQN"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "[ -n \"$DEVS\" ] && timeout -s INT 45 $FIO --name=fabric --ioengine=io_uring \
+                 --direct=1 --rw=randread --bs=4k --iodepth=32 --numjobs=1 --cpus_allowed=0 \
+                 --time_based --runtime=5 --ramp_time=1 --output-format=json \
+                 --output=$OUT/r1-serve-kfio-qd32-d1.json --filename=$FILES \
+                 \"--exec_prerun=/bin/sh $OUT/snap.sh $OUT/r1-serve-kfio-qd32-d1.before $FILES\" \
+                 \"--exec_postrun=/bin/sh $OUT/snap.sh $OUT/r1-serve-kfio-qd32-d1.after $FILES\" \
+                 > /dev/null || { echo FAILED; rm -f $OUT/r1-serve-kfio-qd32-d1.json; }\n"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("FILES=$(echo $DEVS | tr ' ' :)\n"), "{s}");
+        assert!(s.contains("cd $OUT\n"), "{s}");
+        assert!(s.contains("cat > $OUT/snap.sh <<'SNAP'\n"), "{s}");
+        assert!(
+            s.contains("$NVME disconnect -n nqn.2014-08.org.usnvme:bench\n"),
+            "{s}"
+        );
+        assert!(s.contains("kill -TERM $SERVE"), "{s}");
+        // the kernel target, on a kernel-bound drive, and torn down in reverse order
+        for line in [
+            "S=$CFS/subsystems/nqn.2014-08.org.usnvme:bench-nvmet\n",
+            "mkdir $S && echo 1 > $S/attr_allow_any_host && READY=1\n",
+            "for d in $(first \"$KDEVS\" 1); do\n",
+            "echo /dev/$d > $S/namespaces/$i/device_path && echo 1 > $S/namespaces/$i/enable",
+            "echo 127.0.0.1 > $P/addr_traddr && echo 4421 > $P/addr_trsvcid && ln -s $S $P/subsystems/nqn.2014-08.org.usnvme:bench-nvmet",
+            "-s 4421 -n nqn.2014-08.org.usnvme:bench-nvmet",
+            "rm -f $P/subsystems/nqn.2014-08.org.usnvme:bench-nvmet\nrmdir $P\nfor n in $S/namespaces/*; do echo 0 > $n/enable; rmdir $n; done\nrmdir $S\n",
+        ] {
+            assert!(s.contains(line), "{line}\n---\n{s}");
+        }
+        // serve's block comes before the kernel's in round 1
+        assert!(s.find("-s 4420").unwrap() < s.find("-s 4421").unwrap());
+    }
+}
