@@ -145,6 +145,34 @@ fn a_timeout_kills_its_own_qemu_and_nothing_else() {
 
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn an_idle_guest_is_taken_for_hung_after_it_dumps_its_tasks_but_a_busy_one_is_not() {
+    // 30 s of work (longer than --hang-after), then asleep for good.
+    let program = "end=$(($(date +%s)+30)); while [ $(date +%s) -lt $end ]; do :; done; \
+                   echo busy-done; exec sleep 600";
+    let out = vm_run(
+        &["--drives", "1", "--hang-after", "15", "--timeout", "400"],
+        &["/bin/sh", "-c", program],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(122),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("busy-done"),
+        "the busy guest was taken for hung:\n{stdout}\n{stderr}"
+    );
+    // the guest's kernel answered the SysRq keys on the console
+    for dump in ["sysrq: Show Blocked State", "sysrq: Show State"] {
+        assert!(stdout.contains(dump), "no {dump:?}:\n{stdout}\n{stderr}");
+    }
+    assert!(stderr.contains("HLT=1"), "the vCPUs' state: {stderr}");
+    assert!(stderr.contains("the guest hung"), "{stderr}");
+}
+
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_dma_fault_fails_the_run_and_names_the_device() {
     let probe = program("vm-probe");
     let out = vm_run(&["--drives", "2"], &[&probe, "dma-fault", "0000:01:00.0"]);

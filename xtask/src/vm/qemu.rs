@@ -179,6 +179,9 @@ impl VmConfig {
         // for a kernel memory exposure and oopses the receiving thread (seen in the guest,
         // `usercopy_abort` from `tcp_recvmsg`). The check guards the kernel, not our code.
         s += " hardened_usercopy=off";
+        // vm-run's hang watchdog presses SysRq (w, t) on the emulated keyboard to learn where a
+        // hung guest is stuck.
+        s += " sysrq_always_enabled";
         if self.hugepages_bytes > 0 {
             s += &format!(
                 " hugepagesz=2M hugepages={}",

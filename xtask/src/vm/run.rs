@@ -10,18 +10,21 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::qemu::{self, Backend, KernelNvme, VmConfig};
+use super::watchdog::{self, IdleWatch};
 use super::{setup, vm_dir};
 use crate::cmd::sh_quote;
 
 /// Exit codes of vm-run itself (any other code is the program's).
+pub const EXIT_HUNG: u8 = 122;
 pub const EXIT_DMA_FAULT: u8 = 123;
 pub const EXIT_TIMEOUT: u8 = 124;
 pub const EXIT_VM_FAILED: u8 = 125;
 
 #[derive(Args, Debug, Clone)]
 #[command(
-    after_help = "Exit codes: the program's own; 123 DMA fault (unless --allow-dma-faults); \
-124 timeout (QEMU killed); 125 the guest never reported an exit code (kernel panic, QEMU error)."
+    after_help = "Exit codes: the program's own; 122 the guest hung idle (--hang-after; QEMU \
+killed); 123 DMA fault (unless --allow-dma-faults); 124 timeout (QEMU killed); 125 the guest never \
+reported an exit code (kernel panic, QEMU error)."
 )]
 pub struct RunArgs {
     /// Emulated NVMe controllers, each behind its own PCIe root port.
@@ -57,6 +60,11 @@ pub struct RunArgs {
     /// Seconds before QEMU is killed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Seconds of an idle guest (QEMU using under 5 % of a core) after which it is taken for
+    /// hung: its blocked tasks and CPUs are dumped on the console, then QEMU is killed. 0: never
+    /// (a program may sleep that long).
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    pub hang_after: u64,
     /// A QMP socket, e.g. to hot-remove a drive with device_del while I/O runs.
     #[arg(long, value_name = "SOCKET")]
     pub qmp: Option<PathBuf>,
@@ -166,6 +174,16 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         prepare_disks(&config, args.keep_disks)?;
     }
     let trace_log = run_dir.join("qemu-trace.log");
+    // The hang watchdog asks the guest why it hangs through QMP: a socket of our own unless the
+    // caller gave one. Under the host's /tmp: a clone's deep path could outgrow a socket name.
+    let own_qmp = config.qmp.is_none() && args.hang_after > 0;
+    if own_qmp {
+        config.qmp = Some(std::env::temp_dir().join(format!(
+            "usnvme-vm-{}-{}.qmp",
+            std::process::id(),
+            unique()
+        )));
+    }
     let qemu_args = config.qemu_args(&assets, Some(&script), &trace_log);
     if let Some(qmp) = &config.qmp {
         let _ = std::fs::remove_file(qmp);
@@ -196,18 +214,34 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     });
 
     let deadline = started + Duration::from_secs(args.timeout);
+    let mut idle_watch = IdleWatch::new(qemu_pid, Duration::from_secs(args.hang_after.max(1)));
+    let mut last_sample = started;
+    let mut hung = false;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break Some(status);
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline || hung {
             // Only our own QEMU, by PID.
             let _ = child.kill();
             let _ = child.wait();
             break None;
         }
+        if args.hang_after > 0 && now.duration_since(last_sample) >= Duration::from_secs(1) {
+            last_sample = now;
+            if idle_watch.idle(now) {
+                hung = true;
+                report_hang(args.hang_after, config.qmp.as_deref());
+            }
+        }
         std::thread::sleep(Duration::from_millis(20));
     };
+    if own_qmp {
+        if let Some(qmp) = &config.qmp {
+            let _ = std::fs::remove_file(qmp);
+        }
+    }
     let console = console.join().unwrap_or_default();
     let qemu_errors = qemu_errors.join().unwrap_or_default();
     let dma_faults = qemu::dma_faults(&std::fs::read_to_string(&trace_log).unwrap_or_default());
@@ -216,6 +250,13 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         .ok()
         .and_then(|s| s.trim().parse::<u8>().ok());
     let mut exit_code = match (status, guest_rc) {
+        (None, _) if hung => {
+            eprintln!(
+                "vm-run: the guest hung (idle for {} s with its program running); QEMU (pid {qemu_pid}) killed",
+                args.hang_after
+            );
+            EXIT_HUNG
+        }
         (None, _) => {
             eprintln!(
                 "vm-run: timed out after {} s; QEMU (pid {qemu_pid}) killed",
@@ -252,7 +293,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
                 faults[0]
             );
         }
-        if !args.allow_dma_faults && exit_code != EXIT_TIMEOUT {
+        if !args.allow_dma_faults && exit_code != EXIT_TIMEOUT && exit_code != EXIT_HUNG {
             exit_code = EXIT_DMA_FAULT;
         }
     }
@@ -261,12 +302,27 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             let _ = std::fs::remove_file(config.drive_image(k));
         }
     }
-    if exit_code == EXIT_VM_FAILED || exit_code == EXIT_TIMEOUT {
+    if [EXIT_VM_FAILED, EXIT_TIMEOUT, EXIT_HUNG].contains(&exit_code) {
         eprintln!("vm-run: run files kept in {}", run_dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&run_dir);
     }
     Ok(exit_code)
+}
+
+/// Says that the guest looks hung and has it dump its blocked tasks and CPUs on the console,
+/// which is given time to come out before QEMU is killed.
+fn report_hang(idle_secs: u64, qmp: Option<&Path>) {
+    eprintln!(
+        "vm-run: the guest has been idle for {idle_secs} s while its program runs: \
+         asking its kernel for its blocked tasks and every task's stack (SysRq w, t) before killing it"
+    );
+    match qmp.map(watchdog::ask_why) {
+        Some(Ok(state)) => eprintln!("vm-run: {state}"),
+        Some(Err(e)) => eprintln!("vm-run: QMP: {e:#}"),
+        None => eprintln!("vm-run: no QMP socket"),
+    }
+    std::thread::sleep(Duration::from_secs(15));
 }
 
 /// The guest mounts its own file systems on these host folders (a tmpfs on /tmp and /run, its

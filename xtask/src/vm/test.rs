@@ -81,35 +81,47 @@ pub fn run(args: VmTestArgs) -> Result<()> {
         )?;
     }
     if !args.harness_only {
-        if let Err(e) = guest_suites(args.filter.as_deref()) {
-            if e.downcast_ref::<GuestDied>().is_none() {
-                return Err(e);
-            }
-            // QEMU under TCG has crashed this way (7.2: SIGSEGV in memory_region_dispatch_write,
-            // a vCPU's MMIO write racing a memory map change), and once sat idle with every
-            // vCPU asleep mid-suite: the emulator, not a suite (whose reactors never sleep).
-            // Once more, from scratch (fresh images); a second death fails the run.
-            eprintln!("vm-test: {e}: running the guest suites once more, from scratch");
-            guest_suites(args.filter.as_deref())?;
-        }
+        guest_suites(args.filter.as_deref())?;
     }
     Ok(())
 }
 
-/// The guest ended without an exit code (kernel panic or QEMU died: vm-run's exit code 125),
-/// or outlived the suites' time limit (124).
-#[derive(Debug)]
-struct GuestDied;
+/// Boots the guest suites may take: the first, and one more for each time the guest dies or
+/// hangs (each resumes at the suite it was in).
+const MAX_BOOTS: usize = 3;
 
-impl std::fmt::Display for GuestDied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(
-            "the guest ended without an exit code or hung (vm-run exit code 125 or 124; the reason is above)",
-        )
-    }
+/// Written by the suite script on the work share: `start NAME IMAGE_BYTES STAMP_BYTES` before a
+/// suite (the sizes of the two expectation files then) and `end NAME RC` after it.
+const PROGRESS: &str = "vm-test-progress.txt";
+
+/// What a boot's progress file says: the suites it finished, with their exit codes, and the
+/// expectation files' sizes when the suite it was in began.
+#[derive(Debug, Default, PartialEq)]
+struct Progress {
+    ended: Vec<(String, i32)>,
+    started: Option<(String, u64, u64)>,
 }
 
-impl std::error::Error for GuestDied {}
+fn read_progress(text: &str) -> Progress {
+    let mut p = Progress::default();
+    for line in text.lines() {
+        match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["start", name, images, stamps] => {
+                p.started = Some((
+                    name.to_string(),
+                    images.parse().unwrap_or(0),
+                    stamps.parse().unwrap_or(0),
+                ));
+            }
+            ["end", name, rc] => {
+                p.ended.push((name.to_string(), rc.parse().unwrap_or(-1)));
+                p.started = None;
+            }
+            _ => {}
+        }
+    }
+    p
+}
 
 fn guest_suites(filter: Option<&str>) -> Result<()> {
     let root = crate::workspace_root();
@@ -155,27 +167,11 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
             filter = None;
         }
     }
+    let names: Vec<String> = suites.iter().map(suite_name).collect();
     let work = vm_dir().join("work");
     std::fs::create_dir_all(&work)?;
     let script = work.join("vm-test-suites.sh");
-    let mut s = String::from("# written by cargo xtask vm-test\nfailed=0; passed=0\n");
-    for exe in &suites {
-        let name = exe
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut line = format!(
-            "{} --ignored --test-threads=1 --color never",
-            sh_quote(&exe.display().to_string())
-        );
-        if let Some(f) = filter {
-            line += &format!(" {}", sh_quote(f));
-        }
-        s += &format!("echo \"=== {name}\"\nif {line}; then passed=$((passed+1)); else failed=$((failed+1)); fi\n");
-    }
-    s += "echo \"vm-test: suites: $passed passed, $failed failed\"\n[ $failed = 0 ]\n";
-    std::fs::write(&script, s)?;
-
+    let progress = work.join(PROGRESS);
     let disk_dir = vm_dir().join("test-disks");
     let _ = std::fs::remove_dir_all(&disk_dir);
     let expectations = work.join(EXPECTATIONS);
@@ -187,8 +183,10 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         backend: Backend::File,
         numa_nodes: 2,
         logical_block_size: vec![512, 4096],
-        // The suites take 8 minutes on QEMU 10 (13 under load): a hang costs this, then a retry.
+        // The suites take 8 minutes on QEMU 10 (13 under load).
         timeout: 1000,
+        // A guest idle this long mid-suite is hung (the suites' waits are seconds at most).
+        hang_after: 120,
         keep_disks: true,
         disk_dir: Some(disk_dir.clone()),
         env: vec![
@@ -197,19 +195,78 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         ],
         ..RunArgs::for_program(vec!["/bin/sh".into(), script.display().to_string()])
     };
-    eprintln!(
-        "vm-test: {} suite(s) in one boot on {SUITE_DRIVES} drives",
-        suites.len()
-    );
-    let exit_code = run::run(&args)?;
-    if exit_code == run::EXIT_VM_FAILED || exit_code == run::EXIT_TIMEOUT {
-        return Err(GuestDied.into());
-    }
-    if exit_code != 0 {
-        bail!(
-            "vm-test: the VM test suites failed (vm-run exit code {})",
-            exit_code
+    // Suites that ended with a failure, over every boot.
+    let mut failed: Vec<String> = Vec::new();
+    let mut from = 0;
+    for boot in 1..=MAX_BOOTS {
+        let mut s = String::from("# written by cargo xtask vm-test\nfailed=0\n");
+        let size = |f: &Path| {
+            format!(
+                "$(cat {} 2>/dev/null | wc -c)",
+                sh_quote(&f.display().to_string())
+            )
+        };
+        let log = sh_quote(&progress.display().to_string());
+        for (exe, name) in suites.iter().zip(&names).skip(from) {
+            let mut line = format!(
+                "{} --ignored --test-threads=1 --color never",
+                sh_quote(&exe.display().to_string())
+            );
+            if let Some(f) = filter {
+                line += &format!(" {}", sh_quote(f));
+            }
+            s += &format!(
+                "echo \"start {name} {} {}\" >> {log}\necho \"=== {name}\"\n{line}\nrc=$?\necho \"end {name} $rc\" >> {log}\n[ $rc = 0 ] || failed=$((failed+1))\n",
+                size(&expectations),
+                size(&stamp_expectations),
+            );
+        }
+        s += "[ $failed = 0 ]\n";
+        std::fs::write(&script, s)?;
+        let _ = std::fs::remove_file(&progress);
+        eprintln!(
+            "vm-test: {} suite(s) in one boot on {SUITE_DRIVES} drives",
+            suites.len() - from
         );
+        let exit_code = run::run(&args)?;
+        let boot_progress = read_progress(&std::fs::read_to_string(&progress).unwrap_or_default());
+        failed.extend(
+            boot_progress
+                .ended
+                .iter()
+                .filter(|(_, rc)| *rc != 0)
+                .map(|(name, _)| name.clone()),
+        );
+        if ![run::EXIT_VM_FAILED, run::EXIT_TIMEOUT, run::EXIT_HUNG].contains(&exit_code) {
+            if exit_code != 0 && failed.is_empty() {
+                bail!("vm-test: the VM test suites failed (vm-run exit code {exit_code})");
+            }
+            break;
+        }
+        // The guest died or hung in a suite: the suites it finished stand, the one it was in
+        // runs again in a new boot on the same images, with what that suite had recorded for
+        // the host's image check dropped (it is recorded again).
+        if boot == MAX_BOOTS {
+            bail!(
+                "vm-test: the guest died or hung {MAX_BOOTS} times (vm-run exit code {exit_code}; the reason is above)"
+            );
+        }
+        from += boot_progress.ended.len();
+        if let Some((name, images, stamps)) = &boot_progress.started {
+            truncate(&expectations, *images)?;
+            truncate(&stamp_expectations, *stamps)?;
+            eprintln!(
+                "vm-test: the guest died or hung in {name} (vm-run exit code {exit_code}; the reason is above): \
+                 running the suites from {name} on in a new boot"
+            );
+        } else {
+            eprintln!(
+                "vm-test: the guest died or hung before a suite began (vm-run exit code {exit_code}): booting again"
+            );
+        }
+    }
+    if !failed.is_empty() {
+        bail!("vm-test: VM test suites failed: {}", failed.join(", "));
     }
     let checked = check_images(&expectations, &disk_dir)?;
     let ranges = check_stamp_ranges(&stamp_expectations, &disk_dir)?;
@@ -223,6 +280,17 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         scan.images
     );
     Ok(())
+}
+
+/// Cuts `file` back to its first `len` bytes (a file that is not there stays so).
+fn truncate(file: &Path, len: u64) -> Result<()> {
+    match std::fs::OpenOptions::new().write(true).open(file) {
+        Ok(f) => f
+            .set_len(len)
+            .with_context(|| format!("vm-test: truncating {}", file.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("vm-test: opening {}", file.display())),
+    }
 }
 
 /// Written by the guest tests (`usnvme_tests::expect_stamps_on_host`):
@@ -502,7 +570,32 @@ fn test_executables(json: &str) -> Vec<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::test_executables;
+    use super::{read_progress, test_executables, truncate, Progress};
+
+    #[test]
+    fn progress_names_the_suites_ended_and_the_one_the_guest_was_in() {
+        let p = read_progress(
+            "start vm_a-1 0 0\nend vm_a-1 0\nstart vm_b-2 10 20\nend vm_b-2 101\nstart vm_c-3 30 40\n",
+        );
+        assert_eq!(
+            p,
+            Progress {
+                ended: vec![("vm_a-1".into(), 0), ("vm_b-2".into(), 101)],
+                started: Some(("vm_c-3".into(), 30, 40)),
+            }
+        );
+        // a boot that ended cleanly: nothing started and unfinished; a torn last line is ignored
+        let p = read_progress("start vm_a-1 0 0\nend vm_a-1 0\nsta");
+        assert_eq!(p.started, None);
+        assert_eq!(p.ended.len(), 1);
+        let f = std::env::temp_dir().join(format!("usnvme-trunc-{}", std::process::id()));
+        std::fs::write(&f, b"0123456789").unwrap();
+        truncate(&f, 4).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"0123");
+        std::fs::remove_file(&f).unwrap();
+        truncate(&f, 0).unwrap();
+        assert!(!f.exists());
+    }
 
     #[test]
     fn finds_what_the_guest_wrote_in_the_image_and_refuses_anything_else() {

@@ -1,0 +1,184 @@
+//! Telling a hung guest from a busy one, and asking it why it hangs.
+//!
+//! Under TCG the guest has, a few times in many runs, sat idle mid-suite with every vCPU asleep,
+//! while the program it ran never sleeps for long (perf's reactors spin). Waiting out the run's
+//! time limit then costs a quarter of an hour. A guest whose QEMU burns almost no CPU for a
+//! whole minute while its program should be running is hung: before it is killed, the guest's
+//! kernel is asked (magic SysRq through the emulated keyboard) to print its blocked tasks and
+//! every CPU's backtrace on the console, so the run's log says where it stuck.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// QEMU's CPU time (user + system, all threads) so far, from /proc; None once it is gone.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: the fields after it start past its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state): utime and stime are fields 14 and 15.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // In USER_HZ, which Linux fixes at 100 on x86-64 whatever the kernel's own tick.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Below this share of one host core over a whole window, the guest is idle: an emulated guest
+/// that runs anything at all keeps QEMU far busier.
+const IDLE_SHARE: f64 = 0.05;
+
+/// Watches QEMU's CPU use over a sliding window of `window`.
+pub struct IdleWatch {
+    pid: u32,
+    window: Duration,
+    /// (when, QEMU's CPU time then), oldest first, spanning at most one window.
+    samples: std::collections::VecDeque<(Instant, Duration)>,
+}
+
+impl IdleWatch {
+    pub fn new(pid: u32, window: Duration) -> IdleWatch {
+        IdleWatch {
+            pid,
+            window,
+            samples: Default::default(),
+        }
+    }
+
+    /// Takes a sample; true when QEMU used less than IDLE_SHARE of a core over the last window.
+    pub fn idle(&mut self, now: Instant) -> bool {
+        let Some(cpu) = cpu_time(self.pid) else {
+            return false;
+        };
+        self.samples.push_back((now, cpu));
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|&(t, _)| now.duration_since(t) >= self.window)
+        {
+            self.samples.pop_front();
+        }
+        let Some(&(first, first_cpu)) = self.samples.front() else {
+            return false;
+        };
+        let span = now.duration_since(first);
+        span >= self.window
+            && cpu.saturating_sub(first_cpu).as_secs_f64() < IDLE_SHARE * span.as_secs_f64()
+    }
+}
+
+/// Sends QMP commands to the QEMU at `socket`; returns each command's reply (events skipped).
+pub fn qmp(
+    socket: &Path,
+    commands: &[serde_json::Value],
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    use anyhow::Context;
+    let stream = UnixStream::connect(socket)
+        .with_context(|| format!("no QMP socket at {}", socket.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let mut read = || -> anyhow::Result<serde_json::Value> {
+        let mut line = String::new();
+        reader.read_line(&mut line).context("QMP: no reply")?;
+        serde_json::from_str(&line).with_context(|| format!("QMP: not JSON: {line:?}"))
+    };
+    read()?; // the greeting
+    let mut replies = Vec::new();
+    let hello = serde_json::json!({"execute": "qmp_capabilities"});
+    for (i, c) in std::iter::once(&hello).chain(commands).enumerate() {
+        writeln!(writer, "{c}")?;
+        let reply = loop {
+            let r = read()?;
+            if r.get("event").is_none() {
+                break r;
+            }
+        };
+        if i > 0 {
+            replies.push(reply);
+        }
+    }
+    Ok(replies)
+}
+
+/// The QMP command that presses Alt+SysRq+`key` on the guest's keyboard.
+fn sysrq(key: &str) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = ["alt", "sysrq", key]
+        .iter()
+        .map(|k| serde_json::json!({"type": "qcode", "data": k}))
+        .collect();
+    serde_json::json!({"execute": "send-key", "arguments": {"keys": keys}})
+}
+
+/// Asks the guest for its blocked tasks (SysRq w) and every task's state and stack (SysRq t), which its
+/// kernel prints on the console, and returns what QEMU says its vCPUs are doing.
+pub fn ask_why(socket: &Path) -> anyhow::Result<String> {
+    let replies = qmp(
+        socket,
+        &[
+            serde_json::json!({"execute": "query-status"}),
+            serde_json::json!({"execute": "human-monitor-command",
+                               "arguments": {"command-line": "info registers -a"}}),
+            sysrq("w"),
+            sysrq("t"),
+        ],
+    )?;
+    let status = replies
+        .first()
+        .map(|r| r["return"]["status"].to_string())
+        .unwrap_or_default();
+    // Of the registers, where each vCPU is and whether it is halted.
+    let registers = replies
+        .get(1)
+        .and_then(|r| r["return"].as_str())
+        .unwrap_or_default();
+    let mut s = format!("QEMU status {status}");
+    for line in registers.lines() {
+        let line = line.trim();
+        if line.starts_with("CPU#") || line.starts_with("RIP=") || line.contains("HLT=") {
+            s += &format!("; {line}");
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cpu_time, IdleWatch};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_busy_process_is_not_idle_and_a_sleeping_one_is() {
+        // This test process burns CPU in a loop: never idle over the window.
+        let me = std::process::id();
+        assert!(cpu_time(me).is_some());
+        let mut watch = IdleWatch::new(me, Duration::from_millis(300));
+        let start = Instant::now();
+        let mut spins = 0u64;
+        let mut seen_idle = false;
+        while start.elapsed() < Duration::from_millis(700) {
+            for _ in 0..100_000 {
+                spins = std::hint::black_box(spins.wrapping_add(1));
+            }
+            seen_idle |= watch.idle(Instant::now());
+        }
+        assert!(!seen_idle, "a spinning process was taken for idle");
+        // A child that sleeps uses no CPU: idle once a whole window has passed.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep");
+        let mut watch = IdleWatch::new(child.id(), Duration::from_millis(300));
+        let start = Instant::now();
+        assert!(!watch.idle(start), "idle before a window has passed");
+        let mut idle = false;
+        while !idle && start.elapsed() < Duration::from_secs(4) {
+            std::thread::sleep(Duration::from_millis(50));
+            idle = watch.idle(Instant::now());
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(idle, "a sleeping process was never taken for idle");
+        assert!(cpu_time(u32::MAX).is_none());
+    }
+}
