@@ -6,16 +6,19 @@
 //!   vm-memory [`GuestMemoryMmap`](vm_memory::GuestMemoryMmap) addressed by IOVA, through which the
 //!   software controller translates device addresses: only what is mapped is reachable.
 //! - [`BufferPool`]: per-owner fixed-size [`DmaBuffer`]s from one region; O(1), lock-free.
+//! - [`readv_volatile`] / [`writev_volatile`]: socket I/O straight into and out of DMA memory.
 
 mod iova;
 mod memory;
 mod pool;
 mod space;
+mod vectored;
 
 pub use iova::{IovaAllocator, IovaError};
 pub use memory::{hugepage_status, Memory, MemoryError, NodeHugepages, PageSize};
 pub use pool::{BufferPool, DmaBuffer, ForeignBuffer, PoolError};
 pub use space::{DmaMapper, DmaRegion, IovaSpace, MapError, NoIommu};
+pub use vectored::{readv_volatile, writev_volatile, MAX_PARTS};
 
 /// The vm-memory address space of an [`IovaSpace`]: a [`vm_memory::GuestAddress`] is an IOVA.
 pub type IovaMemory = vm_memory::GuestMemoryMmap;

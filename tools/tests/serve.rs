@@ -273,6 +273,8 @@ fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buff
             && s["connections"] == 0
             && s["controllers"] == 0
             && s["buffers_in_use"] == 0
+            // every write's data went straight from the socket into a DMA buffer
+            && s["data_copied"] == 0
     });
 }
 

@@ -139,6 +139,24 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// CRC32C of DMA memory. DMA memory is never borrowed as `&[u8]` (a device may share it), so
+/// it is read through volatile copies, a page at a time into a buffer on the stack that stays
+/// in the L1 cache.
+pub fn crc32c_volatile(data: &vm_memory::VolatileSlice<'_>) -> u32 {
+    let mut piece = [0u8; 4096];
+    let mut crc = 0;
+    let mut at = 0;
+    while at < data.len() {
+        let n = (data.len() - at).min(piece.len());
+        if let Ok(part) = data.subslice(at, n) {
+            part.copy_to(&mut piece[..n]);
+        }
+        crc = crc32c::crc32c_append(crc, &piece[..n]);
+        at += n;
+    }
+    crc
+}
+
 /// Fatal Error Status of a TermReq, with the information the specification attaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FatalError {

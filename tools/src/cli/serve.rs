@@ -294,6 +294,7 @@ fn status_json(
         "commands": load(&counters.commands),
         "bytes_sent": load(&counters.bytes),
         "buffers_in_use": load(&counters.buffers_in_use),
+        "data_copied": load(&counters.data_copied),
     })
 }
 

@@ -37,6 +37,9 @@ pub const ASYNC_EVENT_LIMIT: usize = 4;
 /// The largest Get Log Page transfer answered: more than any of our logs, and a bound on what a
 /// host's NUMD makes us allocate.
 pub const MAX_LOG_BYTES: usize = 1 << 20;
+/// The most data one admin command's answer carries (Identify and the log pages are 4 KiB or
+/// less; a longer Get Log Page reads zeroes past the log's end).
+pub const MAX_ADMIN_DATA: usize = 8192;
 
 /// Bytes of every Identify data structure.
 pub const IDENTIFY_BYTES: usize = 4096;

@@ -1,7 +1,7 @@
 //! One NVMe/TCP connection of the target: PDUs in, commands out to the block devices (through
-//! a [`Backend`]), responses back. No socket here: the caller feeds received bytes to
-//! [`Connection::receive`] and writes [`Connection::outgoing`], so tests and the fuzzer drive
-//! the same state machine the reactors do.
+//! a [`Backend`]), responses back. No socket here: the caller hands it a byte source and sink
+//! ([`ReadWire`] / [`WriteWire`]: the socket, or memory in tests and the fuzzer), so tests and
+//! the fuzzer drive the same state machine the reactors do.
 //!
 //! A connection is set up by ICReq/ICResp, then a Fabrics Connect makes it an admin queue
 //! (which creates a controller) or an I/O queue (of an existing controller). Everything the
@@ -9,19 +9,33 @@
 //! C2HTermReq naming the field, and the commands in flight are drained (their buffers given
 //! back) before the connection is dropped. Memory is bounded by what the target advertises:
 //! queue entries, in-capsule size and MAXH2CDATA.
+//!
+//! Zero copy: a write's data (in-capsule or H2CData) is received straight into the command's
+//! DMA buffer, and a read's data is sent straight from it (one `writev` of header, buffer and
+//! response). Headers, and data the connection itself consumes (Connect, Dataset Management
+//! ranges), go through the connection's own receive buffer. Headers are read ahead in batches
+//! (one `read` for many commands) only after a long run of PDUs without data for the drives
+//! and while no R2T awaits its data; otherwise the connection reads exactly one header ahead,
+//! so the next PDU's data is not pulled into the header buffer. (When it was, as for the
+//! first write after a long run of reads, those bytes are copied over and counted in
+//! [`Connection::copied`].)
 
+use std::collections::VecDeque;
+use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::{Cqe, Sqe, Status};
+use vm_memory::VolatileSlice;
 
 use super::admin::{self, ConnectData, FabricsCommand, Features};
 use super::registry::{Controller, Registry};
+use super::wire::{ReadWire, WriteWire};
 use super::SubsystemInfo;
 use crate::block::Op;
 use crate::fabric::pdu::{
-    self, flags, CommonHeader, DataHeader, Digests, FatalError, IcReq, IcResp, Limits, OutHeader,
-    PduType, COMMON_HEADER, DIGEST, PFV_1_0,
+    self, flags, CommonHeader, DataHeader, Digests, FatalError, IcReq, IcResp, Layout, Limits,
+    OutHeader, PduType, CAPSULE_CMD_HEADER, COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
 };
 
 /// PDU types a target receives.
@@ -48,14 +62,31 @@ const KEEP_ALIVE: u8 = 0x18;
 const SGL_IN_CAPSULE: u8 = 0x01;
 const SGL_TRANSPORT: u8 = 0x5a;
 
+/// PDUs in a row without data for the drives after which headers are read ahead in batches
+/// (one `read` for many commands): a host that only reads gets batched reads, one that also
+/// writes gets its write data straight into the DMA buffers.
+const QUIET_BEFORE_READ_AHEAD: u16 = 64;
+/// Most bytes one [`Connection::receive_from`] takes before it lets the reactor serve others.
+const READ_BUDGET: usize = 1 << 20;
+/// Reading stops while more header bytes than this wait to be sent (the host is not reading
+/// its responses): TCP then pushes back on the host, and the transmit buffer stays bounded.
+const TX_HIGH_WATER: usize = 16 << 10;
+/// Transmit bytes one command can add when it completes: a C2HData header padded to the
+/// host's alignment (at most 128 bytes), a data digest, a CapsuleResp with its digest.
+const TX_PER_COMMAND: usize = 128 + DIGEST + SHORT_HEADER + DIGEST;
+/// Transmit bytes one received PDU can add: an IcResp, a TermReq with the offending header, or
+/// an admin command's data (with its C2HData header and digest) and response.
+const TX_PER_PDU: usize = admin::MAX_ADMIN_DATA + 2 * 128 + 4 * DIGEST + SHORT_HEADER;
+
 /// What the drives under the target do for a connection. Tokens are the connection's own
 /// (one per command slot); the caller maps them to its block devices' tokens.
 pub trait Backend {
     /// A buffer of `len` bytes for command `token`'s data; false when none is free now (the
     /// command then fails with "Namespace Not Ready"-like busy status and the host retries).
     fn reserve(&mut self, token: u16, len: usize) -> bool;
-    /// The host's data for a write, at `offset` of the command's buffer.
-    fn fill(&mut self, token: u16, offset: usize, bytes: &[u8]);
+    /// Command `token`'s buffer (at least the `len` bytes reserved): a write's data is received
+    /// into it and a read's data sent from it, in place.
+    fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>>;
     /// Starts `op` on namespace index `ns` at byte `offset`, `len` bytes; the result comes
     /// back through [`Connection::complete`].
     fn submit(
@@ -66,8 +97,6 @@ pub trait Backend {
         offset: u64,
         len: u64,
     ) -> Result<(), Status>;
-    /// A read's data, from `offset` of the command's buffer, into `dst`.
-    fn copy_out(&mut self, token: u16, offset: usize, dst: &mut [u8]);
     /// The command is done with its buffer.
     fn release(&mut self, token: u16);
     /// SMART / Health of the drives under the subsystem, aggregated.
@@ -79,6 +108,17 @@ pub trait Backend {
 pub struct ConnectionLimits {
     /// Most data in one H2CData PDU.
     pub maxh2cdata: u32,
+}
+
+/// How a [`Connection::receive_from`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receive {
+    /// The source has nothing more now (or the read budget of this turn is used up).
+    Drained,
+    /// The source ended: the host closed the connection.
+    Ended,
+    /// Nothing is read now: the connection is closing, or its responses are backed up.
+    Paused,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,10 +160,56 @@ struct Slot {
     received: u32,
     /// Submitted to the backend (a reply is owed when it completes).
     submitted: bool,
+    /// Completed and answered; its data is still being sent from its buffer.
+    sending: bool,
     /// Backend completions still to come (a Dataset Management command has one per range).
     pending: u16,
     /// The first failure among its parts.
     failed: Option<Status>,
+}
+
+/// Data of the PDU being received that goes straight into a command's buffer.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    token: u16,
+    /// Where the PDU's data starts in the buffer, its length and how much has arrived.
+    offset: usize,
+    len: usize,
+    done: usize,
+    /// The PDU's header and padding, at the start of the receive buffer.
+    head: usize,
+    digest: bool,
+    /// H2CData: whether it is the transfer's last PDU; None for in-capsule data.
+    last: Option<bool>,
+}
+
+/// Where the PDU being received stands.
+#[derive(Debug, Clone, Copy)]
+enum RxState {
+    /// Its header is being read (from `rx_start`).
+    Header,
+    /// It is kept whole in the receive buffer (its data is the connection's own).
+    Whole(CommonHeader, Layout),
+    /// Its data goes into a command's buffer.
+    Data(Transfer),
+}
+
+/// What the receive side needs before it can go on.
+#[derive(Debug, Clone, Copy)]
+enum Need {
+    /// The start of a PDU: read a header's worth ahead.
+    Header,
+    /// Exactly this many more bytes (data of the drives may follow them).
+    Exact(usize),
+    /// This many more bytes, after which a new PDU starts (its header may be read ahead).
+    ThenHeader(usize),
+}
+
+/// A piece of what is to be sent: bytes of `tx`, or data from a command's buffer.
+#[derive(Debug, Clone, Copy)]
+enum Segment {
+    Bytes { at: usize, len: usize },
+    Data { token: u16, len: usize },
 }
 
 /// The state machine of one connection.
@@ -136,12 +222,25 @@ pub struct Connection {
     subsystem: Arc<SubsystemInfo>,
     registry: Arc<Registry>,
     limits: ConnectionLimits,
-    /// Received bytes not yet consumed (at most one PDU).
-    rx: Vec<u8>,
-    rx_capacity: usize,
-    /// Bytes to send, from `tx_sent` on.
+    /// Received bytes: the PDU being received starts at `rx_start`; `rx_end` is the end of
+    /// what was read (headers read ahead may follow it).
+    rx: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    rx_state: RxState,
+    /// PDUs in a row without data for the drives (saturating): headers are read ahead in
+    /// batches from [`QUIET_BEFORE_READ_AHEAD`] on.
+    quiet: u16,
+    /// R2Ts whose data has not all come: the next PDU may be an H2CData (a short header).
+    r2t_open: u16,
+    /// Data bytes that were read ahead into the header buffer and copied into a DMA buffer.
+    copied: u64,
+    /// What is to be sent, in order; bytes in `tx`, `tx_pending` of them not yet sent.
     tx: Vec<u8>,
-    tx_sent: usize,
+    segments: VecDeque<Segment>,
+    /// Bytes of the first segment already sent.
+    segment_sent: usize,
+    tx_pending: usize,
     slots: Box<[Slot]>,
     in_flight: usize,
     /// Why the connection ends, once it does.
@@ -167,46 +266,60 @@ impl Connection {
         limits: ConnectionLimits,
         peer: String,
     ) -> Connection {
-        let data = (subsystem.in_capsule_bytes.max(limits.maxh2cdata) as usize).max(1024);
-        // a header with its digest, padding up to the largest PDO, data and its digest
-        let rx_capacity = pdu::MAX_HEADER + 256 + data + DIGEST;
+        // What the connection keeps whole: a header with its digest, padding up to the
+        // largest PDO, in-capsule data for itself (Connect, ranges) and its digest.
+        let own_data = (subsystem.in_capsule_bytes as usize).max(1024);
+        let rx_capacity = pdu::MAX_HEADER + 256 + own_data + DIGEST;
+        let entries = subsystem.queue_entries as usize;
+        let tx_capacity = TX_HIGH_WATER + TX_PER_PDU + entries * TX_PER_COMMAND;
         Connection {
             phase: Phase::AwaitIcReq,
             digests: Digests::default(),
             host_alignment: 0,
             role: Role::None,
-            slots: vec![Slot::default(); subsystem.queue_entries as usize].into_boxed_slice(),
+            slots: vec![Slot::default(); entries].into_boxed_slice(),
             subsystem,
             registry,
             limits,
-            rx: Vec::with_capacity(rx_capacity),
-            rx_capacity,
-            tx: Vec::with_capacity(64 << 10),
-            tx_sent: 0,
+            rx: vec![0; rx_capacity].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            rx_state: RxState::Header,
+            quiet: 0,
+            r2t_open: 0,
+            copied: 0,
+            tx: Vec::with_capacity(tx_capacity),
+            // a data segment and the bytes after it per command, and a few more
+            segments: VecDeque::with_capacity(2 * entries + 8),
+            segment_sent: 0,
+            tx_pending: 0,
             in_flight: 0,
             closed: None,
             peer,
         }
     }
 
-    /// Bytes waiting to be sent.
-    pub fn outgoing(&self) -> &[u8] {
-        &self.tx[self.tx_sent..]
+    /// Whether anything waits to be sent.
+    pub fn has_outgoing(&self) -> bool {
+        !self.segments.is_empty()
     }
 
-    /// `n` bytes of [`Self::outgoing`] were sent.
-    pub fn sent(&mut self, n: usize) {
-        self.tx_sent = (self.tx_sent + n).min(self.tx.len());
-        if self.tx_sent == self.tx.len() {
-            self.tx.clear();
-            self.tx_sent = 0;
-        }
+    /// The transmit buffer's capacity and its segment queue's: preallocated, and they must
+    /// not grow (tests check).
+    pub fn tx_capacity(&self) -> (usize, usize) {
+        (self.tx.capacity(), self.segments.capacity())
+    }
+
+    /// Data bytes that were copied from the header buffer into a DMA buffer because they had
+    /// been read ahead with a header (0 while the host sends only data PDUs).
+    pub fn copied(&self) -> u64 {
+        self.copied
     }
 
     /// Why the connection is over, once it is and everything queued was sent and every
     /// command drained: the caller then closes the socket and drops the connection.
     pub fn finished(&self) -> Option<&str> {
-        let drained = self.in_flight_submitted() == 0 && self.outgoing().is_empty();
+        let drained = self.in_flight_submitted() == 0 && self.segments.is_empty();
         match &self.closed {
             Some(why) if drained => Some(why),
             _ => None,
@@ -215,45 +328,246 @@ impl Connection {
 
     /// Commands handed to the backend whose completion has not come back yet.
     pub fn in_flight_submitted(&self) -> usize {
-        self.slots.iter().filter(|s| s.busy && s.submitted).count()
+        self.slots
+            .iter()
+            .filter(|s| s.busy && s.submitted && !s.sending)
+            .count()
     }
 
     /// The host went away (connection reset, EOF): nothing more is sent; what the backend
     /// holds is drained as it completes.
     pub fn peer_gone(&mut self, why: &str, backend: &mut dyn Backend) {
         self.close(why.to_string(), backend);
+        while let Some(segment) = self.segments.pop_front() {
+            if let Segment::Data { token, .. } = segment {
+                self.data_sent(token, backend);
+            }
+        }
         self.tx.clear();
-        self.tx_sent = 0;
+        self.segment_sent = 0;
+        self.tx_pending = 0;
     }
 
-    /// Feeds received bytes; returns how many were taken (fewer than given only when the
-    /// connection is closing).
-    pub fn receive(&mut self, mut input: &[u8], backend: &mut dyn Backend) -> usize {
-        let given = input.len();
-        while !input.is_empty() && self.phase != Phase::Closing {
-            let want = self.bytes_wanted();
-            let take = want.saturating_sub(self.rx.len()).min(input.len());
-            self.rx.extend_from_slice(&input[..take]);
-            input = &input[take..];
-            if self.rx.len() < want {
-                continue;
-            }
-            if let Err(e) = self.process(backend) {
-                self.terminate(e, backend);
+    /// Feeds bytes from memory (tests, the fuzzer); returns how many were taken (fewer than
+    /// given only when the connection stopped reading).
+    pub fn receive(&mut self, input: &[u8], backend: &mut dyn Backend) -> usize {
+        let mut rest = input;
+        while !rest.is_empty() {
+            match self.receive_from(&mut rest, backend) {
+                Ok(Receive::Drained) => continue,
+                Ok(Receive::Ended | Receive::Paused) | Err(_) => break,
             }
         }
-        given - input.len()
+        input.len() - rest.len()
     }
 
-    /// How many bytes the PDU being received has in all, as far as known: the common header
-    /// first, then all of it once the header says how long it is.
-    fn bytes_wanted(&self) -> usize {
-        if self.rx.len() < COMMON_HEADER {
-            return COMMON_HEADER;
+    /// Reads from `src` and acts on what came, until it has nothing more now, ends, or the
+    /// connection stops reading. Write data goes straight into the commands' buffers.
+    pub fn receive_from<R: ReadWire + ?Sized>(
+        &mut self,
+        src: &mut R,
+        backend: &mut dyn Backend,
+    ) -> io::Result<Receive> {
+        let mut taken = 0;
+        loop {
+            if self.phase == Phase::Closing || self.tx_pending > TX_HIGH_WATER {
+                return Ok(Receive::Paused);
+            }
+            let need = match self.step(backend) {
+                Ok(None) => continue, // progress; more may be done with what is here
+                Ok(Some(need)) => need,
+                Err(e) => {
+                    self.terminate(e, backend);
+                    continue;
+                }
+            };
+            if taken >= READ_BUDGET {
+                return Ok(Receive::Drained);
+            }
+            let read = match self.read(src, need, backend) {
+                Ok(0) => return Ok(Receive::Ended),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Receive::Drained),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            taken += read;
         }
-        let plen = u32::from_le_bytes([self.rx[4], self.rx[5], self.rx[6], self.rx[7]]);
-        // an oversized PLEN is refused in `process`, before anything more is read
-        (plen as usize).clamp(COMMON_HEADER, self.rx_capacity)
+    }
+
+    /// One read from `src`: into the receive buffer, or (receiving a transfer) into the
+    /// command's buffer and, after it, into the receive buffer the data digest and the next
+    /// header. Counts what went where.
+    fn read<R: ReadWire + ?Sized>(
+        &mut self,
+        src: &mut R,
+        need: Need,
+        backend: &mut dyn Backend,
+    ) -> io::Result<usize> {
+        let hdgst = if self.digests.header { DIGEST } else { 0 };
+        // one header ahead: a short one while R2T data is expected, else a command capsule's
+        let peek = hdgst
+            + if self.r2t_open > 0 {
+                SHORT_HEADER
+            } else {
+                CAPSULE_CMD_HEADER
+            };
+        let have = self.rx_end - self.rx_start;
+        let mut want = match need {
+            Need::Header => peek.saturating_sub(have).max(1),
+            Need::Exact(n) => n,
+            Need::ThenHeader(n) => n + peek,
+        };
+        if let RxState::Data(t) = self.rx_state {
+            want = if t.digest { DIGEST } else { 0 } + peek;
+        } else if self.quiet >= QUIET_BEFORE_READ_AHEAD && self.r2t_open == 0 {
+            want = self.rx.len(); // as much as fits: reads only, lately
+        }
+        // Room at the end of the receive buffer: move what is kept to its start if needed.
+        if self.rx_start == self.rx_end {
+            (self.rx_start, self.rx_end) = (0, 0);
+        } else if self.rx.len() - self.rx_end < want && self.rx_start > 0 {
+            self.rx.copy_within(self.rx_start..self.rx_end, 0);
+            self.rx_end -= self.rx_start;
+            self.rx_start = 0;
+        }
+        let end = (self.rx_end + want).min(self.rx.len());
+        let tail = VolatileSlice::from(&mut self.rx[self.rx_end..end]);
+        let transfer = match self.rx_state {
+            RxState::Data(t) if t.done < t.len => Some(t),
+            _ => None,
+        };
+        let Some(t) = transfer else {
+            if tail.is_empty() {
+                return Err(io::Error::other("the receive buffer is full"));
+            }
+            let n = src.read_parts(&[tail])?;
+            self.rx_end += n;
+            return Ok(n);
+        };
+        let missing = t.len - t.done;
+        let data = backend
+            .buffer(t.token)
+            .and_then(|b| b.subslice(t.offset + t.done, missing).ok())
+            .ok_or_else(|| io::Error::other("a transfer without its buffer"))?;
+        let n = src.read_parts(&[data, tail])?;
+        let into_data = n.min(missing);
+        if let RxState::Data(t) = &mut self.rx_state {
+            t.done += into_data;
+        }
+        self.rx_end += n - into_data;
+        Ok(n)
+    }
+
+    /// Acts on what the receive buffer holds: None when something was done (call again),
+    /// else what is needed to go on.
+    fn step(&mut self, backend: &mut dyn Backend) -> Result<Option<Need>, FatalError> {
+        let have = self.rx_end - self.rx_start;
+        match self.rx_state {
+            RxState::Header => {
+                if have < COMMON_HEADER {
+                    return Ok(Some(Need::Header));
+                }
+                let b = self.rx_start;
+                let common: &[u8; COMMON_HEADER] = self.rx[b..b + COMMON_HEADER]
+                    .try_into()
+                    .map_err(|_| FatalError::Sequence("short header"))?;
+                let header = CommonHeader::parse(common, RECEIVED)?;
+                let layout = header.layout(&self.limits_now())?;
+                match (self.phase, header.pdu_type) {
+                    (Phase::AwaitIcReq, PduType::IcReq) => {}
+                    (Phase::AwaitIcReq, _) => {
+                        return Err(FatalError::Sequence("ICReq expected first"))
+                    }
+                    (_, PduType::IcReq) => return Err(FatalError::Sequence("a second ICReq")),
+                    _ => {}
+                }
+                let head = layout.header_bytes + layout.pad;
+                if have < head {
+                    return Ok(Some(Need::Exact(head - have)));
+                }
+                let hlen = header.pdu_type.header_len();
+                if layout.header_bytes > hlen {
+                    pdu::check_header_digest(&self.rx[b..b + layout.header_bytes], hlen)?;
+                }
+                self.rx_state = match self.transfer(&header, &layout, backend)? {
+                    Some(t) => {
+                        self.quiet = 0;
+                        RxState::Data(t)
+                    }
+                    None => {
+                        if header.plen as usize > self.rx.len() {
+                            return Err(FatalError::DataLimitExceeded(
+                                "PDU longer than advertised",
+                            ));
+                        }
+                        RxState::Whole(header, layout)
+                    }
+                };
+                Ok(None)
+            }
+            RxState::Whole(header, layout) => {
+                let plen = header.plen as usize;
+                if have < plen {
+                    return Ok(Some(Need::ThenHeader(plen - have)));
+                }
+                self.on_pdu(&header, &layout, backend)?;
+                if self.phase != Phase::Closing {
+                    self.rx_start += plen;
+                    self.rx_state = RxState::Header;
+                    self.quiet = self.quiet.saturating_add(1);
+                }
+                Ok(None)
+            }
+            RxState::Data(mut t) => {
+                let own = self.rx_start + t.head; // the receive buffer past the header
+                if t.done < t.len {
+                    let ahead = self.rx_end - own;
+                    if ahead == 0 {
+                        return Ok(Some(Need::Exact(t.len - t.done)));
+                    }
+                    // data read ahead with the header: copy it over
+                    let k = ahead.min(t.len - t.done);
+                    let into = backend
+                        .buffer(t.token)
+                        .and_then(|b| b.subslice(t.offset + t.done, k).ok())
+                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
+                    into.copy_from(&self.rx[own..own + k]);
+                    self.rx.copy_within(own + k..self.rx_end, own);
+                    self.rx_end -= k;
+                    t.done += k;
+                    self.copied += k as u64;
+                    self.rx_state = RxState::Data(t);
+                    return Ok(None);
+                }
+                let digest = if t.digest { DIGEST } else { 0 };
+                if self.rx_end - own < digest {
+                    return Ok(Some(Need::ThenHeader(digest - (self.rx_end - own))));
+                }
+                if t.digest {
+                    let got = u32::from_le_bytes([
+                        self.rx[own],
+                        self.rx[own + 1],
+                        self.rx[own + 2],
+                        self.rx[own + 3],
+                    ]);
+                    let data = backend
+                        .buffer(t.token)
+                        .and_then(|b| b.subslice(t.offset, t.len).ok())
+                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
+                    if pdu::crc32c_volatile(&data) != got {
+                        // A data digest error fails the command, not the connection (NVMe/TCP
+                        // 3.6.1.3): here it ends the connection too, which the host recovers
+                        // from by reconnecting.
+                        return Err(FatalError::field(0, "data digest"));
+                    }
+                }
+                self.rx_start = own + digest;
+                self.rx_state = RxState::Header;
+                self.transfer_done(t, backend);
+                Ok(None)
+            }
+        }
     }
 
     fn limits_now(&self) -> Limits {
@@ -268,90 +582,92 @@ impl Connection {
         }
     }
 
-    /// One PDU is in `rx` (or its common header, if that already fails).
-    fn process(&mut self, backend: &mut dyn Backend) -> Result<(), FatalError> {
-        let common: &[u8; COMMON_HEADER] = self.rx[..COMMON_HEADER]
-            .try_into()
-            .map_err(|_| FatalError::Sequence("short header"))?;
-        let header = CommonHeader::parse(common, RECEIVED)?;
-        let layout = header.layout(&self.limits_now())?;
-        if self.rx.len() < header.plen as usize {
-            return Ok(()); // (only while the common header alone was read)
-        }
-        if header.plen as usize > self.rx_capacity {
-            return Err(FatalError::DataLimitExceeded("PDU longer than advertised"));
-        }
-        match (self.phase, header.pdu_type) {
-            (Phase::AwaitIcReq, PduType::IcReq) => {}
-            (Phase::AwaitIcReq, _) => return Err(FatalError::Sequence("ICReq expected first")),
-            (_, PduType::IcReq) => return Err(FatalError::Sequence("a second ICReq")),
-            _ => {}
-        }
-        let hlen = header.pdu_type.header_len();
-        if layout.header_bytes > hlen {
-            pdu::check_header_digest(&self.rx[..layout.header_bytes], hlen)?;
-        }
-        let data_at = layout.header_bytes + layout.pad;
-        let data_end = data_at + layout.data;
-        if layout.data_digest {
-            let want = pdu::crc32c(&self.rx[data_at..data_end]);
-            let got = self.rx[data_end..data_end + DIGEST]
-                .try_into()
-                .map(u32::from_le_bytes)
-                .map_err(|_| FatalError::Sequence("short data digest"))?;
-            if want != got {
-                // A data digest error fails the command, not the connection (NVMe/TCP 3.6.1.3):
-                // here it ends the connection too, which the host recovers from by reconnecting.
-                return Err(FatalError::field(0, "data digest"));
-            }
-        }
-        let result = match header.pdu_type {
-            PduType::IcReq => self.on_ic_req(),
-            PduType::H2CTermReq => {
-                let (fes, fei) = pdu::parse_term_req(&self.rx).unwrap_or((0, 0));
-                self.close(
-                    format!("the host terminated the connection (FES {fes}, FEI {fei})"),
-                    backend,
-                );
-                Ok(())
-            }
-            PduType::CapsuleCmd => self.on_capsule(data_at, layout.data, backend),
-            PduType::H2CData => self.on_h2c_data(data_at, layout.data, backend),
-            _ => Err(FatalError::field(0, "PDU-Type")),
-        };
-        self.rx.clear();
-        result
-    }
-
-    fn on_ic_req(&mut self) -> Result<(), FatalError> {
-        let req = IcReq::parse(&self.rx)?;
-        self.digests = req.digests;
-        self.host_alignment = req.hpda;
-        self.phase = Phase::Ready;
-        let resp = IcResp {
-            pfv: PFV_1_0,
-            cpda: 0,
-            digests: req.digests,
-            maxh2cdata: self.limits.maxh2cdata,
-        };
-        self.tx.extend_from_slice(&resp.encode());
-        Ok(())
-    }
-
-    fn on_capsule(
+    /// Whether the data of the PDU whose header was just read goes straight into a command's
+    /// buffer: an I/O queue's Write with in-capsule data (a slot and buffer are taken for it
+    /// here) or an H2CData. Everything else, and a Write that fails its checks (answered once
+    /// the whole PDU is in), is kept whole.
+    fn transfer(
         &mut self,
-        data_at: usize,
-        data_len: usize,
+        header: &CommonHeader,
+        layout: &Layout,
         backend: &mut dyn Backend,
-    ) -> Result<(), FatalError> {
-        let sqe_bytes: &[u8; 64] = self.rx[8..72]
+    ) -> Result<Option<Transfer>, FatalError> {
+        let b = self.rx_start;
+        let head = layout.header_bytes + layout.pad;
+        match header.pdu_type {
+            PduType::H2CData => {
+                let (d, last) = self.check_h2c_data(layout.data)?;
+                Ok(Some(Transfer {
+                    token: d.ttag,
+                    offset: d.offset as usize,
+                    len: layout.data,
+                    done: 0,
+                    head,
+                    digest: layout.data_digest,
+                    last: Some(last),
+                }))
+            }
+            PduType::CapsuleCmd if layout.data > 0 && matches!(self.role, Role::Io { .. }) => {
+                let sqe = self.sqe_at(b)?;
+                let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
+                if sqe.cdw0 as u8 != WRITE {
+                    return Ok(None);
+                }
+                self.check_in_capsule(opcode, sgl_type, sgl_len, layout.data)?;
+                let token = self.free_slot()?;
+                let checked = self.check_io(&sqe, opcode, sgl_type, sgl_len, layout.data);
+                let Ok((ns, op, offset, len)) = checked else {
+                    return Ok(None);
+                };
+                if !backend.reserve(token, len as usize) {
+                    return Ok(None);
+                }
+                self.occupy(token, (sqe.cdw0 >> 16) as u16, ns, op, offset, len);
+                Ok(Some(Transfer {
+                    token,
+                    offset: 0,
+                    len: layout.data,
+                    done: 0,
+                    head,
+                    digest: layout.data_digest,
+                    last: None,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// All of a transfer's data is in its command's buffer (and its digest checked).
+    fn transfer_done(&mut self, t: Transfer, backend: &mut dyn Backend) {
+        let Some(slot) = self.slots.get_mut(t.token as usize) else {
+            return;
+        };
+        slot.received = (t.offset + t.len) as u32;
+        match t.last {
+            Some(false) => {}
+            Some(true) => {
+                self.r2t_open = self.r2t_open.saturating_sub(1);
+                self.submit(t.token, backend);
+            }
+            None => self.submit(t.token, backend),
+        }
+    }
+
+    fn sqe_at(&self, b: usize) -> Result<Sqe, FatalError> {
+        let sqe_bytes: &[u8; 64] = self.rx[b + 8..b + 72]
             .try_into()
             .map_err(|_| FatalError::field(2, "HLEN"))?;
-        let sqe = Sqe::from_bytes(sqe_bytes);
-        let cid = (sqe.cdw0 >> 16) as u16;
-        let opcode = sqe.cdw0 as u8;
-        let sgl_type = sqe.as_bytes()[39];
-        let sgl_len = sqe.prp2 as u32; // dword 8 of the SGL: its length
+        Ok(Sqe::from_bytes(sqe_bytes))
+    }
+
+    /// In-capsule data must be what the command's SGL describes, and fit IOCCSZ.
+    fn check_in_capsule(
+        &self,
+        opcode: u8,
+        sgl_type: u8,
+        sgl_len: u32,
+        data_len: usize,
+    ) -> Result<(), FatalError> {
         if data_len > 0 && (sgl_type != SGL_IN_CAPSULE || sgl_len as usize != data_len) {
             return Err(FatalError::DataOutOfRange(
                 "in-capsule data does not match the SGL",
@@ -362,7 +678,70 @@ impl Connection {
                 "in-capsule data beyond IOCCSZ",
             ));
         }
-        let data = data_at..data_at + data_len;
+        Ok(())
+    }
+
+    /// A whole PDU kept in the receive buffer (from `rx_start`).
+    fn on_pdu(
+        &mut self,
+        header: &CommonHeader,
+        layout: &Layout,
+        backend: &mut dyn Backend,
+    ) -> Result<(), FatalError> {
+        let b = self.rx_start;
+        let data_at = b + layout.header_bytes + layout.pad;
+        let data_end = data_at + layout.data;
+        if layout.data_digest {
+            let want = pdu::crc32c(&self.rx[data_at..data_end]);
+            let got = self.rx[data_end..data_end + DIGEST]
+                .try_into()
+                .map(u32::from_le_bytes)
+                .map_err(|_| FatalError::Sequence("short data digest"))?;
+            if want != got {
+                return Err(FatalError::field(0, "data digest"));
+            }
+        }
+        match header.pdu_type {
+            PduType::IcReq => self.on_ic_req(),
+            PduType::H2CTermReq => {
+                let plen = header.plen as usize;
+                let (fes, fei) = pdu::parse_term_req(&self.rx[b..b + plen]).unwrap_or((0, 0));
+                self.close(
+                    format!("the host terminated the connection (FES {fes}, FEI {fei})"),
+                    backend,
+                );
+                Ok(())
+            }
+            PduType::CapsuleCmd => self.on_capsule(data_at..data_end, backend),
+            _ => Err(FatalError::field(0, "PDU-Type")),
+        }
+    }
+
+    fn on_ic_req(&mut self) -> Result<(), FatalError> {
+        let req = IcReq::parse(&self.rx[self.rx_start..self.rx_end])?;
+        self.digests = req.digests;
+        self.host_alignment = req.hpda;
+        self.phase = Phase::Ready;
+        let resp = IcResp {
+            pfv: PFV_1_0,
+            cpda: 0,
+            digests: req.digests,
+            maxh2cdata: self.limits.maxh2cdata,
+        };
+        self.push_bytes(&resp.encode());
+        Ok(())
+    }
+
+    /// A command capsule whose in-capsule data (if any) is at `data` in the receive buffer.
+    fn on_capsule(
+        &mut self,
+        data: std::ops::Range<usize>,
+        backend: &mut dyn Backend,
+    ) -> Result<(), FatalError> {
+        let sqe = self.sqe_at(self.rx_start)?;
+        let cid = (sqe.cdw0 >> 16) as u16;
+        let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
+        self.check_in_capsule(opcode, sgl_type, sgl_len, data.len())?;
         if opcode == FABRICS {
             return self.on_fabrics(&sqe, cid, data, backend);
         }
@@ -586,13 +965,7 @@ impl Connection {
         data: std::ops::Range<usize>,
         backend: &mut dyn Backend,
     ) -> Result<(), FatalError> {
-        let Some(token) = self.slots.iter().position(|s| !s.busy) else {
-            // more commands than the queue has entries: the host broke SQ flow control
-            return Err(FatalError::Sequence(
-                "more commands in flight than queue entries",
-            ));
-        };
-        let token = token as u16;
+        let token = self.free_slot()?;
         let checked = self.check_io(sqe, opcode, sgl_type, sgl_len, data.len());
         let (ns, op, offset, len) = match checked {
             Ok(c) => c,
@@ -609,19 +982,7 @@ impl Connection {
             self.respond(cid, 0, Status::NAMESPACE_NOT_READY);
             return Ok(());
         }
-        self.slots[token as usize] = Slot {
-            busy: true,
-            cid,
-            ns,
-            op: Some(op),
-            offset,
-            len,
-            received: 0,
-            submitted: false,
-            pending: 1,
-            failed: None,
-        };
-        self.in_flight += 1;
+        self.occupy(token, cid, ns, op, offset, len);
         if op == Op::Write {
             if data.is_empty() {
                 // ask for all of it at once; the host sends it in PDUs of MAXH2CDATA at most
@@ -631,15 +992,52 @@ impl Connection {
                     offset: 0,
                     length: len,
                 };
-                self.tx
-                    .extend_from_slice(OutHeader::r2t(&r2t, self.digests).as_slice());
+                self.push_bytes(OutHeader::r2t(&r2t, self.digests).as_slice());
+                self.r2t_open += 1;
                 return Ok(());
             }
-            backend.fill(token, 0, &self.rx[data]);
+            // In-capsule data normally goes straight into the buffer (see `transfer`); it is
+            // here only when the buffer could not be had then but can now.
+            let copied = backend
+                .buffer(token)
+                .and_then(|b| b.subslice(0, data.len()).ok())
+                .map(|b| b.copy_from(&self.rx[data.clone()]));
+            if copied.is_none() {
+                self.finish(token, Status::INTERNAL_ERROR, backend);
+                return Ok(());
+            }
+            self.copied += data.len() as u64;
             self.slots[token as usize].received = len;
         }
         self.submit(token, backend);
         Ok(())
+    }
+
+    /// A free command slot; none means the host broke SQ flow control.
+    fn free_slot(&self) -> Result<u16, FatalError> {
+        let token = self
+            .slots
+            .iter()
+            .position(|s| !s.busy)
+            .ok_or(FatalError::Sequence(
+                "more commands in flight than queue entries",
+            ))?;
+        Ok(token as u16)
+    }
+
+    /// Takes slot `token` for a command with one part.
+    fn occupy(&mut self, token: u16, cid: u16, ns: usize, op: Op, offset: u64, len: u32) {
+        self.slots[token as usize] = Slot {
+            busy: true,
+            cid,
+            ns,
+            op: Some(op),
+            offset,
+            len,
+            pending: 1,
+            ..Slot::default()
+        };
+        self.in_flight += 1;
     }
 
     /// The namespace index, op, byte offset and length of an I/O command, or its status.
@@ -776,13 +1174,11 @@ impl Connection {
         }
     }
 
-    fn on_h2c_data(
-        &mut self,
-        data_at: usize,
-        data_len: usize,
-        backend: &mut dyn Backend,
-    ) -> Result<(), FatalError> {
-        let d = DataHeader::parse(&self.rx)?;
+    /// Checks an H2CData header (at `rx_start`) against the transfer it belongs to: the
+    /// header and whether it is the transfer's last PDU.
+    fn check_h2c_data(&self, data_len: usize) -> Result<(DataHeader, bool), FatalError> {
+        let b = self.rx_start;
+        let d = DataHeader::parse(&self.rx[b..self.rx_end])?;
         let slot = self
             .slots
             .get(d.ttag as usize)
@@ -799,20 +1195,11 @@ impl Connection {
         let Some(end) = end else {
             return Err(FatalError::DataOutOfRange("H2CData beyond the transfer"));
         };
-        let last = self.rx[1] & flags::LAST_PDU != 0;
+        let last = self.rx[b + 1] & flags::LAST_PDU != 0;
         if last != (end == slot.len) {
             return Err(FatalError::field(1, "FLAGS (LAST_PDU)"));
         }
-        backend.fill(
-            d.ttag,
-            d.offset as usize,
-            &self.rx[data_at..data_at + data_len],
-        );
-        self.slots[d.ttag as usize].received = end;
-        if last {
-            self.submit(d.ttag, backend);
-        }
-        Ok(())
+        Ok((d, last))
     }
 
     /// A command handed to the backend finished.
@@ -820,7 +1207,7 @@ impl Connection {
         let Some(slot) = self.slots.get(token as usize).copied() else {
             return;
         };
-        if !slot.busy || !slot.submitted {
+        if !slot.busy || !slot.submitted || slot.sending {
             return;
         }
         let failed = slot.failed.or(result.err());
@@ -832,8 +1219,11 @@ impl Connection {
         }
         let status = failed.unwrap_or(Status::SUCCESS);
         if status.is_success() && slot.op == Some(Op::Read) && self.closed.is_none() {
-            let len = slot.len as usize;
-            self.send_c2h(slot.cid, len, |dst| backend.copy_out(token, 0, dst));
+            // the data goes from the buffer, which is released once it is sent
+            self.send_read_data(token, slot.cid, slot.len as usize, backend);
+            self.slots[token as usize].sending = true;
+            self.respond(slot.cid, 0, status);
+            return;
         }
         self.finish(token, status, backend);
     }
@@ -851,14 +1241,43 @@ impl Connection {
         }
     }
 
-    /// Sends admin data to the host.
-    fn send_data(&mut self, cid: u16, data: &[u8]) {
-        self.send_c2h(cid, data.len(), |dst| dst.copy_from_slice(data));
+    /// A read's data was sent (or will never be): its buffer and slot are free.
+    fn data_sent(&mut self, token: u16, backend: &mut dyn Backend) {
+        if self.slots.get(token as usize).is_some_and(|s| s.sending) {
+            backend.release(token);
+            self.slots[token as usize] = Slot::default();
+            self.in_flight -= 1;
+        }
     }
 
-    /// One C2HData PDU (the last of its command) of `len` bytes for command `cid`, whose data
-    /// `fill` writes in place in the transmit buffer.
-    fn send_c2h(&mut self, cid: u16, len: usize, fill: impl FnOnce(&mut [u8])) {
+    /// Sends admin data to the host, copied into the transmit buffer (it is not DMA data).
+    fn send_data(&mut self, cid: u16, data: &[u8]) {
+        let at = self.c2h_header(cid, data.len(), data.len() + DIGEST);
+        self.tx.extend_from_slice(data);
+        if self.digests.data {
+            self.tx.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+        }
+        self.note_bytes(at);
+    }
+
+    /// A read's data: a C2HData header, the data from command `token`'s buffer (sent in
+    /// place), its digest computed over the buffer.
+    fn send_read_data(&mut self, token: u16, cid: u16, len: usize, backend: &dyn Backend) {
+        let at = self.c2h_header(cid, len, 0);
+        self.note_bytes(at);
+        self.segments.push_back(Segment::Data { token, len });
+        if self.digests.data {
+            let digest = backend
+                .buffer(token)
+                .and_then(|b| b.subslice(0, len).ok())
+                .map_or(0, |b| pdu::crc32c_volatile(&b));
+            self.push_bytes(&digest.to_le_bytes());
+        }
+    }
+
+    /// Appends the header (and padding to the host's alignment) of the one C2HData PDU of
+    /// command `cid`, `len` bytes, with room for `then` bytes after it; where it starts in `tx`.
+    fn c2h_header(&mut self, cid: u16, len: usize, then: usize) -> usize {
         let d = DataHeader {
             cccid: cid,
             ttag: 0,
@@ -872,14 +1291,131 @@ impl Connection {
             self.digests,
             self.host_alignment,
         );
+        self.make_room(header.as_slice().len() + header.pad() + then);
+        let at = self.tx.len();
         self.tx.extend_from_slice(header.as_slice());
         self.tx.resize(self.tx.len() + header.pad(), 0);
+        at
+    }
+
+    /// Queues `bytes` to be sent.
+    fn push_bytes(&mut self, bytes: &[u8]) {
+        self.make_room(bytes.len());
         let at = self.tx.len();
-        self.tx.resize(at + len, 0);
-        fill(&mut self.tx[at..]);
-        if self.digests.data {
-            let digest = pdu::crc32c(&self.tx[at..]);
-            self.tx.extend_from_slice(&digest.to_le_bytes());
+        self.tx.extend_from_slice(bytes);
+        self.note_bytes(at);
+    }
+
+    /// The bytes of `tx` from `at` on are to be sent after what is queued.
+    fn note_bytes(&mut self, at: usize) {
+        let len = self.tx.len() - at;
+        self.tx_pending += len;
+        if let Some(Segment::Bytes { at: a, len: l }) = self.segments.back_mut() {
+            if *a + *l == at {
+                *l += len;
+                return;
+            }
+        }
+        self.segments.push_back(Segment::Bytes { at, len });
+    }
+
+    /// Sends what `dst` takes now, headers and read data gathered in one write (the data
+    /// straight from the commands' buffers); the bytes sent. A read's buffer is released
+    /// once its data is sent.
+    pub fn transmit<W: WriteWire + ?Sized>(
+        &mut self,
+        dst: &mut W,
+        backend: &mut dyn Backend,
+    ) -> io::Result<usize> {
+        let mut total = 0;
+        while !self.segments.is_empty() {
+            let written = {
+                let tx = VolatileSlice::from(&mut self.tx[..]);
+                let mut parts = [VolatileSlice::from(&mut [][..]); usnvme_hugepages::MAX_PARTS];
+                let mut n = 0;
+                let mut skip = self.segment_sent;
+                for segment in self.segments.iter().take(parts.len()) {
+                    let part = match *segment {
+                        Segment::Bytes { at, len } => tx.subslice(at + skip, len - skip).ok(),
+                        Segment::Data { token, len } => backend
+                            .buffer(token)
+                            .and_then(|b| b.subslice(skip, len - skip).ok()),
+                    };
+                    parts[n] =
+                        part.ok_or_else(|| io::Error::other("a segment outside its buffer"))?;
+                    n += 1;
+                    skip = 0;
+                }
+                match dst.write_parts(&parts[..n]) {
+                    Ok(0) => break,
+                    Ok(w) => w,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            total += written;
+            self.sent(written, backend);
+        }
+        Ok(total)
+    }
+
+    /// `n` more bytes of the queued segments were sent.
+    fn sent(&mut self, mut n: usize, backend: &mut dyn Backend) {
+        while n > 0 {
+            let Some(&front) = self.segments.front() else {
+                break;
+            };
+            let (len, bytes) = match front {
+                Segment::Bytes { len, .. } => (len, true),
+                Segment::Data { len, .. } => (len, false),
+            };
+            let k = n.min(len - self.segment_sent);
+            self.segment_sent += k;
+            n -= k;
+            if bytes {
+                self.tx_pending -= k;
+            }
+            if self.segment_sent < len {
+                break;
+            }
+            self.segments.pop_front();
+            self.segment_sent = 0;
+            if let Segment::Data { token, .. } = front {
+                self.data_sent(token, backend);
+            }
+        }
+        self.reclaim();
+    }
+
+    /// Gives back the space of sent bytes at the start of `tx`.
+    fn reclaim(&mut self) {
+        if !self
+            .segments
+            .iter()
+            .any(|s| matches!(s, Segment::Bytes { .. }))
+        {
+            self.tx.clear();
+        }
+    }
+
+    /// Makes room for `n` more bytes in `tx` without growing it: the bytes already sent at
+    /// its start go. (Reading pauses at TX_HIGH_WATER bytes pending, so what is pending plus
+    /// what one PDU and the completions add fits the capacity.)
+    fn make_room(&mut self, n: usize) {
+        if self.tx.len() + n <= self.tx.capacity() {
+            return;
+        }
+        let first = self.segments.iter().find_map(|s| match *s {
+            Segment::Bytes { at, .. } => Some(at),
+            Segment::Data { .. } => None,
+        });
+        let first = first.unwrap_or(self.tx.len());
+        self.tx.drain(..first);
+        for s in self.segments.iter_mut() {
+            if let Segment::Bytes { at, .. } = s {
+                *at -= first;
+            }
         }
     }
 
@@ -889,15 +1425,13 @@ impl Connection {
             _ => 0,
         };
         let cqe = Cqe::new(dw0, 0, sqid, cid, status, false);
-        self.tx
-            .extend_from_slice(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
+        self.push_bytes(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }
 
     fn respond64(&mut self, cid: u16, value: u64, status: Status) {
         let mut cqe = Cqe::new(value as u32, 0, 0, cid, status, false);
         cqe.dw1 = (value >> 32) as u32;
-        self.tx
-            .extend_from_slice(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
+        self.push_bytes(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }
 
     fn complete_events(&mut self, status: Status) {
@@ -975,12 +1509,29 @@ impl Connection {
             error.fes(),
             error.fei()
         );
-        let header_len = self.rx.len().min(pdu::TERM_REQ_MAX_DATA);
-        let term = pdu::term_req(PduType::C2HTermReq, &error, &self.rx[..header_len]);
-        self.tx.extend_from_slice(&term);
-        self.rx.clear();
+        // the offending PDU's first bytes (those read ahead after it are not part of it)
+        let b = self.rx_start;
+        let mut len = (self.rx_end - b).min(pdu::TERM_REQ_MAX_DATA);
+        if len >= COMMON_HEADER {
+            let plen = u32::from_le_bytes([
+                self.rx[b + 4],
+                self.rx[b + 5],
+                self.rx[b + 6],
+                self.rx[b + 7],
+            ]);
+            len = len.min(plen.max(COMMON_HEADER as u32) as usize);
+        }
+        let term = pdu::term_req(PduType::C2HTermReq, &error, &self.rx[b..b + len]);
+        self.push_bytes(&term);
+        (self.rx_start, self.rx_end) = (0, 0);
+        self.rx_state = RxState::Header;
         self.close(format!("protocol error: {error}"), backend);
     }
+}
+
+/// A command capsule's opcode, SGL descriptor type and SGL length (dword 8 of the SGL).
+fn capsule_fields(sqe: &Sqe) -> (u8, u8, u32) {
+    (sqe.cdw0 as u8, sqe.as_bytes()[39], sqe.prp2 as u32)
 }
 
 #[cfg(test)]
@@ -1007,6 +1558,15 @@ mod tests {
         R2T(DataHeader),
         Term(u16, u32),
         IcResp,
+    }
+
+    impl Got {
+        fn clone_r2t(&self) -> Got {
+            match self {
+                Got::R2T(d) => Got::R2T(*d),
+                _ => Got::IcResp,
+            }
+        }
     }
 
     impl Bed {
@@ -1044,6 +1604,23 @@ mod tests {
             self.backend.complete_all(&mut self.conn);
         }
 
+        /// All at once, as a socket with everything arrived gives it.
+        fn send_whole(&mut self, bytes: &[u8]) {
+            assert_eq!(self.conn.receive(bytes, &mut self.backend), bytes.len());
+            self.backend.complete_all(&mut self.conn);
+        }
+
+        fn capsule_whole(&mut self, sqe: &Sqe, data: &[u8]) {
+            let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
+            let mut pdu = h.as_slice().to_vec();
+            pdu.resize(pdu.len() + h.pad(), 0);
+            pdu.extend_from_slice(data);
+            if self.digests.data && !data.is_empty() {
+                pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+            }
+            self.send_whole(&pdu);
+        }
+
         fn capsule(&mut self, sqe: &Sqe, data: &[u8]) {
             let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
             let mut pdu = h.as_slice().to_vec();
@@ -1056,8 +1633,10 @@ mod tests {
         }
 
         fn take(&mut self) -> Vec<Got> {
-            let out = self.conn.outgoing().to_vec();
-            self.conn.sent(out.len());
+            let mut out = Vec::new();
+            self.conn
+                .transmit(&mut out, &mut self.backend)
+                .expect("memory takes all");
             let mut got = Vec::new();
             let mut at = 0;
             while at < out.len() {
@@ -1386,6 +1965,95 @@ mod tests {
         h.bytes[20] ^= 1;
         bed.send(h.as_slice());
         assert!(matches!(bed.take().last(), Some(Got::Term(3, _))));
+    }
+
+    /// One H2CData PDU with `data` at `offset` of transfer `ttag` of command `cid`.
+    fn h2c_pdu(cid: u16, ttag: u16, offset: u32, data: &[u8], last: bool, dg: Digests) -> Vec<u8> {
+        let d = DataHeader {
+            cccid: cid,
+            ttag,
+            offset,
+            length: data.len() as u32,
+        };
+        let flag = if last { flags::LAST_PDU } else { 0 };
+        let h = OutHeader::data(PduType::H2CData, &d, flag, dg, 0);
+        let mut pdu = h.as_slice().to_vec();
+        pdu.resize(pdu.len() + h.pad(), 0);
+        pdu.extend_from_slice(data);
+        if dg.data {
+            pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+        }
+        pdu
+    }
+
+    #[test]
+    fn write_data_is_received_into_the_buffer_and_read_data_sent_from_it() {
+        for digests in [Digests::default(), both()] {
+            let mut io = Bed::io_queue(digests);
+            let capacity = io.conn.tx_capacity();
+            for round in 0..4u32 {
+                // in-capsule, 8 KiB at LBA 16
+                let small: Vec<u8> = (0..8192u32).map(|i| (i * 3 + round) as u8).collect();
+                let sqe = io.io(WRITE, 16, 16, 0);
+                io.capsule_whole(&sqe, &small);
+                assert_eq!(io.status(), Status::SUCCESS);
+                // R2T: 12 KiB at LBA 200 in three H2CData PDUs, all sent at once
+                let big: Vec<u8> = (0..12288u32).map(|i| (i / 5 + round) as u8).collect();
+                let mut sqe = io.io(WRITE, 200, 24, 12288);
+                sqe.set_cid(4);
+                io.capsule_whole(&sqe, &[]);
+                let Some(Got::R2T(r2t)) = io.take().first().map(|g| g.clone_r2t()) else {
+                    panic!("an R2T");
+                };
+                let mut pdus = Vec::new();
+                for (i, part) in big.chunks(4096).enumerate() {
+                    let at = i as u32 * 4096;
+                    pdus.extend(h2c_pdu(4, r2t.ttag, at, part, i == 2, digests));
+                }
+                io.send_whole(&pdus);
+                assert_eq!(io.status(), Status::SUCCESS);
+                assert_eq!(io.conn.copied(), 0, "no data copied in round {round}");
+                // read both back: the data waits in the buffer, not in the transmit queue
+                for (slba, want) in [(16u64, &small), (200, &big)] {
+                    let len = want.len() as u32;
+                    let sqe = io.io(READ, slba, len / 512, len);
+                    io.capsule_whole(&sqe, &[]);
+                    assert!(io.conn.tx_pending < want.len(), "headers only are queued");
+                    assert_eq!(io.backend.buffers_held(), 1, "held until sent");
+                    match &io.take()[..] {
+                        [Got::Data(d, data), Got::Resp(c)] => {
+                            assert_eq!((d.length, c.status()), (len, Status::SUCCESS));
+                            assert_eq!(data, want);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                    assert_eq!(io.backend.buffers_held(), 0);
+                }
+            }
+            assert_eq!(
+                io.conn.tx_capacity(),
+                capacity,
+                "the transmit queue never grew"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_data_digest_on_data_for_the_drives_ends_the_connection() {
+        let mut io = Bed::io_queue(both());
+        let sqe = io.io(WRITE, 0, 8, 4096);
+        io.capsule_whole(&sqe, &[]);
+        let Some(Got::R2T(r2t)) = io.take().first().map(|g| g.clone_r2t()) else {
+            panic!("an R2T");
+        };
+        let mut pdu = h2c_pdu(sqe.cid(), r2t.ttag, 0, &[7; 4096], true, both());
+        let n = pdu.len();
+        pdu[n - 1] ^= 1;
+        io.send_whole(&pdu);
+        assert!(matches!(io.take().last(), Some(Got::Term(1, 0))));
+        assert_eq!(io.backend.buffers_held(), 0);
+        assert!(io.conn.finished().is_some());
+        assert!(io.backend.namespaces[0][..4096].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! A [`Backend`] over memory, for the connection's tests and its fuzz target: namespaces are
-//! byte vectors, every I/O completes on the next [`MemoryBackend::complete_all`].
+//! byte vectors, command buffers live in one anonymous mapping (reached through volatile
+//! slices, as DMA buffers are), every I/O completes on the next
+//! [`MemoryBackend::complete_all`].
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use usnvme_driver::spec::{SmartLog, Status};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{VolatileMemory, VolatileSlice};
 
 use super::connection::{Backend, Connection, ConnectionLimits};
 use super::registry::Registry;
@@ -15,28 +19,34 @@ use crate::block::Op;
 #[derive(Debug)]
 pub struct MemoryBackend {
     pub namespaces: Vec<Vec<u8>>,
-    buffers: Vec<Option<Vec<u8>>>,
+    /// One buffer of `max_buffer` bytes per command slot; `held` says which are taken.
+    buffers: MmapRegion,
+    held: Vec<bool>,
     submitted: Vec<(u16, Result<(), Status>)>,
     max_buffer: usize,
 }
 
 impl MemoryBackend {
     pub fn new(sub: &SubsystemInfo) -> MemoryBackend {
+        let slots = sub.queue_entries as usize;
+        let max_buffer = sub.max_transfer as usize;
         MemoryBackend {
             namespaces: sub
                 .namespaces
                 .iter()
                 .map(|n| vec![0; (n.blocks * u64::from(n.block_size)) as usize])
                 .collect(),
-            buffers: vec![None; sub.queue_entries as usize],
+            // pages are only touched when used, so a big mapping costs little
+            buffers: MmapRegion::new(slots * max_buffer).expect("an anonymous mapping"),
+            held: vec![false; slots],
             submitted: Vec::new(),
-            max_buffer: sub.max_transfer as usize,
+            max_buffer,
         }
     }
 
     /// Commands whose buffer is still held.
     pub fn buffers_held(&self) -> usize {
-        self.buffers.iter().filter(|b| b.is_some()).count()
+        self.held.iter().filter(|&&h| h).count()
     }
 
     /// Completes everything submitted so far.
@@ -49,21 +59,17 @@ impl MemoryBackend {
 
 impl Backend for MemoryBackend {
     fn reserve(&mut self, token: u16, len: usize) -> bool {
-        match self.buffers.get_mut(token as usize) {
-            Some(b) if len <= self.max_buffer => {
-                *b = Some(vec![0; len]);
+        match self.held.get_mut(token as usize) {
+            Some(h) if len <= self.max_buffer => {
+                *h = true;
                 true
             }
             _ => false,
         }
     }
 
-    fn fill(&mut self, token: u16, offset: usize, bytes: &[u8]) {
-        if let Some(Some(b)) = self.buffers.get_mut(token as usize) {
-            if let Some(dst) = b.get_mut(offset..offset + bytes.len()) {
-                dst.copy_from_slice(bytes);
-            }
-        }
+    fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>> {
+        held_buffer(&self.buffers, &self.held, self.max_buffer, token)
     }
 
     fn submit(
@@ -74,46 +80,53 @@ impl Backend for MemoryBackend {
         offset: u64,
         len: u64,
     ) -> Result<(), Status> {
-        let disk = self
+        let disk_len = self
             .namespaces
-            .get_mut(ns)
-            .ok_or(Status::INVALID_NAMESPACE)?;
+            .get(ns)
+            .ok_or(Status::INVALID_NAMESPACE)?
+            .len();
         let range = offset as usize..(offset + len) as usize;
-        if range.end > disk.len() {
+        if range.end > disk_len {
             return Err(Status::LBA_OUT_OF_RANGE);
         }
-        let buffer = self
-            .buffers
-            .get_mut(token as usize)
-            .and_then(Option::as_mut);
+        let buffer = held_buffer(&self.buffers, &self.held, self.max_buffer, token)
+            .and_then(|b| b.subslice(0, range.len()).ok());
+        let disk = &mut self.namespaces[ns];
         match (op, buffer) {
-            (Op::Read, Some(b)) => b[..range.len()].copy_from_slice(&disk[range]),
-            (Op::Write, Some(b)) => disk[range.clone()].copy_from_slice(&b[..range.len()]),
+            (Op::Read, Some(b)) => b.copy_from(&disk[range]),
+            (Op::Write, Some(b)) => {
+                b.copy_to(&mut disk[range]);
+            }
             (Op::WriteZeroes | Op::Deallocate, _) => disk[range].fill(0),
             (Op::Flush, _) => {}
             _ => return Err(Status::INTERNAL_ERROR),
-        }
+        };
         self.submitted.push((token, Ok(())));
         Ok(())
     }
 
-    fn copy_out(&mut self, token: u16, offset: usize, dst: &mut [u8]) {
-        if let Some(Some(b)) = self.buffers.get(token as usize) {
-            if let Some(src) = b.get(offset..offset + dst.len()) {
-                dst.copy_from_slice(src);
-            }
-        }
-    }
-
     fn release(&mut self, token: u16) {
-        if let Some(b) = self.buffers.get_mut(token as usize) {
-            *b = None;
+        if let Some(h) = self.held.get_mut(token as usize) {
+            *h = false;
         }
     }
 
     fn smart(&mut self) -> SmartLog {
         SmartLog::zeroed()
     }
+}
+
+/// Slot `token`'s buffer, if it is held.
+fn held_buffer<'a>(
+    buffers: &'a MmapRegion,
+    held: &[bool],
+    size: usize,
+    token: u16,
+) -> Option<VolatileSlice<'a>> {
+    if !held.get(token as usize).copied().unwrap_or(false) {
+        return None;
+    }
+    buffers.get_slice(token as usize * size, size).ok()
 }
 
 /// A subsystem of `namespaces` namespaces of 1 MiB (512-byte blocks), for tests.
@@ -163,8 +176,7 @@ pub fn fuzz_connection(bytes: &[u8]) {
         conn.receive(piece, &mut backend);
         backend.complete_all(&mut conn);
         conn.tick(Instant::now(), &mut backend);
-        let out = conn.outgoing().len();
-        conn.sent(out);
+        let _ = conn.transmit(&mut Vec::new(), &mut backend);
         rest = after;
         turn += 1;
     }

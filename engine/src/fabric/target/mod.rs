@@ -8,12 +8,15 @@
 //! - [`memory`]: a backend over memory, for tests and the fuzz target.
 //! - [`registry`]: the controllers (dynamic IDs) and the hosts allowed to connect.
 //! - [`server`]: the job each reactor runs: its connections' sockets, commands and buffers.
+//! - [`wire`]: byte sources and sinks in parts (socket `readv`/`writev` into and out of DMA
+//!   buffers, or memory).
 
 pub mod admin;
 pub mod connection;
 pub mod memory;
 pub mod registry;
 pub mod server;
+pub mod wire;
 
 /// The well-known NQN of the discovery subsystem.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";

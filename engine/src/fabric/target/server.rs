@@ -1,9 +1,9 @@
 //! The target on the engine's reactors: each reactor runs a [`ServeJob`] that owns the
 //! connections handed to it (non-blocking sockets, no thread per connection), feeds their
 //! bytes to their [`Connection`]s, submits their commands on its own channels to the block
-//! devices, and writes their responses. Data moves through the reactor's DMA buffers.
+//! devices, and writes their responses. Data moves between the sockets and the reactor's DMA
+//! buffers with no copy (`readv`/`writev`, see [`super::wire`]).
 
-use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,15 +13,14 @@ use crossbeam_channel::Receiver;
 use usnvme_driver::spec::{SmartLog, Status};
 use usnvme_driver::IoBuffer;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
+use vm_memory::VolatileSlice;
 
-use super::connection::{Backend, Connection, ConnectionLimits};
+use super::connection::{Backend, Connection, ConnectionLimits, Receive};
 use super::registry::Registry;
 use super::SubsystemInfo;
 use crate::block::{IoError, Op};
 use crate::engine::{DeviceChannel, Job, ReactorContext};
 
-/// Bytes read from a socket per call.
-const READ_CHUNK: usize = 64 << 10;
 /// How long a stopping target waits for connections to drain and flush.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Connection tokens: the engine token is the connection's slot here, then the command's.
@@ -57,6 +56,9 @@ pub struct Counters {
     pub bytes: AtomicU64,
     /// DMA buffers held by commands now (0 when nothing is in flight: none leaked).
     pub buffers_in_use: AtomicU64,
+    /// Write data that was read ahead with a header and copied into a DMA buffer, over the
+    /// connections closed so far (the rest went straight from the socket into the buffers).
+    pub data_copied: AtomicU64,
 }
 
 /// A connection on this reactor.
@@ -74,7 +76,6 @@ pub struct ServeJob {
     conns: Vec<Option<Conn>>,
     pool: Option<BufferPool>,
     buffers_per_reactor: usize,
-    scratch: Vec<u8>,
     completions: Vec<(u64, Result<(), Status>)>,
     stopping_since: Option<Instant>,
 }
@@ -98,7 +99,6 @@ impl ServeJob {
             conns: Vec::new(),
             pool: None,
             buffers_per_reactor: buffers,
-            scratch: vec![0; READ_CHUNK],
             completions: Vec::with_capacity(1024),
             stopping_since: None,
         }
@@ -183,10 +183,11 @@ impl Backend for ReactorBackend<'_> {
         entry.is_some()
     }
 
-    fn fill(&mut self, token: u16, offset: usize, bytes: &[u8]) {
-        if let Some(Some(b)) = self.buffers.get(token as usize) {
-            let _ = b.write_from(bytes, offset);
-        }
+    fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>> {
+        self.buffers
+            .get(token as usize)?
+            .as_ref()
+            .map(DmaBuffer::as_volatile_slice)
     }
 
     fn submit(
@@ -212,12 +213,6 @@ impl Backend for ReactorBackend<'_> {
                 log::warn!("{e}");
                 Status::NAMESPACE_NOT_READY
             })
-    }
-
-    fn copy_out(&mut self, token: u16, offset: usize, dst: &mut [u8]) {
-        if let Some(Some(b)) = self.buffers.get(token as usize) {
-            let _ = b.read_into(dst, offset);
-        }
     }
 
     fn release(&mut self, token: u16) {
@@ -270,28 +265,17 @@ impl Job for ServeJob {
                 c.conn.shut_down(&mut backend);
             }
             c.conn.tick(now, &mut backend);
-            // Read what arrived.
-            loop {
-                match c.stream.read(&mut self.scratch) {
-                    Ok(0) => {
-                        c.conn
-                            .peer_gone("the host closed the connection", &mut backend);
-                        break;
-                    }
-                    Ok(n) => {
-                        c.conn.receive(&self.scratch[..n], &mut backend);
-                        if n < self.scratch.len() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        c.conn
-                            .peer_gone(&format!("connection error: {e}"), &mut backend);
-                        break;
-                    }
+            // Read what arrived: headers into the connection, write data straight into the
+            // commands' DMA buffers.
+            match c.conn.receive_from(&mut c.stream, &mut backend) {
+                Ok(Receive::Ended) => {
+                    c.conn
+                        .peer_gone("the host closed the connection", &mut backend);
                 }
+                Ok(Receive::Drained | Receive::Paused) => {}
+                Err(e) => c
+                    .conn
+                    .peer_gone(&format!("connection error: {e}"), &mut backend),
             }
         }
         // Completions of every device, to their connections.
@@ -325,34 +309,26 @@ impl Job for ServeJob {
             let Some(c) = entry else {
                 continue;
             };
-            while !c.conn.outgoing().is_empty() {
-                match c.stream.write(c.conn.outgoing()) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        self.shared
-                            .counters
-                            .bytes
-                            .fetch_add(n as u64, Ordering::Relaxed);
-                        c.conn.sent(n);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        let mut backend = ReactorBackend::new(
-                            &mut ctx.devices,
-                            pool,
-                            &mut c.buffers,
-                            slot,
-                            shared,
-                        );
-                        c.conn
-                            .peer_gone(&format!("connection error: {e}"), &mut backend);
-                        break;
-                    }
+            // Send: headers and read data from the DMA buffers, gathered in one writev.
+            let mut backend =
+                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
+            match c.conn.transmit(&mut c.stream, &mut backend) {
+                Ok(n) => {
+                    self.shared
+                        .counters
+                        .bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
                 }
+                Err(e) => c
+                    .conn
+                    .peer_gone(&format!("connection error: {e}"), &mut backend),
             }
             if let Some(why) = c.conn.finished() {
                 log::info!("{:?}: closed: {why}", c.conn);
+                self.shared
+                    .counters
+                    .data_copied
+                    .fetch_add(c.conn.copied(), Ordering::Relaxed);
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
                 *entry = None;
                 self.shared

@@ -1,0 +1,77 @@
+//! Vectored socket I/O straight into and out of DMA memory: `readv`/`writev` over
+//! [`VolatileSlice`]s, so a network target moves data between a socket and the buffers the
+//! drives use without a copy (and without ever borrowing DMA memory as `&[u8]`).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use vm_memory::VolatileSlice;
+
+/// Most parts one call passes to the kernel (the rest wait for the next call).
+pub const MAX_PARTS: usize = 16;
+
+/// Builds the iovec array of (at most [`MAX_PARTS`] of) `parts`.
+fn iovecs(parts: &[VolatileSlice<'_>]) -> ([libc::iovec; MAX_PARTS], usize) {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_PARTS];
+    let n = parts.len().min(MAX_PARTS);
+    for (v, p) in iov.iter_mut().zip(parts) {
+        *v = libc::iovec {
+            iov_base: p.ptr_guard_mut().as_ptr().cast(),
+            iov_len: p.len(),
+        };
+    }
+    (iov, n)
+}
+
+/// One `readv(2)` from `fd` into `parts`, in order; the bytes read (0: end of stream).
+pub fn readv_volatile(fd: BorrowedFd<'_>, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
+    let (iov, n) = iovecs(parts);
+    // SAFETY: the first `n` iovecs each describe the memory of one live VolatileSlice (valid for
+    // writes of its length for as long as `parts` is borrowed, which outlasts the call); the
+    // kernel writes only into them; `fd` is a valid descriptor (BorrowedFd).
+    let r = unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) };
+    usize::try_from(r).map_err(|_| io::Error::last_os_error())
+}
+
+/// One `writev(2)` of `parts`, in order, to `fd`; the bytes written.
+pub fn writev_volatile(fd: BorrowedFd<'_>, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
+    let (iov, n) = iovecs(parts);
+    // SAFETY: the first `n` iovecs each describe the memory of one live VolatileSlice (valid for
+    // reads of its length while `parts` is borrowed, which outlasts the call); the kernel only
+    // reads them; `fd` is a valid descriptor (BorrowedFd).
+    let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) };
+    usize::try_from(r).map_err(|_| io::Error::last_os_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn gathers_and_scatters_in_order() {
+        let (a, mut b) = UnixStream::pair().expect("pair");
+        let (mut x, mut y) = ([1u8, 2, 3], [4u8, 5]);
+        let parts = [
+            VolatileSlice::from(&mut x[..]),
+            VolatileSlice::from(&mut y[..]),
+        ];
+        assert_eq!(writev_volatile(a.as_fd(), &parts).expect("writev"), 5);
+        let mut got = [0u8; 5];
+        b.read_exact(&mut got).expect("read");
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        b.write_all(&[9, 8, 7, 6]).expect("write");
+        let (mut p, mut q) = ([0u8; 1], [0u8; 8]);
+        let parts = [
+            VolatileSlice::from(&mut p[..]),
+            VolatileSlice::from(&mut q[..]),
+        ];
+        assert_eq!(readv_volatile(a.as_fd(), &parts).expect("readv"), 4);
+        assert_eq!((p, &q[..3]), ([9], &[8u8, 7, 6][..]));
+    }
+}
