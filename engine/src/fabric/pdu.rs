@@ -600,22 +600,41 @@ fn common(b: &mut [u8], t: PduType, flags: u8, hlen: usize, pdo: usize, plen: us
 }
 
 /// A TermReq (`pdu_type`: H2CTermReq or C2HTermReq) for `error`, carrying up to 128 bytes of
-/// the offending PDU's header.
-pub fn term_req(pdu_type: PduType, error: &FatalError, offending: &[u8]) -> Vec<u8> {
-    let data = &offending[..offending.len().min(TERM_REQ_MAX_DATA)];
-    let mut b = vec![0u8; SHORT_HEADER + data.len()];
-    common(
-        &mut b,
-        pdu_type,
-        0,
-        SHORT_HEADER,
-        0,
-        SHORT_HEADER + data.len(),
-    );
-    b[8..10].copy_from_slice(&error.fes().to_le_bytes());
-    b[10..14].copy_from_slice(&error.fei().to_le_bytes());
-    b[SHORT_HEADER..].copy_from_slice(data);
-    b
+/// the offending PDU's header; built in place (no allocation).
+pub fn term_req(pdu_type: PduType, error: &FatalError, offending: &[u8]) -> TermReq {
+    TermReq::new(pdu_type, error, offending)
+}
+
+/// An encoded TermReq: its header and the offending bytes, [`TermReq::as_slice`].
+#[derive(Debug, Clone, Copy)]
+pub struct TermReq {
+    bytes: [u8; SHORT_HEADER + TERM_REQ_MAX_DATA],
+    len: usize,
+}
+
+impl TermReq {
+    pub fn new(pdu_type: PduType, error: &FatalError, offending: &[u8]) -> TermReq {
+        let data = &offending[..offending.len().min(TERM_REQ_MAX_DATA)];
+        let len = SHORT_HEADER + data.len();
+        let mut b = [0u8; SHORT_HEADER + TERM_REQ_MAX_DATA];
+        common(&mut b, pdu_type, 0, SHORT_HEADER, 0, len);
+        b[8..10].copy_from_slice(&error.fes().to_le_bytes());
+        b[10..14].copy_from_slice(&error.fei().to_le_bytes());
+        b[SHORT_HEADER..len].copy_from_slice(data);
+        TermReq { bytes: b, len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::ops::Deref for TermReq {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
 }
 
 /// The FES and FEI of a received TermReq header.

@@ -8,9 +8,10 @@
 //! state ([`ControllerRegisters`], [`Features`]) and the transport; Keep Alive and
 //! Asynchronous Event Request are its own too (they need its timers and held commands).
 //!
-//! Everything the host sends is checked before it is used: no input panics, and no length it
-//! gives makes us allocate more than [`MAX_LOG_BYTES`]. Refusals carry Do Not Retry, since the
-//! same command would fail again.
+//! Everything the host sends is checked before it is used: no input panics, and answers are
+//! built in the caller's buffer of [`MAX_ADMIN_DATA`] bytes (nothing is allocated per command;
+//! a longer Get Log Page is refused). Refusals carry Do Not Retry, since the same command
+//! would fail again.
 //!
 //! Sources: NVMe Base 2.0 (Identify, Get Log Page, Set/Get Features), NVMe over Fabrics 1.1
 //! (Connect, properties, the discovery log), and what the Linux 6.1 host reads.
@@ -34,12 +35,14 @@ pub const VERSION: Vs = Vs::new(1, 3, 0);
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const ASYNC_EVENT_LIMIT: usize = 4;
 
-/// The largest Get Log Page transfer answered: more than any of our logs, and a bound on what a
-/// host's NUMD makes us allocate.
-pub const MAX_LOG_BYTES: usize = 1 << 20;
-/// The most data one admin command's answer carries (Identify and the log pages are 4 KiB or
-/// less; a longer Get Log Page reads zeroes past the log's end).
-pub const MAX_ADMIN_DATA: usize = 8192;
+/// The most data one admin command's answer carries: the size of each connection's admin
+/// buffer, preallocated, into which the answer is built (no allocation per command). Identify
+/// is 4 KiB; every log of ours is shorter than this (the discovery log up to 15 listeners),
+/// and hosts read logs in pieces of 4 KiB (libnvme) or less.
+pub const MAX_ADMIN_DATA: usize = 16 << 10;
+/// The largest Get Log Page transfer answered (a longer one reads zeroes past the log's end);
+/// a larger NUMD is refused.
+pub const MAX_LOG_BYTES: usize = MAX_ADMIN_DATA;
 
 /// Bytes of every Identify data structure.
 pub const IDENTIFY_BYTES: usize = 4096;
@@ -568,37 +571,68 @@ pub fn log_page(
     discovery: bool,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
-) -> Result<Vec<u8>, Status> {
+    out: &mut [u8],
+) -> Result<usize, Status> {
     let numd = ((sqe.cdw11 & 0xffff) << 16) | (sqe.cdw10 >> 16);
     let len = (u64::from(numd) + 1) * 4;
     let len = usize::try_from(len)
         .ok()
-        .filter(|&len| len <= MAX_LOG_BYTES)
+        .filter(|&len| len <= MAX_LOG_BYTES.min(out.len()))
         .ok_or(INVALID_FIELD)?;
     let offset = u64::from(sqe.cdw12) | (u64::from(sqe.cdw13) << 32);
     if offset % 4 != 0 {
         return Err(INVALID_FIELD);
     }
-    let log = match (discovery, sqe.cdw10 as u8) {
-        (true, LID_DISCOVERY) => discovery_log(sub),
-        (false, LID_ERROR_INFORMATION) => vec![0; ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE],
+    let log_len = match (discovery, sqe.cdw10 as u8) {
+        (true, LID_DISCOVERY) => DISCOVERY_HEADER + DISCOVERY_ENTRY * sub.listeners.len(),
+        (false, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
         (false, LID_SMART) => {
             if sqe.nsid != 0 && sqe.nsid != u32::MAX {
                 return Err(INVALID_FIELD); // no per-namespace SMART (LPA bit 0 clear)
             }
-            smart().as_bytes().to_vec()
+            SmartLog::SIZE
         }
-        (false, LID_FIRMWARE_SLOT) => firmware_slot_log(sub).as_bytes().to_vec(),
+        (false, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
         _ => return Err(INVALID_LOG_PAGE),
     };
-    let rest = usize::try_from(offset)
+    let offset = usize::try_from(offset)
         .ok()
-        .and_then(|at| log.get(at..))
+        .filter(|&at| at <= log_len)
         .ok_or(INVALID_FIELD)?;
-    let mut out = vec![0u8; len];
-    let n = rest.len().min(len);
-    out[..n].copy_from_slice(&rest[..n]);
-    Ok(out)
+    // `out` shows the log from `offset`: zeroes, then each part of the log where it falls
+    let out = &mut out[..len];
+    out.fill(0);
+    match sqe.cdw10 as u8 {
+        LID_DISCOVERY => {
+            let mut part = [0u8; DISCOVERY_ENTRY];
+            discovery_header(&mut part, sub);
+            put_log_part(out, offset, 0, &part);
+            for (i, listener) in sub.listeners.iter().enumerate() {
+                part.fill(0);
+                discovery_entry(&mut part, &sub.nqn, listener);
+                put_log_part(out, offset, DISCOVERY_HEADER + i * DISCOVERY_ENTRY, &part);
+            }
+        }
+        LID_SMART => put_log_part(out, offset, 0, smart().as_bytes()),
+        LID_FIRMWARE_SLOT => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
+        _ => {} // the error log: no errors recorded, all zero
+    }
+    Ok(len)
+}
+
+/// Copies `part`, which is at byte `at` of a log, into `out`, which shows the log from byte
+/// `offset` on (whatever of `part` falls inside it).
+fn put_log_part(out: &mut [u8], offset: usize, at: usize, part: &[u8]) {
+    let (from, to) = if at >= offset {
+        (0, at - offset)
+    } else {
+        (offset - at, 0)
+    };
+    if from >= part.len() || to >= out.len() {
+        return;
+    }
+    let n = (part.len() - from).min(out.len() - to);
+    out[to..to + n].copy_from_slice(&part[from..from + n]);
 }
 
 /// One firmware slot, read-only and active, holding the usnvme version.
@@ -609,18 +643,13 @@ fn firmware_slot_log(sub: &SubsystemInfo) -> FirmwareSlotLog {
     log
 }
 
-/// The discovery log: one NVM subsystem record per listener. (Linux's target lists the same,
-/// plus referrals; it adds no record for the discovery subsystem itself.)
-pub fn discovery_log(sub: &SubsystemInfo) -> Vec<u8> {
-    let mut log = vec![0u8; DISCOVERY_HEADER + DISCOVERY_ENTRY * sub.listeners.len()];
-    log[0..8].copy_from_slice(&DISCOVERY_GENCTR.to_le_bytes());
-    log[8..16].copy_from_slice(&(sub.listeners.len() as u64).to_le_bytes());
+/// The discovery log's header (its first 1024 bytes): one NVM subsystem record per listener.
+/// (Linux's target lists the same, plus referrals; it adds no record for the discovery
+/// subsystem itself.)
+fn discovery_header(header: &mut [u8], sub: &SubsystemInfo) {
+    header[0..8].copy_from_slice(&DISCOVERY_GENCTR.to_le_bytes());
+    header[8..16].copy_from_slice(&(sub.listeners.len() as u64).to_le_bytes());
     // RECFMT (16..18) 0
-    let entries = log[DISCOVERY_HEADER..].chunks_exact_mut(DISCOVERY_ENTRY);
-    for (entry, listener) in entries.zip(&sub.listeners) {
-        discovery_entry(entry, &sub.nqn, listener);
-    }
-    log
 }
 
 /// Fills one 1024-byte discovery log entry.
@@ -848,24 +877,30 @@ pub fn execute(
     features: &mut Features,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
-) -> Result<(u32, Vec<u8>), Status> {
+    out: &mut [u8],
+) -> Result<(u32, usize), Status> {
     let feature_served = |sqe: &Sqe| {
         let fid = sqe.cdw10 as u8;
         !discovery || fid == FID_KEEP_ALIVE_TIMER || fid == FID_ASYNC_EVENT_CONFIGURATION
     };
     match AdminOpcode::from_raw(sqe.opcode()) {
         Some(AdminOpcode::Identify) => {
-            identify(sub, cntlid, discovery, sqe).map(|page| (0, page.to_vec()))
+            let page = identify(sub, cntlid, discovery, sqe)?;
+            let dst = out.get_mut(..IDENTIFY_BYTES).ok_or(INVALID_FIELD)?;
+            dst.copy_from_slice(&page);
+            Ok((0, IDENTIFY_BYTES))
         }
-        Some(AdminOpcode::GetLogPage) => log_page(sub, discovery, sqe, smart).map(|log| (0, log)),
+        Some(AdminOpcode::GetLogPage) => {
+            log_page(sub, discovery, sqe, smart, out).map(|len| (0, len))
+        }
         Some(AdminOpcode::SetFeatures) if feature_served(sqe) => {
-            features.set_feature(sqe).map(|dw0| (dw0, Vec::new()))
+            features.set_feature(sqe).map(|dw0| (dw0, 0))
         }
         Some(AdminOpcode::GetFeatures) if feature_served(sqe) => {
-            features.get_feature(sqe).map(|dw0| (dw0, Vec::new()))
+            features.get_feature(sqe).map(|dw0| (dw0, 0))
         }
         Some(AdminOpcode::SetFeatures | AdminOpcode::GetFeatures) => Err(INVALID_FIELD),
-        Some(AdminOpcode::Abort) if !discovery => Ok((ABORT_NOT_ABORTED, Vec::new())),
+        Some(AdminOpcode::Abort) if !discovery => Ok((ABORT_NOT_ABORTED, 0)),
         _ => Err(INVALID_OPCODE),
     }
 }
@@ -873,6 +908,37 @@ pub fn execute(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::log_page`] into a buffer of its own, as a Vec.
+    fn log_page(
+        sub: &SubsystemInfo,
+        discovery: bool,
+        sqe: &Sqe,
+        smart: &mut dyn FnMut() -> SmartLog,
+    ) -> Result<Vec<u8>, Status> {
+        let mut out = vec![0xEE; MAX_ADMIN_DATA];
+        super::log_page(sub, discovery, sqe, smart, &mut out).map(|n| out[..n].to_vec())
+    }
+
+    /// [`super::execute`] into a buffer of its own, as a Vec.
+    fn execute(
+        sub: &SubsystemInfo,
+        cntlid: u16,
+        discovery: bool,
+        features: &mut Features,
+        sqe: &Sqe,
+        smart: &mut dyn FnMut() -> SmartLog,
+    ) -> Result<(u32, Vec<u8>), Status> {
+        let mut out = vec![0xEE; MAX_ADMIN_DATA];
+        super::execute(sub, cntlid, discovery, features, sqe, smart, &mut out)
+            .map(|(dw0, n)| (dw0, out[..n].to_vec()))
+    }
+
+    /// The whole discovery log.
+    fn discovery_log(sub: &SubsystemInfo) -> Vec<u8> {
+        let len = DISCOVERY_HEADER + DISCOVERY_ENTRY * sub.listeners.len();
+        log_page(sub, true, &get_log(0x70, 0, len as u32, 0), &mut no_smart).expect("the log")
+    }
     use std::net::SocketAddr;
     use usnvme_driver::spec::command::FeatureSelect;
 
@@ -1411,8 +1477,8 @@ mod tests {
             Err(Status::INVALID_LOG_PAGE)
         );
         assert_eq!(
-            calls, 6,
-            "SMART asked for by each read of it past the NUMD and NSID checks"
+            calls, 4,
+            "SMART asked for by each read of it past the NUMD, NSID and offset checks"
         );
 
         // the discovery controller has only the discovery log
@@ -1421,13 +1487,15 @@ mod tests {
             code(disc(&get_log(2, u32::MAX, 512, 0))),
             Err(Status::INVALID_LOG_PAGE)
         );
-        // a length that needs NUMDU (NUMD 10000h): the log, then zeroes
-        let big = get_log(0x70, 0, 0x4_0004, 0);
-        assert_eq!((big.cdw10 >> 16, big.cdw11), (0, 1));
-        let log = disc(&big).expect("discovery log");
-        assert_eq!(log.len(), 0x4_0004);
+        // longer than the log: the log, then zeroes
+        let log = disc(&get_log(0x70, 0, 8192, 0)).expect("discovery log");
+        assert_eq!(log.len(), 8192);
         assert_eq!(log[..3072], discovery_log(&sub)[..]);
         assert!(log[3072..].iter().all(|&b| b == 0));
+        // a length that needs NUMDU (NUMD 10000h) is beyond the admin buffer
+        let big = get_log(0x70, 0, 0x4_0004, 0);
+        assert_eq!((big.cdw10 >> 16, big.cdw11), (0, 1));
+        assert_eq!(code(disc(&big)), Err(Status::INVALID_FIELD));
         // the entries alone, then the header alone, as libnvme reads them
         let entries = disc(&get_log(0x70, 0, 2048, 1024)).expect("entries");
         assert_eq!(entries[..], discovery_log(&sub)[1024..]);

@@ -243,6 +243,8 @@ pub struct Connection {
     tx_pending: usize,
     slots: Box<[Slot]>,
     in_flight: usize,
+    /// Where an admin command's answer (Identify, a log page) is built, then copied to `tx`.
+    admin_data: Box<[u8]>,
     /// Why the connection ends, once it does.
     closed: Option<String>,
     peer: String,
@@ -294,6 +296,7 @@ impl Connection {
             segment_sent: 0,
             tx_pending: 0,
             in_flight: 0,
+            admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
             closed: None,
             peer,
         }
@@ -352,10 +355,11 @@ impl Connection {
     /// given only when the connection stopped reading).
     pub fn receive(&mut self, input: &[u8], backend: &mut dyn Backend) -> usize {
         let mut rest = input;
-        while !rest.is_empty() {
+        // (at least once: PDUs already received may wait for the responses to drain)
+        loop {
             match self.receive_from(&mut rest, backend) {
-                Ok(Receive::Drained) => continue,
-                Ok(Receive::Ended | Receive::Paused) | Err(_) => break,
+                Ok(Receive::Drained) if !rest.is_empty() => continue,
+                _ => break,
             }
         }
         input.len() - rest.len()
@@ -874,7 +878,7 @@ impl Connection {
                 controller,
                 features,
                 registers: admin::ControllerRegisters::new(&self.subsystem, discovery),
-                events: Vec::new(),
+                events: Vec::with_capacity(admin::ASYNC_EVENT_LIMIT),
                 last_keep_alive: Instant::now(),
             };
             log::info!(
@@ -923,13 +927,13 @@ impl Connection {
         // the association ends only after twice KATO without one, so a host that sends its
         // Keep Alive every KATO is never cut off by scheduling jitter.
         *last_keep_alive = Instant::now();
-        let result: Result<(u32, Vec<u8>), Status> = match opcode {
-            KEEP_ALIVE => Ok((0, Vec::new())),
+        let result: Result<(u32, usize), Status> = match opcode {
+            KEEP_ALIVE => Ok((0, 0)),
             ASYNC_EVENT_REQUEST => {
                 if events.len() >= admin::ASYNC_EVENT_LIMIT {
                     Err(Status::AER_LIMIT_EXCEEDED)
                 } else {
-                    events.push(cid);
+                    events.push(cid); // (preallocated: ASYNC_EVENT_LIMIT entries)
                     return; // held until an event, or the controller goes away
                 }
             }
@@ -940,14 +944,14 @@ impl Connection {
                 features,
                 sqe,
                 &mut || backend.smart(),
+                &mut self.admin_data,
             ),
         };
         match result {
-            Ok((dw0, data)) if data.is_empty() => self.respond(cid, dw0, Status::SUCCESS),
-            Ok((dw0, data)) => {
+            Ok((dw0, 0)) => self.respond(cid, dw0, Status::SUCCESS),
+            Ok((dw0, len)) => {
                 let asked = sqe.prp2 as u32 as usize; // the transport SGL's length
-                let len = data.len().min(asked);
-                self.send_data(cid, &data[..len]);
+                self.send_admin_data(cid, len.min(asked));
                 self.respond(cid, dw0, Status::SUCCESS);
             }
             Err(status) => self.respond(cid, 0, status),
@@ -1250,9 +1254,12 @@ impl Connection {
         }
     }
 
-    /// Sends admin data to the host, copied into the transmit buffer (it is not DMA data).
-    fn send_data(&mut self, cid: u16, data: &[u8]) {
-        let at = self.c2h_header(cid, data.len(), data.len() + DIGEST);
+    /// Sends the first `len` bytes of the admin buffer to the host, copied into the transmit
+    /// buffer (admin data is small and not DMA data).
+    fn send_admin_data(&mut self, cid: u16, len: usize) {
+        let len = len.min(self.admin_data.len());
+        let at = self.c2h_header(cid, len, len + DIGEST);
+        let data = &self.admin_data[..len];
         self.tx.extend_from_slice(data);
         if self.digests.data {
             self.tx.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
@@ -1435,11 +1442,10 @@ impl Connection {
     }
 
     fn complete_events(&mut self, status: Status) {
-        let held = match &mut self.role {
-            Role::Admin { events, .. } => std::mem::take(events),
-            _ => return,
-        };
-        for cid in held {
+        while let Role::Admin { events, .. } = &mut self.role {
+            let Some(cid) = events.pop() else {
+                break;
+            };
             self.respond(cid, 0, status);
         }
     }
@@ -1521,8 +1527,8 @@ impl Connection {
             ]);
             len = len.min(plen.max(COMMON_HEADER as u32) as usize);
         }
-        let term = pdu::term_req(PduType::C2HTermReq, &error, &self.rx[b..b + len]);
-        self.push_bytes(&term);
+        let term = pdu::TermReq::new(PduType::C2HTermReq, &error, &self.rx[b..b + len]);
+        self.push_bytes(term.as_slice());
         (self.rx_start, self.rx_end) = (0, 0);
         self.rx_state = RxState::Header;
         self.close(format!("protocol error: {error}"), backend);
@@ -2036,6 +2042,52 @@ mod tests {
                 "the transmit queue never grew"
             );
         }
+    }
+
+    #[test]
+    fn a_host_that_does_not_read_its_responses_is_paused_and_the_transmit_buffer_never_grows() {
+        let mut admin = Bed::new(None, Digests::default());
+        let nqn = admin.sub.nqn.clone();
+        assert_eq!(
+            admin.connect(0, 0xffff, &nqn, HOST).status(),
+            Status::SUCCESS
+        );
+        admin.enable();
+        let capacity = admin.conn.tx_capacity();
+        let mut identify = Sqe::new(0x06);
+        identify.cdw10 = 1;
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut identify)
+            .try_into()
+            .unwrap();
+        b[39] = SGL_TRANSPORT;
+        b[32..36].copy_from_slice(&4096u32.to_le_bytes());
+        let one = OutHeader::capsule_cmd(&identify, 0, Digests::default());
+        let many: Vec<u8> = (0..100).flat_map(|_| one.as_slice().to_vec()).collect();
+        // 100 Identify answers are 400 KiB: reading stops once 16 KiB wait to be sent
+        let taken = admin.conn.receive(&many, &mut admin.backend);
+        assert!(taken < many.len() / 10, "took {taken} bytes");
+        assert_eq!(admin.conn.tx_capacity(), capacity);
+        // the host reads, and the rest is served
+        let mut answered = 0;
+        let mut rest = &many[taken..];
+        loop {
+            let got = admin.take();
+            answered += got
+                .iter()
+                .filter(|g| matches!(g, Got::Resp(c) if c.status() == Status::SUCCESS))
+                .count();
+            if rest.is_empty() && got.is_empty() {
+                break;
+            }
+            let n = admin.conn.receive(rest, &mut admin.backend);
+            rest = &rest[n..];
+        }
+        assert_eq!(answered, 100);
+        assert_eq!(
+            admin.conn.tx_capacity(),
+            capacity,
+            "the transmit buffer never grew"
+        );
     }
 
     #[test]
