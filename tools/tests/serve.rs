@@ -24,6 +24,11 @@ struct Serve {
 
 impl Serve {
     fn start(extra: &[&str]) -> Serve {
+        Serve::start_on("sim:0-1,backend=ram,size=16M", extra)
+    }
+
+    /// `usnvme serve` on one reactor (core 0) exporting the `sim:` drives `device`.
+    fn start_on(device: &str, extra: &[&str]) -> Serve {
         let status = std::env::temp_dir().join(format!(
             "serve-status-{}-{}.json",
             std::process::id(),
@@ -33,7 +38,7 @@ impl Serve {
             .args([
                 "serve",
                 "-r",
-                "sim:0-1,backend=ram,size=16M",
+                device,
                 "-c",
                 "0",
                 "--listen",
@@ -276,6 +281,45 @@ fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buff
             // every write's data went straight from the socket into a DMA buffer
             && s["data_copied"] == 0
     });
+}
+
+#[test]
+fn io_on_the_same_reactor_keeps_completing_while_a_smart_read_waits_on_the_drives() {
+    // Every Get Log Page the drives get takes an hour (past the driver's admin timeout):
+    // the SMART read is pending for the whole test.
+    let serve = Serve::start_on(
+        "sim:0-1,backend=ram,size=16M,mode=threaded,logdelay=3600s",
+        &["--allow-any-host"],
+    );
+    let opts = options(Digests::default());
+    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    // (one reactor, -c 0, serves both queues)
+    let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+    io.set_in_capsule_limit(8192);
+    let smart = std::thread::spawn(move || {
+        let mut sqe = Sqe::new(0x02);
+        sqe.nsid = u32::MAX;
+        sqe.cdw10 = 0x02 | ((512 / 4 - 1) << 16);
+        admin.admin(sqe, 512).map(|(cqe, _)| cqe.status())
+    });
+    serve.wait_for_status("a SMART read pending", |s| s["smart_reads_pending"] == 1);
+    for round in 0..20u64 {
+        let data: Vec<u8> = (0..8192).map(|i: u64| (i * 13 + round) as u8).collect();
+        io.write(1, round * 16, 16, &data).expect("write");
+        let mut back = vec![0u8; 8192];
+        io.read(1, round * 16, 16, &mut back).expect("read");
+        assert!(back == data, "round {round}: read back differs");
+    }
+    serve.wait_for_status("the SMART read still pending", |s| {
+        s["smart_reads_pending"] == 1
+    });
+    assert!(
+        !smart.is_finished(),
+        "the SMART Get Log Page is still unanswered: it did not hold the I/O up"
+    );
+    io.disconnect();
+    drop(serve);
+    let _ = smart.join(); // (the target is gone: an error)
 }
 
 #[test]

@@ -21,7 +21,7 @@ use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::target::admin::aggregate_smart;
 use usnvme_engine::fabric::target::connection::ConnectionLimits;
 use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared};
+use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared, SmartService};
 use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
@@ -186,16 +186,18 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         limits: ConnectionLimits {
             maxh2cdata: MAXH2CDATA,
         },
-        smart: Arc::new(move || {
+        // on a thread of its own: a drive's admin queue takes milliseconds
+        smart: SmartService::start(move || {
             let logs: Vec<SmartLog> = smart_controllers
                 .iter()
                 .filter_map(|c| c.smart_log().ok())
                 .collect();
             aggregate_smart(&logs)
-        }),
+        })?,
         stop: stop.clone(),
         counters: counters.clone(),
     };
+    let smart = shared.smart.clone();
     let reactors = engine.placement().reactors.len();
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -213,7 +215,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     if let Some(path) = &args.json_status {
         write_status(
             path,
-            &status_json(&subsystem, allowed.as_deref(), &counters, &registry),
+            &status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart),
         )?;
     }
     let tty = usnvme_tools::progress::wanted();
@@ -240,7 +242,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
             if let Some(path) = &args.json_status {
-                let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry);
+                let status =
+                    status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart);
                 write_status(path, &status)?;
             }
             let commands = counters.commands.load(Ordering::Relaxed);
@@ -268,7 +271,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     drop(listeners);
     run.wait()?;
     if let Some(path) = &args.json_status {
-        let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry);
+        let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart);
         write_status(path, &status)?;
     }
     Ok(())
@@ -279,6 +282,7 @@ fn status_json(
     allowed: Option<&[String]>,
     counters: &Counters,
     registry: &Registry,
+    smart: &SmartService,
 ) -> serde_json::Value {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     serde_json::json!({
@@ -295,6 +299,7 @@ fn status_json(
         "bytes_sent": load(&counters.bytes),
         "buffers_in_use": load(&counters.buffers_in_use),
         "data_copied": load(&counters.data_copied),
+        "smart_reads_pending": smart.pending(),
     })
 }
 

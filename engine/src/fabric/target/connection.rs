@@ -25,7 +25,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use usnvme_driver::spec::{Cqe, Sqe, Status};
+use usnvme_driver::spec::{Cqe, SmartLog, Sqe, Status};
 use vm_memory::VolatileSlice;
 
 use super::admin::{self, ConnectData, FabricsCommand, Features};
@@ -62,6 +62,8 @@ const KEEP_ALIVE: u8 = 0x18;
 const SGL_IN_CAPSULE: u8 = 0x01;
 const SGL_TRANSPORT: u8 = 0x5a;
 
+/// SMART Get Log Page commands one admin queue may have waiting for the drives' answer.
+const SMART_WAITING: usize = 4;
 /// PDUs in a row without data for the drives after which headers are read ahead in batches
 /// (one `read` for many commands): a host that only reads gets batched reads, one that also
 /// writes gets its write data straight into the DMA buffers.
@@ -99,8 +101,11 @@ pub trait Backend {
     ) -> Result<(), Status>;
     /// The command is done with its buffer.
     fn release(&mut self, token: u16);
-    /// SMART / Health of the drives under the subsystem, aggregated.
-    fn smart(&mut self) -> usnvme_driver::spec::SmartLog;
+    /// Starts reading SMART / Health of the drives under the subsystem (aggregated) where it
+    /// does not hold up the reactor; false when it cannot be asked for now.
+    fn smart_request(&mut self) -> bool;
+    /// The answer to the request, once it is there (taken once).
+    fn smart_answer(&mut self) -> Option<SmartLog>;
 }
 
 /// The limits this target advertises and enforces on every connection.
@@ -139,6 +144,8 @@ enum Role {
         registers: admin::ControllerRegisters,
         /// Async Event Requests held (their CIDs), completed when the controller goes away.
         events: Vec<u16>,
+        /// Get Log Page (SMART) commands waiting for the drives' answer.
+        smart_waiting: Vec<Sqe>,
         last_keep_alive: Instant,
     },
     Io {
@@ -879,6 +886,7 @@ impl Connection {
                 features,
                 registers: admin::ControllerRegisters::new(&self.subsystem, discovery),
                 events: Vec::with_capacity(admin::ASYNC_EVENT_LIMIT),
+                smart_waiting: Vec::with_capacity(SMART_WAITING),
                 last_keep_alive: Instant::now(),
             };
             log::info!(
@@ -910,6 +918,7 @@ impl Connection {
             features,
             registers,
             events,
+            smart_waiting,
             last_keep_alive,
         } = &mut self.role
         else {
@@ -927,6 +936,9 @@ impl Connection {
         // the association ends only after twice KATO without one, so a host that sends its
         // Keep Alive every KATO is never cut off by scheduling jitter.
         *last_keep_alive = Instant::now();
+        // SMART comes from the drives, which take milliseconds: the command waits for the
+        // backend's answer (see `poll_smart`) while the reactor serves everything else.
+        let mut wants_smart = false;
         let result: Result<(u32, usize), Status> = match opcode {
             KEEP_ALIVE => Ok((0, 0)),
             ASYNC_EVENT_REQUEST => {
@@ -943,10 +955,28 @@ impl Connection {
                 discovery,
                 features,
                 sqe,
-                &mut || backend.smart(),
+                &mut || {
+                    wants_smart = true;
+                    SmartLog::zeroed()
+                },
                 &mut self.admin_data,
             ),
         };
+        if wants_smart && result.is_ok() {
+            // (the command passed every check; its answer is built again with the drives')
+            let refused = smart_waiting.is_empty() && !backend.smart_request();
+            if refused || smart_waiting.len() >= SMART_WAITING {
+                self.respond(cid, 0, Status::NAMESPACE_NOT_READY); // busy: the host retries
+            } else {
+                smart_waiting.push(*sqe);
+            }
+            return;
+        }
+        self.answer_admin(cid, sqe, result);
+    }
+
+    /// Sends an admin command's answer built in the admin buffer, or its status.
+    fn answer_admin(&mut self, cid: u16, sqe: &Sqe, result: Result<(u32, usize), Status>) {
         match result {
             Ok((dw0, 0)) => self.respond(cid, dw0, Status::SUCCESS),
             Ok((dw0, len)) => {
@@ -955,6 +985,41 @@ impl Connection {
                 self.respond(cid, dw0, Status::SUCCESS);
             }
             Err(status) => self.respond(cid, 0, status),
+        }
+    }
+
+    /// Answers the SMART Get Log Page commands waiting, once the drives' answer is there.
+    fn poll_smart(&mut self, backend: &mut dyn Backend) {
+        let Role::Admin { smart_waiting, .. } = &self.role else {
+            return;
+        };
+        if smart_waiting.is_empty() || self.closed.is_some() {
+            return;
+        }
+        let Some(log) = backend.smart_answer() else {
+            return;
+        };
+        while let Role::Admin {
+            smart_waiting,
+            features,
+            controller,
+            ..
+        } = &mut self.role
+        {
+            let Some(sqe) = smart_waiting.pop() else {
+                break;
+            };
+            let (cntlid, discovery) = (controller.cntlid(), controller.discovery());
+            let result = admin::execute(
+                &self.subsystem,
+                cntlid,
+                discovery,
+                features,
+                &sqe,
+                &mut || log,
+                &mut self.admin_data,
+            );
+            self.answer_admin(sqe.cid(), &sqe, result);
         }
     }
 
@@ -1451,8 +1516,10 @@ impl Connection {
     }
 
     /// Timers: an admin queue whose host sent no Keep Alive within KATO ends its association;
-    /// an I/O queue of a controller that went away ends too. Call every few milliseconds.
+    /// an I/O queue of a controller that went away ends too; SMART answers are collected.
+    /// Call every few milliseconds.
     pub fn tick(&mut self, now: Instant, backend: &mut dyn Backend) {
+        self.poll_smart(backend);
         let why = match &self.role {
             Role::Admin {
                 features,
@@ -2088,6 +2155,57 @@ mod tests {
             capacity,
             "the transmit buffer never grew"
         );
+    }
+
+    #[test]
+    fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
+        let mut admin = Bed::new(None, Digests::default());
+        let nqn = admin.sub.nqn.clone();
+        let cntlid = admin.connect(0, 0xffff, &nqn, HOST).dw0 as u16;
+        admin.enable();
+        admin.backend.smart_held = true; // the drives are slow to answer
+        admin.backend.smart.temperature_sensors[0] = 321;
+        let mut smart = Sqe::new(0x02);
+        smart.nsid = u32::MAX;
+        smart.cdw10 = 0x02 | ((512 / 4 - 1) << 16);
+        smart.set_cid(40);
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut smart)
+            .try_into()
+            .unwrap();
+        b[39] = SGL_TRANSPORT;
+        b[32..36].copy_from_slice(&512u32.to_le_bytes());
+        admin.capsule(&smart, &[]);
+        admin.conn.tick(Instant::now(), &mut admin.backend);
+        assert!(
+            admin.take().is_empty(),
+            "no answer while the drives have none"
+        );
+        assert_eq!(admin.backend.smart_asked, 1);
+        // meanwhile: an Identify on the same queue, and I/O on a queue of the controller
+        let mut identify = Sqe::new(0x06);
+        identify.cdw10 = 1;
+        admin.capsule(&identify, &[]);
+        assert_eq!(admin.status(), Status::SUCCESS);
+        let mut io = Bed::new(None, Digests::default());
+        io.conn.registry = admin.conn.registry.clone();
+        assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
+        let sqe = io.io(WRITE, 0, 8, 0);
+        io.capsule(&sqe, &[9; 4096]);
+        assert_eq!(io.status(), Status::SUCCESS);
+        // the drives answer: the command completes with their log
+        admin.conn.tick(Instant::now(), &mut admin.backend);
+        assert!(admin.take().is_empty());
+        admin.backend.smart_held = false;
+        admin.conn.tick(Instant::now(), &mut admin.backend);
+        match &admin.take()[..] {
+            [Got::Data(d, data), Got::Resp(c)] => {
+                assert_eq!((d.cccid, c.cid, c.status()), (40, 40, Status::SUCCESS));
+                let log = usnvme_driver::spec::SmartLog::from_slice(data).expect("512 bytes");
+                assert_eq!(log.temperature_sensors[0], 321);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(admin.backend.smart_asked, 0);
     }
 
     #[test]

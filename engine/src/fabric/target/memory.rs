@@ -24,6 +24,11 @@ pub struct MemoryBackend {
     held: Vec<bool>,
     submitted: Vec<(u16, Result<(), Status>)>,
     max_buffer: usize,
+    /// The SMART log the drives give, and whether its answer is held back (a slow drive).
+    pub smart: SmartLog,
+    pub smart_held: bool,
+    /// SMART requests not answered yet.
+    pub smart_asked: u32,
 }
 
 impl MemoryBackend {
@@ -41,6 +46,9 @@ impl MemoryBackend {
             held: vec![false; slots],
             submitted: Vec::with_capacity(slots),
             max_buffer,
+            smart: SmartLog::zeroed(),
+            smart_held: false,
+            smart_asked: 0,
         }
     }
 
@@ -116,8 +124,17 @@ impl Backend for MemoryBackend {
         }
     }
 
-    fn smart(&mut self) -> SmartLog {
-        SmartLog::zeroed()
+    fn smart_request(&mut self) -> bool {
+        self.smart_asked += 1;
+        true
+    }
+
+    fn smart_answer(&mut self) -> Option<SmartLog> {
+        if self.smart_asked == 0 || self.smart_held {
+            return None;
+        }
+        self.smart_asked -= 1;
+        Some(self.smart)
     }
 }
 

@@ -32,8 +32,8 @@ pub struct Shared {
     pub subsystem: Arc<SubsystemInfo>,
     pub registry: Arc<Registry>,
     pub limits: ConnectionLimits,
-    /// SMART / Health of the drives, aggregated (admin path only).
-    pub smart: Arc<dyn Fn() -> SmartLog + Send + Sync>,
+    /// Reads SMART / Health of the drives on its own thread (it takes milliseconds).
+    pub smart: SmartService,
     /// Set when the target stops.
     pub stop: Arc<AtomicBool>,
     pub counters: Arc<Counters>,
@@ -44,6 +44,68 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("subsystem", &self.subsystem.nqn)
             .finish()
+    }
+}
+
+/// SMART reads queued to the worker at most (more wait in the hosts, answered "busy").
+const SMART_QUEUE: usize = 64;
+
+/// The thread that reads SMART / Health from the drives for the connections, so that no
+/// reactor waits on a drive's admin queue: a connection's request goes to it with the
+/// connection's answer slot, which the connection polls.
+#[derive(Clone)]
+pub struct SmartService {
+    requests: crossbeam_channel::Sender<Arc<SmartSlot>>,
+    /// Reads asked for and not answered yet.
+    pending: Arc<AtomicU64>,
+}
+
+/// Where the SMART thread leaves one connection's answer.
+#[derive(Debug, Default)]
+pub struct SmartSlot {
+    answer: parking_lot::Mutex<Option<SmartLog>>,
+}
+
+impl std::fmt::Debug for SmartService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmartService")
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
+
+impl SmartService {
+    /// Starts the thread; `read` reads and aggregates the drives' logs. The thread ends when
+    /// the last handle goes.
+    pub fn start(read: impl Fn() -> SmartLog + Send + 'static) -> std::io::Result<SmartService> {
+        let (requests, queue) = crossbeam_channel::bounded::<Arc<SmartSlot>>(SMART_QUEUE);
+        let pending = Arc::new(AtomicU64::new(0));
+        let done = pending.clone();
+        std::thread::Builder::new()
+            .name("usnvme-smart".into())
+            .spawn(move || {
+                while let Ok(slot) = queue.recv() {
+                    let log = read();
+                    *slot.answer.lock() = Some(log);
+                    done.fetch_sub(1, Ordering::Release);
+                }
+            })?;
+        Ok(SmartService { requests, pending })
+    }
+
+    /// Queues a read whose answer goes to `slot`; false when the queue is full.
+    fn request(&self, slot: &Arc<SmartSlot>) -> bool {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let sent = self.requests.try_send(slot.clone()).is_ok();
+        if !sent {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// SMART reads asked for and not answered yet.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Acquire)
     }
 }
 
@@ -67,6 +129,9 @@ struct Conn {
     conn: Connection,
     /// Each command slot's DMA buffer while it has one.
     buffers: Vec<Option<DmaBuffer>>,
+    /// Where its SMART answers arrive, and whether one is asked for.
+    smart: Arc<SmartSlot>,
+    smart_asked: bool,
 }
 
 /// The job of one reactor.
@@ -124,6 +189,8 @@ impl ServeJob {
                 stream,
                 conn,
                 buffers: (0..entries).map(|_| None).collect(),
+                smart: Arc::new(SmartSlot::default()),
+                smart_asked: false,
             };
             match self.conns.iter().position(Option::is_none) {
                 Some(free) => self.conns[free] = Some(c),
@@ -143,7 +210,9 @@ struct ReactorBackend<'a> {
     pool: &'a mut BufferPool,
     buffers: &'a mut [Option<DmaBuffer>],
     slot: usize,
-    smart: &'a (dyn Fn() -> SmartLog + Send + Sync),
+    smart: &'a SmartService,
+    smart_slot: &'a Arc<SmartSlot>,
+    smart_asked: &'a mut bool,
     in_use: &'a AtomicU64,
 }
 
@@ -151,18 +220,21 @@ impl<'a> ReactorBackend<'a> {
     fn new(
         devices: &'a mut [DeviceChannel],
         pool: &'a mut BufferPool,
-        buffers: &'a mut [Option<DmaBuffer>],
+        c: &'a mut Conn,
         slot: usize,
         shared: &'a Shared,
-    ) -> Self {
-        ReactorBackend {
+    ) -> (&'a mut Connection, &'a mut TcpStream, Self) {
+        let backend = ReactorBackend {
             devices,
             pool,
-            buffers,
+            buffers: &mut c.buffers,
             slot,
-            smart: &*shared.smart,
+            smart: &shared.smart,
+            smart_slot: &c.smart,
+            smart_asked: &mut c.smart_asked,
             in_use: &shared.counters.buffers_in_use,
-        }
+        };
+        (&mut c.conn, &mut c.stream, backend)
     }
 }
 
@@ -224,8 +296,20 @@ impl Backend for ReactorBackend<'_> {
         }
     }
 
-    fn smart(&mut self) -> SmartLog {
-        (self.smart)()
+    fn smart_request(&mut self) -> bool {
+        if !*self.smart_asked {
+            *self.smart_asked = self.smart.request(self.smart_slot);
+        }
+        *self.smart_asked
+    }
+
+    fn smart_answer(&mut self) -> Option<SmartLog> {
+        if !*self.smart_asked {
+            return None;
+        }
+        let answer = self.smart_slot.answer.lock().take();
+        *self.smart_asked = answer.is_none();
+        answer
     }
 }
 
@@ -259,23 +343,20 @@ impl Job for ServeJob {
             let Some(c) = entry else {
                 continue;
             };
-            let mut backend =
-                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
+            let (conn, stream, mut backend) =
+                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
             if self.stopping_since.is_some() {
-                c.conn.shut_down(&mut backend);
+                conn.shut_down(&mut backend);
             }
-            c.conn.tick(now, &mut backend);
+            conn.tick(now, &mut backend);
             // Read what arrived: headers into the connection, write data straight into the
             // commands' DMA buffers.
-            match c.conn.receive_from(&mut c.stream, &mut backend) {
+            match conn.receive_from(stream, &mut backend) {
                 Ok(Receive::Ended) => {
-                    c.conn
-                        .peer_gone("the host closed the connection", &mut backend);
+                    conn.peer_gone("the host closed the connection", &mut backend)
                 }
                 Ok(Receive::Drained | Receive::Paused) => {}
-                Err(e) => c
-                    .conn
-                    .peer_gone(&format!("connection error: {e}"), &mut backend),
+                Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
             }
         }
         // Completions of every device, to their connections.
@@ -295,9 +376,9 @@ impl Job for ServeJob {
             let slot = (token >> TOKEN_BITS) as usize;
             let command = (token & 0xffff) as u16;
             if let Some(Some(c)) = self.conns.get_mut(slot) {
-                let mut backend =
-                    ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
-                c.conn.complete(command, result, &mut backend);
+                let (conn, _, mut backend) =
+                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
+                conn.complete(command, result, &mut backend);
                 self.shared
                     .counters
                     .commands
@@ -310,18 +391,13 @@ impl Job for ServeJob {
                 continue;
             };
             // Send: headers and read data from the DMA buffers, gathered in one writev.
-            let mut backend =
-                ReactorBackend::new(&mut ctx.devices, pool, &mut c.buffers, slot, shared);
-            match c.conn.transmit(&mut c.stream, &mut backend) {
+            let (conn, stream, mut backend) =
+                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
+            match conn.transmit(stream, &mut backend) {
                 Ok(n) => {
-                    self.shared
-                        .counters
-                        .bytes
-                        .fetch_add(n as u64, Ordering::Relaxed);
+                    shared.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Err(e) => c
-                    .conn
-                    .peer_gone(&format!("connection error: {e}"), &mut backend),
+                Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
             }
             if let Some(why) = c.conn.finished() {
                 log::info!("{:?}: closed: {why}", c.conn);
