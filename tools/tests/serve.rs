@@ -322,6 +322,51 @@ fn io_on_the_same_reactor_keeps_completing_while_a_smart_read_waits_on_the_drive
     let _ = smart.join(); // (the target is gone: an error)
 }
 
+/// CSTS.SHST of the controller behind `admin`.
+fn shutdown_status(admin: &mut Queue) -> u64 {
+    admin.property_get(0x1c, false).expect("CSTS") >> 2 & 3
+}
+
+#[test]
+fn a_shutdown_reports_complete_only_once_the_drives_are_flushed() {
+    const CC_SHN_NORMAL: u64 = 1 << 14;
+    let enabled = 1 | 6 << 16 | 4 << 20;
+    let opts = options(Digests::default());
+    // Flushes that take an hour: the shutdown is still processing when asked.
+    let slow = Serve::start_on(
+        "sim:0-1,backend=ram,size=16M,mode=threaded,flushdelay=3600s",
+        &["--allow-any-host"],
+    );
+    let (mut admin, _) = slow.admin(NQN, &opts);
+    admin
+        .property_set(0x14, false, enabled | CC_SHN_NORMAL)
+        .expect("CC.SHN");
+    assert_eq!(
+        shutdown_status(&mut admin),
+        0b01,
+        "processing: the flushes are pending"
+    );
+    drop(slow);
+    // Drives that flush at once: SHST becomes complete (the flushes completed on the reactor).
+    let serve = Serve::start(&["--allow-any-host"]);
+    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+    io.write(1, 0, 8, &[0x5a; 4096]).expect("write");
+    admin
+        .property_set(0x14, false, enabled | CC_SHN_NORMAL)
+        .expect("CC.SHN");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while shutdown_status(&mut admin) != 0b10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no shutdown complete after 20 s"
+        );
+    }
+    let mut back = [0u8; 4096];
+    io.read(1, 0, 8, &mut back).expect("read");
+    assert!(back.iter().all(|&b| b == 0x5a));
+}
+
 #[test]
 fn an_association_without_keep_alive_ends_after_kato() {
     let serve = Serve::start(&["--allow-any-host"]);

@@ -1,8 +1,9 @@
 //! `sim:` device addresses: `sim:0`, `sim:0-23`, then options, e.g.
 //! `sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us`.
 //! Fault options (`misdirect=N`, `corrupt=N`, `nodata=N`) make the drive misbehave silently from
-//! its Nth write or read on, for tests of data checks; `logdelay=DURATION` makes every Get Log
-//! Page complete that much later (threaded mode: on time), for tests of what waits on it.
+//! its Nth write or read on, for tests of data checks; `logdelay=DURATION` and
+//! `flushdelay=DURATION` make every Get Log Page or Flush complete that much later (threaded
+//! mode: on time), for tests of what waits on them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -43,7 +44,8 @@ queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded
 latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>, \
 corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
 nodata=<N: from the Nth read on, reads complete without moving data>, \
-logdelay=<e.g. 100ms: Get Log Page completes that much later>";
+logdelay=<e.g. 100ms: Get Log Page completes that much later>, \
+flushdelay=<e.g. 100ms: Flush completes that much later>";
 
 impl SimSpec {
     /// Whether `s` is meant as a sim address (then parse it for the details).
@@ -209,13 +211,17 @@ impl FromStr for SimSpec {
                         _ => return Err(bad("inline or threaded")),
                     }
                 }
-                "logdelay" => {
+                "logdelay" | "flushdelay" => {
                     let delay = parse_duration(value)
                         .ok_or_else(|| bad("a duration, e.g. 100ms, 3600s"))?;
-                    let logs = FaultWhen::admin(crate::spec::AdminOpcode::GetLogPage as u8);
+                    let which = if name == "logdelay" {
+                        FaultWhen::admin(crate::spec::AdminOpcode::GetLogPage as u8)
+                    } else {
+                        FaultWhen::opcode(IoOpcode::Flush as u8)
+                    };
                     config
                         .faults
-                        .push(Fault::new(logs, FaultAction::Delay(delay)).times(0));
+                        .push(Fault::new(which, FaultAction::Delay(delay)).times(0));
                 }
                 "latency" => {
                     latency =

@@ -140,7 +140,8 @@ impl ControllerRegisters {
 
     /// Property Set: only CC (4 bytes). CC.EN 0→1 makes the controller ready once its
     /// configuration is one we support; EN 1→0 resets it (not ready); a shutdown notification
-    /// (SHN) completes at once. A refused write leaves CC as it was.
+    /// (SHN) starts shutdown processing (CSTS.SHST 01b), which [`Self::shutdown_complete`]
+    /// ends. A refused write leaves CC as it was.
     pub fn property_set(
         &mut self,
         offset: u32,
@@ -160,11 +161,11 @@ impl ControllerRegisters {
         if new.en() != old.en() {
             self.csts = self.csts.with_rdy(new.en());
         }
-        if new.shn() != Cc::SHN_NONE {
-            // Complete at once: this controller holds no data of its own. The drives' volatile
-            // caches are not flushed here; a caller that wants that must Flush them on SHN.
-            self.csts = self.csts.with_shst(ShutdownStatus::Complete);
-        } else if old.shn() != Cc::SHN_NONE {
+        if new.shn() != Cc::SHN_NONE && old.shn() == Cc::SHN_NONE {
+            // Processing: the connection flushes the drives' volatile write caches, then
+            // calls `shutdown_complete`.
+            self.csts = self.csts.with_shst(ShutdownStatus::Occurring);
+        } else if new.shn() == Cc::SHN_NONE && old.shn() != Cc::SHN_NONE {
             self.csts = self.csts.with_shst(ShutdownStatus::Normal);
         }
         Ok(())
@@ -194,6 +195,18 @@ impl ControllerRegisters {
     /// The host announced a shutdown (CC.SHN): held Asynchronous Event Requests should end.
     pub fn shutdown_requested(&self) -> bool {
         self.cc.shn() != Cc::SHN_NONE
+    }
+
+    /// Shutdown processing is under way (SHN written, not yet complete).
+    pub fn shutting_down(&self) -> bool {
+        self.csts.shst() == ShutdownStatus::Occurring
+    }
+
+    /// Shutdown processing is done (the drives' caches are flushed): CSTS.SHST 10b.
+    pub fn shutdown_complete(&mut self) {
+        if self.shutting_down() {
+            self.csts = self.csts.with_shst(ShutdownStatus::Complete);
+        }
     }
 
     pub fn cap(&self) -> Cap {
@@ -1197,10 +1210,15 @@ mod tests {
         assert_eq!(r.property_get(0x1c, false), Ok(1), "CSTS.RDY");
         assert_eq!(r.property_get(0x14, false), Ok(u64::from(enabled.0)));
 
-        // shutdown: SHST complete at once, RDY stays until EN clears
+        // shutdown: SHST occurring until the caller says it is complete (the drives'
+        // caches flushed), written again meanwhile it stays so; RDY stays until EN clears
         let shutdown = enabled.with_shn(Cc::SHN_NORMAL);
         assert_eq!(r.property_set(0x14, false, u64::from(shutdown.0)), Ok(()));
-        assert!(r.shutdown_requested());
+        assert!(r.shutdown_requested() && r.shutting_down());
+        assert_eq!(r.property_get(0x1c, false), Ok(0b0101));
+        assert_eq!(r.property_set(0x14, false, u64::from(shutdown.0)), Ok(()));
+        assert_eq!(r.csts().shst(), ShutdownStatus::Occurring);
+        r.shutdown_complete();
         assert_eq!(r.csts().shst(), ShutdownStatus::Complete);
         assert_eq!(r.property_get(0x1c, false), Ok(0b1001));
         // reset after the shutdown: not ready, shutdown status normal

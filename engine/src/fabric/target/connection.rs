@@ -173,6 +173,8 @@ struct Slot {
     pending: u16,
     /// The first failure among its parts.
     failed: Option<Status>,
+    /// The Flushes of a shutdown (CC.SHN), not a command of the host's.
+    shutdown_flush: bool,
 }
 
 /// Data of the PDU being received that goes straight into a command's buffer.
@@ -829,6 +831,7 @@ impl Connection {
                 self.respond(cid, 0, status);
                 if self.shutting_down() {
                     self.complete_events(Status::ABORT_REQUESTED);
+                    self.flush_for_shutdown(backend);
                 }
             }
             FabricsCommand::Disconnect => {
@@ -841,6 +844,51 @@ impl Connection {
 
     fn shutting_down(&self) -> bool {
         matches!(&self.role, Role::Admin { registers, .. } if registers.shutdown_requested())
+    }
+
+    /// A shutdown (CC.SHN) flushes the drives' volatile write caches: a Flush to every
+    /// exported namespace, as one command of this queue's (its parts count down as for a
+    /// Dataset Management); CSTS.SHST reports shutdown complete when all are done.
+    fn flush_for_shutdown(&mut self, backend: &mut dyn Backend) {
+        let Role::Admin {
+            registers,
+            controller,
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        let started = self.slots.iter().any(|s| s.busy && s.shutdown_flush);
+        if !registers.shutting_down() || started {
+            return;
+        }
+        let count = self.subsystem.namespaces.len();
+        let token = self.slots.iter().position(|s| !s.busy);
+        let (Some(token), false, 1..) = (token, controller.discovery(), count) else {
+            registers.shutdown_complete(); // nothing to flush (or no slot: cannot happen)
+            return;
+        };
+        self.slots[token] = Slot {
+            busy: true,
+            op: Some(Op::Flush),
+            submitted: true,
+            pending: count as u16,
+            shutdown_flush: true,
+            ..Slot::default()
+        };
+        self.in_flight += 1;
+        for ns in 0..count {
+            if let Err(status) = backend.submit(token as u16, ns, Op::Flush, 0, 0) {
+                // the parts not submitted will not complete: count them now
+                let s = &mut self.slots[token];
+                s.failed = s.failed.or(Some(status));
+                s.pending -= (count - ns) as u16;
+                if s.pending == 0 {
+                    self.finish(token as u16, status, backend);
+                }
+                return;
+            }
+        }
     }
 
     /// Checks a Connect and makes this connection an admin or I/O queue; the controller ID.
@@ -1305,6 +1353,19 @@ impl Connection {
         }
         self.slots[token as usize] = Slot::default();
         self.in_flight -= 1;
+        if slot.shutdown_flush {
+            // no command of the host's: the shutdown it asked for is complete
+            if !status.is_success() {
+                log::warn!(
+                    "{}: flushing the drives for a shutdown failed: {status}",
+                    self.peer
+                );
+            }
+            if let Role::Admin { registers, .. } = &mut self.role {
+                registers.shutdown_complete();
+            }
+            return;
+        }
         if self.closed.is_none() {
             self.respond(slot.cid, 0, status);
         }
@@ -2206,6 +2267,61 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(admin.backend.smart_asked, 0);
+    }
+
+    #[test]
+    fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
+        let mut admin = Bed::new(None, Digests::default());
+        let nqn = admin.sub.nqn.clone();
+        assert_eq!(
+            admin.connect(0, 0xffff, &nqn, HOST).status(),
+            Status::SUCCESS
+        );
+        admin.enable();
+        let property = |set: Option<u64>| {
+            let mut sqe = Sqe::new(FABRICS);
+            let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+                .try_into()
+                .unwrap();
+            b[4] = if set.is_some() { 0x00 } else { 0x04 };
+            let offset: u32 = if set.is_some() { 0x14 } else { 0x1c };
+            b[44..48].copy_from_slice(&offset.to_le_bytes());
+            b[48..56].copy_from_slice(&set.unwrap_or(0).to_le_bytes());
+            OutHeader::capsule_cmd(&sqe, 0, Digests::default()).bytes[..72].to_vec()
+        };
+        let csts = |bed: &mut Bed| {
+            bed.conn.receive(&property(None), &mut bed.backend); // (nothing completes)
+            match &bed.take()[..] {
+                [Got::Resp(c)] => c.dw0,
+                other => panic!("{other:?}"),
+            }
+        };
+        let cc = 1u64 | 6 << 16 | 4 << 20;
+        admin
+            .conn
+            .receive(&property(Some(cc | 1 << 14)), &mut admin.backend); // SHN normal
+        assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
+        assert_eq!(admin.backend.flushes, [1, 1], "a Flush to every namespace");
+        assert_eq!(
+            csts(&mut admin) >> 2 & 3,
+            0b01,
+            "SHST: processing, flushes pending"
+        );
+        admin.backend.complete_all(&mut admin.conn);
+        assert!(admin.take().is_empty(), "no response of its own");
+        assert_eq!(
+            csts(&mut admin) >> 2 & 3,
+            0b10,
+            "SHST: complete once flushed"
+        );
+        // written again: no second round of flushes
+        admin
+            .conn
+            .receive(&property(Some(cc | 1 << 14)), &mut admin.backend);
+        admin.backend.complete_all(&mut admin.conn);
+        assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
+        assert_eq!(admin.backend.flushes, [1, 1]);
+        assert_eq!(csts(&mut admin) >> 2 & 3, 0b10);
     }
 
     #[test]

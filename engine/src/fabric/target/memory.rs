@@ -29,6 +29,8 @@ pub struct MemoryBackend {
     pub smart_held: bool,
     /// SMART requests not answered yet.
     pub smart_asked: u32,
+    /// Flushes submitted, per namespace.
+    pub flushes: Vec<u32>,
 }
 
 impl MemoryBackend {
@@ -49,6 +51,7 @@ impl MemoryBackend {
             smart: SmartLog::zeroed(),
             smart_held: false,
             smart_asked: 0,
+            flushes: vec![0; sub.namespaces.len()],
         }
     }
 
@@ -111,7 +114,7 @@ impl Backend for MemoryBackend {
                 b.copy_to(&mut disk[range]);
             }
             (Op::WriteZeroes | Op::Deallocate, _) => disk[range].fill(0),
-            (Op::Flush, _) => {}
+            (Op::Flush, _) => self.flushes[ns] += 1,
             _ => return Err(Status::INTERNAL_ERROR),
         };
         self.submitted.push((token, Ok(())));
