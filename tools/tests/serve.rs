@@ -1,6 +1,7 @@
 //! `usnvme serve` on `sim:` drives over 127.0.0.1, reached with the project's NVMe/TCP host
 //! side (`usnvme_engine::fabric::host`): discovery, connect, identify, data written and read
-//! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM.
+//! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM,
+//! SMART reads that do not hold I/O up, shutdowns that flush, and no memory kept per connection.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -29,11 +30,12 @@ impl Serve {
 
     /// `usnvme serve` on one reactor (core 0) exporting the `sim:` drives `device`.
     fn start_on(device: &str, extra: &[&str]) -> Serve {
-        let status = std::env::temp_dir().join(format!(
-            "serve-status-{}-{}.json",
-            std::process::id(),
-            extra.len()
-        ));
+        // one status file per target: tests run at once, and two sharing a file made one
+        // target fail to write it and exit (a host then saw its connection reset)
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let status =
+            std::env::temp_dir().join(format!("serve-status-{}-{nth}.json", std::process::id()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
             .args([
                 "serve",
@@ -254,16 +256,37 @@ fn serve_refuses_bad_flags_before_touching_a_drive() {
     }
 }
 
+/// The anonymous memory (heap and thread stacks; not the program's file pages) a process has
+/// resident, in KiB: RssAnon in /proc/PID/status.
+fn anon_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in /proc/PID/status")
+}
+
 #[test]
 fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buffer_behind() {
+    /// Cycles that warm the target up (its allocator's pools, the drives' queues) before its
+    /// memory is measured, then the cycles measured.
+    const WARM_UP: u64 = 20;
+    const CYCLES: u64 = 100;
+    /// What the target may grow by over CYCLES cycles: nothing a connection holds may stay.
+    const GROWTH_KIB: u64 = 256;
     let serve = Serve::start(&["--allow-any-host"]);
     let opts = options(Digests::default());
-    let data: Vec<u8> = (0..(64 << 10)).map(|i: usize| (i % 251) as u8).collect();
-    for cycle in 0..100u64 {
+    let cycle = |cycle: u64| {
         let (admin, cntlid) = serve.admin(NQN, &opts);
         let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
         io.set_in_capsule_limit(8192);
-        let slba = cycle * 128;
+        // Other data every cycle, on the same blocks: the RAM drives' pages, touched once,
+        // are not what is measured.
+        let data: Vec<u8> = (0..(64 << 10))
+            .map(|i: usize| (i % 251) as u8 ^ cycle as u8)
+            .collect();
+        let slba = (cycle % 4) * 128;
         io.write(1, slba, 128, &data).expect("write (R2T)");
         io.write(2, slba, 16, &data[..8192])
             .expect("write (in-capsule)");
@@ -272,15 +295,28 @@ fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buff
         assert!(back == data, "cycle {cycle}: read back differs");
         io.disconnect();
         admin.disconnect();
-    }
-    serve.wait_for_status("drained", |s| {
-        s["controllers_created"] == 100
-            && s["connections"] == 0
-            && s["controllers"] == 0
-            && s["buffers_in_use"] == 0
-            // every write's data went straight from the socket into a DMA buffer
-            && s["data_copied"] == 0
-    });
+    };
+    let drained = |created: u64| {
+        move |s: &serde_json::Value| {
+            s["controllers_created"] == created
+                && s["connections"] == 0
+                && s["controllers"] == 0
+                && s["buffers_in_use"] == 0
+                // every write's data went straight from the socket into a DMA buffer
+                && s["data_copied"] == 0
+        }
+    };
+    (0..WARM_UP).for_each(cycle);
+    serve.wait_for_status("drained after the warm-up", drained(WARM_UP));
+    let before = anon_rss_kib(serve.child.id());
+    (WARM_UP..WARM_UP + CYCLES).for_each(cycle);
+    serve.wait_for_status("drained", drained(WARM_UP + CYCLES));
+    let after = anon_rss_kib(serve.child.id());
+    assert!(
+        after <= before + GROWTH_KIB,
+        "serve's anonymous memory grew from {before} KiB to {after} KiB over {CYCLES} cycles"
+    );
+    eprintln!("serve's anonymous memory: {before} KiB after {WARM_UP} cycles, {after} KiB after {CYCLES} more");
 }
 
 #[test]
