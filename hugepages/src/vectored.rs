@@ -7,8 +7,9 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use vm_memory::VolatileSlice;
 
-/// Most parts one call passes to the kernel (the rest wait for the next call).
-pub const MAX_PARTS: usize = 16;
+/// Most parts one call passes to the kernel (the rest wait for the next call): enough for a
+/// queue's worth of read completions (header, data, response) in one `writev`.
+pub const MAX_PARTS: usize = 64;
 
 /// Builds the iovec array of (at most [`MAX_PARTS`] of) `parts`.
 fn iovecs(parts: &[VolatileSlice<'_>]) -> ([libc::iovec; MAX_PARTS], usize) {
@@ -30,8 +31,9 @@ fn iovecs(parts: &[VolatileSlice<'_>]) -> ([libc::iovec; MAX_PARTS], usize) {
 pub fn readv_volatile(fd: BorrowedFd<'_>, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
     let (iov, n) = iovecs(parts);
     // SAFETY: the first `n` iovecs each describe the memory of one live VolatileSlice (valid for
-    // writes of its length for as long as `parts` is borrowed, which outlasts the call); the
-    // kernel writes only into them; `fd` is a valid descriptor (BorrowedFd).
+    // writes of its length for as long as `parts` is borrowed, which outlasts the call; without
+    // vm-memory's xen feature its pointer guard only carries the pointer); the kernel writes
+    // only into them; `fd` is a valid descriptor (BorrowedFd).
     let r = unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) };
     usize::try_from(r).map_err(|_| io::Error::last_os_error())
 }

@@ -2325,6 +2325,42 @@ mod tests {
     }
 
     #[test]
+    fn a_full_queue_of_reads_is_sent_from_the_buffers_in_order() {
+        let mut io = Bed::io_queue(both());
+        for (i, b) in io.backend.namespaces[0].iter_mut().enumerate() {
+            *b = (i / 512 * 7 + i % 512) as u8;
+        }
+        // 32 reads (every queue entry) of one block each, completed at once: more parts
+        // (header, data, response) than one writev takes
+        let mut pdus = Vec::new();
+        for i in 0..32u16 {
+            let mut sqe = io.io(READ, u64::from(i) * 3, 1, 512);
+            sqe.set_cid(100 + i);
+            let h = OutHeader::capsule_cmd(&sqe, 0, both());
+            pdus.extend_from_slice(h.as_slice());
+        }
+        io.send_whole(&pdus);
+        assert_eq!(
+            io.backend.buffers_held(),
+            32,
+            "every buffer held until sent"
+        );
+        let got = io.take();
+        assert_eq!(got.len(), 64);
+        for (i, pair) in got.chunks(2).enumerate() {
+            let lba = i * 3;
+            match pair {
+                [Got::Data(d, data), Got::Resp(c)] => {
+                    assert_eq!((d.cccid, c.cid), (100 + i as u16, 100 + i as u16));
+                    assert_eq!(data[..], io.backend.namespaces[0][lba * 512..][..512]);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(io.backend.buffers_held(), 0);
+    }
+
+    #[test]
     fn a_bad_data_digest_on_data_for_the_drives_ends_the_connection() {
         let mut io = Bed::io_queue(both());
         let sqe = io.io(WRITE, 0, 8, 4096);
