@@ -2391,6 +2391,91 @@ mod tests {
     }
 
     #[test]
+    fn mutated_io_streams_never_panic_and_give_every_buffer_back() {
+        let seed = std::env::var("USNVME_STRESS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(11);
+        let rounds = std::env::var("USNVME_STRESS_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(150);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        for _ in 0..rounds {
+            let digests = Digests {
+                header: rng.bool(),
+                data: rng.bool(),
+            };
+            let mut io = Bed::io_queue(digests);
+            // a valid stream of writes (in-capsule and R2T, whose TTAG is the slot the
+            // command gets: the lowest free one) and reads...
+            let mut stream = Vec::new();
+            for i in 0..rng.usize(1..12) {
+                let cid = i as u16;
+                let blocks = rng.u32(1..17);
+                let slba = rng.u64(0..2000);
+                let len = blocks * 512;
+                let data: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+                let mut push_capsule = |sqe: &Sqe, data: &[u8]| {
+                    let h = OutHeader::capsule_cmd(sqe, data.len(), digests);
+                    stream.extend_from_slice(h.as_slice());
+                    stream.resize(stream.len() + h.pad(), 0);
+                    stream.extend_from_slice(data);
+                    if digests.data && !data.is_empty() {
+                        stream.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+                    }
+                };
+                match rng.u8(0..3) {
+                    0 => {
+                        let mut sqe = io.io(WRITE, slba, blocks, 0);
+                        sqe.set_cid(cid);
+                        push_capsule(&sqe, &data);
+                    }
+                    1 => {
+                        let mut sqe = io.io(WRITE, slba, blocks, len);
+                        sqe.set_cid(cid);
+                        push_capsule(&sqe, &[]);
+                        stream.extend(h2c_pdu(cid, 0, 0, &data, true, digests));
+                    }
+                    _ => {
+                        let mut sqe = io.io(READ, slba, blocks, len);
+                        sqe.set_cid(cid);
+                        push_capsule(&sqe, &[]);
+                    }
+                }
+            }
+            // ...with a few bytes changed, fed in pieces of any size
+            for _ in 0..rng.usize(0..4) {
+                let at = rng.usize(0..stream.len());
+                stream[at] ^= 1 << rng.u8(0..8);
+            }
+            let mut rest = &stream[..];
+            while !rest.is_empty() {
+                let piece = rng.usize(1..=rest.len().min(9000));
+                let n = io.conn.receive(&rest[..piece], &mut io.backend);
+                if n == 0 {
+                    break; // closing (or paused: the stream is over anyway)
+                }
+                rest = &rest[n..];
+                if rng.bool() {
+                    io.backend.complete_all(&mut io.conn);
+                }
+                if rng.bool() {
+                    io.take();
+                }
+            }
+            io.conn.peer_gone("the stream ended", &mut io.backend);
+            io.backend.complete_all(&mut io.conn);
+            assert_eq!(
+                io.backend.buffers_held(),
+                0,
+                "seed {seed}: every buffer back"
+            );
+            assert!(io.conn.finished().is_some(), "seed {seed}: drained");
+        }
+    }
+
+    #[test]
     fn random_bytes_never_panic_and_leave_nothing_held() {
         let mut rng = fastrand::Rng::with_seed(7);
         for _ in 0..300 {
