@@ -5,11 +5,13 @@
 //! buffers with no copy (`readv`/`writev`, see [`super::wire`]).
 
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use usnvme_driver::spec::{SmartLog, Status};
 use usnvme_driver::IoBuffer;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
@@ -25,6 +27,8 @@ use crate::engine::{DeviceChannel, Job, ReactorContext};
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Connection tokens: the engine token is the connection's slot here, then the command's.
 const TOKEN_BITS: u32 = 16;
+/// Readiness events taken per turn (more wait for the next turn).
+const EVENTS_PER_TURN: usize = 256;
 
 /// What every reactor's job shares.
 #[derive(Clone)]
@@ -132,6 +136,9 @@ struct Conn {
     /// Where its SMART answers arrive, and whether one is asked for.
     smart: Arc<SmartSlot>,
     smart_asked: bool,
+    /// Worth a receive this turn: the socket has bytes (or news: end, error), or the last
+    /// receive paused with bytes of its own left to process.
+    readable: bool,
 }
 
 /// The job of one reactor.
@@ -143,6 +150,10 @@ pub struct ServeJob {
     buffers_per_reactor: usize,
     completions: Vec<(u64, Result<(), Status>)>,
     stopping_since: Option<Instant>,
+    /// Which connections' sockets have something to read: one `epoll_wait` per turn instead
+    /// of a `readv` per connection (most of which would find nothing).
+    epoll: Option<Epoll>,
+    events: Vec<EpollEvent>,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -166,6 +177,32 @@ impl ServeJob {
             buffers_per_reactor: buffers,
             completions: Vec::with_capacity(1024),
             stopping_since: None,
+            epoll: None,
+            events: vec![EpollEvent::empty(); EVENTS_PER_TURN],
+        }
+    }
+
+    /// Marks the connections whose sockets have something to read. Without epoll (or when it
+    /// fails), every connection is read.
+    fn poll_readiness(&mut self) {
+        let ready = match &self.epoll {
+            Some(epoll) => epoll.wait(&mut self.events, EpollTimeout::ZERO).ok(),
+            None => None,
+        };
+        match ready {
+            Some(n) => {
+                for event in &self.events[..n] {
+                    let slot = event.data() as usize;
+                    if let Some(Some(c)) = self.conns.get_mut(slot) {
+                        c.readable = true;
+                    }
+                }
+            }
+            None => {
+                for c in self.conns.iter_mut().flatten() {
+                    c.readable = true;
+                }
+            }
         }
     }
 
@@ -191,11 +228,25 @@ impl ServeJob {
                 buffers: (0..entries).map(|_| None).collect(),
                 smart: Arc::new(SmartSlot::default()),
                 smart_asked: false,
+                readable: true,
             };
-            match self.conns.iter().position(Option::is_none) {
-                Some(free) => self.conns[free] = Some(c),
-                None => self.conns.push(Some(c)),
+            let slot = match self.conns.iter().position(Option::is_none) {
+                Some(free) => free,
+                None => {
+                    self.conns.push(None);
+                    self.conns.len() - 1
+                }
+            };
+            if let Some(epoll) = &self.epoll {
+                // level-triggered: a socket left with bytes unread is reported again
+                let interest =
+                    EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, slot as u64);
+                if let Err(e) = epoll.add(c.stream.as_fd(), interest) {
+                    log::warn!("{:?}: cannot watch the socket: {e}", c.conn);
+                    continue;
+                }
             }
+            self.conns[slot] = Some(c);
             self.shared
                 .counters
                 .connections
@@ -323,6 +374,9 @@ impl Job for ServeJob {
             .buffer_pool(size, self.buffers_per_reactor)
             .map_err(|e| format!("DMA buffers for the target: {e}"))?;
         self.pool = Some(pool);
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| format!("epoll for the target's sockets: {e}"))?;
+        self.epoll = Some(epoll);
         Ok(())
     }
 
@@ -334,30 +388,44 @@ impl Job for ServeJob {
                 self.accept(); // new connections only while running
             }
         }
+        self.poll_readiness();
         let Some(pool) = self.pool.as_mut() else {
             return false;
         };
         let now = Instant::now();
         let shared = &self.shared;
+        let stopping = self.stopping_since.is_some();
         for (slot, entry) in self.conns.iter_mut().enumerate() {
             let Some(c) = entry else {
                 continue;
             };
+            let readable = std::mem::take(&mut c.readable) || stopping;
             let (conn, stream, mut backend) =
                 ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
-            if self.stopping_since.is_some() {
+            if stopping {
                 conn.shut_down(&mut backend);
             }
             conn.tick(now, &mut backend);
+            if !readable {
+                continue;
+            }
             // Read what arrived: headers into the connection, write data straight into the
             // commands' DMA buffers.
-            match conn.receive_from(stream, &mut backend) {
+            let paused = match conn.receive_from(stream, &mut backend) {
                 Ok(Receive::Ended) => {
-                    conn.peer_gone("the host closed the connection", &mut backend)
+                    conn.peer_gone("the host closed the connection", &mut backend);
+                    false
                 }
-                Ok(Receive::Drained | Receive::Paused) => {}
-                Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
-            }
+                Ok(Receive::Drained) => false,
+                Ok(Receive::Paused) => true,
+                Err(e) => {
+                    conn.peer_gone(&format!("connection error: {e}"), &mut backend);
+                    false
+                }
+            };
+            // a paused connection has bytes of its own left: receive again next turn,
+            // whatever the socket says
+            c.readable = paused;
         }
         // Completions of every device, to their connections.
         self.completions.clear();
@@ -405,6 +473,9 @@ impl Job for ServeJob {
                     .counters
                     .data_copied
                     .fetch_add(c.conn.copied(), Ordering::Relaxed);
+                if let Some(epoll) = &self.epoll {
+                    let _ = epoll.delete(c.stream.as_fd());
+                }
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
                 *entry = None;
                 self.shared
