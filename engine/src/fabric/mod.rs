@@ -1,7 +1,9 @@
 //! NVMe over Fabrics on TCP (NVMe/TCP): the wire format ([`pdu`]) shared by the target that
 //! exports the engine's block devices (`usnvme serve`) and the host side that reaches such
-//! targets.
+//! targets ([`host`], one blocking queue), and the
+//! addresses users give ([`address`]).
 
+pub mod address;
 pub mod host;
 pub mod pdu;
 pub mod target;
