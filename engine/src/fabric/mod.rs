@@ -1,9 +1,10 @@
 //! NVMe over Fabrics on TCP (NVMe/TCP): the wire format ([`pdu`]) shared by the target that
 //! exports the engine's block devices (`usnvme serve`) and the host side that reaches such
-//! targets ([`host`], one blocking queue), and the
+//! targets ([`host`], one blocking queue; [`remote`], a controller on top of it), and the
 //! addresses users give ([`address`]).
 
 pub mod address;
 pub mod host;
 pub mod pdu;
+pub mod remote;
 pub mod target;

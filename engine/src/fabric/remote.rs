@@ -1,0 +1,819 @@
+//! A remote NVMe/TCP controller, blocking, on top of [`host::Queue`]: the admin queue
+//! connected, CAP and VS read, the controller enabled (CC.EN, then CSTS.RDY within CAP.TO),
+//! Identify Controller, the active namespaces, SMART / Health, the Discovery Log Page, and a
+//! clean shutdown (CC.SHN, then CSTS.SHST complete) when done. `usnvme discover`, `identify`
+//! and `health` use it on remote targets.
+//!
+//! Errors a user can act on come out by kind ([`RemoteError`]): refused connection, a host
+//! the target does not allow, an unknown subsystem, a digest mismatch, a target that goes
+//! away in the middle of a command.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::registers::ShutdownStatus;
+use usnvme_driver::spec::{
+    Cap, Cc, Csts, IdentifyController, IdentifyNamespace, LogPageId, NamespaceList, SmartLog, Sqe,
+    Status, Vs,
+};
+use usnvme_driver::Namespace;
+
+use super::host::{HostError, HostOptions, Queue};
+use super::pdu::Digests;
+
+pub use super::target::DISCOVERY_NQN;
+
+/// Controller register offsets (the Fabrics properties).
+const CAP: u32 = 0x00;
+const VS: u32 = 0x08;
+const CC: u32 = 0x14;
+const CSTS: u32 = 0x1c;
+
+/// Admin queue entries asked for in Connect.
+const ADMIN_ENTRIES: u16 = 32;
+/// Namespace IDs looked at when a controller has no Active Namespace ID list.
+const MAX_NSID_SCAN: u32 = 1024;
+/// Discovery log records read at most (1 MiB of log).
+const MAX_DISCOVERY_RECORDS: u64 = 1023;
+/// Times the discovery log is read again when it changed while being read.
+const DISCOVERY_RETRIES: usize = 10;
+/// Between two reads of CSTS while waiting: the target answers at once, no need to spin.
+const POLL_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Why a remote controller could not be used, by kind.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("connection refused by {addr}")]
+    Refused { addr: SocketAddr },
+    /// The target's Connect status "Connect Invalid Host".
+    #[error("Connect Invalid Host: {subnqn} at {addr} does not allow host {host_nqn}")]
+    HostNotAllowed {
+        addr: SocketAddr,
+        subnqn: String,
+        host_nqn: String,
+    },
+    /// The target's Connect status "Connect Invalid Parameters": for an admin queue with
+    /// well-formed NQNs, the subsystem NQN it does not know.
+    #[error("Connect Invalid Parameters: {addr} has no subsystem {subnqn}")]
+    UnknownSubsystem { addr: SocketAddr, subnqn: String },
+    /// The target did not grant the digests asked for in ICReq.
+    #[error("{addr} does not grant the digests asked for ({asked})")]
+    DigestsRefused { addr: SocketAddr, asked: String },
+    #[error("{} digest mismatch during {during}", if *.header { "header" } else { "data" })]
+    DigestMismatch { header: bool, during: &'static str },
+    /// The connection ended (reset, or closed by the target) in the middle of a command.
+    #[error("the target closed the connection during {during}")]
+    Closed { during: &'static str },
+    #[error("the controller did not become ready within {ms} ms (CAP.TO)")]
+    NotReady { ms: u64 },
+    #[error("the controller reports a fatal status (CSTS.CFS) during {during}")]
+    ControllerFatal { during: &'static str },
+    #[error("{during}: {what}")]
+    Malformed {
+        during: &'static str,
+        what: &'static str,
+    },
+    #[error("{during}: {source}")]
+    Host {
+        during: &'static str,
+        #[source]
+        source: HostError,
+    },
+}
+
+impl RemoteError {
+    /// A host-side error during `during`, by kind.
+    fn host(during: &'static str, source: HostError) -> RemoteError {
+        match source {
+            HostError::Digest { header } => RemoteError::DigestMismatch { header, during },
+            HostError::Closed => RemoteError::Closed { during },
+            HostError::Io(e) if is_connection_lost(&e) => RemoteError::Closed { during },
+            source => RemoteError::Host { during, source },
+        }
+    }
+}
+
+fn is_connection_lost(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected
+    )
+}
+
+/// The digests asked for, as nvme-cli names their flags.
+fn digest_names(d: Digests) -> String {
+    match (d.header, d.data) {
+        (true, true) => "--hdr-digest, --data-digest".into(),
+        (true, false) => "--hdr-digest".into(),
+        (false, true) => "--data-digest".into(),
+        (false, false) => "none".into(),
+    }
+}
+
+/// A controller of a remote subsystem, enabled, with its admin queue connected.
+#[derive(Debug)]
+pub struct RemoteController {
+    admin: Queue,
+    addr: SocketAddr,
+    subnqn: String,
+    cntlid: u16,
+    cap: Cap,
+    vs: Vs,
+    cc: Cc,
+    digests: Digests,
+    timeout: Duration,
+    shut_down: bool,
+}
+
+impl RemoteController {
+    /// Connects to `subnqn` at `addr`, reads CAP and VS, and enables the controller.
+    pub fn connect(
+        addr: SocketAddr,
+        subnqn: &str,
+        opts: &HostOptions,
+    ) -> Result<RemoteController, RemoteError> {
+        let (mut admin, cntlid) = Queue::connect(addr, subnqn, 0, ADMIN_ENTRIES, 0xffff, opts)
+            .map_err(|e| connect_error(e, addr, subnqn, opts))?;
+        let cap = Cap(admin
+            .property_get(CAP, true)
+            .map_err(|e| RemoteError::host("Property Get CAP", e))?);
+        let vs = Vs(admin
+            .property_get(VS, false)
+            .map_err(|e| RemoteError::host("Property Get VS", e))? as u32);
+        let mut ctrl = RemoteController {
+            admin,
+            addr,
+            subnqn: subnqn.to_owned(),
+            cntlid,
+            cap,
+            vs,
+            cc: Cc::new(),
+            digests: opts.digests,
+            timeout: opts.timeout,
+            // nothing to shut down until enabled
+            shut_down: true,
+        };
+        ctrl.enable()?;
+        Ok(ctrl)
+    }
+
+    /// CC.EN = 1 (NVM command set, 4 KiB pages, 64/16-byte entries), then CSTS.RDY.
+    fn enable(&mut self) -> Result<(), RemoteError> {
+        let cc = Cc::new()
+            .with_css(Cc::CSS_NVM)
+            .with_iosqes(6)
+            .with_iocqes(4)
+            .with_en(true);
+        self.admin
+            .property_set(CC, false, u64::from(cc.0))
+            .map_err(|e| RemoteError::host("Property Set CC.EN", e))?;
+        self.cc = cc;
+        self.shut_down = false;
+        // CAP.TO is in 500 ms units; 0 would give no time at all
+        let ms = self.cap.to_ms().max(500);
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        loop {
+            let csts = self.csts("waiting for CSTS.RDY")?;
+            if csts.cfs() {
+                return Err(RemoteError::ControllerFatal { during: "enable" });
+            }
+            if csts.rdy() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(RemoteError::NotReady { ms });
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    fn csts(&mut self, during: &'static str) -> Result<Csts, RemoteError> {
+        self.admin
+            .property_get(CSTS, false)
+            .map(|v| Csts(v as u32))
+            .map_err(|e| RemoteError::host(during, e))
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn subnqn(&self) -> &str {
+        &self.subnqn
+    }
+
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    pub fn version(&self) -> Vs {
+        self.vs
+    }
+
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    /// The most data the target takes in one H2CData PDU (from ICResp).
+    pub fn maxh2cdata(&self) -> u32 {
+        self.admin.maxh2cdata()
+    }
+
+    /// An admin command that returns `len` bytes; fails unless it succeeds.
+    fn admin_read(
+        &mut self,
+        during: &'static str,
+        sqe: Sqe,
+        len: usize,
+    ) -> Result<Vec<u8>, RemoteError> {
+        let (cqe, data) = self
+            .admin
+            .admin(sqe, len)
+            .map_err(|e| RemoteError::host(during, e))?;
+        let status = cqe.status();
+        if !status.is_success() {
+            return Err(RemoteError::Host {
+                during,
+                source: HostError::Status {
+                    command: during,
+                    name: status.name(),
+                    status,
+                },
+            });
+        }
+        Ok(data)
+    }
+
+    pub fn identify_controller(&mut self) -> Result<IdentifyController, RemoteError> {
+        let data = self.admin_read(
+            "Identify Controller",
+            Sqe::identify(Cns::Controller, 0),
+            IdentifyController::SIZE,
+        )?;
+        IdentifyController::from_slice(&data).ok_or(RemoteError::Malformed {
+            during: "Identify Controller",
+            what: "short data",
+        })
+    }
+
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdentifyNamespace, RemoteError> {
+        let data = self.admin_read(
+            "Identify Namespace",
+            Sqe::identify(Cns::Namespace, nsid),
+            IdentifyNamespace::SIZE,
+        )?;
+        IdentifyNamespace::from_slice(&data).ok_or(RemoteError::Malformed {
+            during: "Identify Namespace",
+            what: "short data",
+        })
+    }
+
+    /// The Active Namespace ID list, ascending, without repeats; a controller that has none
+    /// (NVMe 1.0) gets every ID up to NN (at most 1024) tried, as the local driver does.
+    pub fn active_namespaces(&mut self, nn: u32) -> Result<Vec<u32>, RemoteError> {
+        let during = "Identify Active Namespace ID list";
+        let mut ids: Vec<u32> = match self.admin_read(
+            during,
+            Sqe::identify(Cns::ActiveNamespaceList, 0),
+            NamespaceList::SIZE,
+        ) {
+            Ok(data) => NamespaceList::from_slice(&data)
+                .map(|l| l.iter().collect())
+                .unwrap_or_default(),
+            Err(RemoteError::Host {
+                source: HostError::Status { .. },
+                ..
+            }) => (1..=nn.min(MAX_NSID_SCAN)).collect(),
+            Err(e) => return Err(e),
+        };
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// The active namespaces with a usable LBA format, as the local driver describes them.
+    pub fn namespaces(&mut self, nn: u32) -> Result<Vec<Namespace>, RemoteError> {
+        let mut namespaces = Vec::new();
+        for nsid in self.active_namespaces(nn)? {
+            let id = self.identify_namespace(nsid)?;
+            if id.nsze == 0 {
+                continue; // inactive
+            }
+            let Some(block_size) = id.lba_size_bytes().filter(|b| (512..=1 << 16).contains(b))
+            else {
+                log::warn!(
+                    "{}: namespace {nsid} has an unusable LBA format; skipped",
+                    self.addr
+                );
+                continue;
+            };
+            namespaces.push(Namespace {
+                nsid,
+                block_size: block_size as u32,
+                blocks: id.nsze,
+                metadata_size: id.metadata_size(),
+                identify: Box::new(id),
+            });
+        }
+        Ok(namespaces)
+    }
+
+    /// SMART / Health Information of the whole controller (NSID FFFFFFFFh).
+    pub fn smart_log(&mut self) -> Result<SmartLog, RemoteError> {
+        let sqe = Sqe::get_log_page(LogPageId::SmartHealth, u32::MAX, SmartLog::SIZE as u32, 0);
+        let data = self.admin_read("Get Log Page SMART / Health", sqe, SmartLog::SIZE)?;
+        SmartLog::from_slice(&data).ok_or(RemoteError::Malformed {
+            during: "Get Log Page SMART / Health",
+            what: "short data",
+        })
+    }
+
+    /// The Discovery Log Page (0x70): the header, then every record, read again while its
+    /// generation counter changes under us.
+    pub fn discovery_log(&mut self) -> Result<DiscoveryLog, RemoteError> {
+        let during = "Get Log Page Discovery";
+        for _ in 0..DISCOVERY_RETRIES {
+            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, DISCOVERY_RECORD as u32, 0);
+            let header = self.admin_read(during, sqe, DISCOVERY_RECORD)?;
+            let head = parse_discovery_log(&header)
+                .map_err(|what| RemoteError::Malformed { during, what })?;
+            let records = head.numrec.min(MAX_DISCOVERY_RECORDS);
+            if records == 0 {
+                return Ok(head);
+            }
+            let len = DISCOVERY_RECORD * (1 + records as usize);
+            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, len as u32, 0);
+            let full = self.admin_read(during, sqe, len)?;
+            let log = parse_discovery_log(&full)
+                .map_err(|what| RemoteError::Malformed { during, what })?;
+            if log.genctr == head.genctr {
+                return Ok(log);
+            }
+        }
+        Err(RemoteError::Malformed {
+            during,
+            what: "the log kept changing while being read",
+        })
+    }
+
+    /// Normal shutdown: CC.SHN, then CSTS.SHST complete (within the queue's timeout), then
+    /// the connection closes.
+    pub fn shutdown(mut self) -> Result<(), RemoteError> {
+        self.shut_down_controller()
+    }
+
+    fn shut_down_controller(&mut self) -> Result<(), RemoteError> {
+        if self.shut_down {
+            return Ok(());
+        }
+        self.shut_down = true;
+        let cc = self.cc.with_shn(Cc::SHN_NORMAL);
+        self.admin
+            .property_set(CC, false, u64::from(cc.0))
+            .map_err(|e| RemoteError::host("Property Set CC.SHN", e))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let csts = self.csts("waiting for CSTS.SHST")?;
+            if csts.shst() == ShutdownStatus::Complete {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(RemoteError::Malformed {
+                    during: "shutdown",
+                    what: "CSTS.SHST did not report the shutdown complete in time",
+                });
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+impl Drop for RemoteController {
+    /// A controller dropped without [`RemoteController::shutdown`] is shut down anyway (best
+    /// effort: on a dead connection this fails at once).
+    fn drop(&mut self) {
+        if let Err(e) = self.shut_down_controller() {
+            log::debug!("{}: shutdown: {e}", self.addr);
+        }
+    }
+}
+
+/// A failed admin Connect, by kind.
+fn connect_error(e: HostError, addr: SocketAddr, subnqn: &str, opts: &HostOptions) -> RemoteError {
+    match e {
+        HostError::Refused { addr } => RemoteError::Refused { addr },
+        HostError::Status { status, .. } if status.code() == Status::CONNECT_INVALID_HOST => {
+            RemoteError::HostNotAllowed {
+                addr,
+                subnqn: subnqn.to_owned(),
+                host_nqn: opts.host_nqn.clone(),
+            }
+        }
+        HostError::Status { status, .. } if status.code() == Status::CONNECT_INVALID_PARAMETERS => {
+            RemoteError::UnknownSubsystem {
+                addr,
+                subnqn: subnqn.to_owned(),
+            }
+        }
+        // check_ic_resp names the DGST field when the digests granted differ
+        HostError::Protocol { what } if what.to_string().contains("DGST") => {
+            RemoteError::DigestsRefused {
+                addr,
+                asked: digest_names(opts.digests),
+            }
+        }
+        e => RemoteError::host("Connect", e),
+    }
+}
+
+/// Log page identifier of the Discovery Log Page, and the size of its header and records.
+const DISCOVERY_LOG: u8 = 0x70;
+const DISCOVERY_RECORD: usize = 1024;
+
+/// A Discovery Log Page: its generation counter, record count, and the records read.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DiscoveryLog {
+    pub genctr: u64,
+    pub numrec: u64,
+    pub entries: Vec<DiscoveryEntry>,
+}
+
+/// One Discovery Log Page Entry (NVMe over Fabrics 1.1, figure 38).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DiscoveryEntry {
+    pub trtype: u8,
+    pub adrfam: u8,
+    pub subtype: u8,
+    pub treq: u8,
+    pub port_id: u16,
+    pub cntlid: u16,
+    pub asqsz: u16,
+    /// Transport service identifier: for TCP, the port.
+    pub trsvcid: String,
+    pub subnqn: String,
+    pub traddr: String,
+}
+
+impl DiscoveryEntry {
+    pub fn transport_name(&self) -> &'static str {
+        match self.trtype {
+            1 => "rdma",
+            2 => "fc",
+            3 => "tcp",
+            254 => "loop",
+            _ => "unknown",
+        }
+    }
+
+    pub fn address_family_name(&self) -> &'static str {
+        match self.adrfam {
+            1 => "ipv4",
+            2 => "ipv6",
+            3 => "ib",
+            4 => "fc",
+            254 => "loop",
+            _ => "unknown",
+        }
+    }
+
+    /// Subsystem type, as nvme-cli names it.
+    pub fn subtype_name(&self) -> &'static str {
+        match self.subtype {
+            1 => "discovery subsystem referral",
+            2 => "nvme subsystem",
+            3 => "current discovery subsystem",
+            _ => "unknown",
+        }
+    }
+}
+
+/// The header of a discovery log and the complete records that follow it in `bytes` (at most
+/// NUMREC of them).
+pub fn parse_discovery_log(bytes: &[u8]) -> Result<DiscoveryLog, &'static str> {
+    let u64_at = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    let (Some(genctr), Some(numrec)) = (u64_at(0), u64_at(8)) else {
+        return Err("the discovery log is shorter than its header");
+    };
+    let u16_at = |e: &[u8], at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let entries = bytes
+        .get(DISCOVERY_RECORD..)
+        .unwrap_or_default()
+        .chunks_exact(DISCOVERY_RECORD)
+        .take(usize::try_from(numrec).unwrap_or(usize::MAX))
+        .map(|e| DiscoveryEntry {
+            trtype: e[0],
+            adrfam: e[1],
+            subtype: e[2],
+            treq: e[3],
+            port_id: u16_at(e, 4),
+            cntlid: u16_at(e, 6),
+            asqsz: u16_at(e, 8),
+            trsvcid: text(&e[32..64]),
+            subnqn: text(&e[256..512]),
+            traddr: text(&e[512..768]),
+        })
+        .collect();
+    Ok(DiscoveryLog {
+        genctr,
+        numrec,
+        entries,
+    })
+}
+
+/// A padded field: ASCII or UTF-8 up to the first NUL, without trailing blanks.
+fn text(field: &[u8]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).trim_end().to_owned()
+}
+
+/// Where the host NQN and host ID come from when none is given: nvme-cli's files, else one
+/// derived from the machine ID.
+pub const HOSTNQN_FILE: &str = "etc/nvme/hostnqn";
+pub const HOSTID_FILE: &str = "etc/nvme/hostid";
+pub const MACHINE_ID_FILE: &str = "etc/machine-id";
+
+/// This host's NQN and host ID, under the root `root` (`/`): `etc/nvme/hostnqn` (and
+/// `etc/nvme/hostid`) when they exist, as nvme-cli uses them; else a UUID NQN derived from
+/// `etc/machine-id` (stable on this machine, and not the machine ID itself). The host ID is the
+/// NQN's UUID when it has one.
+pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
+    let read = |path: &str| {
+        std::fs::read_to_string(root.join(path))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    let (nqn, uuid) = match read(HOSTNQN_FILE) {
+        Some(nqn) => {
+            let uuid = nqn.rsplit_once(":uuid:").and_then(|(_, u)| parse_uuid(u));
+            (nqn, uuid)
+        }
+        None => {
+            let machine = read(MACHINE_ID_FILE).ok_or_else(|| {
+                format!(
+                    "no host NQN: neither /{HOSTNQN_FILE} nor /{MACHINE_ID_FILE} exists; pass \
+                     --hostnqn NQN"
+                )
+            })?;
+            let uuid = uuid_from_machine_id(&machine);
+            (
+                format!("nqn.2014-08.org.nvmexpress:uuid:{}", format_uuid(&uuid)),
+                Some(uuid),
+            )
+        }
+    };
+    let id = read(HOSTID_FILE)
+        .and_then(|s| parse_uuid(&s))
+        .or(uuid)
+        .unwrap_or_else(|| {
+            let mut h = sha256(nqn.as_bytes());
+            set_uuid_bits(&mut h);
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&h[..16]);
+            id
+        });
+    Ok((nqn, id))
+}
+
+/// A host ID for a host NQN given by hand: its UUID when it has one, else one derived from it.
+pub fn host_id_for(nqn: &str) -> [u8; 16] {
+    nqn.rsplit_once(":uuid:")
+        .and_then(|(_, u)| parse_uuid(u))
+        .unwrap_or_else(|| {
+            let mut h = sha256(nqn.as_bytes());
+            set_uuid_bits(&mut h);
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&h[..16]);
+            id
+        })
+}
+
+/// An application-specific UUID from the machine ID (as systemd advises: the machine ID is
+/// not to be shown as it is): SHA-256 of a fixed key and the ID, as a version 4 UUID.
+fn uuid_from_machine_id(machine_id: &str) -> [u8; 16] {
+    let mut input = b"usnvme host NQN\0".to_vec();
+    input.extend_from_slice(machine_id.as_bytes());
+    let mut h = sha256(&input);
+    set_uuid_bits(&mut h);
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&h[..16]);
+    uuid
+}
+
+fn set_uuid_bits(h: &mut [u8; 32]) {
+    h[6] = (h[6] & 0x0f) | 0x40;
+    h[8] = (h[8] & 0x3f) | 0x80;
+}
+
+fn format_uuid(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        let pair = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// SHA-256 (FIPS 180-4), for the host ID derivation only.
+fn sha256(data: &[u8]) -> [u8; 32] {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
+        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
+        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
+        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
+        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
+        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
+        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2,
+    ];
+    let mut h: [u32; 8] = [
+        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+        0x5be0cd19,
+    ];
+    let mut msg = data.to_vec();
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&((data.len() as u64) * 8).to_be_bytes());
+    for block in msg.chunks_exact(64) {
+        let mut w = [0u32; 64];
+        for (i, word) in block.chunks_exact(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..64 {
+            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16]
+                .wrapping_add(s0)
+                .wrapping_add(w[i - 7])
+                .wrapping_add(s1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
+        for i in 0..64 {
+            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+            let ch = (e & f) ^ (!e & g);
+            let t1 = hh
+                .wrapping_add(s1)
+                .wrapping_add(ch)
+                .wrapping_add(K[i])
+                .wrapping_add(w[i]);
+            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+            let maj = (a & b) ^ (a & c) ^ (b & c);
+            let t2 = s0.wrapping_add(maj);
+            hh = g;
+            g = f;
+            f = e;
+            e = d.wrapping_add(t1);
+            d = c;
+            c = b;
+            b = a;
+            a = t1.wrapping_add(t2);
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 32];
+    for (chunk, word) in out.chunks_exact_mut(4).zip(h) {
+        chunk.copy_from_slice(&word.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_test_vectors() {
+        let hex = |h: [u8; 32]| -> String { h.iter().map(|b| format!("{b:02x}")).collect() };
+        assert_eq!(
+            hex(sha256(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            hex(sha256(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            hex(sha256(
+                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+            )),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+    }
+
+    #[test]
+    fn host_identity_from_nvme_cli_files_or_the_machine_id() {
+        let dir = std::env::temp_dir().join(format!("usnvme-hostnqn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("etc/nvme")).expect("a temp dir");
+        assert!(host_identity(&dir)
+            .expect_err("nothing")
+            .contains("--hostnqn"));
+
+        std::fs::write(
+            dir.join(MACHINE_ID_FILE),
+            "3d1219c7c4c5404aaa1f6d2a48adfda4\n",
+        )
+        .expect("write");
+        let (nqn, id) = host_identity(&dir).expect("derived");
+        assert!(nqn.starts_with("nqn.2014-08.org.nvmexpress:uuid:"), "{nqn}");
+        assert!(
+            !nqn.contains("3d1219c7"),
+            "not the machine ID itself: {nqn}"
+        );
+        assert_eq!(host_identity(&dir).expect("again"), (nqn.clone(), id));
+        assert_eq!(Some(id), parse_uuid(nqn.rsplit(':').next().unwrap_or("")));
+        assert_eq!(id[6] >> 4, 4, "a version 4 UUID");
+
+        let given = "nqn.2014-08.org.nvmexpress:uuid:00112233-4455-6677-8899-aabbccddeeff";
+        std::fs::write(dir.join(HOSTNQN_FILE), format!("{given}\n")).expect("write");
+        let (nqn, id) = host_identity(&dir).expect("from the file");
+        assert_eq!(nqn, given);
+        assert_eq!(id[..4], [0x00, 0x11, 0x22, 0x33]);
+        std::fs::write(
+            dir.join(HOSTID_FILE),
+            "ffeeddcc-bbaa-9988-7766-554433221100",
+        )
+        .expect("write");
+        assert_eq!(host_identity(&dir).expect("hostid").1[0], 0xff);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        assert_eq!(host_id_for(given)[15], 0xff);
+        assert_eq!(host_id_for("nqn.x:y"), host_id_for("nqn.x:y"));
+    }
+
+    #[test]
+    fn discovery_log_entries() {
+        let mut log = vec![0u8; 3 * 1024];
+        log[0] = 5;
+        log[8] = 2;
+        let e = &mut log[1024..2048];
+        e[..4].copy_from_slice(&[3, 1, 2, 3]);
+        e[4] = 7;
+        e[6..8].copy_from_slice(&0xffffu16.to_le_bytes());
+        e[32..64].copy_from_slice(&[b' '; 32]);
+        e[32..36].copy_from_slice(b"4420");
+        e[256..265].copy_from_slice(b"nqn.x:sub");
+        e[512..768].copy_from_slice(&[b' '; 256]);
+        e[512..521].copy_from_slice(b"127.0.0.1");
+        let parsed = parse_discovery_log(&log).expect("a log");
+        assert_eq!((parsed.genctr, parsed.numrec), (5, 2));
+        assert_eq!(parsed.entries.len(), 2);
+        let e = &parsed.entries[0];
+        assert_eq!(
+            (
+                e.transport_name(),
+                e.address_family_name(),
+                e.subtype_name()
+            ),
+            ("tcp", "ipv4", "nvme subsystem")
+        );
+        assert_eq!((e.port_id, e.cntlid), (7, 0xffff));
+        assert_eq!(
+            (e.trsvcid.as_str(), e.subnqn.as_str(), e.traddr.as_str()),
+            ("4420", "nqn.x:sub", "127.0.0.1")
+        );
+        // fewer records than NUMREC says, a partial one, a header cut short
+        assert_eq!(
+            parse_discovery_log(&log[..2500])
+                .expect("log")
+                .entries
+                .len(),
+            1
+        );
+        assert!(parse_discovery_log(&log[..12]).is_err());
+    }
+}
