@@ -243,6 +243,11 @@ fn serve_refuses_bad_flags_before_touching_a_drive() {
             "--allow-any-host",
         ),
         (&["--listen", "nowhere"], "--listen"),
+        (&["--json-status-every", "0.5"], "--json-status"),
+        (
+            &["--json-status", "/tmp/x.json", "--json-status-every", "0"],
+            "--json-status-every",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_usnvme"))
             .args(["serve", "-r", "sim:0"])
@@ -317,6 +322,14 @@ fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buff
         "serve's anonymous memory grew from {before} KiB to {after} KiB over {CYCLES} cycles"
     );
     eprintln!("serve's anonymous memory: {before} KiB after {WARM_UP} cycles, {after} KiB after {CYCLES} more");
+    // Its reactor time: some of it went to the cycles' work, never more than there was.
+    serve.wait_for_status("reactor time with busy turns", |s| {
+        let (busy, total) = (
+            s["reactor_busy_seconds"].as_f64().unwrap_or(0.0),
+            s["reactor_seconds"].as_f64().unwrap_or(0.0),
+        );
+        busy > 0.0 && busy <= total
+    });
 }
 
 #[test]

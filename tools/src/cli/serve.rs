@@ -74,10 +74,28 @@ pub struct Args {
     #[arg(long = "allow-any-host")]
     allow_any_host: bool,
     /// Write the target's status (subsystem, namespaces, listeners, hosts, connections,
-    /// controllers, commands, bytes sent, DMA buffers in use) as JSON to FILE, every second and
-    /// at exit.
+    /// controllers, commands, bytes sent, DMA buffers in use, reactor busy time) as JSON to
+    /// FILE, every second (see --json-status-every) and at exit.
     #[arg(long = "json-status", value_name = "FILE")]
     json_status: Option<std::path::PathBuf>,
+    /// How often --json-status rewrites its file, in seconds (0.01 to 3600).
+    #[arg(
+        long = "json-status-every",
+        value_name = "S",
+        default_value = "1",
+        value_parser = status_interval,
+        requires = "json_status"
+    )]
+    json_status_every: Duration,
+}
+
+/// `--json-status-every`: seconds, 0.01 to 3600.
+fn status_interval(s: &str) -> std::result::Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| (0.01..=3600.0).contains(v))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| "give seconds from 0.01 to 3600, e.g. 1 or 0.1".into())
 }
 
 pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
@@ -221,6 +239,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let tty = usnvme_tools::progress::wanted();
     let mut next = 0usize;
     let mut last_line = Instant::now();
+    let mut last_status = Instant::now();
     let (mut last_commands, mut last_bytes) = (0u64, 0u64);
     while crate::signals::received().is_none() && !run.is_finished() {
         let mut accepted = false;
@@ -240,12 +259,15 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                 ),
             }
         }
-        if last_line.elapsed() >= Duration::from_secs(1) {
-            if let Some(path) = &args.json_status {
+        if let Some(path) = &args.json_status {
+            if last_status.elapsed() >= args.json_status_every {
                 let status =
                     status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart);
                 write_status(path, &status)?;
+                last_status = Instant::now();
             }
+        }
+        if last_line.elapsed() >= Duration::from_secs(1) {
             let commands = counters.commands.load(Ordering::Relaxed);
             let bytes = counters.bytes.load(Ordering::Relaxed);
             let secs = last_line.elapsed().as_secs_f64();
@@ -300,6 +322,9 @@ fn status_json(
         "buffers_in_use": load(&counters.buffers_in_use),
         "data_copied": load(&counters.data_copied),
         "smart_reads_pending": smart.pending(),
+        // summed over the reactors; busy: in turns that did work (the rest is polling)
+        "reactor_seconds": load(&counters.reactor_ns) as f64 / 1e9,
+        "reactor_busy_seconds": load(&counters.reactor_busy_ns) as f64 / 1e9,
     })
 }
 

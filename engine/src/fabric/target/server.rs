@@ -125,6 +125,52 @@ pub struct Counters {
     /// Write data that was read ahead with a header and copied into a DMA buffer, over the
     /// connections closed so far (the rest went straight from the socket into the buffers).
     pub data_copied: AtomicU64,
+    /// Reactor time, summed over the reactors, and the part of it spent in turns that did
+    /// work (bytes arrived, commands completed, responses went out): a polling reactor owns
+    /// its core whole, but this is the share of it the target needed.
+    pub reactor_ns: AtomicU64,
+    pub reactor_busy_ns: AtomicU64,
+}
+
+/// How much reactor time a job gathers before it adds it to the shared counters (one shared
+/// write per reactor every few milliseconds, not one per turn).
+const PUBLISH_NS: u64 = 10_000_000;
+
+/// One reactor's busy and total time since it last published them.
+#[derive(Debug, Default)]
+struct BusyClock {
+    /// The reactor's clock at the previous turn, and whether that turn did work.
+    last_turn_ns: Option<u64>,
+    last_busy: bool,
+    total_ns: u64,
+    busy_ns: u64,
+}
+
+impl BusyClock {
+    /// Charges the time since the previous turn to that turn; `busy`: this turn did work.
+    fn turn(&mut self, now_ns: u64, busy: bool, counters: &Counters) {
+        if let Some(last) = self.last_turn_ns {
+            let spent = now_ns.saturating_sub(last);
+            self.total_ns += spent;
+            if self.last_busy {
+                self.busy_ns += spent;
+            }
+        }
+        self.last_turn_ns = Some(now_ns);
+        self.last_busy = busy;
+        if self.total_ns >= PUBLISH_NS {
+            self.publish(counters);
+        }
+    }
+
+    fn publish(&mut self, counters: &Counters) {
+        counters
+            .reactor_ns
+            .fetch_add(std::mem::take(&mut self.total_ns), Ordering::Relaxed);
+        counters
+            .reactor_busy_ns
+            .fetch_add(std::mem::take(&mut self.busy_ns), Ordering::Relaxed);
+    }
 }
 
 /// A connection on this reactor.
@@ -154,6 +200,7 @@ pub struct ServeJob {
     /// of a `readv` per connection (most of which would find nothing).
     epoll: Option<Epoll>,
     events: Vec<EpollEvent>,
+    busy: BusyClock,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -179,12 +226,13 @@ impl ServeJob {
             stopping_since: None,
             epoll: None,
             events: vec![EpollEvent::empty(); EVENTS_PER_TURN],
+            busy: BusyClock::default(),
         }
     }
 
-    /// Marks the connections whose sockets have something to read. Without epoll (or when it
-    /// fails), every connection is read.
-    fn poll_readiness(&mut self) {
+    /// Marks the connections whose sockets have something to read; true when one has. Without
+    /// epoll (or when it fails), every connection is read.
+    fn poll_readiness(&mut self) -> bool {
         let ready = match &self.epoll {
             Some(epoll) => epoll.wait(&mut self.events, EpollTimeout::ZERO).ok(),
             None => None,
@@ -197,11 +245,13 @@ impl ServeJob {
                         c.readable = true;
                     }
                 }
+                n > 0
             }
             None => {
                 for c in self.conns.iter_mut().flatten() {
                     c.readable = true;
                 }
+                true
             }
         }
     }
@@ -388,7 +438,7 @@ impl Job for ServeJob {
                 self.accept(); // new connections only while running
             }
         }
-        self.poll_readiness();
+        let mut busy = self.poll_readiness();
         let Some(pool) = self.pool.as_mut() else {
             return false;
         };
@@ -440,6 +490,7 @@ impl Job for ServeJob {
                 completions.push((c.token, result));
             });
         }
+        busy |= !self.completions.is_empty();
         for &(token, result) in &self.completions {
             let slot = (token >> TOKEN_BITS) as usize;
             let command = (token & 0xffff) as u16;
@@ -462,7 +513,9 @@ impl Job for ServeJob {
             let (conn, stream, mut backend) =
                 ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
             match conn.transmit(stream, &mut backend) {
+                Ok(0) => {}
                 Ok(n) => {
+                    busy = true;
                     shared.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
@@ -484,6 +537,8 @@ impl Job for ServeJob {
                     .fetch_sub(1, Ordering::Relaxed);
             }
         }
+        self.busy
+            .turn(ctx.now().as_nanos() as u64, busy, &self.shared.counters);
         match self.stopping_since {
             None => true,
             Some(since) => {
@@ -493,10 +548,47 @@ impl Job for ServeJob {
         }
     }
 
-    fn finish(self, _ctx: &mut ReactorContext) {}
+    fn finish(mut self, _ctx: &mut ReactorContext) {
+        self.busy.publish(&self.shared.counters);
+    }
 }
 
 /// The NVMe status a failed block I/O is answered with.
 fn status_of(e: &IoError) -> Status {
     e.status()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BusyClock, Counters, PUBLISH_NS};
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_turns_time_is_busy_only_when_it_did_work_and_is_published_in_batches() {
+        let counters = Counters::default();
+        let mut clock = BusyClock::default();
+        let ms = 1_000_000;
+        // turns at 0, 1, 2, 3 ms: the first and third did work
+        clock.turn(0, true, &counters);
+        clock.turn(ms, false, &counters);
+        clock.turn(2 * ms, true, &counters);
+        clock.turn(3 * ms, false, &counters);
+        // under PUBLISH_NS gathered: nothing shared yet
+        assert_eq!(counters.reactor_ns.load(Ordering::Relaxed), 0);
+        // a long idle stretch crosses the batch: published, 2 ms of 3 + 20 busy
+        clock.turn(3 * ms + 2 * PUBLISH_NS, false, &counters);
+        assert_eq!(
+            counters.reactor_ns.load(Ordering::Relaxed),
+            3 * ms + 2 * PUBLISH_NS
+        );
+        assert_eq!(counters.reactor_busy_ns.load(Ordering::Relaxed), 2 * ms);
+        // what is left is published at the end
+        clock.turn(3 * ms + 2 * PUBLISH_NS + ms, true, &counters);
+        clock.publish(&counters);
+        assert_eq!(
+            counters.reactor_ns.load(Ordering::Relaxed),
+            4 * ms + 2 * PUBLISH_NS
+        );
+        assert_eq!(counters.reactor_busy_ns.load(Ordering::Relaxed), 2 * ms);
+    }
 }
