@@ -10,6 +10,8 @@ use usnvme_driver::spec::log::CriticalWarning;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Controller;
+use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
 
 use crate::format::{names_or_none, si_bytes, Fields};
 use crate::open;
@@ -18,7 +20,7 @@ use crate::open;
 pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, &args.devices, args.json, out, report, render)
+    open::report(sysfs, args, out, report, &remote_report, render)
 }
 
 /// One controller's health, as `--json` prints it. Counters are the log's, unscaled, except
@@ -55,8 +57,10 @@ pub struct HealthReport {
     pub host_read_commands: u128,
     pub host_write_commands: u128,
     pub controller_busy_minutes: u128,
-    /// `null` when the device has no PCI Express capability.
+    /// `null` when the device has no PCI Express capability (or is remote).
     pub pcie_link: Option<LinkReport>,
+    /// `pcie` for a local controller, `tcp` for a remote one.
+    pub transport: &'static str,
 }
 
 /// The PCIe link: current and maximum, as text (`32 GT/s x4`) and as numbers.
@@ -106,6 +110,25 @@ pub fn report(ctrl: &Controller) -> Result<HealthReport> {
     ))
 }
 
+/// The SMART / Health log of a remote controller (the target's, for the whole subsystem).
+pub fn remote_report(
+    ctrl: &mut RemoteController,
+    target: &TcpAddress,
+) -> Result<HealthReport, RemoteError> {
+    let smart = ctrl.smart_log()?;
+    let id = ctrl.identify_controller()?;
+    let mut report = HealthReport::new(
+        &target.to_string(),
+        &id.model(),
+        &id.serial(),
+        &smart,
+        (id.wctemp, id.cctemp),
+        None,
+    );
+    report.transport = "tcp";
+    Ok(report)
+}
+
 /// Kelvin to Celsius; `None` for 0, which means "not reported".
 fn threshold_celsius(kelvin: u16) -> Option<i32> {
     (kelvin != 0).then(|| i32::from(kelvin) - 273)
@@ -149,6 +172,7 @@ impl HealthReport {
             host_write_commands: smart.host_write_commands(),
             controller_busy_minutes: smart.controller_busy_time(),
             pcie_link: link.map(LinkReport::new),
+            transport: "pcie",
         };
         report.warnings = warnings(smart, report.warning_temperature_celsius);
         if !report.warnings.is_empty() {
@@ -263,7 +287,11 @@ pub fn render(h: &HealthReport) -> String {
             text
         },
     );
-    f.field(1, "PCIe link", link);
+    if h.transport == "tcp" {
+        f.field(1, "Transport", "NVMe/TCP");
+    } else {
+        f.field(1, "PCIe link", link);
+    }
     f.render()
 }
 

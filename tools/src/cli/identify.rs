@@ -8,6 +8,8 @@ use serde::Serialize;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
 use usnvme_driver::{Controller, Namespace};
+use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
 
 use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
 use crate::open;
@@ -16,7 +18,7 @@ use crate::open;
 pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, &args.devices, args.json, out, report, render)
+    open::report(sysfs, args, out, report, &remote_report, render)
 }
 
 /// One controller, as `--json` prints it.
@@ -52,6 +54,24 @@ pub struct ControllerReport {
     pub subsystem_nqn: String,
     /// The active namespaces.
     pub namespaces: Vec<NamespaceReport>,
+    /// How a remote controller is reached; absent for a local one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricReport>,
+}
+
+/// A remote controller's transport, as negotiated.
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricReport {
+    /// `tcp`.
+    pub transport: &'static str,
+    /// `IP:PORT` of the target.
+    pub target: String,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    /// In-capsule data an I/O command may carry (IOCCSZ * 16 - 64).
+    pub in_capsule_bytes: u64,
+    /// The most data the target takes in one H2CData PDU.
+    pub maxh2cdata_bytes: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,18 +120,63 @@ pub fn report(ctrl: &Controller) -> Result<ControllerReport> {
         number_of_namespaces: id.nn,
         oacs: id.oacs().names().collect(),
         oncs: id.oncs().names().collect(),
-        sgl_support: match id.sgl_support() {
-            SglSupport::Unsupported => "none",
-            SglSupport::Any => "byte aligned",
-            SglSupport::DwordAligned => "dword aligned",
-            SglSupport::Reserved => "reserved",
-        },
+        sgl_support: sgl_name(id.sgl_support()),
         volatile_write_cache: id.vwc_present(),
         io_queue_pairs: ctrl.io_queues_granted(),
         shadow_doorbells: ctrl.shadow_doorbells(),
         subsystem_nqn: id.subnqn(),
         namespaces: ctrl.namespaces().iter().map(namespace).collect(),
+        fabric: None,
     })
+}
+
+/// The facts of a remote controller (no I/O queues are created: those lines are left out).
+pub fn remote_report(
+    ctrl: &mut RemoteController,
+    target: &TcpAddress,
+) -> Result<ControllerReport, RemoteError> {
+    let id = ctrl.identify_controller()?;
+    let namespaces = ctrl.namespaces(id.nn)?;
+    let mdts_bytes = id.mdts_bytes(ctrl.cap().min_page_size());
+    let digests = ctrl.digests();
+    Ok(ControllerReport {
+        address: target.to_string(),
+        model: id.model(),
+        serial: id.serial(),
+        firmware: id.firmware(),
+        vendor_id: id.vid,
+        subsystem_vendor_id: id.ssvid,
+        controller_id: id.cntlid,
+        nvme_version: ctrl.version().to_string(),
+        mdts_bytes,
+        max_transfer_bytes: mdts_bytes.unwrap_or(0),
+        number_of_namespaces: id.nn,
+        oacs: id.oacs().names().collect(),
+        oncs: id.oncs().names().collect(),
+        sgl_support: sgl_name(id.sgl_support()),
+        volatile_write_cache: id.vwc_present(),
+        io_queue_pairs: 0,
+        shadow_doorbells: false,
+        subsystem_nqn: id.subnqn(),
+        namespaces: namespaces.iter().map(namespace).collect(),
+        fabric: Some(FabricReport {
+            transport: "tcp",
+            target: ctrl.addr().to_string(),
+            header_digest: digests.header,
+            data_digest: digests.data,
+            in_capsule_bytes: (u64::from(id.ioccsz) * 16).saturating_sub(64),
+            maxh2cdata_bytes: ctrl.maxh2cdata(),
+        }),
+    })
+}
+
+fn sgl_name(sgl: SglSupport) -> &'static str {
+    match sgl {
+        SglSupport::Unsupported => "none",
+        SglSupport::Any => "byte aligned",
+        SglSupport::DwordAligned => "dword aligned",
+        SglSupport::Reserved => "reserved",
+    }
 }
 
 fn namespace(ns: &Namespace) -> NamespaceReport {
@@ -171,7 +236,7 @@ pub fn render(c: &ControllerReport) -> String {
     let mut mdts = c
         .mdts_bytes
         .map_or_else(|| "no limit".to_owned(), |b| iec_bytes(b.into()));
-    if c.mdts_bytes != Some(c.max_transfer_bytes) {
+    if c.fabric.is_none() && c.mdts_bytes != Some(c.max_transfer_bytes) {
         mdts.push_str(&format!(
             " (the driver issues up to {} per command)",
             iec_bytes(c.max_transfer_bytes.into())
@@ -208,16 +273,42 @@ pub fn render(c: &ControllerReport) -> String {
         "none"
     };
     f.field(1, "Volatile write cache", vwc);
-    f.field(
-        1,
-        "I/O queue pairs",
-        format!("{} granted", c.io_queue_pairs),
-    );
-    f.field(
-        1,
-        "Shadow doorbells",
-        if c.shadow_doorbells { "on" } else { "off" },
-    );
+    match &c.fabric {
+        None => {
+            f.field(
+                1,
+                "I/O queue pairs",
+                format!("{} granted", c.io_queue_pairs),
+            );
+            f.field(
+                1,
+                "Shadow doorbells",
+                if c.shadow_doorbells { "on" } else { "off" },
+            );
+        }
+        Some(fabric) => {
+            let digests = match (fabric.header_digest, fabric.data_digest) {
+                (false, false) => "no digests",
+                (true, false) => "header digest",
+                (false, true) => "data digest",
+                (true, true) => "header and data digests",
+            };
+            f.field(
+                1,
+                "Transport",
+                format!("NVMe/TCP to {}, {digests}", fabric.target),
+            );
+            f.field(
+                1,
+                "In-capsule data",
+                format!(
+                    "{} (H2CData up to {})",
+                    iec_bytes(fabric.in_capsule_bytes.into()),
+                    iec_bytes(fabric.maxh2cdata_bytes.into())
+                ),
+            );
+        }
+    }
     if !c.subsystem_nqn.is_empty() {
         f.field(1, "Subsystem NQN", &c.subsystem_nqn);
     }
@@ -332,6 +423,7 @@ mod tests {
                     lbaf(2, None, 8, 3, false),
                 ],
             }],
+            fabric: None,
         }
     }
 
@@ -373,6 +465,40 @@ mod tests {
         assert!(render(&c).contains(
             "Max transfer (MDTS):    no limit (the driver issues up to 2 MiB per command)"
         ));
+    }
+
+    #[test]
+    fn a_remote_controller_shows_its_transport_instead_of_queues() {
+        let mut c = sample();
+        c.address = "tcp://127.0.0.1:4420/nqn.2024-01.io.usnvme:t".into();
+        c.max_transfer_bytes = 0;
+        c.fabric = Some(FabricReport {
+            transport: "tcp",
+            target: "127.0.0.1:4420".into(),
+            header_digest: true,
+            data_digest: false,
+            in_capsule_bytes: 8192,
+            maxh2cdata_bytes: 131072,
+        });
+        let text = render(&c);
+        assert!(
+            text.contains(
+                "  Transport:              NVMe/TCP to 127.0.0.1:4420, header digest\n\
+             \x20 In-capsule data:        8 KiB (H2CData up to 128 KiB)\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("Max transfer (MDTS):    512 KiB\n"), "{text}");
+        assert!(
+            !text.contains("I/O queue pairs") && !text.contains("Shadow"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&c).expect("JSON");
+        assert_eq!(json["fabric"]["transport"], "tcp");
+        assert!(serde_json::to_value(sample())
+            .expect("JSON")
+            .get("fabric")
+            .is_none());
     }
 
     #[test]

@@ -6,12 +6,14 @@
 //! `run` function; `main` parses, dispatches, and turns errors into `usnvme: error: ...` and exit
 //! status 1 (clap's usage errors exit 2).
 
+mod discover;
 mod format;
 mod health;
 mod identify;
 mod list;
 mod open;
 mod perf;
+mod remote;
 mod serve;
 mod setup;
 mod signals;
@@ -25,8 +27,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use usnvme_driver::pci::Sysfs;
 
-/// Hidden override of the directory under which `sys/` and `proc/` are read, for tests on a fake
-/// tree. Not a user-facing option.
+/// Hidden override of the directory under which `sys/`, `proc/` and `etc/` (the host NQN) are
+/// read, for tests on a fake tree. Not a user-facing option.
 const SYSFS_ROOT_ENV: &str = "USNVME_SYSFS_ROOT";
 
 /// Userspace polled-mode NVMe driver over VFIO: set up, inspect and benchmark NVMe drives.
@@ -45,6 +47,8 @@ enum Command {
     List(list::Args),
     /// Identify controllers and namespaces: model, serial, firmware, features, LBA formats.
     Identify(identify::Args),
+    /// List what an NVMe/TCP target offers (its Discovery Log Page).
+    Discover(discover::Args),
     /// SMART / Health of controllers: temperature, wear, spare, errors, PCIe link, and a verdict.
     Health(health::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
@@ -103,6 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Setup(args) => setup::run(&sysfs, &args, &mut stdout),
         Command::List(args) => list::run(&sysfs, &args, &mut stdout),
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
+        Command::Discover(args) => discover::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),

@@ -1,6 +1,6 @@
-//! What `identify` and `health` share: which controllers to open (the BDFs given, or every NVMe
-//! controller bound to vfio-pci), opening them all at once, a report from each, and the report
-//! printed as text or JSON. A controller that fails does not stop the others; every failure is
+//! What `identify` and `health` share: which controllers to open (the BDFs and remote NVMe/TCP
+//! subsystems given, or every NVMe controller bound to vfio-pci), opening them all at once, a
+//! report from each, and the report printed as text or JSON. A controller that fails does not stop the others; every failure is
 //! reported and the command exits 1.
 
 use std::fmt;
@@ -11,7 +11,11 @@ use serde::Serialize;
 use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::engine::AttachError;
+use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
 use usnvme_engine::Drive;
+
+use crate::remote::{with_controller, RemoteArgs, Target};
 
 /// Printed (on standard output for text, standard error with `--json`) when no BDF is given and
 /// no NVMe controller is bound to vfio-pci. Not an error: there is nothing to report.
@@ -35,13 +39,16 @@ impl std::error::Error for Failures {}
 /// The drives a command reports on, and how.
 #[derive(Debug, clap::Args)]
 pub struct Targets {
-    /// Drives: PCI addresses (0000:01:00.0 or 01:00.0) or simulated ones (sim:0-3); default:
-    /// every NVMe controller bound to vfio-pci.
+    /// Drives: PCI addresses (0000:01:00.0 or 01:00.0), simulated ones (sim:0-3), or remote
+    /// NVMe/TCP subsystems (tcp://ADDR:PORT/NQN, or an SPDK transport ID such as 'trtype:TCP
+    /// traddr:ADDR trsvcid:PORT subnqn:NQN'); default: every NVMe controller bound to vfio-pci.
     #[arg(value_name = "DEVICE")]
-    pub devices: Vec<DeviceSpec>,
+    pub devices: Vec<Target>,
     /// Print a JSON array, one object per controller, instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// The drives to open, one spec each: those given (in order, `sim:` ranges split, without
@@ -111,17 +118,48 @@ pub fn each<T: Send>(
     }))
 }
 
-/// The whole of `identify` and `health`: a report from every target controller, printed on `out`
-/// as text (`render`, one block per controller, a blank line between) or as a JSON array.
+/// The targets given, in order, without repeats (`sim:` ranges split); every NVMe controller
+/// bound to vfio-pci when none is given.
+pub fn all_targets(sysfs: &Sysfs, given: &[Target]) -> Result<Vec<Target>> {
+    if given.is_empty() {
+        return Ok(targets(sysfs, &[])?
+            .into_iter()
+            .map(Target::Local)
+            .collect());
+    }
+    let mut all: Vec<Target> = Vec::with_capacity(given.len());
+    for target in given {
+        let split = match target {
+            Target::Local(spec) => spec.drives().into_iter().map(Target::Local).collect(),
+            Target::Remote(_) => vec![target.clone()],
+        };
+        for t in split {
+            if !all.contains(&t) {
+                all.push(t);
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// The job on a remote controller: its report, from the controller and its address.
+pub type RemoteJob<'a, T> =
+    dyn Fn(&mut RemoteController, &TcpAddress) -> Result<T, RemoteError> + Sync + 'a;
+
+/// The whole of `identify` and `health`: a report from every target controller, local (`job`)
+/// or remote (`remote`, each on its own connection, shut down after), printed on `out` as text
+/// (`render`, one block per controller, a blank line between) or as a JSON array, in the order
+/// the targets were given.
 pub fn report<T: Serialize + Send>(
     sysfs: &Sysfs,
-    given: &[DeviceSpec],
-    json: bool,
+    args: &Targets,
     out: &mut dyn Write,
     job: impl Fn(&Controller) -> Result<T> + Sync,
+    remote: &RemoteJob<'_, T>,
     render: impl Fn(&T) -> String,
 ) -> Result<()> {
-    let targets = targets(sysfs, given)?;
+    let json = args.json;
+    let targets = all_targets(sysfs, &args.devices)?;
     if targets.is_empty() {
         let text = if json {
             eprintln!("usnvme: {NO_CONTROLLERS}");
@@ -133,12 +171,68 @@ pub fn report<T: Serialize + Send>(
             .write_all(text.as_bytes())
             .context("cannot write to standard output");
     }
+    let local: Vec<DeviceSpec> = targets
+        .iter()
+        .filter_map(|t| match t {
+            Target::Local(spec) => Some(spec.clone()),
+            Target::Remote(_) => None,
+        })
+        .collect();
+    let remotes: Vec<&TcpAddress> = targets
+        .iter()
+        .filter_map(|t| match t {
+            Target::Remote(addr) => Some(addr),
+            Target::Local(_) => None,
+        })
+        .collect();
+    let opts = if remotes.is_empty() {
+        None
+    } else {
+        Some(args.remote.host_options(sysfs.root())?)
+    };
+    let (mut local_results, mut remote_results) = std::thread::scope(|scope| {
+        let threads: Vec<_> = remotes
+            .iter()
+            .map(|&addr| {
+                let opts = &opts;
+                std::thread::Builder::new()
+                    .name(format!("usnvme {addr}"))
+                    .spawn_scoped(scope, move || match opts {
+                        Some(opts) => with_controller(addr, opts, |c| remote(c, addr)),
+                        None => Err(anyhow::anyhow!("{addr}: no host options")),
+                    })
+            })
+            .collect();
+        let local_results = if local.is_empty() {
+            Ok(Vec::new())
+        } else {
+            each(sysfs, &local, &job)
+        };
+        let remote_results: Vec<Result<T>> = threads
+            .into_iter()
+            .zip(&remotes)
+            .map(|(thread, addr)| match thread {
+                Ok(thread) => thread.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("{addr}: the thread serving it panicked"))
+                }),
+                Err(e) => {
+                    Err(anyhow::Error::new(e).context(format!("{addr}: cannot start a thread")))
+                }
+            })
+            .collect();
+        local_results.map(|l| (l.into_iter(), remote_results.into_iter()))
+    })?;
     let mut reports = Vec::new();
     let mut failures = Vec::new();
-    for result in each(sysfs, &targets, job)? {
+    for target in &targets {
+        let result = match target {
+            Target::Local(_) => local_results.next(),
+            Target::Remote(_) => remote_results.next(),
+        };
         match result {
-            Ok(report) => reports.push(report),
-            Err(e) => failures.push(e),
+            Some(Ok(report)) => reports.push(report),
+            Some(Err(e)) => failures.push(e),
+            None => failures.push(anyhow::anyhow!("{target}: no result")),
         }
     }
     let text = if json {
@@ -190,19 +284,49 @@ mod tests {
     }
 
     #[test]
+    fn remote_targets_keep_their_place_without_repeats() {
+        let fake = FakeSysfs::new();
+        let t = |s: &str| -> Target { s.parse().expect("a target") };
+        let remote = "tcp://127.0.0.1:4420/nqn.2024-01.io.usnvme:a";
+        let given = [
+            t("sim:0-1"),
+            t(remote),
+            t("sim:1"),
+            t("trtype:TCP traddr:127.0.0.1 subnqn:nqn.2024-01.io.usnvme:a"),
+        ];
+        let all = all_targets(&fake.sysfs(), &given).expect("targets");
+        assert_eq!(all, [t("sim:0"), t("sim:1"), t(remote)]);
+    }
+
+    #[test]
     fn no_controller_on_vfio_is_not_an_error_and_says_what_to_do() {
         let fake = FakeSysfs::new();
         fake.add_pci_device("0000:02:00.0", 0x010802, 0x1b36, 0x0010)
             .bind("nvme");
         let mut out = Vec::new();
         let job = |_: &Controller| -> Result<u32> { unreachable!("nothing to open") };
-        report(&fake.sysfs(), &[], false, &mut out, job, |_| String::new()).expect("no error");
+        let remote = |_: &mut RemoteController, _: &TcpAddress| -> Result<u32, RemoteError> {
+            unreachable!("nothing to connect to")
+        };
+        let mut args = Targets {
+            devices: Vec::new(),
+            json: false,
+            remote: RemoteArgs::default(),
+        };
+        report(&fake.sysfs(), &args, &mut out, job, &remote, |_| {
+            String::new()
+        })
+        .expect("no error");
         let text = String::from_utf8(out).expect("UTF-8");
         assert!(text.contains("usnvme setup bind"), "{text}");
         assert!(text.contains("usnvme list"), "{text}");
 
         let mut out = Vec::new();
-        report(&fake.sysfs(), &[], true, &mut out, job, |_| String::new()).expect("no error");
+        args.json = true;
+        report(&fake.sysfs(), &args, &mut out, job, &remote, |_| {
+            String::new()
+        })
+        .expect("no error");
         assert_eq!(out, b"[]\n");
     }
 

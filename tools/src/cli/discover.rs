@@ -1,0 +1,188 @@
+//! `usnvme discover ADDR`: what an NVMe/TCP target offers, from its discovery subsystem's
+//! Discovery Log Page, as a table or JSON (nvme-cli's field names).
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use usnvme_driver::pci::Sysfs;
+use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::remote::{DiscoveryEntry, DiscoveryLog, DISCOVERY_NQN};
+
+use crate::remote::{with_controller, RemoteArgs};
+
+/// Arguments of `usnvme discover`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The target: tcp://ADDR[:PORT] (port 4420 by default) or an SPDK transport ID
+    /// ('trtype:TCP traddr:ADDR trsvcid:PORT'); an NQN given is used as the discovery
+    /// subsystem's (default nqn.2014-08.org.nvmexpress.discovery).
+    #[arg(value_name = "ADDRESS")]
+    pub target: TcpAddress,
+    /// Print JSON (genctr and records) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// One record, as `--json` prints it.
+#[derive(Debug, Serialize)]
+struct Record<'a> {
+    trtype: &'static str,
+    adrfam: &'static str,
+    subtype: &'static str,
+    treq: u8,
+    portid: u16,
+    trsvcid: &'a str,
+    subnqn: &'a str,
+    traddr: &'a str,
+    cntlid: u16,
+    asqsz: u16,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    target: String,
+    genctr: u64,
+    numrec: u64,
+    records: Vec<Record<'a>>,
+}
+
+pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let opts = args.remote.host_options(sysfs.root())?;
+    let target = match &args.target.subnqn {
+        Some(_) => args.target.clone(),
+        None => args.target.with_subnqn(DISCOVERY_NQN),
+    };
+    let log = with_controller(&target, &opts, |c| c.discovery_log())?;
+    let text = if args.json {
+        let report = Report {
+            target: args.target.to_string(),
+            genctr: log.genctr,
+            numrec: log.numrec,
+            records: log.entries.iter().map(record).collect(),
+        };
+        let mut text =
+            serde_json::to_string_pretty(&report).context("cannot encode the log as JSON")?;
+        text.push('\n');
+        text
+    } else {
+        table(&log)
+    };
+    out.write_all(text.as_bytes())
+        .context("cannot write to standard output")
+}
+
+fn record(e: &DiscoveryEntry) -> Record<'_> {
+    Record {
+        trtype: e.transport_name(),
+        adrfam: e.address_family_name(),
+        subtype: e.subtype_name(),
+        treq: e.treq,
+        portid: e.port_id,
+        trsvcid: &e.trsvcid,
+        subnqn: &e.subnqn,
+        traddr: &e.traddr,
+        cntlid: e.cntlid,
+        asqsz: e.asqsz,
+    }
+}
+
+const HEADINGS: [&str; 6] = [
+    "SUBSYSTEM NQN",
+    "TYPE",
+    "TRANSPORT",
+    "ADDRESS",
+    "SERVICE ID",
+    "PORT ID",
+];
+
+/// One row per record under the headings, columns as wide as their widest cell.
+fn table(log: &DiscoveryLog) -> String {
+    if log.entries.is_empty() {
+        return "no discovery log records\n".to_owned();
+    }
+    let rows: Vec<[String; 6]> = log
+        .entries
+        .iter()
+        .map(|e| {
+            [
+                e.subnqn.clone(),
+                e.subtype_name().to_owned(),
+                e.transport_name().to_owned(),
+                e.traddr.clone(),
+                e.trsvcid.clone(),
+                e.port_id.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = HEADINGS.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut text = line(&HEADINGS);
+    for row in &rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        text.push_str(&line(&cells));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(nqn: &str, port: &str) -> DiscoveryEntry {
+        DiscoveryEntry {
+            trtype: 3,
+            adrfam: 1,
+            subtype: 2,
+            treq: 2,
+            port_id: 1,
+            cntlid: 0xffff,
+            asqsz: 32,
+            trsvcid: port.into(),
+            subnqn: nqn.into(),
+            traddr: "127.0.0.1".into(),
+        }
+    }
+
+    #[test]
+    fn table_layout() {
+        let log = DiscoveryLog {
+            genctr: 1,
+            numrec: 2,
+            entries: vec![
+                entry("nqn.2024-01.io.usnvme:a", "4420"),
+                entry("nqn.b", "44201"),
+            ],
+        };
+        let expect = "\
+SUBSYSTEM NQN            TYPE            TRANSPORT  ADDRESS    SERVICE ID  PORT ID
+nqn.2024-01.io.usnvme:a  nvme subsystem  tcp        127.0.0.1  4420        1
+nqn.b                    nvme subsystem  tcp        127.0.0.1  44201       1
+";
+        assert_eq!(table(&log), expect);
+        let empty = DiscoveryLog {
+            genctr: 0,
+            numrec: 0,
+            entries: vec![],
+        };
+        assert_eq!(table(&empty), "no discovery log records\n");
+        let json = serde_json::to_value(record(&log.entries[0])).expect("JSON");
+        assert_eq!(json["subnqn"], "nqn.2024-01.io.usnvme:a");
+        assert_eq!(json["trtype"], "tcp");
+        assert_eq!(json["portid"], 1);
+    }
+}

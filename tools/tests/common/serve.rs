@@ -1,0 +1,112 @@
+//! `usnvme serve` on `sim:` drives over 127.0.0.1, started and stopped for a test: the
+//! target the NVMe/TCP tests (`serve.rs`, `remote.rs`) run against. Each test binary uses a
+//! part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+use usnvme_engine::fabric::host::{HostOptions, Queue};
+
+/// The host NQN the tests connect as (`HostOptions::default()`'s).
+pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-686f73743031";
+/// The subsystem serve exports.
+pub const NQN: &str = "nqn.2024-01.io.usnvme:test-serve";
+
+/// A running `usnvme serve` and where it listens.
+pub struct Serve {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub status: std::path::PathBuf,
+}
+
+impl Serve {
+    pub fn start(extra: &[&str]) -> Serve {
+        Serve::start_on("sim:0-1,backend=ram,size=16M", extra)
+    }
+
+    /// `usnvme serve` on one reactor (core 0) exporting the `sim:` drives `device`.
+    pub fn start_on(device: &str, extra: &[&str]) -> Serve {
+        // one status file per target: tests run at once, and two sharing a file made one
+        // target fail to write it and exit (a host then saw its connection reset)
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let status =
+            std::env::temp_dir().join(format!("serve-status-{}-{nth}.json", std::process::id()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+            .args([
+                "serve",
+                "-r",
+                device,
+                "-c",
+                "0",
+                "--listen",
+                "127.0.0.1:0",
+                "--nqn",
+                NQN,
+                "--json-status",
+                status.to_str().expect("UTF-8 temp path"),
+            ])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("usnvme runs");
+        let stdout = child.stdout.take().expect("piped");
+        let mut addr = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("a line");
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+            }
+            if line.starts_with("hosts:") {
+                break;
+            }
+        }
+        let addr = addr.expect("serve says where it listens");
+        Serve {
+            child,
+            addr,
+            status,
+        }
+    }
+
+    /// Waits (at most 20 s) until the status file shows `done`.
+    pub fn wait_for_status(&self, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let status = std::fs::read(&self.status)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if status.as_ref().is_some_and(&done) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after 20 s still not {what}: {status:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// An admin queue to `subnqn`, enabled (CC.EN, then CSTS.RDY).
+    pub fn admin(&self, subnqn: &str, opts: &HostOptions) -> (Queue, u16) {
+        let (mut q, cntlid) =
+            Queue::connect(self.addr, subnqn, 0, 32, 0xffff, opts).expect("admin connect");
+        q.property_set(0x14, false, 1 | 6 << 16 | 4 << 20)
+            .expect("CC.EN");
+        let csts = q.property_get(0x1c, false).expect("CSTS");
+        assert_eq!(csts & 1, 1, "CSTS.RDY");
+        (q, cntlid)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.status);
+    }
+}

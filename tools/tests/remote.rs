@@ -1,0 +1,338 @@
+//! `usnvme discover`, `identify` and `health` on remote NVMe/TCP subsystems: `usnvme serve` on
+//! `sim:` drives over 127.0.0.1 (and, for the failures serve does not make, a scripted
+//! listener): the discovery log, the namespaces and their sizes, SMART, both address forms,
+//! digests, and every error by name on one line.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::Output;
+
+use usnvme_engine::fabric::pdu::{Digests, IcResp};
+
+mod common;
+use common::{stderr, stdout, usnvme};
+
+#[path = "common/serve.rs"]
+mod target;
+use target::{Serve, HOST, NQN};
+
+/// A root whose etc/nvme/hostnqn is the host serve allows: the default host NQN comes from it.
+fn host_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("a temp dir");
+    std::fs::create_dir_all(root.path().join("etc/nvme")).expect("etc/nvme");
+    std::fs::write(root.path().join("etc/nvme/hostnqn"), format!("{HOST}\n")).expect("hostnqn");
+    root
+}
+
+fn run(root: &Path, args: &[&str]) -> Output {
+    usnvme(root, args)
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(out));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The short and the SPDK form of serve's subsystem.
+fn addresses(addr: SocketAddr) -> [String; 2] {
+    [
+        format!("tcp://{addr}/{NQN}"),
+        format!(
+            "trtype:TCP adrfam:IPv4 traddr:{} trsvcid:{} subnqn:{NQN}",
+            addr.ip(),
+            addr.port()
+        ),
+    ]
+}
+
+/// One `usnvme: error:` line containing every one of `says`, and exit 1.
+fn fails_with(out: &Output, says: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("usnvme: error: "), "{err}");
+    for s in says {
+        assert!(err.contains(s), "{s:?} not in: {err}");
+    }
+}
+
+#[test]
+fn discover_lists_serves_subsystem_at_its_port_as_a_table_and_as_json() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let port = serve.addr.port().to_string();
+    let out = run(root.path(), &["discover", &format!("tcp://{}", serve.addr)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for heading in [
+        "SUBSYSTEM NQN",
+        "TYPE",
+        "TRANSPORT",
+        "ADDRESS",
+        "SERVICE ID",
+        "PORT ID",
+    ] {
+        assert!(lines[0].contains(heading), "{text}");
+    }
+    let cells: Vec<&str> = lines[1]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            NQN,
+            "nvme subsystem",
+            "tcp",
+            "127.0.0.1",
+            port.as_str(),
+            "1"
+        ],
+        "{text}"
+    );
+
+    // the SPDK form, with digests: the same log
+    let spdk = format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port}");
+    let log = json(&run(
+        root.path(),
+        &["discover", &spdk, "--json", "--hdr-digest", "--data-digest"],
+    ));
+    assert_eq!(log["numrec"], 1, "{log:#}");
+    let record = &log["records"][0];
+    assert_eq!(record["subnqn"], NQN, "{log:#}");
+    assert_eq!(record["trtype"], "tcp");
+    assert_eq!(record["adrfam"], "ipv4");
+    assert_eq!(record["traddr"], "127.0.0.1");
+    assert_eq!(record["trsvcid"], port.as_str());
+}
+
+#[test]
+fn identify_and_health_report_serves_namespaces_in_both_address_forms_and_with_digests() {
+    let serve = Serve::start_on(
+        "sim:0-1,backend=ram,size=32M,bs=4096",
+        &["--allow-host", HOST],
+    );
+    let root = host_root();
+    let [short, spdk] = addresses(serve.addr);
+    let mut reports = Vec::new();
+    for (address, digests) in [
+        (&short, &[][..]),
+        (&spdk, &[][..]),
+        (&short, &["--hdr-digest", "--data-digest"][..]),
+    ] {
+        let mut args = vec!["identify", "--json", address.as_str()];
+        args.extend_from_slice(digests);
+        let mut id = json(&run(root.path(), &args));
+        let c = &mut id[0];
+        assert_eq!(c["address"], short.as_str(), "{c:#}");
+        assert_eq!(c["subsystem_nqn"], NQN);
+        assert_eq!(c["fabric"]["transport"], "tcp");
+        assert_eq!(c["fabric"]["header_digest"], !digests.is_empty());
+        assert_eq!(c["fabric"]["data_digest"], !digests.is_empty());
+        let namespaces = c["namespaces"].as_array().expect("namespaces");
+        assert_eq!(namespaces.len(), 2, "{c:#}");
+        for (i, ns) in namespaces.iter().enumerate() {
+            assert_eq!(ns["nsid"], i + 1);
+            assert_eq!(ns["block_size"], 4096);
+            assert_eq!(ns["blocks"], 32 << 20 >> 12);
+            assert_eq!(ns["capacity_bytes"], 32 << 20);
+        }
+        // each connection gets a controller of its own; the rest is the same
+        c["controller_id"] = serde_json::Value::Null;
+        c["fabric"]["header_digest"] = serde_json::Value::Null;
+        c["fabric"]["data_digest"] = serde_json::Value::Null;
+        reports.push(id);
+    }
+    assert_eq!(
+        reports[0], reports[1],
+        "the SPDK form reaches the same controller"
+    );
+    assert_eq!(reports[0], reports[2], "digests change nothing reported");
+
+    let text = stdout(&run(root.path(), &["identify", &spdk]));
+    assert!(text.starts_with(&format!("{short}\n")), "{text}");
+    assert!(
+        text.contains(
+            "Namespace 2\n    Size:                 33.6 MB (32 MiB): 8192 blocks of 4096 B"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("Transport:              NVMe/TCP to"),
+        "{text}"
+    );
+
+    for address in [&short, &spdk] {
+        let health = json(&run(
+            root.path(),
+            &["health", "--json", "--hdr-digest", address],
+        ));
+        assert_eq!(health[0]["address"], short.as_str());
+        assert_eq!(health[0]["verdict"], "OK", "{health:#}");
+        assert_eq!(health[0]["transport"], "tcp");
+        assert_eq!(health[0]["pcie_link"], serde_json::Value::Null);
+    }
+    let text = stdout(&run(root.path(), &["health", &short]));
+    assert!(text.contains("Health:                      OK"), "{text}");
+}
+
+#[test]
+fn local_and_remote_drives_report_in_the_order_given() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let [short, _] = addresses(serve.addr);
+    let id = json(&run(root.path(), &["identify", "--json", &short, "sim:0"]));
+    assert_eq!(id[0]["address"], short.as_str());
+    assert_eq!(id[1]["serial"], "sim0");
+    assert!(id[1].get("fabric").is_none(), "{id:#}");
+}
+
+#[test]
+fn refused_port_host_not_allowed_and_unknown_nqn_each_say_what_to_do() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let [short, _] = addresses(serve.addr);
+    // nobody listens on a port just freed
+    let free = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    for command in ["identify", "health"] {
+        let refused = run(root.path(), &[command, &format!("tcp://{free}/{NQN}")]);
+        fails_with(
+            &refused,
+            &[
+                "connection refused",
+                "is the target running",
+                &free.port().to_string(),
+            ],
+        );
+        let stranger = run(
+            root.path(),
+            &[
+                command,
+                "--hostnqn",
+                "nqn.2024-01.io.usnvme:stranger",
+                &short,
+            ],
+        );
+        fails_with(
+            &stranger,
+            &[
+                "host not allowed (Connect Invalid Host)",
+                "nqn.2024-01.io.usnvme:stranger",
+                "--hostnqn",
+                "--allow-host",
+            ],
+        );
+        let unknown = run(
+            root.path(),
+            &[
+                command,
+                &format!("tcp://{}/nqn.2024-01.io.usnvme:nothing", serve.addr),
+            ],
+        );
+        fails_with(
+            &unknown,
+            &[
+                "unknown NQN (Connect Invalid Parameters)",
+                "nqn.2024-01.io.usnvme:nothing",
+                &format!("usnvme discover tcp://{}", serve.addr),
+            ],
+        );
+    }
+    let refused = run(root.path(), &["discover", &format!("tcp://{free}")]);
+    fails_with(&refused, &["connection refused"]);
+}
+
+/// A listener that answers one connection with `script` (after reading its ICReq).
+fn scripted(script: impl FnOnce(&mut std::net::TcpStream) + Send + 'static) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut icreq = [0u8; 128];
+            if s.read_exact(&mut icreq).is_ok() {
+                script(&mut s);
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn digests_refused_and_a_target_closing_mid_command_are_named() {
+    let root = host_root();
+    // a target that grants no digests when both are asked for
+    let addr = scripted(|s| {
+        let resp = IcResp {
+            pfv: 0,
+            cpda: 0,
+            digests: Digests::default(),
+            maxh2cdata: 8192,
+        };
+        let _ = s.write_all(&resp.encode());
+        let _ = s.read(&mut [0u8; 256]); // until the host gives up
+    });
+    let out = run(
+        root.path(),
+        &[
+            "identify",
+            "--hdr-digest",
+            "--data-digest",
+            &format!("tcp://{addr}/{NQN}"),
+        ],
+    );
+    fails_with(
+        &out,
+        &[
+            "digest mismatch",
+            "--hdr-digest, --data-digest",
+            "leave those flags out",
+        ],
+    );
+
+    // a target that takes the ICReq, then goes away
+    let addr = scripted(|_| {});
+    let out = run(root.path(), &["health", &format!("tcp://{addr}/{NQN}")]);
+    fails_with(
+        &out,
+        &[
+            "the target closed the connection during Connect",
+            "is it still running",
+        ],
+    );
+}
+
+#[test]
+fn bad_addresses_are_usage_errors_with_an_example() {
+    let root = host_root();
+    for (args, says) in [
+        (
+            &["identify", "tcp://127.0.0.1:99999/nqn.a:b"][..],
+            "port \"99999\"",
+        ),
+        (&["health", "tcp://127.0.0.1:4420"], "names no subsystem"),
+        (
+            &["identify", "trtype:TCP trsvcid:4420"],
+            "traddr is missing",
+        ),
+        (&["health", "tcp://[::1:4420/nqn.a:b"], "needs its ']'"),
+        (&["discover", "tcp://host.example"], "not an IP address"),
+        (&["discover", "trtype:RDMA traddr:1.2.3.4"], "only TCP"),
+        (
+            &["identify", "--hostnqn", "me", "sim:0"],
+            "does not start with \"nqn.\"",
+        ),
+    ] {
+        let out = run(root.path(), args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(err.contains("example"), "{args:?}: {err}");
+    }
+}
