@@ -23,13 +23,13 @@ use super::pdu::{
 };
 
 /// Fabrics command opcode, and the Fabrics Command Types (FCTYPE, byte 4 of the SQE) used here.
-const FABRICS: u8 = 0x7f;
-const FCTYPE_PROPERTY_SET: u8 = 0x00;
+pub(crate) const FABRICS: u8 = 0x7f;
+pub(crate) const FCTYPE_PROPERTY_SET: u8 = 0x00;
 const FCTYPE_CONNECT: u8 = 0x01;
 const FCTYPE_PROPERTY_GET: u8 = 0x04;
 
 /// Connect data: host identifier, controller ID, subsystem and host NQNs.
-const CONNECT_DATA: usize = 1024;
+pub(crate) const CONNECT_DATA: usize = 1024;
 const CONNECT_SUBNQN: usize = 256;
 const CONNECT_HOSTNQN: usize = 512;
 /// An NQN field is 256 bytes and must end with a NUL.
@@ -37,19 +37,19 @@ const MAX_NQN: usize = 255;
 
 /// SGL identifiers in a command capsule: a Data Block at an offset into the in-capsule data,
 /// and a Transport Data Block (the data moves in R2T/H2CData or C2HData PDUs).
-const SGL_IN_CAPSULE: u8 = 0x01;
-const SGL_TRANSPORT: u8 = 0x5a;
+pub(crate) const SGL_IN_CAPSULE: u8 = 0x01;
+pub(crate) const SGL_TRANSPORT: u8 = 0x5a;
 
 /// In-capsule data the admin queue takes (fixed by the NVMe/TCP transport, 8 KiB). I/O queues
 /// take IOCCSZ * 16 - 64 bytes, which the caller learns from Identify Controller.
 pub const ADMIN_IN_CAPSULE: usize = 8192;
 
 /// Our data alignment (HPDA): none, so the target puts data right after the header.
-const HPDA: u8 = 0;
+pub(crate) const HPDA: u8 = 0;
 
 /// PDU types the host receives before and after ICResp.
-const SETUP: &[PduType] = &[PduType::IcResp, PduType::C2HTermReq];
-const READY: &[PduType] = &[
+pub(crate) const SETUP: &[PduType] = &[PduType::IcResp, PduType::C2HTermReq];
+pub(crate) const READY: &[PduType] = &[
     PduType::C2HTermReq,
     PduType::CapsuleResp,
     PduType::C2HData,
@@ -119,7 +119,7 @@ pub enum HostError {
 
 impl HostError {
     /// A failed command; Fabrics commands give some command specific codes other meanings.
-    fn status(command: &'static str, status: Status, fabrics: bool) -> HostError {
+    pub(crate) fn status(command: &'static str, status: Status, fabrics: bool) -> HostError {
         let name = match status.alternate_name() {
             Some(name) if fabrics => name,
             _ => status.name(),
@@ -180,13 +180,13 @@ impl Payload<'_> {
 
 /// What ICReq/ICResp settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Negotiated {
-    digests: Digests,
-    maxh2cdata: u32,
+pub(crate) struct Negotiated {
+    pub(crate) digests: Digests,
+    pub(crate) maxh2cdata: u32,
 }
 
 /// Checks an ICResp against what we asked for.
-fn check_ic_resp(resp: &IcResp, asked: Digests) -> Result<Negotiated, FatalError> {
+pub(crate) fn check_ic_resp(resp: &IcResp, asked: Digests) -> Result<Negotiated, FatalError> {
     if resp.digests != asked {
         return Err(field(11, "DGST"));
     }
@@ -843,14 +843,14 @@ fn initialize(
 }
 
 /// A Fabrics command of type `fctype` (byte 4 of the SQE).
-fn fabrics(fctype: u8) -> Sqe {
+pub(crate) fn fabrics(fctype: u8) -> Sqe {
     let mut sqe = Sqe::new(FABRICS);
     sqe.nsid = u32::from(fctype);
     sqe
 }
 
 /// Fabrics Connect: RECFMT 0, QID, SQSIZE (0's based), CATTR 0, KATO.
-fn connect_command(qid: u16, entries: u16, kato_ms: u32) -> Sqe {
+pub(crate) fn connect_command(qid: u16, entries: u16, kato_ms: u32) -> Sqe {
     let mut sqe = fabrics(FCTYPE_CONNECT);
     sqe.cdw10 = u32::from(qid) << 16;
     sqe.cdw11 = u32::from(entries.saturating_sub(1));
@@ -859,7 +859,7 @@ fn connect_command(qid: u16, entries: u16, kato_ms: u32) -> Sqe {
 }
 
 /// The Connect data: host ID, controller ID, NUL-padded subsystem and host NQNs.
-fn connect_data(
+pub(crate) fn connect_data(
     opts: &HostOptions,
     cntlid: u16,
     subnqn: &str,

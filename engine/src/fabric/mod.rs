@@ -5,6 +5,7 @@
 
 pub mod address;
 pub mod host;
+pub mod initiator;
 pub mod pdu;
 pub mod remote;
 pub mod target;

@@ -1,0 +1,450 @@
+//! An NVMe/TCP I/O queue on a socket, owned by one reactor thread: [`IoQueue::connect`] sets
+//! it up (TCP, ICReq/ICResp, Fabrics Connect to an existing controller; the only part that
+//! waits), then the socket is polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
+//! sends everything queued in one `writev` (headers and write data gathered straight from the
+//! DMA buffers), receives what came (many responses per `readv`, read data straight into the
+//! DMA buffers) and hands completions to the caller. No allocation, lock or system call per
+//! I/O beyond those.
+
+use std::io::ErrorKind;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use usnvme_driver::{IoBuffer, SubmitError};
+use usnvme_hugepages::{IovaMemory, IovaSpace};
+
+use super::session::{Completion, Failure, QueueParams, Receive, Session};
+use crate::block::Op;
+use crate::fabric::host::{HostError, HostOptions};
+
+/// Where the queue's I/O buffers live.
+#[derive(Debug, Clone)]
+pub enum Buffers {
+    /// An IOVA space: buffers are its DMA regions (taken again when a buffer mapped after the
+    /// last snapshot is submitted).
+    Space(Arc<IovaSpace>),
+    /// A fixed address space (tests).
+    Memory(Arc<IovaMemory>),
+}
+
+impl Buffers {
+    fn snapshot(&self) -> Arc<IovaMemory> {
+        match self {
+            Buffers::Space(space) => space.memory(),
+            Buffers::Memory(mem) => mem.clone(),
+        }
+    }
+}
+
+/// One I/O queue of a remote controller.
+#[derive(Debug)]
+pub struct IoQueue {
+    stream: TcpStream,
+    session: Session,
+    buffers: Buffers,
+    memory: Arc<IovaMemory>,
+    epoch: Instant,
+    /// The socket was shut down (the queue ended and its I/Os were failed).
+    closed: bool,
+}
+
+impl IoQueue {
+    /// Connects I/O queue `params.qid` of controller `params.cntlid` at `addr`. Waits (at most
+    /// `host.timeout`) until the Connect is answered; the socket is non-blocking from then on.
+    pub fn connect(
+        addr: SocketAddr,
+        params: QueueParams,
+        host: &HostOptions,
+        buffers: Buffers,
+    ) -> Result<IoQueue, HostError> {
+        if host.timeout.is_zero() {
+            return Err(HostError::InvalidArgument("the timeout must not be zero"));
+        }
+        let deadline = Instant::now()
+            .checked_add(host.timeout)
+            .ok_or(HostError::InvalidArgument("the timeout is too long"))?;
+        let session = Session::new(params, host)?;
+        let stream =
+            TcpStream::connect_timeout(&addr, host.timeout).map_err(|e| match e.kind() {
+                ErrorKind::ConnectionRefused => HostError::Refused { addr },
+                ErrorKind::WouldBlock | ErrorKind::TimedOut => HostError::Timeout,
+                _ => HostError::Io(e),
+            })?;
+        // commands are small PDUs sent in batches: do not let Nagle hold them back
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        let memory = buffers.snapshot();
+        let mut q = IoQueue {
+            stream,
+            session,
+            buffers,
+            memory,
+            epoch: Instant::now(),
+            closed: false,
+        };
+        let mut none = |_: Completion| {};
+        while !q.session.ready() {
+            q.session.transmit(&mut q.stream, &q.memory)?;
+            q.session.receive_from(&mut q.stream, &q.memory, &mut none);
+            if let Some(why) = q.session.ended() {
+                // best effort: a TermReq for a bad ICResp or Connect response
+                let _ = q.session.transmit(&mut q.stream, &q.memory);
+                let _ = q.stream.shutdown(Shutdown::Both);
+                return Err(setup_error(why));
+            }
+            if Instant::now() >= deadline {
+                return Err(HostError::Timeout);
+            }
+            if !q.session.ready() {
+                // set-up is the one part that waits; a short nap, not a spin
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(q)
+    }
+
+    /// Queues `op` on `blocks` blocks from `slba` (`buf` for reads and writes), all or
+    /// nothing; it goes out on the next [`IoQueue::poll`] or [`IoQueue::flush`].
+    pub fn submit(
+        &mut self,
+        op: Op,
+        slba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match self
+            .session
+            .submit(op, slba, blocks, buf, token, &self.memory)
+        {
+            Err(SubmitError::Misaligned { iova }) if buf.is_some() => {
+                // a buffer mapped since the last snapshot of the address space (cold path)
+                let fresh = self.buffers.snapshot();
+                if Arc::ptr_eq(&fresh, &self.memory) {
+                    return Err(SubmitError::Misaligned { iova });
+                }
+                self.memory = fresh;
+                self.session
+                    .submit(op, slba, blocks, buf, token, &self.memory)
+            }
+            other => other,
+        }
+    }
+
+    /// Sends what was queued.
+    pub fn flush(&mut self) {
+        if self.closed || !self.session.has_outgoing() {
+            return;
+        }
+        if let Err(e) = self.session.transmit(&mut self.stream, &self.memory) {
+            log::warn!("NVMe/TCP I/O queue: {e}");
+            self.session.peer_gone();
+        }
+    }
+
+    /// Sends what was queued, receives what came, checks the command timeout (the clock is
+    /// read once here) and hands finished I/Os to `on_done`; returns how many.
+    pub fn poll(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+        if self.closed {
+            return 0;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.session.set_now(now);
+        let mut count = 0;
+        let mut handler = |c: Completion| {
+            count += 1;
+            on_done(c);
+        };
+        self.flush();
+        if self
+            .session
+            .receive_from(&mut self.stream, &self.memory, &mut handler)
+            == Receive::Drained
+        {
+            // R2Ts were answered: send their data now
+            self.flush();
+        }
+        self.session.check_timeouts();
+        if self.session.ended().is_some() {
+            // best effort: the TermReq, if any (nothing more goes from the buffers after it)
+            let _ = self.session.transmit(&mut self.stream, &self.memory);
+            let _ = self.stream.shutdown(Shutdown::Both);
+            self.closed = true;
+        }
+        self.session.deliver(&mut handler);
+        count
+    }
+
+    /// Commands in flight.
+    pub fn in_flight(&self) -> usize {
+        self.session.in_flight()
+    }
+
+    /// Commands that can be submitted now.
+    pub fn free(&self) -> usize {
+        self.session.free()
+    }
+
+    /// Why the queue ended, once it has (its I/Os failed with this kind).
+    pub fn ended(&self) -> Option<Failure> {
+        self.session.ended()
+    }
+
+    /// The protocol state (for tests).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Ends the queue: what is in flight fails as aborted (handed to `on_done`).
+    pub fn close(&mut self, on_done: impl FnMut(Completion)) -> usize {
+        self.session.close();
+        self.poll(on_done)
+    }
+}
+
+impl Drop for IoQueue {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// What a failed set-up says to its caller.
+fn setup_error(why: Failure) -> HostError {
+    match why {
+        Failure::Status(status) => HostError::status("Connect", status, true),
+        Failure::Protocol(what) => HostError::Protocol { what },
+        Failure::Terminated { fes, fei } => HostError::Terminated { fes, fei },
+        Failure::Closed | Failure::Aborted | Failure::DataDigest => HostError::Closed,
+        Failure::TimedOut => HostError::Timeout,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::thread::JoinHandle;
+
+    use usnvme_driver::spec::{Cqe, Status};
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::fabric::host::Queue;
+    use crate::fabric::pdu::{self, Digests, IcResp, OutHeader};
+    use crate::fabric::target::connection::{Connection, ConnectionLimits, Receive};
+    use crate::fabric::target::memory::{test_subsystem, MemoryBackend};
+    use crate::fabric::target::registry::Registry;
+    use crate::fabric::target::SubsystemInfo;
+
+    const BASE: u64 = 0x10_0000;
+
+    /// The target's connection state machine on a real socket, over memory namespaces.
+    fn serve(stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>) {
+        let mut stream = stream;
+        stream.set_nonblocking(true).expect("non-blocking");
+        let mut backend = MemoryBackend::new(&sub);
+        let limits = ConnectionLimits { maxh2cdata: 16384 };
+        let mut conn = Connection::new(sub, registry, limits, "test".into());
+        loop {
+            match conn.receive_from(&mut stream, &mut backend) {
+                Ok(Receive::Ended) | Err(_) => conn.peer_gone("gone", &mut backend),
+                Ok(_) => {}
+            }
+            backend.complete_all(&mut conn);
+            conn.tick(Instant::now(), &mut backend);
+            if conn.transmit(&mut stream, &mut backend).is_err() {
+                conn.peer_gone("gone", &mut backend);
+            }
+            if conn.finished().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// A target on a loopback port serving `connections` connections.
+    fn target(connections: usize) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let sub = Arc::new(test_subsystem(1));
+        let registry = Arc::new(Registry::new(None));
+        let s = sub.clone();
+        let handle = std::thread::spawn(move || {
+            let mut served = Vec::new();
+            for _ in 0..connections {
+                let (stream, _) = listener.accept().expect("accept");
+                let (sub, registry) = (s.clone(), registry.clone());
+                served.push(std::thread::spawn(move || serve(stream, sub, registry)));
+            }
+            for t in served {
+                t.join().expect("a connection");
+            }
+        });
+        (addr, sub, handle)
+    }
+
+    fn params(sub: &SubsystemInfo, cntlid: u16) -> QueueParams {
+        QueueParams {
+            subnqn: sub.nqn.clone(),
+            qid: 1,
+            cntlid,
+            entries: 32,
+            nsid: 1,
+            block_size: 512,
+            in_capsule: sub.in_capsule_bytes,
+            max_transfer: sub.max_transfer,
+            timeout_ns: 5_000_000_000,
+        }
+    }
+
+    fn memory() -> Arc<IovaMemory> {
+        Arc::new(IovaMemory::from_ranges(&[(GuestAddress(BASE), 1 << 20)]).expect("memory"))
+    }
+
+    /// Polls until nothing is in flight; the results by token.
+    fn wait(q: &mut IoQueue) -> Vec<(u64, Result<(), Failure>)> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut done = Vec::new();
+        while q.in_flight() > 0 {
+            assert!(Instant::now() < deadline, "I/O never completed");
+            q.poll(|c| done.push((c.token, c.result)));
+        }
+        done.sort_by_key(|d| d.0);
+        done
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+            .collect()
+    }
+
+    fn buf(at: u64, len: u32) -> Option<IoBuffer> {
+        Some(IoBuffer {
+            iova: BASE + at,
+            len,
+        })
+    }
+
+    #[test]
+    fn data_written_over_loopback_reads_back_with_and_without_digests() {
+        for digests in [
+            Digests::default(),
+            Digests {
+                header: true,
+                data: true,
+            },
+        ] {
+            let (addr, sub, target) = target(2);
+            let host = HostOptions {
+                digests,
+                timeout: Duration::from_secs(5),
+                ..HostOptions::default()
+            };
+            let (mut admin, cntlid) =
+                Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+            admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
+            let mem = memory();
+            let mut q = IoQueue::connect(
+                addr,
+                params(&sub, cntlid),
+                &host,
+                Buffers::Memory(mem.clone()),
+            )
+            .expect("I/O queue");
+            let small = pattern(4096, 1);
+            let big = pattern(96 << 10, 2); // R2T: six H2CData of 16 KiB
+            mem.write_slice(&small, GuestAddress(BASE)).expect("fill");
+            mem.write_slice(&big, GuestAddress(BASE + 0x10000))
+                .expect("fill");
+            q.submit(Op::Write, 0, 8, buf(0, 4096), 1).expect("write");
+            q.submit(Op::Write, 64, 192, buf(0x10000, 96 << 10), 2)
+                .expect("write");
+            assert_eq!(wait(&mut q), [(1, Ok(())), (2, Ok(()))]);
+            q.submit(Op::Read, 0, 8, buf(0x40000, 4096), 3)
+                .expect("read");
+            q.submit(Op::Read, 64, 192, buf(0x80000, 96 << 10), 4)
+                .expect("read");
+            // past the end: the target's status, by name
+            q.submit(Op::Read, 2040, 16, buf(0xc0000, 8192), 5)
+                .expect("read");
+            let done = wait(&mut q);
+            assert_eq!(done[..2], [(3, Ok(())), (4, Ok(()))]);
+            let Err(Failure::Status(status)) = done[2].1 else {
+                panic!("{done:?}");
+            };
+            assert_eq!(status.name(), "LBA Out of Range");
+            let mut got = vec![0u8; big.len()];
+            mem.read_slice(&mut got[..4096], GuestAddress(BASE + 0x40000))
+                .expect("read");
+            assert_eq!(&got[..4096], &small[..]);
+            mem.read_slice(&mut got, GuestAddress(BASE + 0x80000))
+                .expect("read");
+            assert_eq!(got, big);
+            drop(q);
+            admin.disconnect();
+            target.join().expect("the target");
+        }
+    }
+
+    #[test]
+    fn a_target_that_closes_mid_io_fails_what_is_in_flight_as_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let target = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut ic = [0u8; pdu::IC_HEADER];
+            s.read_exact(&mut ic).expect("ICReq");
+            let resp = IcResp {
+                pfv: 0,
+                cpda: 0,
+                digests: Digests::default(),
+                maxh2cdata: 8192,
+            };
+            s.write_all(&resp.encode()).expect("ICResp");
+            let mut connect = vec![0u8; pdu::CAPSULE_CMD_HEADER + 1024];
+            s.read_exact(&mut connect).expect("Connect");
+            let cqe = Cqe::new(0, 0, 1, 0, Status::SUCCESS, false);
+            let h = OutHeader::capsule_resp(&cqe, Digests::default());
+            s.write_all(h.as_slice()).expect("the response");
+            // two reads come; the target goes away without answering
+            let mut cmds = [0u8; 2 * pdu::CAPSULE_CMD_HEADER];
+            s.read_exact(&mut cmds).expect("the commands");
+        });
+        let sub = test_subsystem(1);
+        let host = HostOptions {
+            timeout: Duration::from_secs(5),
+            ..HostOptions::default()
+        };
+        let mut q = IoQueue::connect(addr, params(&sub, 1), &host, Buffers::Memory(memory()))
+            .expect("I/O queue");
+        q.submit(Op::Read, 0, 1, buf(0, 512), 1).expect("read");
+        q.submit(Op::Read, 1, 1, buf(512, 512), 2).expect("read");
+        assert_eq!(
+            wait(&mut q),
+            [(1, Err(Failure::Closed)), (2, Err(Failure::Closed))]
+        );
+        assert_eq!(q.ended(), Some(Failure::Closed));
+        assert!(matches!(
+            q.submit(Op::Read, 0, 1, buf(0, 512), 3),
+            Err(SubmitError::Dead)
+        ));
+        target.join().expect("the target");
+    }
+
+    #[test]
+    fn a_refused_connect_names_the_status() {
+        let (addr, sub, target) = target(1);
+        let host = HostOptions::default();
+        // no admin queue made controller 7
+        let err = IoQueue::connect(addr, params(&sub, 7), &host, Buffers::Memory(memory()))
+            .expect_err("no such controller");
+        assert!(
+            err.to_string()
+                .starts_with("Connect failed: Connect Invalid Parameters"),
+            "{err}"
+        );
+        target.join().expect("the target");
+    }
+}
