@@ -22,6 +22,9 @@ use super::pdu::{
     MAX_HEADER, PFV_1_0, SHORT_HEADER,
 };
 
+/// The fuzz target's entry point: target bytes through this module's checks.
+pub mod fuzz;
+
 /// Fabrics command opcode, and the Fabrics Command Types (FCTYPE, byte 4 of the SQE) used here.
 pub(crate) const FABRICS: u8 = 0x7f;
 pub(crate) const FCTYPE_PROPERTY_SET: u8 = 0x00;
