@@ -6,6 +6,7 @@
 mod namespace;
 mod split;
 mod stripe;
+mod tcp;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use usnvme_hugepages::{IovaSpace, PageSize};
 
 pub use namespace::{NamespaceChannel, NamespaceDevice};
 pub use stripe::{StripeChannel, StripeDevice};
+pub use tcp::{TcpChannel, TcpNamespaceDevice, TcpNamespaceSpec};
 
 /// The largest token a caller may give an I/O (60 bits). The bits above are the block
 /// layer's: the op kind for statistics (63-62), and the marks of an I/O split at a namespace
@@ -265,6 +267,8 @@ impl BlockError {
 pub enum Channel {
     Namespace(NamespaceChannel),
     Stripe(StripeChannel),
+    /// A remote namespace's NVMe/TCP I/O queue.
+    Tcp(TcpChannel),
     /// The device was found gone: takes nothing, completes nothing.
     Gone(Arc<str>),
 }
@@ -284,6 +288,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.submit(op, offset, len, buf, token),
             Channel::Stripe(c) => c.submit(op, offset, len, buf, token),
+            Channel::Tcp(c) => c.submit(op, offset, len, buf, token),
             Channel::Gone(name) => Err(BlockError::Submit {
                 device: name.clone(),
                 source: SubmitError::Dead,
@@ -297,6 +302,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.poll(on_finished),
             Channel::Stripe(c) => c.poll(on_finished),
+            Channel::Tcp(c) => c.poll(on_finished),
             Channel::Gone(_) => 0,
         }
     }
@@ -307,6 +313,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.flush(),
             Channel::Stripe(c) => c.flush(),
+            Channel::Tcp(c) => c.flush(),
             Channel::Gone(_) => {}
         }
     }
@@ -317,6 +324,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.set_now(now_ns),
             Channel::Stripe(c) => c.set_now(now_ns),
+            Channel::Tcp(c) => c.set_now(now_ns),
             Channel::Gone(_) => {}
         }
     }
@@ -327,6 +335,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.busy(),
             Channel::Stripe(c) => c.busy(),
+            Channel::Tcp(c) => c.busy(),
             Channel::Gone(_) => false,
         }
     }
@@ -336,6 +345,7 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.free_commands(),
             Channel::Stripe(c) => c.free_commands(),
+            Channel::Tcp(c) => c.free_commands(),
             Channel::Gone(_) => 0,
         }
     }
@@ -346,11 +356,13 @@ impl Channel {
         let name = match self {
             Channel::Namespace(c) => c.name().clone(),
             Channel::Stripe(c) => c.name().clone(),
+            Channel::Tcp(c) => c.name().clone(),
             Channel::Gone(_) => return 0,
         };
         let failed = match self {
             Channel::Namespace(c) => c.abandon(on_finished),
             Channel::Stripe(c) => c.abandon(on_finished),
+            Channel::Tcp(c) => c.abandon(on_finished),
             Channel::Gone(_) => 0,
         };
         *self = Channel::Gone(name);

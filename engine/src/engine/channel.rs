@@ -119,6 +119,13 @@ impl DeviceChannel {
             self.set_now(now);
             self.fresh = true;
             self.last_progress_ns = now;
+            if let Channel::Tcp(c) = &self.channel {
+                // a remote target has no registers to probe: its queue tells it is gone
+                if let (None, Some(why)) = (&self.removed, c.ended()) {
+                    log::error!("{}: {why}: no more I/O to it", self.name);
+                    self.removed = Some(self.name.clone());
+                }
+            }
             return done;
         }
         let now = self.now_ns;

@@ -45,6 +45,8 @@ pub struct IoQueue {
     buffers: Buffers,
     memory: Arc<IovaMemory>,
     epoch: Instant,
+    /// The owner gives the clock ([`IoQueue::set_now`]); else `poll` reads it.
+    owner_clock: bool,
     /// The socket was shut down (the queue ended and its I/Os were failed).
     closed: bool,
 }
@@ -81,6 +83,7 @@ impl IoQueue {
             buffers,
             memory,
             epoch: Instant::now(),
+            owner_clock: false,
             closed: false,
         };
         let mut none = |_: Completion| {};
@@ -149,8 +152,10 @@ impl IoQueue {
         if self.closed {
             return 0;
         }
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        self.session.set_now(now);
+        if !self.owner_clock {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            self.session.set_now(now);
+        }
         let mut count = 0;
         let mut handler = |c: Completion| {
             count += 1;
@@ -174,6 +179,13 @@ impl IoQueue {
         }
         self.session.deliver(&mut handler);
         count
+    }
+
+    /// The owner's clock (nanoseconds), once per turn: submissions are stamped with it and
+    /// the timeout measured against it (from then on `poll` does not read a clock itself).
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.owner_clock = true;
+        self.session.set_now(now_ns);
     }
 
     /// Commands in flight.
@@ -221,7 +233,7 @@ fn setup_error(why: Failure) -> HostError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::thread::JoinHandle;
@@ -240,7 +252,7 @@ mod tests {
     const BASE: u64 = 0x10_0000;
 
     /// The target's connection state machine on a real socket, over memory namespaces.
-    fn serve(stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>) {
+    pub(crate) fn serve(stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>) {
         let mut stream = stream;
         stream.set_nonblocking(true).expect("non-blocking");
         let mut backend = MemoryBackend::new(&sub);
@@ -264,7 +276,7 @@ mod tests {
     }
 
     /// A target on a loopback port serving `connections` connections.
-    fn target(connections: usize) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
+    pub(crate) fn target(connections: usize) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         let sub = Arc::new(test_subsystem(1));
