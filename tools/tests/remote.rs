@@ -8,7 +8,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::Output;
 
-use usnvme_engine::fabric::pdu::{Digests, IcResp};
+use usnvme_driver::spec::{Cqe, Status};
+use usnvme_engine::fabric::pdu::{Digests, IcResp, OutHeader};
 
 mod common;
 use common::{stderr, stdout, usnvme};
@@ -264,7 +265,7 @@ fn scripted(script: impl FnOnce(&mut std::net::TcpStream) + Send + 'static) -> S
 }
 
 #[test]
-fn digests_refused_and_a_target_closing_mid_command_are_named() {
+fn digests_refused_and_a_target_closing_during_connect_are_named() {
     let root = host_root();
     // a target that grants no digests when both are asked for
     let addr = scripted(|s| {
@@ -305,6 +306,67 @@ fn digests_refused_and_a_target_closing_mid_command_are_named() {
             "is it still running",
         ],
     );
+}
+
+/// A target that brings a controller up (ICResp, Connect, CAP, VS, CC, CSTS.RDY), then closes
+/// the connection on the first admin command.
+fn dies_on_the_first_admin_command(s: &mut std::net::TcpStream) {
+    let resp = IcResp {
+        pfv: 0,
+        cpda: 0,
+        digests: Digests::default(),
+        maxh2cdata: 8192,
+    };
+    if s.write_all(&resp.encode()).is_err() {
+        return;
+    }
+    loop {
+        let mut common = [0u8; 8];
+        if s.read_exact(&mut common).is_err() {
+            return;
+        }
+        let plen = u32::from_le_bytes([common[4], common[5], common[6], common[7]]) as usize;
+        let mut rest = vec![0u8; plen.saturating_sub(8)];
+        if common[0] != 0x04 || plen < 72 || s.read_exact(&mut rest).is_err() {
+            return; // not a CapsuleCmd
+        }
+        let sqe = &rest[..64];
+        let cid = u16::from_le_bytes([sqe[2], sqe[3]]);
+        let cdw11 = u32::from_le_bytes([sqe[44], sqe[45], sqe[46], sqe[47]]);
+        let dw0 = match (sqe[0], sqe[4], cdw11) {
+            (0x7f, 0x01, _) => 1,               // Connect: controller 1
+            (0x7f, 0x04, 0x00) => 1 << 24 | 31, // CAP: TO 500 ms, MQES 31
+            (0x7f, 0x04, 0x08) => 0x1_0300,     // VS 1.3
+            (0x7f, 0x04, 0x1c) => 1,            // CSTS.RDY
+            (0x7f, 0x00, _) => 0,               // Property Set
+            _ => return,                        // an admin command: gone
+        };
+        let cqe = Cqe::new(dw0, 0, 0, cid, Status::SUCCESS, false);
+        if s.write_all(OutHeader::capsule_resp(&cqe, Digests::default()).as_slice())
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_target_closing_in_the_middle_of_a_command_is_named_with_the_command() {
+    let root = host_root();
+    for (command, during) in [
+        ("identify", "Identify Controller"),
+        ("health", "Get Log Page SMART / Health"),
+    ] {
+        let addr = scripted(dies_on_the_first_admin_command);
+        let out = run(root.path(), &[command, &format!("tcp://{addr}/{NQN}")]);
+        fails_with(
+            &out,
+            &[
+                &format!("the target closed the connection during {during}"),
+                "is it still running",
+            ],
+        );
+    }
 }
 
 #[test]
