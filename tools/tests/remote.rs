@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use usnvme_driver::spec::{Cqe, Status};
-use usnvme_engine::fabric::pdu::{Digests, IcResp, OutHeader};
+use usnvme_engine::fabric::pdu::{flags, DataHeader, Digests, IcResp, OutHeader, PduType};
 
 mod common;
 use common::{stderr, stdout, usnvme};
@@ -308,13 +308,22 @@ fn digests_refused_and_a_target_closing_during_connect_are_named() {
     );
 }
 
-/// A target that brings a controller up (ICResp, Connect, CAP, VS, CC, CSTS.RDY), then closes
-/// the connection on the first admin command.
-fn dies_on_the_first_admin_command(s: &mut std::net::TcpStream) {
+/// What the scripted controller does on the first admin command after bring-up.
+#[derive(Debug, Clone, Copy)]
+enum FirstAdmin {
+    /// Closes the connection.
+    Close,
+    /// Sends the data with a wrong data digest (digests on), then waits.
+    CorruptData,
+}
+
+/// A target that brings a controller up (ICResp granting `digests`, Connect, CAP, VS, CC,
+/// CSTS.RDY), then does `then` on the first admin command.
+fn controller(s: &mut std::net::TcpStream, digests: Digests, then: FirstAdmin) {
     let resp = IcResp {
         pfv: 0,
         cpda: 0,
-        digests: Digests::default(),
+        digests,
         maxh2cdata: 8192,
     };
     if s.write_all(&resp.encode()).is_err() {
@@ -339,15 +348,60 @@ fn dies_on_the_first_admin_command(s: &mut std::net::TcpStream) {
             (0x7f, 0x04, 0x08) => 0x1_0300,     // VS 1.3
             (0x7f, 0x04, 0x1c) => 1,            // CSTS.RDY
             (0x7f, 0x00, _) => 0,               // Property Set
-            _ => return,                        // an admin command: gone
+            _ => {
+                if let FirstAdmin::CorruptData = then {
+                    // the SGL's length
+                    let len = u32::from_le_bytes([sqe[32], sqe[33], sqe[34], sqe[35]]);
+                    let d = DataHeader {
+                        cccid: cid,
+                        ttag: 0,
+                        offset: 0,
+                        length: len,
+                    };
+                    let last = flags::LAST_PDU | flags::SUCCESS;
+                    let h = OutHeader::data(PduType::C2HData, &d, last, digests, 0);
+                    let mut pdu = h.as_slice().to_vec();
+                    pdu.resize(pdu.len() + h.pad() + len as usize, 0);
+                    pdu.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]); // not the CRC32C of zeros
+                    let _ = s.write_all(&pdu);
+                    let _ = s.read(&mut [0u8; 256]); // until the host gives up
+                }
+                return;
+            }
         };
         let cqe = Cqe::new(dw0, 0, 0, cid, Status::SUCCESS, false);
-        if s.write_all(OutHeader::capsule_resp(&cqe, Digests::default()).as_slice())
+        if s.write_all(OutHeader::capsule_resp(&cqe, digests).as_slice())
             .is_err()
         {
             return;
         }
     }
+}
+
+#[test]
+fn a_data_digest_mismatch_is_named_with_the_command() {
+    let root = host_root();
+    let both = Digests {
+        header: true,
+        data: true,
+    };
+    let addr = scripted(move |s| controller(s, both, FirstAdmin::CorruptData));
+    let out = run(
+        root.path(),
+        &[
+            "identify",
+            "--hdr-digest",
+            "--data-digest",
+            &format!("tcp://{addr}/{NQN}"),
+        ],
+    );
+    fails_with(
+        &out,
+        &[
+            "data digest mismatch during Identify Controller",
+            "--data-digest",
+        ],
+    );
 }
 
 #[test]
@@ -357,7 +411,7 @@ fn a_target_closing_in_the_middle_of_a_command_is_named_with_the_command() {
         ("identify", "Identify Controller"),
         ("health", "Get Log Page SMART / Health"),
     ] {
-        let addr = scripted(dies_on_the_first_admin_command);
+        let addr = scripted(|s| controller(s, Digests::default(), FirstAdmin::Close));
         let out = run(root.path(), &[command, &format!("tcp://{addr}/{NQN}")]);
         fails_with(
             &out,
