@@ -182,6 +182,41 @@ fn identify_and_health_report_serves_namespaces_in_both_address_forms_and_with_d
 }
 
 #[test]
+fn an_ipv6_listener_is_discovered_and_reached_in_both_address_forms() {
+    // a machine (or container) without IPv6 loopback has nothing to test here
+    if let Err(e) = TcpListener::bind("[::1]:0") {
+        eprintln!("skipped: no IPv6 loopback ({e})");
+        return;
+    }
+    let serve = Serve::start(&["--allow-host", HOST, "--listen", "[::1]:0"]);
+    let root = host_root();
+    let v6 = *serve.listeners.get(1).expect("the [::1] listener");
+    assert!(v6.is_ipv6(), "{v6}");
+    let log = json(&run(
+        root.path(),
+        &["discover", "--json", &format!("tcp://{v6}")],
+    ));
+    let records = log["records"].as_array().expect("records");
+    let port = v6.port().to_string();
+    assert_eq!(records.len(), 2, "one record per listener: {log:#}");
+    assert!(
+        records.iter().any(|r| r["adrfam"] == "ipv6"
+            && r["traddr"] == "::1"
+            && r["trsvcid"].as_str() == Some(port.as_str())),
+        "{log:#}"
+    );
+    let spdk = format!(
+        "trtype:TCP adrfam:IPv6 traddr:::1 trsvcid:{} subnqn:{NQN}",
+        v6.port()
+    );
+    for address in [format!("tcp://{v6}/{NQN}"), spdk] {
+        let id = json(&run(root.path(), &["identify", "--json", &address]));
+        assert_eq!(id[0]["address"], format!("tcp://{v6}/{NQN}"));
+        assert_eq!(id[0]["namespaces"].as_array().map(Vec::len), Some(2));
+    }
+}
+
+#[test]
 fn local_and_remote_drives_report_in_the_order_given() {
     let serve = Serve::start(&["--allow-host", HOST]);
     let root = host_root();

@@ -17,7 +17,9 @@ pub const NQN: &str = "nqn.2024-01.io.usnvme:test-serve";
 /// A running `usnvme serve` and where it listens.
 pub struct Serve {
     pub child: Child,
+    /// Where it listens first (127.0.0.1), and every listener (`--listen` in `extra` adds some).
     pub addr: SocketAddr,
+    pub listeners: Vec<SocketAddr>,
     pub status: std::path::PathBuf,
 }
 
@@ -55,20 +57,25 @@ impl Serve {
             .spawn()
             .expect("usnvme runs");
         let stdout = child.stdout.take().expect("piped");
-        let mut addr = None;
+        let mut listeners = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let line = line.expect("a line");
             if let Some(rest) = line.strip_prefix("listening on ") {
-                addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                listeners.extend(
+                    rest.split_whitespace()
+                        .next()
+                        .and_then(|a| a.parse::<SocketAddr>().ok()),
+                );
             }
             if line.starts_with("hosts:") {
                 break;
             }
         }
-        let addr = addr.expect("serve says where it listens");
+        let addr = *listeners.first().expect("serve says where it listens");
         Serve {
             child,
             addr,
+            listeners,
             status,
         }
     }
