@@ -30,8 +30,11 @@ fn run(root: &Path, args: &[&str]) -> Output {
     usnvme(root, args)
 }
 
+/// The JSON printed by a command that succeeded and said nothing else (a controller that did
+/// not shut down cleanly would be warned about).
 fn json(out: &Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", stderr(out));
+    assert_eq!(stderr(out), "", "nothing on standard error");
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 

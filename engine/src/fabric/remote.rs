@@ -68,6 +68,8 @@ pub enum RemoteError {
     Closed { during: &'static str },
     #[error("the controller did not become ready within {ms} ms (CAP.TO)")]
     NotReady { ms: u64 },
+    #[error("the controller did not report its shutdown complete (CSTS.SHST) within {ms} ms")]
+    ShutdownTimeout { ms: u128 },
     #[error("the controller reports a fatal status (CSTS.CFS) during {during}")]
     ControllerFatal { during: &'static str },
     #[error("{during}: {what}")]
@@ -385,9 +387,8 @@ impl RemoteController {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(RemoteError::Malformed {
-                    during: "shutdown",
-                    what: "CSTS.SHST did not report the shutdown complete in time",
+                return Err(RemoteError::ShutdownTimeout {
+                    ms: self.timeout.as_millis(),
                 });
             }
             std::thread::sleep(POLL_INTERVAL);
