@@ -11,7 +11,7 @@ use usnvme_driver::spec::Status;
 use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
-    IoError, NamespaceChannel, Op, STRIPE_PARENT,
+    IoError, NamespaceChannel, Op, TcpChannel, STRIPE_PARENT,
 };
 
 #[derive(Debug)]
@@ -140,7 +140,8 @@ impl BlockDevice for StripeDevice {
         let mut members = Vec::with_capacity(self.members.len());
         for m in &self.members {
             match m.channel(options)? {
-                Channel::Namespace(c) => members.push(c),
+                Channel::Namespace(c) => members.push(Member::Namespace(c)),
+                Channel::Tcp(c) => members.push(Member::Tcp(c)),
                 _ => {
                     return Err(usnvme_driver::Error::Invalid {
                         device: self.name.to_string(),
@@ -165,13 +166,89 @@ impl BlockDevice for StripeDevice {
 #[derive(Debug)]
 pub struct StripeChannel {
     /// Namespaces: a stripe of stripes would be a stripe with a smaller chunk.
-    members: Vec<NamespaceChannel>,
+    members: Vec<Member>,
     chunk: u64,
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os that span several chunks (only those).
     splits: SplitIos,
     now_ns: u64,
+}
+
+/// A member's channel: a local namespace's queue pair, or a remote one's NVMe/TCP queue.
+// The namespace variant is large (its queue pair) and kept inline, as in `Channel`.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Member {
+    Namespace(NamespaceChannel),
+    Tcp(TcpChannel),
+}
+
+impl Member {
+    #[inline]
+    fn submit(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        match self {
+            Member::Namespace(c) => c.submit(op, offset, len, buf, token),
+            Member::Tcp(c) => c.submit(op, offset, len, buf, token),
+        }
+    }
+
+    #[inline]
+    fn poll(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        match self {
+            Member::Namespace(c) => c.poll(on_finished),
+            Member::Tcp(c) => c.poll(on_finished),
+        }
+    }
+
+    fn abandon(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        match self {
+            Member::Namespace(c) => c.abandon(on_finished),
+            Member::Tcp(c) => c.abandon(on_finished),
+        }
+    }
+
+    fn flush(&mut self) {
+        match self {
+            Member::Namespace(c) => c.flush(),
+            Member::Tcp(c) => c.flush(),
+        }
+    }
+
+    fn set_now(&mut self, now_ns: u64) {
+        match self {
+            Member::Namespace(c) => c.set_now(now_ns),
+            Member::Tcp(c) => c.set_now(now_ns),
+        }
+    }
+
+    fn busy(&self) -> bool {
+        match self {
+            Member::Namespace(c) => c.busy(),
+            Member::Tcp(c) => c.busy(),
+        }
+    }
+
+    fn free_commands(&self) -> usize {
+        match self {
+            Member::Namespace(c) => c.free_commands(),
+            Member::Tcp(c) => c.free_commands(),
+        }
+    }
+
+    fn commands_needed(&self, op: Op, len: u64) -> usize {
+        match self {
+            Member::Namespace(c) => c.commands_needed(op, len),
+            Member::Tcp(c) => c.commands_needed(op, len),
+        }
+    }
 }
 
 /// One part of a striped I/O: `len` bytes at `offset` of member `member`, `at` bytes into the I/O.
@@ -324,7 +401,7 @@ impl StripeChannel {
     }
 
     pub(crate) fn flush(&mut self) {
-        self.members.iter_mut().for_each(NamespaceChannel::flush);
+        self.members.iter_mut().for_each(Member::flush);
     }
 
     pub(crate) fn set_now(&mut self, now_ns: u64) {
@@ -333,13 +410,13 @@ impl StripeChannel {
     }
 
     pub(crate) fn busy(&self) -> bool {
-        self.members.iter().any(NamespaceChannel::busy)
+        self.members.iter().any(Member::busy)
     }
 
     pub(crate) fn free_commands(&self) -> usize {
         self.members
             .iter()
-            .map(NamespaceChannel::free_commands)
+            .map(Member::free_commands)
             .min()
             .unwrap_or(0)
     }

@@ -44,8 +44,11 @@ pub struct TcpNamespaceSpec {
     pub max_transfer: u32,
     /// Entries an I/O queue may have (CAP.MQES + 1).
     pub max_entries: u16,
-    /// I/O queues the controller grants: one per reactor.
+    /// I/O queues the controller grants: one per reactor and namespace.
     pub io_queues: u16,
+    /// The controller's next free I/O queue ID, shared by the devices of its namespaces
+    /// (start it at 1).
+    pub qids: Arc<AtomicU16>,
     /// Where I/O buffers come from (any DMA space: no device reaches them).
     pub dma: DmaTarget,
 }
@@ -57,7 +60,6 @@ pub struct TcpNamespaceDevice {
     spec: TcpNamespaceSpec,
     info: BlockInfo,
     name: Arc<str>,
-    next_qid: AtomicU16,
     _keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
 }
 
@@ -78,7 +80,6 @@ impl TcpNamespaceDevice {
             name: Arc::from(spec.name.as_str()),
             info,
             spec,
-            next_qid: AtomicU16::new(1),
             _keep: keep,
         }
     }
@@ -104,10 +105,10 @@ impl BlockDevice for TcpNamespaceDevice {
             device: s.name.clone(),
             what,
         };
-        let qid = self.next_qid.fetch_add(1, Ordering::Relaxed);
+        let qid = s.qids.fetch_add(1, Ordering::Relaxed);
         if qid > s.io_queues {
             return Err(invalid(format!(
-                "the controller grants {} I/O queues: one per reactor",
+                "the controller grants {} I/O queues: one per reactor and namespace",
                 s.io_queues
             )));
         }
@@ -340,8 +341,9 @@ mod tests {
     use usnvme_hugepages::{BufferPool, IovaSpace, NoIommu, PageSize};
 
     use super::*;
+    use crate::block::StripeDevice;
     use crate::fabric::host::Queue;
-    use crate::fabric::initiator::queue::tests::target;
+    use crate::fabric::initiator::queue::tests::{target, target_of};
 
     #[test]
     fn a_remote_namespace_is_a_block_device_whose_large_ios_are_split() {
@@ -368,6 +370,7 @@ mod tests {
             max_transfer: sub.max_transfer,
             max_entries: sub.queue_entries,
             io_queues: sub.io_queues,
+            qids: Arc::new(AtomicU16::new(1)),
             dma: DmaTarget {
                 space: space.clone(),
                 page: PageSize::Small4K,
@@ -423,6 +426,81 @@ mod tests {
         ));
         drop(channel);
         drop(device);
+        admin.disconnect();
+        server.join().expect("the target");
+    }
+
+    #[test]
+    fn a_stripe_over_two_remote_namespaces_reads_back_what_it_wrote() {
+        let (addr, sub, server) = target_of(3, 2);
+        let host = HostOptions {
+            timeout: Duration::from_secs(5),
+            ..HostOptions::default()
+        };
+        let (mut admin, cntlid) =
+            Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+        admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
+        let space = IovaSpace::new(Arc::new(NoIommu));
+        let qids = Arc::new(AtomicU16::new(1));
+        let members: Vec<Arc<dyn BlockDevice>> = sub
+            .namespaces
+            .iter()
+            .map(|ns| {
+                let spec = TcpNamespaceSpec {
+                    name: format!("tcp://{addr}/{}/ns{}", sub.nqn, ns.nsid),
+                    addr,
+                    subnqn: sub.nqn.clone(),
+                    cntlid,
+                    host: host.clone(),
+                    nsid: ns.nsid,
+                    block_size: ns.block_size,
+                    blocks: ns.blocks,
+                    in_capsule: sub.in_capsule_bytes,
+                    max_transfer: sub.max_transfer,
+                    max_entries: sub.queue_entries,
+                    io_queues: sub.io_queues,
+                    qids: qids.clone(),
+                    dma: DmaTarget {
+                        space: space.clone(),
+                        page: PageSize::Small4K,
+                    },
+                };
+                Arc::new(TcpNamespaceDevice::new(spec, None)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let stripe = StripeDevice::new("s0", members, 64 << 10).expect("a stripe");
+        let mut channel = stripe
+            .channel(&ChannelOptions::default())
+            .expect("a channel");
+        let len = 512 << 10; // eight chunks, four on each member
+        let mut pool = BufferPool::new(&space, len, 2, PageSize::Small4K, None).expect("buffers");
+        let (out, back) = (
+            pool.alloc().expect("a buffer"),
+            pool.alloc().expect("a buffer"),
+        );
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        out.write_from(&data, 0).expect("fill");
+        for (op, b, token) in [(Op::Write, &out, 1), (Op::Read, &back, 2)] {
+            let io = Some(IoBuffer {
+                iova: b.iova(),
+                len: len as u32,
+            });
+            channel
+                .submit(op, 0, len as u64, io, token)
+                .expect("submitted");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut done = Vec::new();
+            while done.is_empty() {
+                assert!(Instant::now() < deadline, "no completion");
+                channel.poll(|f| done.push((f.token, f.result)));
+            }
+            assert_eq!(done, [(token, Ok(()))]);
+        }
+        let mut got = vec![0u8; len];
+        back.read_into(&mut got, 0).expect("read back");
+        assert!(got == data, "the stripe read back what it wrote");
+        drop(channel);
+        drop(stripe);
         admin.disconnect();
         server.join().expect("the target");
     }

@@ -277,9 +277,17 @@ pub(crate) mod tests {
 
     /// A target on a loopback port serving `connections` connections.
     pub(crate) fn target(connections: usize) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
+        target_of(connections, 1)
+    }
+
+    /// The same with `namespaces` namespaces (each connection has memory of its own).
+    pub(crate) fn target_of(
+        connections: usize,
+        namespaces: u32,
+    ) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
-        let sub = Arc::new(test_subsystem(1));
+        let sub = Arc::new(test_subsystem(namespaces));
         let registry = Arc::new(Registry::new(None));
         let s = sub.clone();
         let handle = std::thread::spawn(move || {
