@@ -12,6 +12,7 @@ use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::engine::AttachError;
 use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::host::HostOptions;
 use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
 use usnvme_engine::Drive;
 
@@ -185,10 +186,11 @@ pub fn report<T: Serialize + Send>(
             Target::Local(_) => None,
         })
         .collect();
+    // who this host is matters only to remote targets (and may fail: no host NQN)
     let opts = if remotes.is_empty() {
-        None
+        HostOptions::default()
     } else {
-        Some(args.remote.host_options(sysfs.root())?)
+        args.remote.host_options(sysfs.root())?
     };
     let (mut local_results, mut remote_results) = std::thread::scope(|scope| {
         let threads: Vec<_> = remotes
@@ -197,9 +199,8 @@ pub fn report<T: Serialize + Send>(
                 let opts = &opts;
                 std::thread::Builder::new()
                     .name(format!("usnvme {addr}"))
-                    .spawn_scoped(scope, move || match opts {
-                        Some(opts) => with_controller(addr, opts, |c| remote(c, addr)),
-                        None => Err(anyhow::anyhow!("{addr}: no host options")),
+                    .spawn_scoped(scope, move || {
+                        with_controller(addr, opts, |c| remote(c, addr))
                     })
             })
             .collect();
