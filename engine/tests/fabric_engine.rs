@@ -11,14 +11,22 @@ use std::time::{Duration, Instant};
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_engine::block::{DmaTarget, TcpNamespaceDevice, TcpNamespaceSpec};
 use usnvme_engine::fabric::host::{HostOptions, Queue};
+use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
+use usnvme_engine::fabric::initiator::{Failure, QueueParams};
+use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits, Receive};
 use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::SubsystemInfo;
+use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
 use usnvme_engine::topology::Topology;
-use usnvme_engine::{attach, BlockDevice, Engine, EngineOptions, Job, Op, ReactorContext};
-use usnvme_hugepages::{BufferPool, DmaBuffer, IovaSpace, NoIommu, PageSize};
+use usnvme_engine::{
+    attach, BlockDevice, ChannelOptions, Engine, EngineOptions, Job, Op, ReactorContext,
+};
+use usnvme_hugepages::{BufferPool, DmaBuffer, IovaMemory, IovaSpace, NoIommu, PageSize};
+use vm_memory::{Bytes, GuestAddress};
 
 /// The target's connection state machine on a socket, over memory namespaces.
 fn serve(mut stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>) {
@@ -228,4 +236,188 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     assert_eq!(total.ios(OpKind::Read), BLOCKS);
     admin.disconnect();
     server.join().expect("the target");
+}
+
+/// The real target (`usnvme serve`'s reactor job) on a simulated drive, in this process: its
+/// address, NQN, a stop flag and the run.
+fn serve_sim() -> (
+    SocketAddr,
+    Arc<SubsystemInfo>,
+    Arc<std::sync::atomic::AtomicBool>,
+    usnvme_engine::Run<()>,
+) {
+    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
+    let drives = attach(
+        &Opener::new("/sys"),
+        &Sysfs::new(),
+        &specs,
+        &ControllerOptions::default(),
+    )
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .expect("the sim drive");
+    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+    let core = *topology.allowed.first().expect("a core");
+    let engine = Engine::new(
+        topology,
+        drives,
+        EngineOptions {
+            cores: vec![core],
+            policy: Policy::AllToAll,
+            channel: ChannelOptions {
+                depth: 64,
+                ..ChannelOptions::default()
+            },
+            numa_memory: false,
+        },
+    )
+    .expect("an engine");
+    let devices = engine.namespaces();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let info = devices[0].info();
+    let nqn = "nqn.2024-01.io.usnvme:sim".to_string();
+    let sub = Arc::new(SubsystemInfo {
+        namespaces: vec![ExportedNamespace {
+            nsid: 1,
+            name: info.name.clone(),
+            block_size: info.block_size,
+            blocks: info.size_bytes / u64::from(info.block_size),
+            nguid: [1; 16],
+        }],
+        listeners: vec![Listener {
+            address: addr,
+            port_id: 1,
+        }],
+        serial: "sim".into(),
+        model: "usnvme".into(),
+        firmware: "test".into(),
+        nqn,
+        in_capsule_bytes: 8192,
+        max_transfer: 128 << 10,
+        queue_entries: 64,
+        io_queues: 8,
+    });
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shared = Shared {
+        subsystem: sub.clone(),
+        registry: Arc::new(Registry::new(None)),
+        limits: ConnectionLimits { maxh2cdata: 32768 },
+        smart: SmartService::start(usnvme_driver::spec::SmartLog::zeroed).expect("SMART"),
+        stop: stop.clone(),
+        counters: Arc::new(Counters::default()),
+    };
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let run = engine
+        .start(devices, move |_| {
+            ServeJob::new(shared.clone(), rx.clone(), 64)
+        })
+        .expect("the target's reactors");
+    let accepting = stop.clone();
+    listener.set_nonblocking(true).expect("non-blocking");
+    std::thread::spawn(move || {
+        while !accepting.load(std::sync::atomic::Ordering::Acquire) {
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    let _ = tx.send((s, peer.to_string()));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
+    (addr, sub, stop, run)
+}
+
+#[test]
+fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
+    let (addr, sub, stop, run) = serve_sim();
+    const BASE: u64 = 0x10_0000;
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let host = HostOptions {
+            digests,
+            timeout: Duration::from_secs(5),
+            ..HostOptions::default()
+        };
+        let (mut admin, cntlid) =
+            Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+        admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
+        let mem =
+            Arc::new(IovaMemory::from_ranges(&[(GuestAddress(BASE), 4 << 20)]).expect("memory"));
+        let params = QueueParams {
+            subnqn: sub.nqn.clone(),
+            qid: 1,
+            cntlid,
+            entries: 32,
+            nsid: 1,
+            block_size: sub.namespaces[0].block_size,
+            in_capsule: sub.in_capsule_bytes,
+            max_transfer: sub.max_transfer,
+            timeout_ns: 5_000_000_000,
+        };
+        let bs = params.block_size;
+        let mut q =
+            IoQueue::connect(addr, params, &host, Buffers::Memory(mem.clone())).expect("I/O queue");
+        // 16 writes at once: half in the capsule (4 KiB), half by R2T (128 KiB)
+        let size = |i: u64| {
+            if i.is_multiple_of(2) {
+                4096u32
+            } else {
+                128 << 10
+            }
+        };
+        let at = |i: u64| i * (128 << 10);
+        for i in 0..16u64 {
+            let data: Vec<u8> = (0..size(i)).map(|b| (b as u64 * 3 + i) as u8).collect();
+            mem.write_slice(&data, GuestAddress(BASE + at(i)))
+                .expect("fill");
+            let buf = IoBuffer {
+                iova: BASE + at(i),
+                len: size(i),
+            };
+            q.submit(Op::Write, at(i) / u64::from(bs), size(i) / bs, Some(buf), i)
+                .expect("write");
+        }
+        let wait = |q: &mut IoQueue| {
+            let mut done = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while q.in_flight() > 0 {
+                assert!(Instant::now() < deadline, "I/O never completed");
+                q.poll(|c| done.push((c.token, c.result)));
+            }
+            done.sort_by_key(|d| d.0);
+            done
+        };
+        let ok: Vec<(u64, Result<(), Failure>)> = (0..16).map(|i| (i, Ok(()))).collect();
+        assert_eq!(wait(&mut q), ok);
+        // read each back into a buffer of its own, all at once
+        for i in 0..16u64 {
+            let buf = IoBuffer {
+                iova: BASE + (2 << 20) + at(i),
+                len: size(i),
+            };
+            q.submit(Op::Read, at(i) / u64::from(bs), size(i) / bs, Some(buf), i)
+                .expect("read");
+        }
+        assert_eq!(wait(&mut q), ok);
+        for i in 0..16u64 {
+            let mut got = vec![0u8; size(i) as usize];
+            mem.read_slice(&mut got, GuestAddress(BASE + (2 << 20) + at(i)))
+                .expect("read");
+            let want: Vec<u8> = (0..size(i)).map(|b| (b as u64 * 3 + i) as u8).collect();
+            assert!(
+                got == want,
+                "I/O {i} read back what was written ({digests:?})"
+            );
+        }
+        drop(q);
+        admin.disconnect();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    run.wait().expect("the target stops");
 }
