@@ -20,6 +20,8 @@ use usnvme_driver::spec::{
 };
 use usnvme_driver::Namespace;
 
+use uuid::Uuid;
+
 use super::host::{HostError, HostOptions, Queue};
 use super::pdu::Digests;
 
@@ -558,7 +560,7 @@ pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
     };
     let (nqn, uuid) = match read(HOSTNQN_FILE) {
         Some(nqn) => {
-            let uuid = nqn.rsplit_once(":uuid:").and_then(|(_, u)| parse_uuid(u));
+            let uuid = uuid_of(&nqn);
             (nqn, uuid)
         }
         None => {
@@ -568,172 +570,41 @@ pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
                      --hostnqn NQN"
                 )
             })?;
-            let uuid = uuid_from_machine_id(&machine);
+            // Stable on this machine, and not the machine ID itself (which is not to be shown).
+            let uuid = Uuid::new_v5(&HOST_NAMESPACE, machine.as_bytes());
             (
-                format!("nqn.2014-08.org.nvmexpress:uuid:{}", format_uuid(&uuid)),
+                format!("nqn.2014-08.org.nvmexpress:uuid:{}", uuid.hyphenated()),
                 Some(uuid),
             )
         }
     };
     let id = read(HOSTID_FILE)
-        .and_then(|s| parse_uuid(&s))
+        .and_then(|s| Uuid::parse_str(&s).ok())
         .or(uuid)
-        .unwrap_or_else(|| {
-            let mut h = sha256(nqn.as_bytes());
-            set_uuid_bits(&mut h);
-            let mut id = [0u8; 16];
-            id.copy_from_slice(&h[..16]);
-            id
-        });
-    Ok((nqn, id))
+        .unwrap_or_else(|| Uuid::new_v5(&HOST_NAMESPACE, nqn.as_bytes()));
+    Ok((nqn, id.into_bytes()))
 }
 
 /// A host ID for a host NQN given by hand: its UUID when it has one, else one derived from it.
 pub fn host_id_for(nqn: &str) -> [u8; 16] {
-    nqn.rsplit_once(":uuid:")
-        .and_then(|(_, u)| parse_uuid(u))
-        .unwrap_or_else(|| {
-            let mut h = sha256(nqn.as_bytes());
-            set_uuid_bits(&mut h);
-            let mut id = [0u8; 16];
-            id.copy_from_slice(&h[..16]);
-            id
-        })
+    uuid_of(nqn)
+        .unwrap_or_else(|| Uuid::new_v5(&HOST_NAMESPACE, nqn.as_bytes()))
+        .into_bytes()
 }
 
-/// An application-specific UUID from the machine ID (as systemd advises: the machine ID is
-/// not to be shown as it is): SHA-256 of a fixed key and the ID, as a version 4 UUID.
-fn uuid_from_machine_id(machine_id: &str) -> [u8; 16] {
-    let mut input = b"usnvme host NQN\0".to_vec();
-    input.extend_from_slice(machine_id.as_bytes());
-    let mut h = sha256(&input);
-    set_uuid_bits(&mut h);
-    let mut uuid = [0u8; 16];
-    uuid.copy_from_slice(&h[..16]);
-    uuid
+/// The UUID of a UUID NQN (`nqn.2014-08.org.nvmexpress:uuid:…`).
+fn uuid_of(nqn: &str) -> Option<Uuid> {
+    let (_, u) = nqn.rsplit_once(":uuid:")?;
+    Uuid::parse_str(u).ok()
 }
 
-fn set_uuid_bits(h: &mut [u8; 32]) {
-    h[6] = (h[6] & 0x0f) | 0x40;
-    h[8] = (h[8] & 0x3f) | 0x80;
-}
-
-fn format_uuid(u: &[u8; 16]) -> String {
-    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
-}
-
-fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in hex.chunks_exact(2).enumerate() {
-        let pair = std::str::from_utf8(pair).ok()?;
-        out[i] = u8::from_str_radix(pair, 16).ok()?;
-    }
-    Some(out)
-}
-
-/// SHA-256 (FIPS 180-4), for the host ID derivation only.
-fn sha256(data: &[u8]) -> [u8; 32] {
-    const K: [u32; 64] = [
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-        0xc67178f2,
-    ];
-    let mut h: [u32; 8] = [
-        0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
-        0x5be0cd19,
-    ];
-    let mut msg = data.to_vec();
-    msg.push(0x80);
-    while msg.len() % 64 != 56 {
-        msg.push(0);
-    }
-    msg.extend_from_slice(&((data.len() as u64) * 8).to_be_bytes());
-    for block in msg.chunks_exact(64) {
-        let mut w = [0u32; 64];
-        for (i, word) in block.chunks_exact(4).enumerate() {
-            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
-        }
-        for i in 16..64 {
-            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
-            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16]
-                .wrapping_add(s0)
-                .wrapping_add(w[i - 7])
-                .wrapping_add(s1);
-        }
-        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
-        for i in 0..64 {
-            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
-            let ch = (e & f) ^ (!e & g);
-            let t1 = hh
-                .wrapping_add(s1)
-                .wrapping_add(ch)
-                .wrapping_add(K[i])
-                .wrapping_add(w[i]);
-            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
-            let maj = (a & b) ^ (a & c) ^ (b & c);
-            let t2 = s0.wrapping_add(maj);
-            hh = g;
-            g = f;
-            f = e;
-            e = d.wrapping_add(t1);
-            d = c;
-            c = b;
-            b = a;
-            a = t1.wrapping_add(t2);
-        }
-        for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
-            *x = x.wrapping_add(y);
-        }
-    }
-    let mut out = [0u8; 32];
-    for (chunk, word) in out.chunks_exact_mut(4).zip(h) {
-        chunk.copy_from_slice(&word.to_be_bytes());
-    }
-    out
-}
+/// The namespace of the name-based (version 5) UUIDs usnvme derives host identities in: a
+/// fixed random UUID, so that no other program's derivation from the machine ID collides.
+const HOST_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a3e_5b8d_5c27_9e41_0d2b_7a6f_3c18);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sha256_test_vectors() {
-        let hex = |h: [u8; 32]| -> String { h.iter().map(|b| format!("{b:02x}")).collect() };
-        assert_eq!(
-            hex(sha256(b"")),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-        assert_eq!(
-            hex(sha256(b"abc")),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        assert_eq!(
-            hex(sha256(
-                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
-            )),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
-        );
-    }
 
     #[test]
     fn host_identity_from_nvme_cli_files_or_the_machine_id() {
@@ -756,8 +627,8 @@ mod tests {
             "not the machine ID itself: {nqn}"
         );
         assert_eq!(host_identity(&dir).expect("again"), (nqn.clone(), id));
-        assert_eq!(Some(id), parse_uuid(nqn.rsplit(':').next().unwrap_or("")));
-        assert_eq!(id[6] >> 4, 4, "a version 4 UUID");
+        assert_eq!(Some(Uuid::from_bytes(id)), uuid_of(&nqn));
+        assert_eq!(id[6] >> 4, 5, "a name-based (version 5) UUID");
 
         let given = "nqn.2014-08.org.nvmexpress:uuid:00112233-4455-6677-8899-aabbccddeeff";
         std::fs::write(dir.join(HOSTNQN_FILE), format!("{given}\n")).expect("write");
