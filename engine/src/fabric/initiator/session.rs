@@ -33,7 +33,7 @@ use crate::fabric::pdu::{
     self, flags, CommonHeader, DataHeader, FatalError, IcReq, IcResp, Limits, OutHeader, PduType,
     COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
 };
-use crate::fabric::target::wire::{ReadWire, WriteWire};
+use crate::fabric::target::wire::{self, ReadWire, WriteWire};
 
 /// Slots are the low bits of a command ID; the bits above are a generation, so that a
 /// response to a command that already completed is caught even once its slot is reused.
@@ -625,37 +625,30 @@ impl Session {
         if let RxState::Data(t) = self.rx_state {
             want = if t.digest { DIGEST } else { 0 } + peek;
         }
-        if self.rx_start == self.rx_end {
-            (self.rx_start, self.rx_end) = (0, 0);
-        } else if self.rx.len() - self.rx_end < want && self.rx_start > 0 {
-            self.rx.copy_within(self.rx_start..self.rx_end, 0);
-            self.rx_end -= self.rx_start;
-            self.rx_start = 0;
-        }
-        let end = (self.rx_end + want).min(self.rx.len());
-        let tail = VolatileSlice::from(&mut self.rx[self.rx_end..end]);
         let transfer = match self.rx_state {
             RxState::Data(t) if t.done < t.len => Some(t),
             _ => None,
         };
-        let Some(t) = transfer else {
-            if tail.is_empty() {
-                return Err(io::Error::other("the receive buffer is full"));
+        let data = match transfer {
+            None => None,
+            Some(t) => {
+                let iova = self.slots[t.slot as usize].iova;
+                Some(
+                    slice(mem, iova, t.offset + t.done, (t.len - t.done) as usize)
+                        .ok_or_else(|| io::Error::other("a transfer without its buffer"))?,
+                )
             }
-            let n = src.read_parts(&[tail])?;
-            self.rx_end += n;
-            return Ok(n);
         };
-        let missing = t.len - t.done;
-        let iova = self.slots[t.slot as usize].iova;
-        let data = slice(mem, iova, t.offset + t.done, missing as usize)
-            .ok_or_else(|| io::Error::other("a transfer without its buffer"))?;
-        let n = src.read_parts(&[data, tail])?;
-        let into_data = n.min(missing as usize);
+        let (n, into_data) = wire::read_into(
+            src,
+            &mut self.rx,
+            (&mut self.rx_start, &mut self.rx_end),
+            want,
+            data,
+        )?;
         if let RxState::Data(t) = &mut self.rx_state {
             t.done += into_data as u32;
         }
-        self.rx_end += n - into_data;
         Ok(n)
     }
 

@@ -30,7 +30,7 @@ use vm_memory::VolatileSlice;
 
 use super::admin::{self, ConnectData, FabricsCommand, Features};
 use super::registry::{Controller, Registry};
-use super::wire::{ReadWire, WriteWire};
+use super::wire::{self, ReadWire, WriteWire};
 use super::SubsystemInfo;
 use crate::block::Op;
 use crate::fabric::pdu::{
@@ -436,39 +436,29 @@ impl Connection {
         } else if self.quiet >= QUIET_BEFORE_READ_AHEAD && self.r2t_open == 0 {
             want = self.rx.len(); // as much as fits: reads only, lately
         }
-        // Room at the end of the receive buffer: move what is kept to its start if needed.
-        if self.rx_start == self.rx_end {
-            (self.rx_start, self.rx_end) = (0, 0);
-        } else if self.rx.len() - self.rx_end < want && self.rx_start > 0 {
-            self.rx.copy_within(self.rx_start..self.rx_end, 0);
-            self.rx_end -= self.rx_start;
-            self.rx_start = 0;
-        }
-        let end = (self.rx_end + want).min(self.rx.len());
-        let tail = VolatileSlice::from(&mut self.rx[self.rx_end..end]);
         let transfer = match self.rx_state {
             RxState::Data(t) if t.done < t.len => Some(t),
             _ => None,
         };
-        let Some(t) = transfer else {
-            if tail.is_empty() {
-                return Err(io::Error::other("the receive buffer is full"));
-            }
-            let n = src.read_parts(&[tail])?;
-            self.rx_end += n;
-            return Ok(n);
+        let data = match transfer {
+            None => None,
+            Some(t) => Some(
+                backend
+                    .buffer(t.token)
+                    .and_then(|b| b.subslice(t.offset + t.done, t.len - t.done).ok())
+                    .ok_or_else(|| io::Error::other("a transfer without its buffer"))?,
+            ),
         };
-        let missing = t.len - t.done;
-        let data = backend
-            .buffer(t.token)
-            .and_then(|b| b.subslice(t.offset + t.done, missing).ok())
-            .ok_or_else(|| io::Error::other("a transfer without its buffer"))?;
-        let n = src.read_parts(&[data, tail])?;
-        let into_data = n.min(missing);
+        let (n, into_data) = wire::read_into(
+            src,
+            &mut self.rx,
+            (&mut self.rx_start, &mut self.rx_end),
+            want,
+            data,
+        )?;
         if let RxState::Data(t) = &mut self.rx_state {
             t.done += into_data;
         }
-        self.rx_end += n - into_data;
         Ok(n)
     }
 
