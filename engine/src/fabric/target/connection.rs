@@ -53,6 +53,8 @@ const READ: u8 = 0x02;
 const WRITE_ZEROES: u8 = 0x08;
 const DATASET_MANAGEMENT: u8 = 0x09;
 const FABRICS: u8 = 0x7f;
+/// Connect's CATTR bit by which a host disables SQ flow control.
+const CATTR_DISABLE_SQ_FLOW: u8 = 0x04;
 /// Admin opcodes handled by the connection itself (the rest go to [`admin`]).
 const ASYNC_EVENT_REQUEST: u8 = 0x0c;
 const KEEP_ALIVE: u8 = 0x18;
@@ -228,6 +230,13 @@ pub struct Connection {
     /// The host's PDU data alignment (HPDA), dwords, 0's based.
     host_alignment: u8,
     role: Role,
+    /// The submission queue as the host sees it: its entries (from Connect), the commands
+    /// taken from it so far (the SQ head every response reports), and whether the host keeps
+    /// SQ flow control (a Connect without "disable SQ flow control"): without it a read may end
+    /// with its C2HData (the SUCCESS flag) and no response capsule.
+    sq_entries: u32,
+    sq_taken: u32,
+    sq_flow: bool,
     subsystem: Arc<SubsystemInfo>,
     registry: Arc<Registry>,
     limits: ConnectionLimits,
@@ -287,6 +296,9 @@ impl Connection {
             phase: Phase::AwaitIcReq,
             digests: Digests::default(),
             host_alignment: 0,
+            sq_entries: 0,
+            sq_taken: 0,
+            sq_flow: true,
             role: Role::None,
             slots: vec![Slot::default(); entries].into_boxed_slice(),
             subsystem,
@@ -742,6 +754,7 @@ impl Connection {
         backend: &mut dyn Backend,
     ) -> Result<(), FatalError> {
         let sqe = self.sqe_at(self.rx_start)?;
+        self.sq_taken = self.sq_taken.wrapping_add(1);
         let cid = (sqe.cdw0 >> 16) as u16;
         let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
         self.check_in_capsule(opcode, sgl_type, sgl_len, data.len())?;
@@ -911,6 +924,9 @@ impl Connection {
         if connect.sqsize == 0 || entries > u32::from(self.subsystem.queue_entries) {
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
+        // (set before the Connect's own response, which reports the head past it)
+        self.sq_entries = entries;
+        self.sq_flow = connect.cattr & CATTR_DISABLE_SQ_FLOW == 0;
         if connect.qid == 0 {
             if data.cntlid != 0xffff {
                 return Err(Status::CONNECT_INVALID_PARAMETERS);
@@ -1326,10 +1342,14 @@ impl Connection {
         }
         let status = failed.unwrap_or(Status::SUCCESS);
         if status.is_success() && slot.op == Some(Op::Read) && self.closed.is_none() {
-            // the data goes from the buffer, which is released once it is sent
-            self.send_read_data(token, slot.cid, slot.len as usize, backend);
+            // the data goes from the buffer, which is released once it is sent; without SQ
+            // flow control its C2HData ends the command (SUCCESS), no response capsule
+            let success = !self.sq_flow;
+            self.send_read_data(token, slot.cid, slot.len as usize, success, backend);
             self.slots[token as usize].sending = true;
-            self.respond(slot.cid, 0, status);
+            if !success {
+                self.respond(slot.cid, 0, status);
+            }
             return;
         }
         self.finish(token, status, backend);
@@ -1374,7 +1394,7 @@ impl Connection {
     /// buffer (admin data is small and not DMA data).
     fn send_admin_data(&mut self, cid: u16, len: usize) {
         let len = len.min(self.admin_data.len());
-        let at = self.c2h_header(cid, len, len + DIGEST);
+        let at = self.c2h_header(cid, len, len + DIGEST, false);
         let data = &self.admin_data[..len];
         self.tx.extend_from_slice(data);
         if self.digests.data {
@@ -1385,8 +1405,15 @@ impl Connection {
 
     /// A read's data: a C2HData header, the data from command `token`'s buffer (sent in
     /// place), its digest computed over the buffer.
-    fn send_read_data(&mut self, token: u16, cid: u16, len: usize, backend: &dyn Backend) {
-        let at = self.c2h_header(cid, len, 0);
+    fn send_read_data(
+        &mut self,
+        token: u16,
+        cid: u16,
+        len: usize,
+        success: bool,
+        backend: &dyn Backend,
+    ) {
+        let at = self.c2h_header(cid, len, 0, success);
         self.note_bytes(at);
         self.segments.push_back(Segment::Data { token, len });
         if self.digests.data {
@@ -1400,17 +1427,23 @@ impl Connection {
 
     /// Appends the header (and padding to the host's alignment) of the one C2HData PDU of
     /// command `cid`, `len` bytes, with room for `then` bytes after it; where it starts in `tx`.
-    fn c2h_header(&mut self, cid: u16, len: usize, then: usize) -> usize {
+    /// `success`: it ends the command (the SUCCESS flag), no response follows.
+    fn c2h_header(&mut self, cid: u16, len: usize, then: usize, success: bool) -> usize {
         let d = DataHeader {
             cccid: cid,
             ttag: 0,
             offset: 0,
             length: len as u32,
         };
+        let flags = if success {
+            flags::LAST_PDU | flags::SUCCESS
+        } else {
+            flags::LAST_PDU
+        };
         let header = OutHeader::data(
             PduType::C2HData,
             &d,
-            flags::LAST_PDU,
+            flags,
             self.digests,
             self.host_alignment,
         );
@@ -1547,12 +1580,22 @@ impl Connection {
             Role::Io { qid, .. } => *qid,
             _ => 0,
         };
-        let cqe = Cqe::new(dw0, 0, sqid, cid, status, false);
+        let cqe = Cqe::new(dw0, self.sq_head(), sqid, cid, status, false);
         self.push_bytes(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }
 
+    /// The SQ head a response reports: the commands taken so far, around the queue (reserved,
+    /// 0, when the host disabled SQ flow control, or before a Connect set the queue's size).
+    fn sq_head(&self) -> u16 {
+        if self.sq_flow && self.sq_entries > 0 {
+            (self.sq_taken % self.sq_entries) as u16
+        } else {
+            0
+        }
+    }
+
     fn respond64(&mut self, cid: u16, value: u64, status: Status) {
-        let mut cqe = Cqe::new(value as u32, 0, 0, cid, status, false);
+        let mut cqe = Cqe::new(value as u32, self.sq_head(), 0, cid, status, false);
         cqe.dw1 = (value >> 32) as u32;
         self.push_bytes(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }
@@ -1672,6 +1715,8 @@ mod tests {
         backend: MemoryBackend,
         digests: Digests,
         sub: Arc<SubsystemInfo>,
+        /// The flags of every C2HData PDU taken, in order.
+        c2h_flags: Vec<u8>,
     }
 
     /// What the target sent, PDU by PDU.
@@ -1708,6 +1753,7 @@ mod tests {
                 backend,
                 digests,
                 sub,
+                c2h_flags: Vec::new(),
             };
             let req = IcReq {
                 pfv: 0,
@@ -1780,6 +1826,7 @@ mod tests {
                         Got::Resp(Cqe::from_slice(&pdu[8..24]).unwrap())
                     }
                     Some(PduType::C2HData) => {
+                        self.c2h_flags.push(pdu[1]);
                         let d = DataHeader::parse(pdu).unwrap();
                         let from = pdu[3] as usize;
                         let data = pdu[from..from + d.length as usize].to_vec();
@@ -1812,6 +1859,18 @@ mod tests {
         }
 
         fn connect(&mut self, qid: u16, cntlid: u16, subnqn: &str, host: &str) -> Cqe {
+            self.connect_with(qid, cntlid, subnqn, host, 0)
+        }
+
+        /// A Connect with connect attributes `cattr`.
+        fn connect_with(
+            &mut self,
+            qid: u16,
+            cntlid: u16,
+            subnqn: &str,
+            host: &str,
+            cattr: u8,
+        ) -> Cqe {
             let mut sqe = Sqe::new(FABRICS);
             let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
                 .try_into()
@@ -1819,6 +1878,7 @@ mod tests {
             b[4] = 0x01;
             b[42..44].copy_from_slice(&qid.to_le_bytes());
             b[44..46].copy_from_slice(&15u16.to_le_bytes());
+            b[46] = cattr;
             b[48..52].copy_from_slice(&0u32.to_le_bytes());
             b[39] = SGL_IN_CAPSULE;
             b[32..36].copy_from_slice(&1024u32.to_le_bytes());
@@ -1887,6 +1947,60 @@ mod tests {
         Digests {
             header: true,
             data: true,
+        }
+    }
+
+    #[test]
+    fn responses_report_the_sq_head_and_without_sq_flow_control_a_read_ends_with_its_data() {
+        let mut admin = Bed::new(None, Digests::default());
+        let nqn = admin.sub.nqn.clone();
+        // the Connect is the admin queue's first command: the head is past it
+        let connected = admin.connect(0, 0xffff, &nqn, HOST);
+        assert_eq!((connected.status(), connected.sqhd), (Status::SUCCESS, 1));
+        let cntlid = connected.dw0 as u16;
+        admin.enable();
+        let read_of = |io: &mut Bed, cid: u16| {
+            let mut sqe = io.io(READ, 0, 8, 4096);
+            sqe.set_cid(cid);
+            io.capsule(&sqe, &[]);
+            io.take()
+        };
+        // SQ flow control kept: data, then a response whose SQ head wraps at the queue's 16
+        let mut io = Bed::new(None, Digests::default());
+        io.conn.registry = admin.conn.registry.clone();
+        assert_eq!(io.connect(1, cntlid, &nqn, HOST).sqhd, 1);
+        for cid in 0..16u16 {
+            match &read_of(&mut io, cid)[..] {
+                [Got::Data(d, _), Got::Resp(c)] => {
+                    assert_eq!((d.cccid, c.cid, c.status()), (cid, cid, Status::SUCCESS));
+                    assert_eq!(c.sqhd, (cid + 2) % 16, "command {cid}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(io.c2h_flags.iter().all(|f| f & flags::SUCCESS == 0));
+        // disabled: the C2HData carries SUCCESS and LAST_PDU, and no response follows
+        let mut io = Bed::new(None, Digests::default());
+        io.conn.registry = admin.conn.registry.clone();
+        let c = io.connect_with(2, cntlid, &nqn, HOST, CATTR_DISABLE_SQ_FLOW);
+        assert_eq!((c.status(), c.sqhd), (Status::SUCCESS, 0));
+        match &read_of(&mut io, 5)[..] {
+            [Got::Data(d, data)] => assert_eq!((d.cccid, data.len()), (5, 4096)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(io.c2h_flags, [flags::LAST_PDU | flags::SUCCESS]);
+        assert_eq!(
+            io.backend.buffers_held(),
+            0,
+            "the read's buffer is back once sent"
+        );
+        // a failed read still gets its response
+        let mut sqe = io.io(READ, 1 << 40, 8, 4096);
+        sqe.set_cid(6);
+        io.capsule(&sqe, &[]);
+        match &io.take()[..] {
+            [Got::Resp(c)] => assert_eq!(c.status(), Status::LBA_OUT_OF_RANGE),
+            other => panic!("{other:?}"),
         }
     }
 
