@@ -23,6 +23,18 @@ pub const SHORT_HEADER: usize = 24;
 pub const MAX_HEADER: usize = IC_HEADER + DIGEST;
 /// A TermReq carries at most this many bytes of the PDU header that caused it.
 pub const TERM_REQ_MAX_DATA: usize = 128;
+/// Of the bytes received from where a bad PDU starts, those a TermReq carries back: its first
+/// bytes, at most [`TERM_REQ_MAX_DATA`], not past its PLEN (what was read ahead after it is
+/// not part of it).
+pub fn offending(pending: &[u8]) -> &[u8] {
+    let mut len = pending.len().min(TERM_REQ_MAX_DATA);
+    if len >= COMMON_HEADER {
+        let plen = u32::from_le_bytes([pending[4], pending[5], pending[6], pending[7]]);
+        len = len.min(plen.max(COMMON_HEADER as u32) as usize);
+    }
+    &pending[..len]
+}
+
 /// PDU Format Version 1.0.
 pub const PFV_1_0: u16 = 0;
 /// The smallest MAXH2CDATA a controller may advertise.

@@ -1092,18 +1092,8 @@ impl Session {
             error.fes(),
             error.fei()
         );
-        let b = self.rx_start;
-        let mut len = (self.rx_end - b).min(pdu::TERM_REQ_MAX_DATA);
-        if len >= COMMON_HEADER {
-            let plen = u32::from_le_bytes([
-                self.rx[b + 4],
-                self.rx[b + 5],
-                self.rx[b + 6],
-                self.rx[b + 7],
-            ]);
-            len = len.min(plen.max(COMMON_HEADER as u32) as usize);
-        }
-        let term = pdu::TermReq::new(PduType::H2CTermReq, &error, &self.rx[b..b + len]);
+        let bad = pdu::offending(&self.rx[self.rx_start..self.rx_end]);
+        let term = pdu::TermReq::new(PduType::H2CTermReq, &error, bad);
         self.push_bytes(term.as_slice());
         self.end(Failure::Protocol(error));
     }

@@ -1676,19 +1676,8 @@ impl Connection {
             error.fes(),
             error.fei()
         );
-        // the offending PDU's first bytes (those read ahead after it are not part of it)
-        let b = self.rx_start;
-        let mut len = (self.rx_end - b).min(pdu::TERM_REQ_MAX_DATA);
-        if len >= COMMON_HEADER {
-            let plen = u32::from_le_bytes([
-                self.rx[b + 4],
-                self.rx[b + 5],
-                self.rx[b + 6],
-                self.rx[b + 7],
-            ]);
-            len = len.min(plen.max(COMMON_HEADER as u32) as usize);
-        }
-        let term = pdu::TermReq::new(PduType::C2HTermReq, &error, &self.rx[b..b + len]);
+        let bad = pdu::offending(&self.rx[self.rx_start..self.rx_end]);
+        let term = pdu::TermReq::new(PduType::C2HTermReq, &error, bad);
         self.push_bytes(term.as_slice());
         (self.rx_start, self.rx_end) = (0, 0);
         self.rx_state = RxState::Header;
