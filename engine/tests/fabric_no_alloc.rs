@@ -3,8 +3,6 @@
 //! backend, the same state machine the reactors drive) with no heap allocation on this
 //! thread, counted by a global allocator that only this test binary has.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
 use usnvme_driver::spec::{Cqe, Sqe, Status};
@@ -15,40 +13,8 @@ use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::target::registry::Registry;
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The system allocator, counting this thread's allocations.
-struct Counting;
-
-// SAFETY: every call is passed unchanged to the system allocator, which upholds the
-// GlobalAlloc contract; the count is a thread-local Cell, which allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from System with this layout (every allocation goes there).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: `ptr` came from System with `layout`; the caller's new size.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+mod common;
+use common::allocations;
 
 const HOST: &str = "nqn.2024-01.io.usnvme:host-a";
 
