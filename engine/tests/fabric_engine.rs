@@ -206,6 +206,7 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
             max_entries: sub.queue_entries,
             io_queues: sub.io_queues,
             qids: Arc::new(std::sync::atomic::AtomicU16::new(1)),
+            lost: Arc::default(),
             dma: DmaTarget {
                 space: IovaSpace::new(Arc::new(NoIommu)),
                 page: PageSize::Small4K,

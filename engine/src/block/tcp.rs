@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use usnvme_driver::spec::Status;
@@ -49,6 +49,9 @@ pub struct TcpNamespaceSpec {
     /// The controller's next free I/O queue ID, shared by the devices of its namespaces
     /// (start it at 1).
     pub qids: Arc<AtomicU16>,
+    /// Set, once, when the controller is lost (its keep-alive failed), with why: every queue
+    /// of it ends at its next poll.
+    pub lost: Arc<OnceLock<String>>,
     /// Where I/O buffers come from (any DMA space: no device reaches them).
     pub dma: DmaTarget,
 }
@@ -137,6 +140,7 @@ impl BlockDevice for TcpNamespaceDevice {
             block_shift: self.info.block_size.trailing_zeros(),
             info: self.info.clone(),
             name: self.name.clone(),
+            lost: s.lost.clone(),
             now_ns: 0,
         }))
     }
@@ -150,6 +154,7 @@ pub struct TcpChannel {
     info: BlockInfo,
     name: Arc<str>,
     splits: SplitIos,
+    lost: Arc<OnceLock<String>>,
     now_ns: u64,
 }
 
@@ -236,6 +241,9 @@ impl TcpChannel {
     }
 
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
+        if self.lost.get().is_some() && self.queue.ended().is_none() {
+            return self.abandon(on_finished);
+        }
         let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.queue.poll(|c| {
@@ -285,9 +293,17 @@ impl TcpChannel {
         self.queue.free()
     }
 
-    /// Why the queue ended, once it has (the target went away, or broke the protocol).
-    pub fn ended(&self) -> Option<Failure> {
-        self.queue.ended()
+    /// Whether the queue ended (the target went away, broke the protocol, or was lost).
+    pub fn ended(&self) -> bool {
+        self.queue.ended().is_some()
+    }
+
+    /// Why the queue ended, once it has.
+    pub fn why_ended(&self) -> Option<String> {
+        if let Some(why) = self.lost.get() {
+            return Some(why.clone());
+        }
+        self.queue.ended().map(|f| f.to_string())
     }
 }
 
@@ -371,6 +387,7 @@ mod tests {
             max_entries: sub.queue_entries,
             io_queues: sub.io_queues,
             qids: Arc::new(AtomicU16::new(1)),
+            lost: Arc::default(),
             dma: DmaTarget {
                 space: space.clone(),
                 page: PageSize::Small4K,
@@ -460,6 +477,7 @@ mod tests {
                     max_entries: sub.queue_entries,
                     io_queues: sub.io_queues,
                     qids: qids.clone(),
+                    lost: Arc::default(),
                     dma: DmaTarget {
                         space: space.clone(),
                         page: PageSize::Small4K,

@@ -44,7 +44,7 @@ pub struct DeviceChannel {
     pub(super) last_progress_ns: u64,
     /// The last stall probe.
     pub(super) last_probe_ns: u64,
-    /// The controller found gone, if one was.
+    /// What was found gone ("0000:05:00.0 is gone", "the target is gone: …"), if anything.
     pub(super) removed: Option<Arc<str>>,
 }
 
@@ -121,9 +121,10 @@ impl DeviceChannel {
             self.last_progress_ns = now;
             if let Channel::Tcp(c) = &self.channel {
                 // a remote target has no registers to probe: its queue tells it is gone
-                if let (None, Some(why)) = (&self.removed, c.ended()) {
+                if self.removed.is_none() && c.ended() {
+                    let why = c.why_ended().unwrap_or_default();
                     log::error!("{}: {why}: no more I/O to it", self.name);
-                    self.removed = Some(self.name.clone());
+                    self.removed = Some(Arc::from(format!("the target is gone: {why}")));
                 }
             }
             return done;
@@ -149,20 +150,16 @@ impl DeviceChannel {
     /// Checks the controllers of a stalled channel; fails everything in flight if one was removed.
     #[cold]
     fn probe(&mut self, mut on_complete: impl FnMut(IoCompletion)) -> usize {
-        let Some(removed) = self
-            .controllers
-            .iter()
-            .find(|c| c.is_removed())
-            .map(|c| Arc::<str>::from(c.name()))
-        else {
+        let Some(removed) = self.controllers.iter().find(|c| c.is_removed()) else {
             return 0;
         };
         log::error!(
-            "{}: {removed} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
+            "{}: {} is gone (its registers read all ones): failing {} I/O(s) in flight; no more I/O to it",
             self.name,
+            removed.name(),
             self.in_flight
         );
-        self.removed = Some(removed);
+        self.removed = Some(Arc::from(format!("{} is gone", removed.name())));
         let (stats, now) = (&mut self.stats, self.now_ns);
         // The queue pairs go (their queues cannot be deleted on a removed device).
         let failed = self
@@ -172,8 +169,8 @@ impl DeviceChannel {
         failed
     }
 
-    /// The controller under this device that was found removed, if any: the channel
-    /// takes no more I/O.
+    /// What was found gone under this device ("0000:05:00.0 is gone", "the target is gone:
+    /// …"), if anything: the channel takes no more I/O.
     pub fn removed(&self) -> Option<&str> {
         self.removed.as_deref()
     }

@@ -35,8 +35,6 @@ pub use run::{ReactorResult, Run};
 pub enum EngineError {
     #[error(transparent)]
     Placement(#[from] PlacementError),
-    #[error("no drives to run on")]
-    NoDrives,
     #[error("no block devices to run on")]
     NoDevices,
     #[error("reactor on core {cpu}: {what}")]
@@ -150,9 +148,6 @@ impl Engine {
         drives: Vec<Drive>,
         options: EngineOptions,
     ) -> Result<Engine, EngineError> {
-        if drives.is_empty() {
-            return Err(EngineError::NoDrives);
-        }
         let cores = if options.cores.is_empty() {
             topology.allowed.clone()
         } else {

@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::command::{num_queues_allocated, Cns};
 use usnvme_driver::spec::registers::ShutdownStatus;
 use usnvme_driver::spec::{
-    Cap, Cc, Csts, IdentifyController, IdentifyNamespace, LogPageId, NamespaceList, SmartLog, Sqe,
-    Status, Vs,
+    AdminOpcode, Cap, Cc, Cqe, Csts, IdentifyController, IdentifyNamespace, LogPageId,
+    NamespaceList, SmartLog, Sqe, Status, Vs,
 };
 use usnvme_driver::Namespace;
 
@@ -74,6 +74,8 @@ pub enum RemoteError {
     ShutdownTimeout { ms: u128 },
     #[error("the controller reports a fatal status (CSTS.CFS) during {during}")]
     ControllerFatal { during: &'static str },
+    #[error("cannot start the keep-alive thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("{during}: {what}")]
     Malformed {
         during: &'static str,
@@ -237,6 +239,16 @@ impl RemoteController {
         sqe: Sqe,
         len: usize,
     ) -> Result<Vec<u8>, RemoteError> {
+        self.admin_command(during, sqe, len).map(|(_, data)| data)
+    }
+
+    /// An admin command (returning `len` bytes); its completion, unless it failed.
+    fn admin_command(
+        &mut self,
+        during: &'static str,
+        sqe: Sqe,
+        len: usize,
+    ) -> Result<(Cqe, Vec<u8>), RemoteError> {
         let (cqe, data) = self
             .admin
             .admin(sqe, len)
@@ -252,7 +264,26 @@ impl RemoteController {
                 },
             });
         }
-        Ok(data)
+        Ok((cqe, data))
+    }
+
+    /// Set Features Number of Queues: asks for `wanted` I/O queues (submission and completion
+    /// alike); the number the controller grants.
+    pub fn set_io_queues(&mut self, wanted: u16) -> Result<u16, RemoteError> {
+        let wanted = u32::from(wanted.clamp(1, u16::MAX - 1));
+        let (cqe, _) = self.admin_command(
+            "Set Features Number of Queues",
+            Sqe::set_num_queues(wanted, wanted),
+            0,
+        )?;
+        let (sq, cq) = num_queues_allocated(cqe.dw0);
+        Ok(sq.min(cq).min(u32::from(u16::MAX)) as u16)
+    }
+
+    /// Keep Alive: tells the controller the host is still there (within KATO).
+    pub fn keep_alive(&mut self) -> Result<(), RemoteError> {
+        self.admin_command("Keep Alive", Sqe::new(AdminOpcode::KeepAlive as u8), 0)
+            .map(|_| ())
     }
 
     pub fn identify_controller(&mut self) -> Result<IdentifyController, RemoteError> {

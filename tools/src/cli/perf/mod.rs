@@ -31,12 +31,17 @@ use serde_json::json;
 use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::vfio::VfioError;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
+use usnvme_engine::block::DmaTarget;
+use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
 use usnvme_engine::{
-    attach, BlockDevice, ChannelOptions, Engine, EngineOptions, NamespaceDevice, Share,
+    attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, Share,
     StripeDevice,
 };
+use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
+use crate::remote::{RemoteArgs, Target};
 use crate::signals;
 pub(crate) use regions::devices;
 use regions::{check_io_size, region, spans};
@@ -78,8 +83,9 @@ pub struct Args {
     /// Reactor cores: a list (0,2-3), bracketed list ([0-3]) or hex mask (0xF). Default: all.
     #[arg(short = 'c', long = "cores")]
     cores: Option<String>,
-    /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
-    /// controller bound to vfio-pci.
+    /// Device: a BDF (0000:01:00.0), sim:N[-M][,options], or a remote NVMe/TCP subsystem
+    /// (tcp://ADDR[:PORT]/NQN, or an SPDK transport ID such as 'trtype:TCP traddr:ADDR
+    /// trsvcid:PORT subnqn:NQN'); repeatable. Default: every NVMe controller bound to vfio-pci.
     #[arg(short = 'r', long = "device")]
     devices: Vec<String>,
     /// Latency percentiles (p50 … p99.99); -LL adds the histogram. Without it, latency is
@@ -132,6 +138,13 @@ pub struct Args {
     /// more than the doorbell writes they save, under a hypervisor with KVM they save VM exits.
     #[arg(long = "shadow-doorbells")]
     shadow_doorbells: bool,
+    /// Keep Alive Timeout asked of NVMe/TCP targets, in seconds (a Keep Alive goes every third
+    /// of it); 0: none (the target never gives up on a silent host).
+    #[arg(long = "keep-alive-tmo", value_name = "S", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(0..=3600))]
+    keep_alive_tmo: u32,
+    #[command(flatten)]
+    remote: RemoteArgs,
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
     #[arg(long = "remove", value_name = "DEVICE@S", hide = true, value_parser = removal)]
     pub(crate) remove: Option<(String, f64)>,

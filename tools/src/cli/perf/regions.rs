@@ -2,14 +2,15 @@
 
 use super::*;
 
-/// The run's block devices: every namespace (or namespace `nsid` of every drive), or stripes
-/// of `n` of them.
+/// The run's block devices: every namespace (or namespace `nsid`) of every drive, then of every
+/// remote subsystem, or stripes of `n` of them (a stripe may mix local and remote ones).
 pub(crate) fn devices(
     engine: &Engine,
+    remotes: &[RemoteSubsystem],
     stripe: Option<(usize, u64)>,
     nsid: Option<u32>,
 ) -> Result<Vec<Arc<dyn BlockDevice>>> {
-    let namespaces = match nsid {
+    let mut namespaces = match nsid {
         None => engine.namespaces(),
         Some(nsid) => {
             let mut chosen: Vec<Arc<dyn BlockDevice>> = Vec::new();
@@ -21,6 +22,18 @@ pub(crate) fn devices(
             chosen
         }
     };
+    for r in remotes {
+        let Some(remote) = r.devices(nsid) else {
+            let nsids: Vec<String> = r.nsids().iter().map(u32::to_string).collect();
+            return Err(usage(format!(
+                "-n {}: {} has no namespace {0} (its namespaces: {})",
+                nsid.unwrap_or_default(),
+                r.address(),
+                nsids.join(", ")
+            )));
+        };
+        namespaces.extend(remote);
+    }
     let devices: Vec<Arc<dyn BlockDevice>> = match stripe {
         None => namespaces,
         Some((n, chunk)) => {

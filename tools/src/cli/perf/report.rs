@@ -81,7 +81,7 @@ pub struct Row {
     pub aborted: u64,
     /// I/Os completed after the controllers were reset (`--reset-after` only).
     pub after_reset: Option<u64>,
-    /// The controller found gone under the device, if it was removed during the run.
+    /// What was found gone under the device during the run ("0000:05:00.0 is gone"), if anything.
     pub removed: Option<String>,
 }
 
@@ -212,7 +212,7 @@ pub fn errors(rows: &[Row]) -> String {
         if let Some(gone) = &r.removed {
             let failed = r.failed - r.aborted;
             parts.push(format!(
-                "removed during the run ({gone} is gone): {failed} I/O(s) failed (Host Pathing Error)"
+                "removed during the run ({gone}): {failed} I/O(s) failed (Host Pathing Error)"
             ));
         } else if r.failed > r.aborted {
             parts.push(format!("{} I/O(s) failed", r.failed - r.aborted));
@@ -743,7 +743,7 @@ mod tests {
     fn errors_name_the_removed_device_and_the_aborted_ios() {
         let mut gone = row("0000:05:00.0", 1, 10, 0, 10);
         gone.failed = 31;
-        gone.removed = Some("0000:05:00.0".into());
+        gone.removed = Some("0000:05:00.0 is gone".into());
         let mut reset = row("sim:1", 0, 10, 0, 10);
         (reset.failed, reset.aborted, reset.after_reset) = (12, 12, Some(3456));
         let fine = row("sim:2", 0, 10, 0, 10);

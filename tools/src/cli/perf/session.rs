@@ -156,8 +156,13 @@ impl Session {
         let topology =
             Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
         let settings = settings(args, &topology)?;
-        let targets = targets(sysfs, &settings.specs)?;
-        if targets.is_empty() {
+        // remote subsystems alone: no local drive is taken by default
+        let targets = if settings.specs.is_empty() && !settings.remotes.is_empty() {
+            Vec::new()
+        } else {
+            targets(sysfs, &settings.specs)?
+        };
+        if targets.is_empty() && settings.remotes.is_empty() {
             anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
         }
         let opener = Opener::new(sysfs.root().join("sys"));
@@ -197,11 +202,18 @@ impl Session {
                 }
             }
         }
+        let reactors = if settings.cores.is_empty() {
+            topology.allowed.len()
+        } else {
+            settings.cores.len()
+        };
+        let remotes = attach_remotes(sysfs, args, &settings, &drives, reactors)?;
         let io_size = max_io_size.unwrap_or(settings.run.io_size);
         // A queue holds MQES+1 entries, one always empty: at most MQES commands in flight.
         let granted = drives
             .iter()
             .map(|d| u32::from(d.controller.cap().mqes()))
+            .chain(remotes.iter().map(RemoteSubsystem::max_depth))
             .min()
             .unwrap_or(0);
         if args.depth > granted {
@@ -225,7 +237,7 @@ impl Session {
                 ..EngineOptions::default()
             },
         )?;
-        let devices = devices(&engine, settings.stripe, settings.namespace)?;
+        let devices = devices(&engine, &remotes, settings.stripe, settings.namespace)?;
         let spans = spans(&devices, &settings)?;
         check_io_size(&devices, &spans, io_size, &format!("-o {}", args.io_size))?;
         // Said once, before any I/O: drives served by fewer cores than placed, and why.
@@ -364,6 +376,43 @@ impl Session {
         }
         Ok(m)
     }
+}
+
+/// Connects to every remote subsystem given (`-r tcp://…`), asking each for an I/O queue per
+/// reactor and namespace. Their I/O buffers are the local drives' (a stripe may mix both), or
+/// ordinary memory when there are none: no device reads them but the socket.
+fn attach_remotes(
+    sysfs: &Sysfs,
+    args: &Args,
+    settings: &Settings,
+    drives: &[Drive],
+    reactors: usize,
+) -> Result<Vec<RemoteSubsystem>> {
+    if settings.remotes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut host = args.remote.host_options(sysfs.root())?;
+    host.kato_ms = args.keep_alive_tmo.saturating_mul(1000);
+    let dma = match drives.first() {
+        Some(d) => DmaTarget {
+            space: d.controller.iova_space().clone(),
+            page: d.controller.page_size(),
+        },
+        None => DmaTarget {
+            space: IovaSpace::new(Arc::new(NoIommu)),
+            page: PageSize::Small4K,
+        },
+    };
+    // one queue per reactor for each namespace; the target grants what it has
+    let wanted = (reactors * 64).min(usize::from(u16::MAX - 1)) as u16;
+    settings
+        .remotes
+        .iter()
+        .map(|addr| {
+            RemoteSubsystem::attach(addr, &host, wanted, dma.clone())
+                .map_err(|e| crate::remote::explain(e, addr))
+        })
+        .collect()
 }
 
 /// Waits until `at`; false if cancelled first.

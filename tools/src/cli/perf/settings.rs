@@ -12,6 +12,8 @@ pub(crate) struct Settings {
     pub(crate) run: RunSpec,
     pub(super) cores: Vec<usize>,
     pub(super) specs: Vec<DeviceSpec>,
+    /// Remote NVMe/TCP subsystems (`-r tcp://…`).
+    pub(super) remotes: Vec<TcpAddress>,
     pub(super) stripe: Option<(usize, u64)>,
     pub(super) namespace: Option<u32>,
     pub(super) offset: Option<Given<u64>>,
@@ -146,10 +148,23 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         }
     };
     let mut specs: Vec<DeviceSpec> = Vec::new();
+    let mut remotes: Vec<TcpAddress> = Vec::new();
     for given in &args.devices {
-        let spec: DeviceSpec = given
+        let target: Target = given
             .parse()
             .map_err(|e| usage(format!("-r {given}: {e}")))?;
+        let spec = match target {
+            Target::Local(spec) => spec,
+            Target::Remote(addr) => {
+                if remotes.contains(&addr) {
+                    return Err(usage(format!(
+                        "-r {given}: {addr} is given twice; name each device once"
+                    )));
+                }
+                remotes.push(addr);
+                continue;
+            }
+        };
         // A drive that keeps no data reads back nothing: every check would cry wolf. (A real
         // drive keeps data.)
         if let DeviceSpec::Sim(sim) = &spec {
@@ -180,6 +195,12 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
     }
     let reset_after = match args.reset_after {
         None => None,
+        Some(s) if !remotes.is_empty() => {
+            return Err(usage(format!(
+                "--reset-after {s}: resets local controllers; {} is an NVMe/TCP target: give only local drives with it",
+                remotes[0]
+            )));
+        }
         Some(s) => {
             let after = Duration::from_secs_f64(s);
             if args.io_count.is_none() && after >= Duration::from_secs(args.time) {
@@ -216,6 +237,7 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         run,
         cores,
         specs,
+        remotes,
         stripe,
         namespace: args.namespace,
         offset: args.offset.clone(),

@@ -83,7 +83,7 @@ pub struct DeviceResult {
     pub aborted: u64,
     /// I/Os that completed successfully after the reset (`--reset-after`).
     pub after_reset: u64,
-    /// The controller found gone (removed) under this device, if one was.
+    /// What was found gone under this device ("0000:05:00.0 is gone"), if anything.
     pub removed: Option<String>,
     /// The first I/O that failed other than by a reset or a removal, or a setup failure.
     pub error: Option<String>,
