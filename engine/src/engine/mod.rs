@@ -497,7 +497,7 @@ mod tests {
         let (ok1, gone1, other1, removed1) = &out[1];
         assert!(*ok1 > 0, "sim:1 ran before its removal: {out:?}");
         assert!(*gone1 > 0 && *other1 == 0, "{out:?}");
-        assert_eq!(removed1.as_deref(), Some("sim:1"));
+        assert_eq!(removed1.as_deref(), Some("sim:1 is gone"));
     }
 
     fn sim_engine(specs: &[&str], cores: &[usize]) -> Engine {

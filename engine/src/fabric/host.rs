@@ -648,6 +648,13 @@ impl Queue {
         self.in_capsule = bytes;
     }
 
+    /// The longest one command may take from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        if !timeout.is_zero() {
+            self.timeout = timeout;
+        }
+    }
+
     pub fn qid(&self) -> u16 {
         self.qid
     }

@@ -280,6 +280,12 @@ impl RemoteController {
         Ok(sq.min(cq).min(u32::from(u16::MAX)) as u16)
     }
 
+    /// The longest one admin command may take from now on (a Keep Alive answered later
+    /// than KATO is lost).
+    pub fn set_command_timeout(&mut self, timeout: Duration) {
+        self.admin.set_timeout(timeout);
+    }
+
     /// Keep Alive: tells the controller the host is still there (within KATO).
     pub fn keep_alive(&mut self) -> Result<(), RemoteError> {
         self.admin_command("Keep Alive", Sqe::new(AdminOpcode::KeepAlive as u8), 0)

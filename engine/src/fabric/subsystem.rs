@@ -117,6 +117,10 @@ impl RemoteSubsystem {
         let (stop, thread) = match host.kato_ms {
             0 => (None, None),
             kato => {
+                // a Keep Alive not answered within KATO: the controller is lost
+                controller
+                    .lock()
+                    .set_command_timeout(Duration::from_millis(u64::from(kato)));
                 let (tx, rx) = mpsc::channel();
                 let period =
                     Duration::from_millis(u64::from(kato) / 3).max(Duration::from_millis(10));

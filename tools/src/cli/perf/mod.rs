@@ -235,6 +235,10 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         if let Some(reset) = m.reset_json() {
             doc["reset"] = reset;
         }
+        if args.verify {
+            // blocks read back that carried a stamp and were checked
+            doc["verified_blocks"] = json!(m.checked);
+        }
         let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -36,7 +36,8 @@
 //!   "total": { "jobname": "total", "elapsed_ms": ..., "error": ..., "failed_ios": ...,
 //!              "aborted_ios": ..., "read": Direction, "write": Direction, ... },
 //!   "reset": { "after_s": 1.0,                  // with --reset-after only
-//!              "controllers": [ { "device": "sim:0", "ok": true, "ms": 3 } ] }
+//!              "controllers": [ { "device": "sim:0", "ok": true, "ms": 3 } ] },
+//!   "verified_blocks": 81920                    // with --verify: blocks read back and checked
 //! }
 //! ```
 //!

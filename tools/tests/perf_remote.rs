@@ -1,0 +1,373 @@
+//! `usnvme perf` and `sweep` over NVMe/TCP: `usnvme serve` on `sim:` RAM drives over
+//! 127.0.0.1 is the target. Data written through the fabric reads back verified (both address
+//! forms, digests, stripes over remote namespaces and mixed with a local drive); a target that
+//! dies or goes silent mid-run fails its I/Os by kind while the local drive runs to the end;
+//! every mistake a user can make is named before any I/O.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+#[allow(dead_code)] // its `usnvme` runs on a fake sysfs root: not here
+mod common;
+use common::{stderr, stdout};
+
+#[path = "common/serve.rs"]
+mod target;
+use target::{Serve, HOST, NQN};
+
+/// A directory for the JSON files.
+fn host_root() -> tempfile::TempDir {
+    tempfile::tempdir().expect("a temp dir")
+}
+
+/// `usnvme ARGS` on this machine (its CPUs), as the host serve allows unless `--hostnqn` is
+/// given.
+fn usnvme(_root: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_usnvme"));
+    cmd.args(args).env_remove("RUST_LOG");
+    if !args.contains(&"--hostnqn") {
+        cmd.args(["--hostnqn", HOST]);
+    }
+    cmd.output().expect("usnvme runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        stdout(out),
+        stderr(out)
+    )
+}
+
+/// `usnvme perf ARGS --json FILE`: the output and the document (if written).
+fn perf(root: &Path, args: &[&str]) -> (Output, Value) {
+    let path = root.join("perf.json");
+    let mut all = vec!["perf"];
+    all.extend(args);
+    all.extend(["--json", path.to_str().expect("UTF-8 temp path")]);
+    let out = usnvme(root, &all);
+    let doc = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let _ = std::fs::remove_file(&path);
+    (out, doc)
+}
+
+fn ios(job: &Value, dir: &str) -> u64 {
+    job[dir]["total_ios"].as_u64().unwrap_or(0)
+}
+
+/// A write pass then a read pass, both verified with one seed, over `region` of every device:
+/// the read pass checked blocks and found every one as written.
+fn write_then_verify(root: &Path, devices: &[&str], extra: &[&str]) {
+    let mut base: Vec<&str> = Vec::new();
+    for d in devices {
+        base.extend(["-r", d]);
+    }
+    base.extend([
+        "--verify", "--seed", "77", "--offset", "64k", "--size", "1M", "-c", "0",
+    ]);
+    base.extend(extra);
+    let mut write = base.clone();
+    write.extend(["-w", "write", "-q", "8", "--io-count", "64"]);
+    let (out, doc) = perf(root, &write);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(ios(&doc["total"], "write") > 0, "{doc:#}");
+    let mut read = base.clone();
+    read.extend(["-w", "read", "-q", "8", "--io-count", "64"]);
+    let (out, doc) = perf(root, &read);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(ios(&doc["total"], "read") > 0, "{doc:#}");
+    assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
+}
+
+#[test]
+fn data_written_over_tcp_reads_back_verified_in_both_address_forms_and_with_digests() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let short = format!("tcp://{}/{NQN}", serve.addr);
+    let spdk = format!(
+        "trtype:TCP adrfam:IPv4 traddr:{} trsvcid:{} subnqn:{NQN}",
+        serve.addr.ip(),
+        serve.addr.port()
+    );
+    write_then_verify(root.path(), &[&short], &[]);
+    write_then_verify(root.path(), &[&spdk], &["--hdr-digest", "--data-digest"]);
+    // -n picks one namespace; -L percentiles; the rows name the remote namespaces
+    let (out, doc) = perf(
+        root.path(),
+        &[
+            "-r", &short, "-n", "2", "-t", "1", "-q", "4", "-c", "0", "-L", "-o", "64k",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "{doc:#}");
+    assert_eq!(jobs[0]["device"], format!("{short}/ns2"), "{doc:#}");
+    assert!(ios(&jobs[0], "read") > 0, "{doc:#}");
+    assert!(
+        stdout(&out).contains("p99.99"),
+        "percentiles: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn stripes_over_remote_namespaces_and_mixed_with_a_local_drive_read_back_verified() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    // 64 KiB I/Os over 16 KiB chunks: every I/O spans both members
+    let stripe = ["--stripe", "2:16k", "-o", "64k"];
+    write_then_verify(root.path(), &[&remote], &stripe);
+    let mut mixed = stripe.to_vec();
+    mixed.extend(["-n", "1"]);
+    write_then_verify(root.path(), &["sim:6,backend=ram,size=4M", &remote], &mixed);
+}
+
+#[test]
+fn sweep_runs_over_tcp() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let out = usnvme(
+        root.path(),
+        &[
+            "sweep",
+            "-r",
+            &remote,
+            "-n",
+            "1",
+            "-c",
+            "0",
+            "-t",
+            "1",
+            "--sizes",
+            "4k,128k",
+            "--patterns",
+            "randread,write",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let table = stdout(&out);
+    for point in ["4K", "128K", "randread", "write"] {
+        assert!(table.contains(point), "{point} missing: {}", text(&out));
+    }
+}
+
+/// One job per device; the local one ran the whole time without a failure, the remote ones
+/// were lost with `why` and failed I/Os.
+fn check_lost_remote(out: &Output, doc: &Value, remote: &str, why: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", text(out));
+    let err = stderr(out);
+    assert!(
+        err.contains("removed during the run")
+            && err.contains("the other 1 device(s) ran to the end"),
+        "{err}"
+    );
+    assert!(
+        stdout(out).contains(&format!("the target is gone: {why}")),
+        "{}",
+        text(out)
+    );
+    for job in doc["jobs"].as_array().expect("jobs") {
+        if job["device"]
+            .as_str()
+            .is_some_and(|d| d.starts_with(remote))
+        {
+            assert_eq!(job["removed"], true, "{job:#}");
+        } else {
+            assert_eq!(job["removed"], false, "{job:#}");
+            assert_eq!(job["failed_ios"], 0, "{job:#}");
+            assert!(ios(job, "read") + ios(job, "write") > 0, "{job:#}");
+            assert!(job["elapsed_ms"].as_u64() >= Some(2900), "{job:#}");
+        }
+    }
+    let failed: u64 = doc["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|j| j["failed_ios"].as_u64())
+        .sum();
+    assert!(
+        failed > 0,
+        "the I/Os in flight to the target failed: {doc:#}"
+    );
+}
+
+#[test]
+fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
+    let mut serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let _ = serve.child.kill(); // SIGKILL: no clean shutdown
+        serve
+    });
+    let (out, doc) = perf(
+        root.path(),
+        &[
+            "-r",
+            "sim:6,backend=ram,size=4M",
+            "-r",
+            &remote,
+            "-n",
+            "1",
+            "-c",
+            "0",
+            "-t",
+            "3",
+            "-q",
+            "8",
+            "-w",
+            "randrw",
+            "--verify",
+        ],
+    );
+    drop(killer.join());
+    check_lost_remote(&out, &doc, &remote, "the target closed the connection");
+}
+
+/// A TCP relay to `to` that, once `frozen`, forwards nothing more in either direction but
+/// keeps every connection open: a target that went silent (a cut cable, a hung host).
+fn silent_after(to: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(to) else {
+                return;
+            };
+            for (mut from, mut into) in [
+                (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                ),
+                (server, client),
+            ] {
+                let frozen = frozen.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = from.read(&mut buf) {
+                        while frozen.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        if n == 0 || into.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_target_gone_silent_is_lost_by_keep_alive_and_the_local_drive_runs_to_the_end() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let relay = silent_after(serve.addr, frozen.clone());
+    let remote = format!("tcp://{relay}/{NQN}");
+    let freezer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        frozen.store(true, Ordering::Relaxed);
+    });
+    let started = std::time::Instant::now();
+    let (out, doc) = perf(
+        root.path(),
+        &[
+            "-r",
+            "sim:6,backend=ram,size=4M",
+            "-r",
+            &remote,
+            "-n",
+            "1",
+            "-c",
+            "0",
+            "-t",
+            "3",
+            "-q",
+            "8",
+            "--keep-alive-tmo",
+            "1",
+        ],
+    );
+    freezer.join().expect("the freezer");
+    check_lost_remote(&out, &doc, &remote, "keep-alive lost");
+    // long before the I/O queues' own 30 s command timeout
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn remote_mistakes_are_named_before_any_io() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let unknown = format!("tcp://{}/nqn.2024-01.io.usnvme:nothing", serve.addr);
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("address") // closed when `l` drops here
+    };
+    let refused = format!("tcp://{closed}/{NQN}");
+    let stranger = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-000000000bad";
+    let cases: &[(&[&str], i32, &[&str])] = &[
+        (
+            &["-r", "tcp://127.0.0.1:4420"],
+            2,
+            &["names no subsystem", "usnvme discover"],
+        ),
+        (&["-r", "tcp://127.0.0.1:x/nqn.a:b"], 2, &["example"]),
+        (&["-r", &remote, "-r", &remote], 2, &["given twice"]),
+        (
+            &["-r", &remote, "-n", "9"],
+            2,
+            &["-n 9:", "no namespace 9", "its namespaces: 1, 2"],
+        ),
+        (&["-r", &remote, "-q", "4096"], 2, &["-q 4096", "at most"]),
+        (
+            &["-r", &remote, "--reset-after", "0.5"],
+            2,
+            &["--reset-after", "NVMe/TCP target"],
+        ),
+        (&["-r", &refused], 1, &["connection refused"]),
+        (&["-r", &unknown], 1, &["unknown NQN", "usnvme discover"]),
+        (
+            &["-r", &remote, "--hostnqn", stranger],
+            1,
+            &["host not allowed", stranger],
+        ),
+    ];
+    for (args, code, says) in cases {
+        let mut all = vec!["perf", "-t", "1", "-c", "0"];
+        all.extend(*args);
+        let out = usnvme(root.path(), &all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {}", text(&out));
+        assert!(err.starts_with("usnvme: error: "), "{args:?}: {err}");
+        for s in *says {
+            assert!(err.contains(s), "{args:?}: {s:?} not in {err}");
+        }
+        assert!(
+            !stdout(&out).contains("Total"),
+            "{args:?}: no I/O ran: {}",
+            text(&out)
+        );
+    }
+}
