@@ -1,8 +1,9 @@
 //! The fabric section: in one boot, the same initiator against two NVMe/TCP targets on loopback:
 //! `usnvme serve` on drives bound to vfio-pci, and the kernel's own target (nvmet-tcp,
 //! configured through configfs) on drives left on the kernel's nvme driver. The initiator is
-//! the guest kernel's nvme-tcp host driver (`nvme connect`) with fio and io_uring on top; a
-//! second initiator (`usnvme perf -r tcp://…`) can join as another [`Initiator`].
+//! the guest kernel's nvme-tcp host driver (`nvme connect`) with fio and io_uring on top, and
+//! `usnvme perf -r tcp://…` (and `spdk_nvme_perf -r 'trtype:TCP …'` when given), each polling
+//! one core: the [`Initiator`]s.
 //!
 //! Besides fio's IOPS and latency, each run samples /proc/stat (every CPU of the guest) and the
 //! block devices' read counters before and after, so the CPU the kernel target used can be
@@ -11,7 +12,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::cmd::sh_quote;
 use crate::vm::run::{self, RunArgs};
@@ -79,26 +80,50 @@ pub enum Initiator {
     /// The guest kernel's nvme-tcp host (`nvme connect`), fio with io_uring on its block
     /// devices.
     KernelFio,
+    /// `usnvme perf -r tcp://…`: one reactor polling the initiator's CPU.
+    UsnvmePerf,
+    /// `spdk_nvme_perf -r 'trtype:TCP …'` (with `--spdk`): one core, polling.
+    Spdk,
 }
 
 impl Initiator {
-    pub const ALL: [Initiator; 1] = [Initiator::KernelFio];
+    /// The initiators of a boot: SPDK's only when its binary was given.
+    pub fn all(spdk: bool) -> Vec<Initiator> {
+        let mut all = vec![Initiator::KernelFio, Initiator::UsnvmePerf];
+        if spdk {
+            all.push(Initiator::Spdk);
+        }
+        all
+    }
 
     fn key(self) -> &'static str {
         match self {
             Initiator::KernelFio => "kfio",
+            Initiator::UsnvmePerf => "perf",
+            Initiator::Spdk => "spdk",
         }
     }
 
     pub fn label(self) -> &'static str {
         match self {
             Initiator::KernelFio => "Linux nvme-tcp + fio io_uring",
+            Initiator::UsnvmePerf => "usnvme perf",
+            Initiator::Spdk => "spdk_nvme_perf",
+        }
+    }
+
+    /// The cores it polls whole (`-c`), or None when its CPU time is estimated.
+    fn polled_cores(self) -> Option<f64> {
+        match self {
+            Initiator::KernelFio => None,
+            Initiator::UsnvmePerf | Initiator::Spdk => Some(1.0),
         }
     }
 
     /// Shell lines that make the initiator ready for `target`'s subsystem of `drives`
-    /// namespaces, leaving its block devices in `$DEVS` (empty when that failed).
+    /// namespaces, leaving what it runs on in `$DEVS` (empty when that failed).
     fn attach(self, target: Target, drives: u32) -> String {
+        let (port, nqn) = (target.port(), target.nqn());
         match self {
             Initiator::KernelFio => format!(
                 "DEVS=\n\
@@ -106,25 +131,39 @@ impl Initiator {
                  && wait_devs {nqn} {drives} && DEVS=$(fabric_devs {nqn} | head -n {drives}) \
                  || echo 'FAILED: nvme connect to {nqn}'\n\
                  FILES=$(echo $DEVS | tr ' ' :)\n\
-                 echo \"devices: $FILES\"\n",
-                port = target.port(),
-                nqn = target.nqn(),
+                 echo \"devices: $FILES\"\n"
             ),
+            // the polled initiators connect in each run; the target serves `drives` namespaces
+            Initiator::UsnvmePerf | Initiator::Spdk => {
+                format!("DEVS=tcp://127.0.0.1:{port}/{nqn}\n")
+            }
         }
     }
 
     fn detach(self, target: Target) -> String {
         match self {
             Initiator::KernelFio => format!("$NVME disconnect -n {}\n", target.nqn()),
+            Initiator::UsnvmePerf | Initiator::Spdk => String::new(),
         }
     }
 
-    /// The command of one run, writing its figures into `{stem}.json` and its snapshots of
-    /// /proc/stat into `{stem}.before` and `{stem}.after`.
-    fn command(self, case: &Case, seconds: u32, stem: &str) -> String {
+    /// The command of one run, writing its figures into `{stem}.json` (the polled initiators'
+    /// output into `{stem}.log`) and its snapshots of /proc/stat into `{stem}.before` and
+    /// `{stem}.after`. Everyone runs 4 KiB random reads, one second of ramp-up, QD per
+    /// namespace.
+    /// A run that does not finish within `limit` seconds is stopped like Ctrl-C.
+    fn command(self, case: &Case, seconds: u32, stem: &str, limit: u32) -> String {
+        let (port, nqn) = (case.target.port(), case.target.nqn());
+        // the polled initiators' window holds their connection and exit too (under a second)
+        let between = |run: String| {
+            format!(
+                "/bin/sh $OUT/snap.sh {stem}.before '' && timeout -s INT {limit} {run} \
+                 > {stem}.log 2>&1 && /bin/sh $OUT/snap.sh {stem}.after ''"
+            )
+        };
         match self {
             Initiator::KernelFio => format!(
-                "$FIO --name=fabric --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
+                "timeout -s INT {limit} $FIO --name=fabric --ioengine=io_uring --direct=1 --rw=randread --bs=4k \
                  --iodepth={depth} --numjobs=1 --cpus_allowed={INITIATOR_CPU} --time_based \
                  --runtime={seconds} --ramp_time=1 --output-format=json --output={stem}.json \
                  --filename=$FILES \"--exec_prerun=/bin/sh $OUT/snap.sh {stem}.before $FILES\" \
@@ -132,6 +171,17 @@ impl Initiator {
                 // QD per namespace, as everywhere in the benchmarks
                 depth = case.qd * case.drives,
             ),
+            Initiator::UsnvmePerf => between(format!(
+                "$USNVME perf -r $DEVS --hostnqn $HOSTNQN -c {INITIATOR_CPU} -q {qd} -o 4k \
+                 -w randread -t {seconds} -a 1 --json {stem}.json",
+                qd = case.qd,
+            )),
+            Initiator::Spdk => between(format!(
+                "$SPDK -r 'trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} \
+                 hostnqn:'$HOSTNQN -c {mask:#x} -q {qd} -o 4096 -w randread -t {seconds} -a 1",
+                mask = 1u32 << INITIATOR_CPU,
+                qd = case.qd,
+            )),
         }
     }
 }
@@ -163,11 +213,11 @@ impl Case {
 /// goals), and 12 at QD 8 each: 96 in flight, within the 128 entries of the one nvme-tcp I/O
 /// queue fio's CPU submits to (at QD 32 each, the initiator's queue would cap it).
 const FULL: [(u32, &[u32]); 2] = [(1, &[32, 1]), (12, &[8])];
-const FULL_ROUNDS: u32 = 5;
+const FULL_ROUNDS: u32 = 3;
 
 /// The runs of one boot, in order: per round and drive count, each target (odd rounds `usnvme
-/// serve` first, even rounds the kernel's), each initiator, each QD.
-pub fn cases(quick: bool) -> Vec<Case> {
+/// serve` first, even rounds the kernel's), each initiator (SPDK's with `spdk`), each QD.
+pub fn cases(quick: bool, spdk: bool) -> Vec<Case> {
     let (shapes, rounds): (&[(u32, &[u32])], u32) = if quick {
         (&[(1, &[32])], 1)
     } else {
@@ -181,7 +231,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 targets.reverse();
             }
             for target in targets {
-                for initiator in Initiator::ALL {
+                for &initiator in &Initiator::all(spdk) {
                     for &qd in qds {
                         out.push(Case {
                             round,
@@ -205,6 +255,7 @@ const PRELUDE: &str = r#"# fabric benchmark, written by cargo xtask bench
 NVME=@NVME@
 FIO=@FIO@
 USNVME=@USNVME@
+SPDK=@SPDK@
 OUT=@OUT@
 HOSTNQN=@HOSTNQN@
 CFS=/sys/kernel/config/nvmet
@@ -228,6 +279,8 @@ wait_devs() { # NQN COUNT: until the kernel shows COUNT namespaces of NQN (30 s)
   done
   return 1
 }
+# spdk_nvme_perf wants a writable /var/tmp and /var/run/dpdk (the guest's root is read-only)
+[ -n "$SPDK" ] && { mount -t tmpfs tmpfs /var/tmp; mkdir -p /var/run/dpdk; }
 cat > $OUT/snap.sh <<'SNAP'
 # snap.sh FILE DEV[:DEV...]: reads completed on the devices (their paths' counters, nvmeXcYnZ,
 # under native multipath, else the head's), uptime, clock ticks per second, every CPU's
@@ -248,11 +301,12 @@ SNAP
 grep -c ^processor /proc/cpuinfo | sed 's/^/guest CPUs: /'
 "#;
 
-fn prelude(usnvme: &str, out: &str) -> String {
+fn prelude(usnvme: &str, spdk: &str, out: &str) -> String {
     PRELUDE
         .replace("@NVME@", NVME)
         .replace("@FIO@", FIO)
         .replace("@USNVME@", usnvme)
+        .replace("@SPDK@", spdk)
         .replace("@OUT@", out)
         .replace("@HOSTNQN@", HOSTNQN)
         .replace("@STATUS@", SERVE_STATUS)
@@ -323,9 +377,9 @@ fn stop_target(target: Target, tag: &str) -> String {
 
 /// The guest script: per block of runs (round, drive count, target), the target up, each
 /// initiator attached, each run between two snapshots, everything torn down again.
-fn script(cases: &[Case], usnvme: &str, out: &str, seconds: u32) -> String {
+fn script(cases: &[Case], usnvme: &str, spdk: &str, out: &str, seconds: u32) -> String {
     let limit = seconds * 3 + 30;
-    let mut s = prelude(usnvme, out);
+    let mut s = prelude(usnvme, spdk, out);
     let mut i = 0;
     while i < cases.len() {
         let block = cases[i];
@@ -356,14 +410,13 @@ fn script(cases: &[Case], usnvme: &str, out: &str, seconds: u32) -> String {
                 // nothing, and the next one runs
                 s += &format!(
                     "echo '{}: {} against {}, qd {}, {} drive(s)'\n\
-                     [ -n \"$DEVS\" ] && timeout -s INT {limit} {} \
-                     || {{ echo FAILED; rm -f {stem}.json; }}\n",
+                     [ -n \"$DEVS\" ] && {} || {{ echo FAILED; rm -f {stem}.json; }}\n",
                     c.stem(),
                     c.initiator.label(),
                     c.target.label(),
                     c.qd,
                     c.drives,
-                    c.initiator.command(c, seconds, &stem),
+                    c.initiator.command(c, seconds, &stem, limit),
                 );
             }
             s += &initiator.detach(block.target);
@@ -538,15 +591,33 @@ pub struct FabricResults {
     pub host_load: (String, String),
 }
 
-/// Boots the guest once and runs every case.
-pub fn same_boot(usnvme: &Path, quick: bool, seconds: u32) -> Result<FabricResults> {
+/// Boots the guest once and runs every case (`spdk`: a `spdk_nvme_perf` binary, an initiator
+/// too).
+pub fn same_boot(
+    usnvme: &Path,
+    spdk: Option<&Path>,
+    quick: bool,
+    seconds: u32,
+) -> Result<FabricResults> {
     let out = crate::vm::vm_dir().join("work/bench-fabric");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
-    let cases = cases(quick);
+    // the guest sees the host's root but not its /tmp: the binary goes onto the work share
+    let spdk_copy = match spdk {
+        Some(binary) => {
+            let copy = out.join("spdk_nvme_perf");
+            std::fs::copy(binary, &copy).with_context(|| {
+                format!("bench: copying {} to {}", binary.display(), copy.display())
+            })?;
+            sh_quote(&copy.display().to_string())
+        }
+        None => "''".to_string(),
+    };
+    let cases = cases(quick, spdk.is_some());
     let body = script(
         &cases,
         &sh_quote(&usnvme.display().to_string()),
+        &spdk_copy,
         &out.display().to_string(),
         seconds,
     );
@@ -571,7 +642,19 @@ pub fn same_boot(usnvme: &Path, quick: bool, seconds: u32) -> Result<FabricResul
         .iter()
         .map(|&case| {
             let stem = case.stem();
-            let figures = read(format!("{stem}.json")).and_then(|j| parse_fio(&j));
+            let figures = match case.initiator {
+                Initiator::KernelFio | Initiator::UsnvmePerf => {
+                    read(format!("{stem}.json")).and_then(|j| parse_fio(&j))
+                }
+                Initiator::Spdk => read(format!("{stem}.log"))
+                    .and_then(|t| super::spdk::spdk_figures(&t))
+                    .map(|f| Figures {
+                        iops: f.iops,
+                        lat_us: f.mean_us,
+                        clat_us: f.mean_us,
+                        ios: (f.iops * f64::from(seconds)) as u64,
+                    }),
+            };
             let snap = |ext| read(format!("{stem}.{ext}")).and_then(|t| parse_snapshot(&t));
             let window = match (snap("before"), snap("after")) {
                 (Some(b), Some(a)) if figures.is_some() => window(&b, &a),
@@ -666,6 +749,29 @@ impl Pair {
     pub fn busy_core_ratio(&self) -> Option<f64> {
         Some(self.serve_iops_per_busy_core()? / self.kernel_iops_per_core()?)
     }
+
+    fn figures(&self, target: Target) -> Option<Figures> {
+        match target {
+            Target::Usnvme => self.serve,
+            Target::Kernel => self.kernel,
+        }
+    }
+
+    /// The initiator's cores in the run against `target`: those it polls, or for fio and the
+    /// kernel's host its CPU per I/O (measured against `usnvme serve`) times the IOPS.
+    pub fn initiator_cores(&self, target: Target) -> Option<f64> {
+        let iops = self.figures(target)?.iops;
+        match self.initiator.polled_cores() {
+            Some(cores) => Some(cores),
+            None => Some(self.initiator_us_per_io? * 1e-6 * iops),
+        }
+    }
+
+    /// IOPS per initiator core against `target`.
+    pub fn iops_per_initiator_core(&self, target: Target) -> Option<f64> {
+        let cores = self.initiator_cores(target).filter(|&c| c > 0.0)?;
+        Some(self.figures(target)?.iops / cores)
+    }
 }
 
 pub fn pairs(r: &FabricResults) -> Vec<Pair> {
@@ -682,8 +788,11 @@ pub fn pairs(r: &FabricResults) -> Vec<Pair> {
         let per_io = s
             .and_then(|s| s.figures.and(s.window.as_ref()))
             .and_then(initiator_cpu_per_io);
-        let kernel_cores = match (k.and_then(|k| k.figures.and(k.window.as_ref())), per_io) {
-            (Some(w), Some(p)) => Some(kernel_target_cores(w, p)),
+        let kernel_window = k.and_then(|k| k.figures.and(k.window.as_ref()));
+        let kernel_cores = match (kernel_window, c.initiator.polled_cores(), per_io) {
+            // a polling initiator's CPU is its cores, the whole window
+            (Some(w), Some(cores), _) => Some((w.busy_s - cores * w.wall_s) / w.wall_s),
+            (Some(w), None, Some(p)) => Some(kernel_target_cores(w, p)),
             _ => None,
         };
         out.push(Pair {
@@ -703,6 +812,60 @@ pub fn pairs(r: &FabricResults) -> Vec<Pair> {
     out
 }
 
+/// Issue 16's goals, on one namespace at QD 32, per target: usnvme perf's IOPS per initiator
+/// core ≥ 3 × fio's with the kernel's host, and ≥ 1.1 × spdk_nvme_perf's (when it ran); judged
+/// on the median over the rounds (each shown).
+fn initiator_goals(m: &mut String, pairs: &[Pair]) -> Result<()> {
+    let of = |initiator: Initiator, round: u32| {
+        pairs
+            .iter()
+            .find(|p| p.initiator == initiator && p.round == round && p.qd == 32 && p.drives == 1)
+    };
+    let rounds: Vec<u32> = pairs
+        .iter()
+        .filter(|p| p.initiator == Initiator::UsnvmePerf && p.qd == 32 && p.drives == 1)
+        .map(|p| p.round)
+        .collect();
+    for (other, goal) in [(Initiator::KernelFio, 3.0), (Initiator::Spdk, 1.1)] {
+        for target in Target::ALL {
+            let ratios: Vec<f64> = rounds
+                .iter()
+                .filter_map(|&r| {
+                    let ours = of(Initiator::UsnvmePerf, r)?.iops_per_initiator_core(target)?;
+                    Some(ours / of(other, r)?.iops_per_initiator_core(target)?)
+                })
+                .collect();
+            if ratios.is_empty() && !pairs.iter().any(|p| p.initiator == other) {
+                continue; // spdk_nvme_perf was not given
+            }
+            let each = ratios
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            match median(ratios) {
+                Some(x) => writeln!(
+                    m,
+                    "- **Goal (issue 16), against {}: usnvme perf ≥ {goal} × {}'s IOPS per \
+                     initiator core at 4 KiB randread QD 32, one namespace: {x:.2} × (median; \
+                     each round: {each}): {}.**",
+                    target.label(),
+                    other.label(),
+                    if x >= goal { "met" } else { "not met" }
+                )?,
+                None => writeln!(
+                    m,
+                    "- Goal (issue 16), against {}: usnvme perf against {}: not measured (a \
+                     run failed).",
+                    target.label(),
+                    other.label()
+                )?,
+            }
+        }
+    }
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -716,7 +879,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -> Result<()> {
     writeln!(
         m,
-        "\n## Fabric: usnvme serve against the kernel's nvmet-tcp (one boot, NVMe/TCP on loopback)\n"
+        "\n## Fabric: NVMe/TCP targets and initiators (one boot, on loopback)\n"
     )?;
     let Some(r) = results else {
         writeln!(m, "Not run ({why_not}).")?;
@@ -730,10 +893,13 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
          **emulation-ceiling figures** — every doorbell and DMA of the emulated drives and every \
          instruction of both vCPUs is emulated in software, on a host whose cores QEMU's device \
          emulation shares with the vCPUs — not hardware ones; only the comparison within the \
-         boot means something. The same initiator against both targets: the guest kernel's \
+         boot means something. The same initiators against both targets: the guest kernel's \
          nvme-tcp host (`nvme connect -t tcp -a 127.0.0.1`, 2 I/O queues of 128 entries) and \
          fio with io_uring (`--direct=1`) on the block devices it creates, pinned to CPU \
-         {INITIATOR_CPU}. Targets: `usnvme serve -c {TARGET_CPU}` (one reactor, polling CPU \
+         {INITIATOR_CPU}; `usnvme perf -r tcp://127.0.0.1:PORT/NQN -c {INITIATOR_CPU}` (one \
+         reactor polling CPU {INITIATOR_CPU}, one I/O queue per namespace); and, when a binary \
+         is given (`--spdk`), `spdk_nvme_perf -r 'trtype:TCP …' -c {INITIATOR_CPU:#x}`. \
+         Targets: `usnvme serve -c {TARGET_CPU}` (one reactor, polling CPU \
          {TARGET_CPU}) on vfio-pci drives, port 4420; the kernel's nvmet-tcp on the block \
          devices of drives left on the nvme driver, port 4421, set up through configfs. The \
          kernel target cannot be pinned: its work runs in nvmet-tcp's per-CPU workers, queued \
@@ -768,6 +934,10 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
          turns that did work (bytes arrived, commands completed, responses went out; its \
          `--json-status`, every 0.1 s, read with each snapshot): its *busy* cores, the part of \
          its polling core it needed, shown in brackets with its IOPS per busy core.\n\n\
+         *Initiator cores.* The polling initiators' cores are the one they poll, busy or not \
+         (their IOPS per initiator core are their IOPS). fio's and the kernel host's are its \
+         CPU per I/O, measured against `usnvme serve` as above, times the IOPS: its IOPS per \
+         initiator core are the same against both targets.\n\n\
          *Mean latency* is fio's `lat` (submission to completion); `clat` leaves the \
          submission out, which for the kernel target holds much of the round trip: the nvme-tcp \
          host sends inline on fio's CPU, and loopback runs the target's receive path within \
@@ -784,8 +954,8 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
     }
     writeln!(
         m,
-        "| round | drives | QD | target | initiator | IOPS | mean latency (µs) | clat mean (µs) | target cores | IOPS per target core | guest CPU busy (cpu0 / cpu1) |\n\
-         |---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|"
+        "| round | drives | QD | target | initiator | IOPS | mean latency (µs) | clat mean (µs) | target cores | IOPS per target core | initiator cores | IOPS per initiator core | guest CPU busy (cpu0 / cpu1) |\n\
+         |---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
     )?;
     let pairs = pairs(r);
     let k = |v: f64| format!("{:.2} k", v / 1e3);
@@ -824,10 +994,16 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
             c.target.label(),
             c.initiator.label()
         );
+        let (initiator_cores, per_initiator_core) = pair.map_or((None, None), |p| {
+            (
+                p.initiator_cores(c.target),
+                p.iops_per_initiator_core(c.target),
+            )
+        });
         match run.figures {
             Some(f) => writeln!(
                 m,
-                "{head} {} | {:.1} | {:.1} | {}{busy_cores} | {}{per_busy_core} | {busy} |",
+                "{head} {} | {:.1} | {:.1} | {}{busy_cores} | {}{per_busy_core} | {} | {} | {busy} |",
                 k(f.iops),
                 f.lat_us,
                 f.clat_us,
@@ -837,8 +1013,10 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
                     format!("{c:.2}")
                 }),
                 per_core.map_or("–".into(), k),
+                initiator_cores.map_or("–".into(), |c| format!("{c:.2}")),
+                per_initiator_core.map_or("–".into(), k),
             )?,
-            None => writeln!(m, "{head} failed | | | | | |")?,
+            None => writeln!(m, "{head} failed | | | | | | | |")?,
         }
     }
     writeln!(m)?;
@@ -862,8 +1040,11 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
             )?;
         }
     }
+    initiator_goals(m, &pairs)?;
     // issue 15's goals, on one namespace; judged on the median over the rounds (each shown)
-    for initiator in Initiator::ALL {
+    let mut initiators: Vec<Initiator> = pairs.iter().map(|p| p.initiator).collect();
+    initiators.dedup();
+    for initiator in initiators {
         let of = |qd: u32| -> Vec<&Pair> {
             pairs
                 .iter()
@@ -1112,37 +1293,144 @@ mod tests {
     }
 
     #[test]
-    fn the_quick_run_is_one_case_against_both_targets_and_the_full_run_alternates() {
-        let quick = cases(true);
-        assert_eq!(quick.len(), 2);
-        assert_eq!(
-            quick.iter().map(|c| (c.target, c.qd)).collect::<Vec<_>>(),
-            [(Target::Usnvme, 32), (Target::Kernel, 32)]
+    fn perf_per_initiator_core_is_compared_with_fio_per_initiator_core() {
+        let fig = |iops| Figures {
+            iops,
+            lat_us: 10.0,
+            clat_us: 9.0,
+            ios: 1,
+        };
+        let window = |busy_s, ios| {
+            Some(Window {
+                wall_s: 10.0,
+                busy_s,
+                per_cpu_pct: vec![],
+                ios,
+                serve_busy_cores: None,
+            })
+        };
+        let run = |target, initiator, iops, w| Run {
+            case: Case {
+                round: 1,
+                target,
+                initiator,
+                qd: 32,
+                drives: 1,
+            },
+            figures: Some(fig(iops)),
+            window: w,
+        };
+        let results = FabricResults {
+            runs: vec![
+                // fio: 5 CPU-s for 50 000 I/Os against serve: 10 000 IOPS per initiator core
+                run(
+                    Target::Usnvme,
+                    Initiator::KernelFio,
+                    5000.0,
+                    window(15.0, 50_000),
+                ),
+                run(
+                    Target::Kernel,
+                    Initiator::KernelFio,
+                    4000.0,
+                    window(12.0, 40_000),
+                ),
+                // perf polls one core: 35 000 and 25 000 IOPS per initiator core
+                run(
+                    Target::Usnvme,
+                    Initiator::UsnvmePerf,
+                    35000.0,
+                    window(20.0, 0),
+                ),
+                run(
+                    Target::Kernel,
+                    Initiator::UsnvmePerf,
+                    25000.0,
+                    window(18.0, 0),
+                ),
+            ],
+            seconds: 10,
+            exit_code: 0,
+            script: String::new(),
+            serve_logs: vec![],
+            host_load: (String::new(), String::new()),
+        };
+        let p = pairs(&results);
+        let perf = p
+            .iter()
+            .find(|p| p.initiator == Initiator::UsnvmePerf)
+            .expect("perf's pair");
+        assert_eq!(perf.initiator_cores(Target::Kernel), Some(1.0));
+        // the kernel target's cores: the guest's busy time less perf's polled core
+        assert!((perf.kernel_cores.expect("cores") - 0.8).abs() < 1e-9);
+        let fio = p
+            .iter()
+            .find(|p| p.initiator == Initiator::KernelFio)
+            .expect("fio's pair");
+        assert!(
+            (fio.iops_per_initiator_core(Target::Kernel).expect("fio") - 10_000.0).abs() < 1e-6
         );
-        let full = cases(false);
-        // 5 rounds of: each target at QD 32 and 1 on one namespace, then at QD 8 on twelve
-        assert_eq!(full.len(), 30);
+        let mut m = String::new();
+        section(&mut m, Some(&results), "").unwrap();
+        assert!(
+            m.contains("against usnvme serve: usnvme perf ≥ 3 × Linux nvme-tcp + fio io_uring's IOPS per initiator core at 4 KiB randread QD 32, one namespace: 3.50 × (median; each round: 3.50): met.**"),
+            "{m}"
+        );
+        assert!(
+            m.contains("against kernel nvmet-tcp: usnvme perf ≥ 3 × Linux nvme-tcp + fio io_uring's IOPS per initiator core at 4 KiB randread QD 32, one namespace: 2.50 × (median; each round: 2.50): not met.**"),
+            "{m}"
+        );
+        assert!(!m.contains("spdk_nvme_perf's"), "not given: {m}");
+    }
+
+    #[test]
+    fn the_quick_run_is_one_case_against_both_targets_and_the_full_run_alternates() {
+        let quick = cases(true, false);
         assert_eq!(
-            full[..6]
+            quick
                 .iter()
-                .map(|c| (c.target, c.drives, c.qd))
+                .map(|c| (c.target, c.initiator, c.qd))
                 .collect::<Vec<_>>(),
             [
-                (Target::Usnvme, 1, 32),
-                (Target::Usnvme, 1, 1),
-                (Target::Kernel, 1, 32),
-                (Target::Kernel, 1, 1),
-                (Target::Usnvme, 12, 8),
-                (Target::Kernel, 12, 8),
+                (Target::Usnvme, Initiator::KernelFio, 32),
+                (Target::Usnvme, Initiator::UsnvmePerf, 32),
+                (Target::Kernel, Initiator::KernelFio, 32),
+                (Target::Kernel, Initiator::UsnvmePerf, 32),
             ]
         );
-        assert_eq!((full[6].round, full[6].target), (2, Target::Kernel));
-        assert_eq!((full[12].round, full[12].target), (3, Target::Usnvme));
+        assert_eq!(cases(true, true).len(), 6, "spdk_nvme_perf joins");
+        let full = cases(false, false);
+        // 3 rounds of: each target at QD 32 and 1 on one namespace, then at QD 8 on twelve,
+        // each initiator
+        assert_eq!(full.len(), 36);
+        use Initiator::{KernelFio as F, UsnvmePerf as P};
+        assert_eq!(
+            full[..12]
+                .iter()
+                .map(|c| (c.target, c.initiator, c.drives, c.qd))
+                .collect::<Vec<_>>(),
+            [
+                (Target::Usnvme, F, 1, 32),
+                (Target::Usnvme, F, 1, 1),
+                (Target::Usnvme, P, 1, 32),
+                (Target::Usnvme, P, 1, 1),
+                (Target::Kernel, F, 1, 32),
+                (Target::Kernel, F, 1, 1),
+                (Target::Kernel, P, 1, 32),
+                (Target::Kernel, P, 1, 1),
+                (Target::Usnvme, F, 12, 8),
+                (Target::Usnvme, P, 12, 8),
+                (Target::Kernel, F, 12, 8),
+                (Target::Kernel, P, 12, 8),
+            ]
+        );
+        assert_eq!((full[12].round, full[12].target), (2, Target::Kernel));
+        assert_eq!((full[24].round, full[24].target), (3, Target::Usnvme));
     }
 
     #[test]
     fn the_script_starts_both_targets_runs_fio_between_snapshots_and_tears_down() {
-        let s = script(&cases(true), "/u", "/o", 5);
+        let s = script(&cases(true, false), "/u", "''", "/o", 5);
         assert!(
             s.contains(
                 "$USNVME serve $(first \"$VDEVS\" 1 | sed 's/^/-r /') -c 1 --listen 127.0.0.1:4420 \
@@ -1152,7 +1440,20 @@ mod tests {
             ),
             "{s}"
         );
-        assert!(s.contains("USNVME=/u\nOUT=/o\n"), "{s}");
+        assert!(s.contains("USNVME=/u\nSPDK=''\nOUT=/o\n"), "{s}");
+        // usnvme perf polls the initiator's CPU, between two snapshots
+        assert!(
+            s.contains(
+                "DEVS=tcp://127.0.0.1:4420/nqn.2014-08.org.usnvme:bench\n\
+                 echo 'r1-serve-perf-qd32-d1: usnvme perf against usnvme serve, qd 32, 1 drive(s)'\n\
+                 [ -n \"$DEVS\" ] && /bin/sh $OUT/snap.sh $OUT/r1-serve-perf-qd32-d1.before '' \
+                 && timeout -s INT 45 $USNVME perf -r $DEVS --hostnqn $HOSTNQN \
+                 -c 0 -q 32 -o 4k -w randread -t 5 -a 1 --json $OUT/r1-serve-perf-qd32-d1.json \
+                 > $OUT/r1-serve-perf-qd32-d1.log 2>&1 && /bin/sh $OUT/snap.sh \
+                 $OUT/r1-serve-perf-qd32-d1.after ''"
+            ),
+            "{s}"
+        );
         assert!(
             s.contains(
                 "timeout 60 $NVME connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2014-08.org.usnvme:bench --hostnqn $HOSTNQN"

@@ -137,7 +137,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let seconds = args
             .fabric_seconds
             .unwrap_or(if args.quick { 3 } else { 10 });
-        Some(fabric::same_boot(&usnvme, args.quick, seconds)?)
+        Some(fabric::same_boot(
+            &usnvme,
+            spdk_binary.as_deref(),
+            args.quick,
+            seconds,
+        )?)
     } else {
         None
     };

@@ -272,7 +272,7 @@ pub fn same_boot(usnvme: &Path, spdk: &Path, seconds: u32, rounds: u32) -> Resul
 /// IOPS, MiB/s and mean latency from spdk_nvme_perf's `Total` line:
 /// `Total                                  :  123456.78     482.25     259.17      20.10    1234.00`
 /// (IOPS, MiB/s, average, min and max latency in microseconds).
-fn spdk_figures(output: &str) -> Option<Figures> {
+pub(super) fn spdk_figures(output: &str) -> Option<Figures> {
     let line = output
         .lines()
         .map(str::trim_start)
