@@ -859,6 +859,11 @@ pub(crate) fn fabrics(fctype: u8) -> Sqe {
     sqe
 }
 
+/// Connect's CATTR bit "disable SQ flow control": the host does not need the SQ head in
+/// responses, and the target may then end a successful read with its C2HData (SUCCESS) and no
+/// response capsule.
+pub(crate) const CATTR_DISABLE_SQ_FLOW: u8 = 0x04;
+
 /// Fabrics Connect: RECFMT 0, QID, SQSIZE (0's based), CATTR 0, KATO.
 pub(crate) fn connect_command(qid: u16, entries: u16, kato_ms: u32) -> Sqe {
     let mut sqe = fabrics(FCTYPE_CONNECT);

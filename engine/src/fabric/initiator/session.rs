@@ -825,6 +825,9 @@ impl Session {
                     .take()
                     .ok_or(FatalError::Sequence("a second ICResp"))?;
                 let mut sqe = host::connect_command(self.params.qid, self.params.entries, 0);
+                // a slot frees only on its command's completion: the SQ head is not needed,
+                // and a read may then end with its data, one PDU less
+                sqe.cdw11 |= u32::from(host::CATTR_DISABLE_SQ_FLOW) << 16;
                 sqe.set_cid(CONNECT_CID);
                 let mut sgl = SglDescriptor::data_block(0, host::CONNECT_DATA as u32);
                 sgl.identifier = host::SGL_IN_CAPSULE;
@@ -1177,6 +1180,8 @@ mod tests {
         session: Session,
         mem: IovaMemory,
         done: Vec<Completion>,
+        /// Bytes the target sent.
+        received: usize,
     }
 
     fn params(sub: &crate::fabric::target::SubsystemInfo) -> QueueParams {
@@ -1214,6 +1219,7 @@ mod tests {
                 session,
                 mem,
                 done: Vec::new(),
+                received: 0,
             };
             bed.pump();
             assert!(bed.session.ready(), "{:?}", bed.session.ended());
@@ -1234,6 +1240,7 @@ mod tests {
                 self.conn
                     .transmit(&mut back, &mut self.backend)
                     .expect("memory");
+                self.received += back.len();
                 let done = &mut self.done;
                 let mut on_done = |c| done.push(c);
                 self.session
@@ -1316,6 +1323,23 @@ mod tests {
             assert_eq!(bed.backend.flushes[0], 1);
             assert_eq!(bed.session.in_flight(), 0);
         }
+    }
+
+    #[test]
+    fn a_read_ends_with_its_data_and_no_response_capsule() {
+        let mut bed = Bed::new(pdu::Digests::default());
+        bed.received = 0;
+        bed.io(Op::Read, 0, 8, 0, 1);
+        bed.pump();
+        assert_eq!(bed.results(), [(1, Ok(()))]);
+        // one C2HData (LAST_PDU | SUCCESS): its 24-byte header and 4 KiB, no CapsuleResp
+        assert_eq!(bed.received, 24 + 4096);
+        // a write is still answered by a response capsule
+        bed.received = 0;
+        bed.io(Op::Write, 0, 8, 0, 2);
+        bed.pump();
+        assert_eq!(bed.results(), [(2, Ok(()))]);
+        assert_eq!(bed.received, 24);
     }
 
     #[test]

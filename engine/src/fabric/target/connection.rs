@@ -33,6 +33,7 @@ use super::registry::{Controller, Registry};
 use super::wire::{self, ReadWire, WriteWire};
 use super::SubsystemInfo;
 use crate::block::Op;
+use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
 use crate::fabric::pdu::{
     self, flags, CommonHeader, DataHeader, Digests, FatalError, IcReq, IcResp, Layout, Limits,
     OutHeader, PduType, CAPSULE_CMD_HEADER, COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
@@ -54,7 +55,6 @@ const WRITE_ZEROES: u8 = 0x08;
 const DATASET_MANAGEMENT: u8 = 0x09;
 const FABRICS: u8 = 0x7f;
 /// Connect's CATTR bit by which a host disables SQ flow control.
-const CATTR_DISABLE_SQ_FLOW: u8 = 0x04;
 /// Admin opcodes handled by the connection itself (the rest go to [`admin`]).
 const ASYNC_EVENT_REQUEST: u8 = 0x0c;
 const KEEP_ALIVE: u8 = 0x18;
