@@ -135,6 +135,36 @@ fn stripes_over_remote_namespaces_and_mixed_with_a_local_drive_read_back_verifie
 }
 
 #[test]
+fn rate_warm_up_mix_and_histograms_work_over_tcp() {
+    let serve = Serve::start(&["--allow-host", HOST]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let (out, doc) = perf(
+        root.path(),
+        &[
+            "-r", &remote, "-n", "1", "-c", "0", "-q", "8", "-w", "randrw", "-M", "70", "-a", "1",
+            "-t", "2", "--rate", "1000", "-LL",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let total = &doc["total"];
+    let (reads, writes) = (ios(total, "read"), ios(total, "write"));
+    // 2 s at 1000 IOPS after the warm-up, about 70 % reads (loose bounds: a loaded machine)
+    assert!((1400..=2100).contains(&(reads + writes)), "{doc:#}");
+    assert!(
+        reads > writes && writes > 0,
+        "{reads} reads, {writes} writes"
+    );
+    assert!(
+        doc["jobs"][0]["read_buckets"]
+            .as_array()
+            .is_some_and(|b| !b.is_empty()),
+        "{doc:#}"
+    );
+    assert!(stdout(&out).contains("Histogram"), "{}", text(&out));
+}
+
+#[test]
 fn sweep_runs_over_tcp() {
     let serve = Serve::start(&["--allow-host", HOST]);
     let root = host_root();
