@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use usnvme_tests::{drive_index, expect_on_host, pattern, signal, vfio_controllers, VmBed};
+use usnvme_tests::{
+    drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers, VmBed,
+};
 
 /// nvme-cli and fio, installed on the host by `cargo xtask vm-setup` (the guest runs in the host's
 /// root, where /usr/sbin may not be on the PATH).
@@ -341,4 +343,379 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
     drop(connected);
     signal(&target, "TERM");
     assert_eq!(target.wait().expect("serve exits").code(), Some(143));
+}
+
+/// The kernel's NVMe/TCP target (nvmet-tcp) for `usnvme perf -r tcp://…`: its subsystem, host,
+/// namespace and port under configfs.
+const NVMET: &str = "/sys/kernel/config/nvmet";
+const NVMET_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-nvmet";
+/// The host the subsystem allows, and one it does not.
+const NVMET_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-6e766d657431";
+const OTHER_HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-6e766d657432";
+/// Not 4420, where `usnvme serve` listens in the tests above; the port's configfs name is any
+/// number not taken.
+const NVMET_PORT: u16 = 4431;
+const NVMET_PORT_ID: u32 = 31;
+/// The drive exported (4 KiB blocks, node 1); vm_setup moves usnvme21 the same way.
+const NVMET_SERIAL: &str = "usnvme23";
+/// Where perf writes and reads on it: clear of the writes the host checks in this drive's image
+/// (vm_driver's from LBA 8 to 2 MiB, vm_reliability's stamps from 896 MiB), of fio's region
+/// above and of vm_reliability's unchecked reset run at 512 MiB.
+const PERF_OFFSET: u64 = 576 << 20;
+const PERF_SIZE: u64 = 8 << 20;
+/// The random mix with digests gets its own region, so that its stamps (another seed) leave the
+/// first region's stamps whole.
+const MIX_OFFSET: u64 = 592 << 20;
+const MIX_SIZE: u64 = 4 << 20;
+
+/// The test bed loads the kernel nvme driver only when it leaves drives on it, and the guest
+/// has no modprobe: load it from the initramfs, as its /init does (as vm_setup does). The other
+/// drives keep their vfio-pci driver_override, so it claims none of them.
+fn load_nvme_driver() {
+    if Path::new("/sys/bus/pci/drivers/nvme").is_dir() {
+        return;
+    }
+    for module in ["nvme-core.ko", "nvme.ko"] {
+        if module == "nvme-core.ko" && Path::new("/sys/module/nvme_core").is_dir() {
+            continue;
+        }
+        let path = format!("/proc/1/root/mods/{module}");
+        run("busybox", &["insmod", &path]);
+    }
+}
+
+/// Puts the drive back on vfio-pci when the test ends, passed or not: the suites share drives.
+struct OnVfio<'a> {
+    bed: &'a VmBed,
+    address: String,
+}
+
+impl Drop for OnVfio<'_> {
+    fn drop(&mut self) {
+        let _ = self.bed.usnvme(&["setup", "bind", &self.address]);
+    }
+}
+
+/// The nvmet-tcp configuration, removed (in reverse order) when the test ends, passed or not,
+/// so that the drive's block device is free to go back to vfio-pci.
+struct Nvmet {
+    subsystem: PathBuf,
+    host: PathBuf,
+    port: PathBuf,
+}
+
+fn write_attr(dir: &Path, name: &str, value: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, value)
+        .unwrap_or_else(|e| panic!("echo {value} > {}: {e}", path.display()));
+}
+
+impl Nvmet {
+    /// Subsystem NVMET_NQN with namespace 1 on `dev`, allowing NVMET_HOSTNQN only, on a TCP port
+    /// on loopback.
+    fn new(dev: &Path) -> Nvmet {
+        let root = Path::new(NVMET);
+        assert!(
+            root.is_dir() && Path::new("/sys/module/nvmet_tcp").is_dir(),
+            "no nvmet-tcp: the guest's /init loads nvmet.ko and nvmet-tcp.ko and mounts configfs"
+        );
+        let t = Nvmet {
+            subsystem: root.join("subsystems").join(NVMET_NQN),
+            host: root.join("hosts").join(NVMET_HOSTNQN),
+            port: root.join("ports").join(NVMET_PORT_ID.to_string()),
+        };
+        let mkdir = |dir: &Path| {
+            std::fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()))
+        };
+        let symlink = |target: &Path, link: &Path| {
+            std::os::unix::fs::symlink(target, link)
+                .unwrap_or_else(|e| panic!("ln -s {} {}: {e}", target.display(), link.display()))
+        };
+        // a step that fails panics, and `t` tears down what the steps before it made
+        mkdir(&t.subsystem);
+        write_attr(&t.subsystem, "attr_allow_any_host", "0");
+        mkdir(&t.host);
+        symlink(
+            &t.host,
+            &t.subsystem.join("allowed_hosts").join(NVMET_HOSTNQN),
+        );
+        let ns = t.subsystem.join("namespaces/1");
+        mkdir(&ns);
+        write_attr(&ns, "device_path", &dev.display().to_string());
+        write_attr(&ns, "enable", "1");
+        mkdir(&t.port);
+        for (name, value) in [
+            ("addr_trtype", "tcp"),
+            ("addr_adrfam", "ipv4"),
+            ("addr_traddr", "127.0.0.1"),
+            ("addr_trsvcid", &NVMET_PORT.to_string()),
+        ] {
+            write_attr(&t.port, name, value);
+        }
+        symlink(&t.subsystem, &t.port.join("subsystems").join(NVMET_NQN));
+        t
+    }
+}
+
+impl Drop for Nvmet {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.port.join("subsystems").join(NVMET_NQN));
+        let _ = std::fs::remove_dir(&self.port);
+        let ns = self.subsystem.join("namespaces/1");
+        let _ = std::fs::write(ns.join("enable"), "0");
+        let _ = std::fs::remove_dir(&ns);
+        let _ = std::fs::remove_file(self.subsystem.join("allowed_hosts").join(NVMET_HOSTNQN));
+        let _ = std::fs::remove_dir(&self.subsystem);
+        let _ = std::fs::remove_dir(&self.host);
+    }
+}
+
+/// `usnvme ARGS`: its exit code, standard output and standard error.
+fn usnvme(bed: &VmBed, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = bed.usnvme(args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `usnvme perf -r tcp://…/NVMET_NQN` with `args`, which must exit 0; returns its JSON report.
+fn perf_nvmet(bed: &VmBed, tag: &str, args: &[&str]) -> serde_json::Value {
+    let json = std::env::temp_dir().join(format!("perf-nvmet-{tag}.json"));
+    let target = format!("tcp://127.0.0.1:{NVMET_PORT}/{NVMET_NQN}");
+    let mut all = vec![
+        "perf",
+        "-r",
+        &target,
+        "--hostnqn",
+        NVMET_HOSTNQN,
+        "-c",
+        "0",
+        "--json",
+        json.to_str().expect("utf-8"),
+    ];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = usnvme(bed, &all);
+    assert_eq!(code, Some(0), "usnvme {all:?}\n{stdout}\n{stderr}");
+    // a read pass that found no block of the seed's run would pass without checking anything
+    assert!(!stderr.contains("checked no block"), "{all:?}: {stderr}");
+    let text = std::fs::read_to_string(&json).expect("perf wrote its JSON");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("perf's JSON parses");
+    let total = &doc["total"];
+    assert_eq!(total["error"], 0, "{all:?}: {total:#}");
+    assert_eq!(total["failed_ios"], 0, "{all:?}: {total:#}");
+    doc
+}
+
+fn total_ios(doc: &serde_json::Value, dir: &str) -> u64 {
+    doc["total"][dir]["total_ios"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no total.{dir}.total_ios in {doc:#}"))
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn usnvme_perf_verifies_through_the_kernels_nvmet_tcp_target() {
+    let bed = VmBed::from_env();
+    // the drive's address, from its serial (its image is nvme23.img)
+    let identify: Vec<serde_json::Value> =
+        serde_json::from_slice(&bed.usnvme(&["identify", "--json"]).stdout).expect("JSON");
+    let address = identify
+        .iter()
+        .find(|c| c["serial"].as_str().map(str::trim) == Some(NVMET_SERIAL))
+        .and_then(|c| c["address"].as_str())
+        .unwrap_or_else(|| panic!("no drive with serial {NVMET_SERIAL} on vfio-pci"))
+        .to_owned();
+    let drive = drive_index(NVMET_SERIAL).expect("a bed serial");
+    let block_size = bed.block_size_of(drive);
+    assert_eq!(block_size, 4096, "drives 12-23 have 4 KiB blocks");
+
+    // onto the kernel nvme driver, whose block device nvmet exports
+    load_nvme_driver();
+    let on_vfio = OnVfio {
+        bed: &bed,
+        address: address.clone(),
+    };
+    let (code, stdout, stderr) = usnvme(&bed, &["setup", "reset", &address]);
+    assert_eq!(code, Some(0), "setup reset {address}: {stdout}{stderr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dev = loop {
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&bed.usnvme(&["list", "--json"]).stdout).expect("JSON");
+        let disk = list
+            .iter()
+            .filter(|c| c["address"] == address.as_str())
+            .flat_map(|c| c["block_devices"].as_array().cloned().unwrap_or_default())
+            .find_map(|b| b["name"].as_str().map(str::to_owned));
+        if let Some(disk) = disk {
+            break PathBuf::from("/dev").join(disk);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no block device on {address} 10 s after it went to nvme"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // declared after the drive's guard: dropped first, freeing the block device
+    let nvmet = Nvmet::new(&dev);
+    let seed = 0x6e76_6d65_7431u64;
+    let (offset, size) = (PERF_OFFSET.to_string(), PERF_SIZE.to_string());
+    // One reactor, 128 KiB writes (beyond nvmet's in-capsule size: R2T and H2CData), exactly as
+    // many as cover the region once: every block of it carries this run's stamp.
+    let ios = (PERF_SIZE / (128 << 10)).to_string();
+    let write = perf_nvmet(
+        &bed,
+        "write",
+        &[
+            "-w",
+            "write",
+            "-o",
+            "128k",
+            "-q",
+            "8",
+            "--io-count",
+            &ios,
+            "--offset",
+            &offset,
+            "--size",
+            &size,
+            "--verify",
+            "--seed",
+            &seed.to_string(),
+        ],
+    );
+    assert_eq!(total_ios(&write, "write"), PERF_SIZE / (128 << 10));
+    assert_eq!(total_ios(&write, "read"), 0);
+    // nvmet writes the bdev with direct bios: a flush makes the drive (QEMU) write its image
+    std::fs::File::open(&dev)
+        .and_then(|f| f.sync_all())
+        .unwrap_or_else(|e| panic!("flushing {}: {e}", dev.display()));
+    expect_stamps_on_host(drive, PERF_OFFSET, PERF_SIZE, block_size, seed, true);
+
+    // Read back with the same seed: every block checked (a mismatch exits 1).
+    let read = perf_nvmet(
+        &bed,
+        "read",
+        &[
+            "-w",
+            "read",
+            "-o",
+            "128k",
+            "-q",
+            "8",
+            "--io-count",
+            &ios,
+            "--offset",
+            &offset,
+            "--size",
+            &size,
+            "--verify",
+            "--seed",
+            &seed.to_string(),
+        ],
+    );
+    assert_eq!(total_ios(&read, "read"), PERF_SIZE / (128 << 10));
+    assert_eq!(total_ios(&read, "write"), 0);
+
+    // With header and data digests: random 4 KiB reads of the same blocks, and a random mix in
+    // a region of its own (in-capsule writes).
+    let randread = perf_nvmet(
+        &bed,
+        "randread-digests",
+        &[
+            "-w",
+            "randread",
+            "-o",
+            "4k",
+            "-q",
+            "16",
+            "-t",
+            "2",
+            "--offset",
+            &offset,
+            "--size",
+            &size,
+            "--hdr-digest",
+            "--data-digest",
+            "--verify",
+            "--seed",
+            &seed.to_string(),
+        ],
+    );
+    assert!(total_ios(&randread, "read") > 0, "{randread:#}");
+    let mix_seed = seed + 1;
+    let mix = perf_nvmet(
+        &bed,
+        "randrw-digests",
+        &[
+            "-w",
+            "randrw",
+            "-o",
+            "4k",
+            "-q",
+            "16",
+            "-t",
+            "2",
+            "--offset",
+            &MIX_OFFSET.to_string(),
+            "--size",
+            &MIX_SIZE.to_string(),
+            "--hdr-digest",
+            "--data-digest",
+            "--verify",
+            "--seed",
+            &mix_seed.to_string(),
+        ],
+    );
+    assert!(
+        total_ios(&mix, "read") > 0 && total_ios(&mix, "write") > 0,
+        "{mix:#}"
+    );
+    std::fs::File::open(&dev)
+        .and_then(|f| f.sync_all())
+        .unwrap_or_else(|e| panic!("flushing {}: {e}", dev.display()));
+    expect_stamps_on_host(drive, MIX_OFFSET, MIX_SIZE, block_size, mix_seed, false);
+
+    // What the target refuses, each said on one line: a subsystem it does not have, a host the
+    // subsystem does not allow.
+    let wrong = format!("tcp://127.0.0.1:{NVMET_PORT}/nqn.2024-01.io.usnvme:wrong");
+    let (code, _, stderr) = usnvme(
+        &bed,
+        &["perf", "-r", &wrong, "--hostnqn", NVMET_HOSTNQN, "-t", "1"],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("unknown NQN"), "{stderr}");
+    let right = format!("tcp://127.0.0.1:{NVMET_PORT}/{NVMET_NQN}");
+    let (code, _, stderr) = usnvme(
+        &bed,
+        &["perf", "-r", &right, "--hostnqn", OTHER_HOSTNQN, "-t", "1"],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("host not allowed") && stderr.contains(OTHER_HOSTNQN),
+        "{stderr}"
+    );
+
+    // The teardown the guards do on failure, here checked: nothing of ours left in configfs,
+    // the drive back on vfio-pci for the suites after this one.
+    let ours = [
+        nvmet.port.clone(),
+        nvmet.subsystem.clone(),
+        nvmet.host.clone(),
+    ];
+    drop(nvmet);
+    for dir in &ours {
+        assert!(
+            !dir.exists(),
+            "{} is left after the teardown",
+            dir.display()
+        );
+    }
+    drop(on_vfio);
+    assert!(
+        vfio_controllers().iter().any(|a| a.to_string() == address),
+        "{address} is not back on vfio-pci"
+    );
 }
