@@ -116,8 +116,9 @@ pub fn explain(e: RemoteError, target: &TcpAddress) -> anyhow::Error {
             subnqn, host_nqn, ..
         } => format!(
             "host not allowed (Connect Invalid Host): {subnqn} does not allow host {host_nqn}: \
-             pass --hostnqn with a host NQN the target allows, or ask for this one to be \
-             allowed (usnvme serve --allow-host {host_nqn})"
+             pass --hostnqn with a host NQN the target allows, or have the target allow this \
+             one (usnvme serve: --allow-host {host_nqn}; the kernel's nvmet: a hosts/ entry \
+             linked into the subsystem's allowed_hosts/)"
         ),
         RemoteError::UnknownSubsystem { subnqn, .. } => format!(
             "unknown NQN (Connect Invalid Parameters): the target has no subsystem {subnqn}: \
