@@ -165,6 +165,17 @@ fn json_totals_are_the_sums_of_the_jobs() {
     );
     assert!(r > w && w > 0.0, "a 70 % read mix: {r} reads, {w} writes");
     assert!(jobs[0]["jobname"].as_str().expect("name").contains("@core"));
+    // the reactors polled: CPU time was measured, within what their cores can give
+    let cpu = |v: &Value| f(&v["usr_cpu"]) + f(&v["sys_cpu"]);
+    let reactors = jobs
+        .iter()
+        .map(|j| j["core"].as_u64())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as f64;
+    assert!(
+        cpu(&doc["total"]) > 0.0 && cpu(&doc["total"]) <= 100.0 * reactors * 1.05,
+        "{doc:#}"
+    );
 }
 
 #[test]

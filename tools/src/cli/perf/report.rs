@@ -30,7 +30,7 @@
 //!       "removed": false,                       // the device was removed during the run
 //!       "ios_after_reset": 5120,                // with --reset-after only
 //!       "read": Direction, "write": Direction, "trim": Direction (all zero),
-//!       "usr_cpu": 0.0, "sys_cpu": 0.0,         // not measured (see usnvme_notes)
+//!       "usr_cpu": 99.1, "sys_cpu": 0.8,        // its reactor's CPU time, % of the window
 //!       "latency_ns": {"2": %, ...}, "latency_us": {...}, "latency_ms": {...} }
 //!   ],
 //!   "total": { "jobname": "total", "elapsed_ms": ..., "error": ..., "failed_ios": ...,
@@ -84,6 +84,8 @@ pub struct Row {
     pub after_reset: Option<u64>,
     /// What was found gone under the device during the run ("0000:05:00.0 is gone"), if anything.
     pub removed: Option<String>,
+    /// Its reactor's CPU time over the measured window, `[user, system]`.
+    pub cpu: [Duration; 2],
 }
 
 impl Row {
@@ -242,13 +244,22 @@ fn direction(s: &IoStats, kind: OpKind, elapsed: Duration) -> Direction {
     s.direction(kind, elapsed, &DEFAULT_PERCENTILES)
 }
 
+/// `[user, system]` CPU time in % of `elapsed` (0 for an empty window).
+fn cpu_pct(cpu: [Duration; 2], elapsed: Duration) -> [f64; 2] {
+    let window = elapsed.as_secs_f64();
+    if window <= 0.0 {
+        return [0.0; 2];
+    }
+    cpu.map(|t| 100.0 * t.as_secs_f64() / window)
+}
+
 /// What differs from fio in the fio fields, said in the file itself.
 fn notes() -> Value {
     json!({
         "slat_ns": "not measured (submission is a write to a queue in user space): all zero",
         "clat_ns": "the same as lat_ns: from just before submission until the completion is reaped",
-        "usr_cpu": "not measured: 0 (a reactor polls, so its core is busy all the run)",
-        "sys_cpu": "not measured: 0",
+        "usr_cpu": "the user time of the job's reactor thread over the measured window, in % of it (a reactor's jobs share its figure; the total sums the reactors'); a reactor polls, so usr + sys is the share of its core it was given",
+        "sys_cpu": "the same, system time",
         "iops_bw_samples": "one per whole second of the measured window (fio: every 500 ms)",
         "latency_distribution": "latency_ns/us/ms from the latency histogram's buckets (about 9 % wide), each counted in the bin of its middle; all zero in a run that kept no histogram",
         "numjobs": "the number of jobs: one per device and reactor core",
@@ -509,6 +520,8 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
             v["failed_ios"] = json!(r.failed);
             v["aborted_ios"] = json!(r.aborted);
             v["removed"] = json!(r.removed.is_some());
+            let [usr, sys] = cpu_pct(r.cpu, r.elapsed);
+            (v["usr_cpu"], v["sys_cpu"]) = (json!(usr), json!(sys));
             if let Some(after) = r.after_reset {
                 v["ios_after_reset"] = json!(after);
             }
@@ -530,6 +543,18 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
     }
     let elapsed = rows.iter().map(|r| r.elapsed).max().unwrap_or_default();
     let mut total = job("total", &stats, elapsed, &seconds, group_bw, latency);
+    // every reactor once: its devices' jobs share its CPU time
+    let mut cores: Vec<&Row> = Vec::new();
+    for r in rows {
+        if !cores.iter().any(|c| c.core == r.core) {
+            cores.push(r);
+        }
+    }
+    let [usr, sys] = cores
+        .iter()
+        .map(|r| cpu_pct(r.cpu, r.elapsed))
+        .fold([0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]]);
+    (total["usr_cpu"], total["sys_cpu"]) = (json!(usr), json!(sys));
     total["failed_ios"] = json!(rows.iter().map(|r| r.failed).sum::<u64>());
     total["aborted_ios"] = json!(rows.iter().map(|r| r.aborted).sum::<u64>());
     for (key, kind) in [("read", OpKind::Read), ("write", OpKind::Write)] {
@@ -576,6 +601,7 @@ mod tests {
             aborted: 0,
             after_reset: None,
             removed: None,
+            cpu: [Duration::ZERO; 2],
         }
     }
 
@@ -619,6 +645,23 @@ mod tests {
         r.elapsed = Duration::from_secs(3);
         r.per_second = per_second.iter().map(|&n| [n, 0]).collect();
         r
+    }
+
+    #[test]
+    fn cpu_is_each_reactors_share_of_the_window_and_the_total_counts_each_reactor_once() {
+        let mut a = row("sim:0", 2, 10, 0, 10);
+        a.cpu = [Duration::from_millis(900), Duration::from_millis(50)];
+        // sim:1 on the same reactor: the same CPU time
+        let mut b = row("sim:1", 2, 10, 0, 10);
+        b.cpu = a.cpu;
+        let mut c = row("sim:2", 3, 10, 0, 10);
+        c.cpu = [Duration::from_millis(500), Duration::from_millis(250)];
+        let doc = json(&[a, b, c], json!({}), 0);
+        let pct = |v: &Value| v.as_f64().expect("a number");
+        assert!((pct(&doc["jobs"][1]["usr_cpu"]) - 90.0).abs() < 1e-9);
+        assert!((pct(&doc["jobs"][2]["sys_cpu"]) - 25.0).abs() < 1e-9);
+        assert!((pct(&doc["total"]["usr_cpu"]) - 140.0).abs() < 1e-9);
+        assert!((pct(&doc["total"]["sys_cpu"]) - 30.0).abs() < 1e-9);
     }
 
     #[test]

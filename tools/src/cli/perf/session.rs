@@ -371,6 +371,7 @@ impl Session {
                     aborted: d.aborted,
                     after_reset: m.reset.as_ref().map(|_| d.after_reset),
                     removed: d.removed,
+                    cpu: d.cpu,
                 });
             }
         }

@@ -87,6 +87,9 @@ pub struct DeviceResult {
     pub removed: Option<String>,
     /// The first I/O that failed other than by a reset or a removal, or a setup failure.
     pub error: Option<String>,
+    /// The reactor's CPU time over the measured window, `[user, system]` (shared by the
+    /// devices it serves).
+    pub cpu: [Duration; 2],
 }
 
 /// Most mismatches kept per device (the rest are only counted).
@@ -154,6 +157,10 @@ pub struct Workload {
     last_turn: Duration,
     /// The warm-up is over: the engine's statistics were reset.
     measuring: bool,
+    /// The reactor thread's CPU time `[user, system]` as the measured window began, and as it
+    /// ended.
+    cpu_from: [Duration; 2],
+    cpu_to: Option<[Duration; 2]>,
 }
 
 impl std::fmt::Debug for Workload {
@@ -171,6 +178,8 @@ impl Workload {
             started: None,
             last_turn: Duration::ZERO,
             measuring: false,
+            cpu_from: [Duration::ZERO; 2],
+            cpu_to: None,
         }
     }
 
@@ -253,6 +262,10 @@ impl Job for Workload {
             // the warm-up is over: count from here
             ctx.devices.iter_mut().for_each(|d| d.reset_stats());
             self.measuring = true;
+            self.cpu_from = thread_cpu();
+        }
+        if time_up && self.cpu_to.is_none() {
+            self.cpu_to = Some(thread_cpu());
         }
         let mut busy = false;
         for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
@@ -285,6 +298,13 @@ impl Job for Workload {
         let measure_from = started + self.run.warmup;
         let deadline = self.run.duration.map(|d| measure_from + d);
         let measuring = self.measuring;
+        let cpu = match (measuring, self.cpu_to) {
+            (false, _) => [Duration::ZERO; 2],
+            (true, to) => {
+                let to = to.unwrap_or_else(thread_cpu);
+                [0, 1].map(|i| to[i].saturating_sub(self.cpu_from[i]))
+            }
+        };
         ctx.devices
             .iter()
             .zip(self.states)
@@ -321,10 +341,23 @@ impl Job for Workload {
                     after_reset: st.after_reset,
                     removed: dev.removed().map(str::to_owned),
                     error: st.error.take(),
+                    cpu,
                 }
             })
             .collect()
     }
+}
+
+/// This thread's CPU time, `[user, system]` (twice a run: not per I/O).
+fn thread_cpu() -> [Duration; 2] {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_THREAD) else {
+        return [Duration::ZERO; 2];
+    };
+    [usage.user_time(), usage.system_time()].map(|t| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    })
 }
 
 /// Notes the reads and writes done by the end of each whole second passed (`into`: time into
