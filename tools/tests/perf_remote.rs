@@ -185,6 +185,8 @@ fn sweep_runs_over_tcp() {
             "4k,128k",
             "--patterns",
             "randread,write",
+            "--out",
+            root.path().to_str().expect("UTF-8 temp path"),
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
