@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
-use usnvme_engine::block::{DmaTarget, TcpNamespaceDevice, TcpNamespaceSpec};
+use usnvme_engine::block::{DmaTarget, QueueIds, TcpNamespaceDevice, TcpNamespaceSpec};
 use usnvme_engine::fabric::host::{HostOptions, Queue};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
 use usnvme_engine::fabric::initiator::{Failure, QueueParams};
@@ -204,8 +204,8 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
             in_capsule: sub.in_capsule_bytes,
             max_transfer: sub.max_transfer,
             max_entries: sub.queue_entries,
-            io_queues: sub.io_queues,
-            qids: Arc::new(std::sync::atomic::AtomicU16::new(1)),
+            qids: Arc::new(QueueIds::new(sub.io_queues)),
+            namespaces: 1,
             lost: Arc::default(),
             dma: DmaTarget {
                 space: IovaSpace::new(Arc::new(NoIommu)),

@@ -564,60 +564,39 @@ fn usnvme_perf_verifies_through_the_kernels_nvmet_tcp_target() {
     let (offset, size) = (PERF_OFFSET.to_string(), PERF_SIZE.to_string());
     // One reactor, 128 KiB writes (beyond nvmet's in-capsule size: R2T and H2CData), exactly as
     // many as cover the region once: every block of it carries this run's stamp.
-    let ios = (PERF_SIZE / (128 << 10)).to_string();
-    let write = perf_nvmet(
-        &bed,
-        "write",
-        &[
+    // Then read back with the same seed: every block checked (a mismatch exits 1).
+    let ios = PERF_SIZE / (128 << 10);
+    let (count, seed_text) = (ios.to_string(), seed.to_string());
+    for (pattern, other) in [("write", "read"), ("read", "write")] {
+        let args = [
             "-w",
-            "write",
+            pattern,
             "-o",
             "128k",
             "-q",
             "8",
             "--io-count",
-            &ios,
+            &count,
             "--offset",
             &offset,
             "--size",
             &size,
             "--verify",
             "--seed",
-            &seed.to_string(),
-        ],
-    );
-    assert_eq!(total_ios(&write, "write"), PERF_SIZE / (128 << 10));
-    assert_eq!(total_ios(&write, "read"), 0);
-    // nvmet writes the bdev with direct bios: a flush makes the drive (QEMU) write its image
-    std::fs::File::open(&dev)
-        .and_then(|f| f.sync_all())
-        .unwrap_or_else(|e| panic!("flushing {}: {e}", dev.display()));
-    expect_stamps_on_host(drive, PERF_OFFSET, PERF_SIZE, block_size, seed, true);
-
-    // Read back with the same seed: every block checked (a mismatch exits 1).
-    let read = perf_nvmet(
-        &bed,
-        "read",
-        &[
-            "-w",
-            "read",
-            "-o",
-            "128k",
-            "-q",
-            "8",
-            "--io-count",
-            &ios,
-            "--offset",
-            &offset,
-            "--size",
-            &size,
-            "--verify",
-            "--seed",
-            &seed.to_string(),
-        ],
-    );
-    assert_eq!(total_ios(&read, "read"), PERF_SIZE / (128 << 10));
-    assert_eq!(total_ios(&read, "write"), 0);
+            &seed_text,
+        ];
+        let run = perf_nvmet(&bed, pattern, &args);
+        assert_eq!(total_ios(&run, pattern), ios, "{pattern}");
+        assert_eq!(total_ios(&run, other), 0, "{pattern}");
+        if pattern == "write" {
+            // nvmet writes the bdev with direct bios: a flush makes the drive (QEMU) write
+            // its image
+            std::fs::File::open(&dev)
+                .and_then(|f| f.sync_all())
+                .unwrap_or_else(|e| panic!("flushing {}: {e}", dev.display()));
+            expect_stamps_on_host(drive, PERF_OFFSET, PERF_SIZE, block_size, seed, true);
+        }
+    }
 
     // With header and data digests: random 4 KiB reads of the same blocks, and a random mix in
     // a region of its own (in-capsule writes).

@@ -149,8 +149,9 @@ fn rate_warm_up_mix_and_histograms_work_over_tcp() {
     assert!(out.status.success(), "{}", text(&out));
     let total = &doc["total"];
     let (reads, writes) = (ios(total, "read"), ios(total, "write"));
-    // 2 s at 1000 IOPS after the warm-up, about 70 % reads (loose bounds: a loaded machine)
-    assert!((1400..=2100).contains(&(reads + writes)), "{doc:#}");
+    // 2 s at 1000 IOPS after the warm-up (which would add 1000), about 70 % reads; the lower
+    // bound is loose: a loaded machine may fall short of the rate, never above it
+    assert!((500..=2100).contains(&(reads + writes)), "{doc:#}");
     assert!(
         reads > writes && writes > 0,
         "{reads} reads, {writes} writes"
@@ -194,6 +195,26 @@ fn sweep_runs_over_tcp() {
     for point in ["4K", "128K", "randread", "write"] {
         assert!(table.contains(point), "{point} missing: {}", text(&out));
     }
+}
+
+/// 3 s of perf on a local RAM drive and namespace 1 of `remote`, one core, QD 8.
+fn beside_a_local_drive(root: &Path, remote: &str, extra: &[&str]) -> (Output, Value) {
+    let mut args = vec![
+        "-r",
+        "sim:6,backend=ram,size=4M",
+        "-r",
+        remote,
+        "-n",
+        "1",
+        "-c",
+        "0",
+        "-t",
+        "3",
+        "-q",
+        "8",
+    ];
+    args.extend(extra);
+    perf(root, &args)
 }
 
 /// One job per device; the local one ran the whole time without a failure, the remote ones
@@ -246,26 +267,7 @@ fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
         let _ = serve.child.kill(); // SIGKILL: no clean shutdown
         serve
     });
-    let (out, doc) = perf(
-        root.path(),
-        &[
-            "-r",
-            "sim:6,backend=ram,size=4M",
-            "-r",
-            &remote,
-            "-n",
-            "1",
-            "-c",
-            "0",
-            "-t",
-            "3",
-            "-q",
-            "8",
-            "-w",
-            "randrw",
-            "--verify",
-        ],
-    );
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["-w", "randrw", "--verify"]);
     drop(killer.join());
     check_lost_remote(&out, &doc, &remote, "the target closed the connection");
 }
@@ -318,25 +320,7 @@ fn a_target_gone_silent_is_lost_by_keep_alive_and_the_local_drive_runs_to_the_en
         frozen.store(true, Ordering::Relaxed);
     });
     let started = std::time::Instant::now();
-    let (out, doc) = perf(
-        root.path(),
-        &[
-            "-r",
-            "sim:6,backend=ram,size=4M",
-            "-r",
-            &remote,
-            "-n",
-            "1",
-            "-c",
-            "0",
-            "-t",
-            "3",
-            "-q",
-            "8",
-            "--keep-alive-tmo",
-            "1",
-        ],
-    );
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["--keep-alive-tmo", "1"]);
     freezer.join().expect("the freezer");
     check_lost_remote(&out, &doc, &remote, "keep-alive lost");
     // long before the I/O queues' own 30 s command timeout

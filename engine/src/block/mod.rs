@@ -17,7 +17,7 @@ use usnvme_hugepages::{IovaSpace, PageSize};
 
 pub use namespace::{NamespaceChannel, NamespaceDevice};
 pub use stripe::{StripeChannel, StripeDevice};
-pub use tcp::{TcpChannel, TcpNamespaceDevice, TcpNamespaceSpec};
+pub use tcp::{QueueIds, TcpChannel, TcpNamespaceDevice, TcpNamespaceSpec};
 
 /// The largest token a caller may give an I/O (60 bits). The bits above are the block
 /// layer's: the op kind for statistics (63-62), and the marks of an I/O split at a namespace

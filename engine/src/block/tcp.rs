@@ -1,13 +1,18 @@
-//! A namespace of a remote NVMe/TCP controller as a block device: each reactor's channel is
-//! one polled I/O queue ([`IoQueue`]) of the controller, so perf, sweep and verify run over
-//! the fabric as over a local drive. Large I/Os are split at the controller's largest transfer
-//! as for a local namespace.
+//! A namespace of a remote NVMe/TCP controller as a block device, so perf, sweep and verify
+//! run over the fabric as over a local drive. Each reactor has one polled I/O queue
+//! ([`IoQueue`]) per remote controller, which the channels of that controller's namespaces on
+//! the reactor share (as the kernel's host shares a queue per CPU): whichever channel polls
+//! it, a completion for another namespace waits in that one's inbox. Large I/Os are split at
+//! the controller's largest transfer as for a local namespace.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::rc::{Rc, Weak};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use usnvme_driver::spec::Status;
 use usnvme_driver::IoBuffer;
 
@@ -19,7 +24,7 @@ use super::{
 use crate::fabric::host::HostOptions;
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
-use crate::fabric::initiator::{Completion, Failure, IoQueue, QueueParams};
+use crate::fabric::initiator::{Completion, Failure, IoNamespace, IoQueue, QueueParams};
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
 const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
@@ -44,16 +49,47 @@ pub struct TcpNamespaceSpec {
     pub max_transfer: u32,
     /// Entries an I/O queue may have (CAP.MQES + 1).
     pub max_entries: u16,
-    /// I/O queues the controller grants: one per reactor and namespace.
-    pub io_queues: u16,
-    /// The controller's next free I/O queue ID, shared by the devices of its namespaces
-    /// (start it at 1).
-    pub qids: Arc<AtomicU16>,
+    /// The controller's I/O queue IDs (as many as it grants: one per reactor), shared by the
+    /// devices of its namespaces; it also tells which devices share a controller, hence its
+    /// queues.
+    pub qids: Arc<QueueIds>,
+    /// How many of the controller's namespaces the run uses: a reactor's queue holds commands
+    /// for each.
+    pub namespaces: u16,
     /// Set, once, when the controller is lost (its keep-alive failed), with why: every queue
     /// of it ends at its next poll.
     pub lost: Arc<OnceLock<String>>,
     /// Where I/O buffers come from (any DMA space: no device reaches them).
     pub dma: DmaTarget,
+}
+
+/// The I/O queue IDs of one remote controller: a reactor's queue takes the lowest one free and
+/// gives it back when it goes (a sweep starts its reactors again for every point).
+#[derive(Debug)]
+pub struct QueueIds {
+    granted: u16,
+    in_use: Mutex<Vec<u16>>,
+}
+
+impl QueueIds {
+    /// IDs 1 ..= `granted` (what Set Features Number of Queues gave).
+    pub fn new(granted: u16) -> QueueIds {
+        QueueIds {
+            granted,
+            in_use: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn take(&self) -> Option<u16> {
+        let mut in_use = self.in_use.lock();
+        let qid = (1..=self.granted).find(|q| !in_use.contains(q))?;
+        in_use.push(qid);
+        Some(qid)
+    }
+
+    fn give(&self, qid: u16) {
+        self.in_use.lock().retain(|&q| q != qid);
+    }
 }
 
 /// A remote namespace. `keep` holds what must live as long as the device (the controller's
@@ -104,39 +140,29 @@ impl BlockDevice for TcpNamespaceDevice {
 
     fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
         let s = &self.spec;
-        let invalid = |what: String| usnvme_driver::Error::Invalid {
-            device: s.name.clone(),
-            what,
-        };
-        let qid = s.qids.fetch_add(1, Ordering::Relaxed);
-        if qid > s.io_queues {
-            return Err(invalid(format!(
-                "the controller grants {} I/O queues: one per reactor and namespace",
-                s.io_queues
-            )));
-        }
-        let most = s.max_entries.clamp(2, MAX_ENTRIES);
-        let entries = options
-            .queue_entries(u64::from(s.max_transfer), most - 1)
-            .clamp(2, most);
-        let timeout = options.timeout.unwrap_or(Duration::from_secs(30));
-        let params = QueueParams {
-            subnqn: s.subnqn.clone(),
-            qid,
-            cntlid: s.cntlid,
-            entries,
+        let ns = IoNamespace {
             nsid: s.nsid,
             block_size: s.block_size,
-            in_capsule: s.in_capsule,
-            max_transfer: self.info.max_io as u32,
-            timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
         };
-        let buffers = Buffers::Space(s.dma.space.clone());
-        let queue = IoQueue::connect(s.addr, params, &s.host, buffers)
-            .map_err(|e| invalid(format!("I/O queue {qid}: {e}")))?;
+        let most = s.max_entries.clamp(2, MAX_ENTRIES);
+        let per_namespace = options.queue_entries(u64::from(s.max_transfer), most - 1);
+        let entries = (u32::from(per_namespace) * u32::from(s.namespaces.max(1)))
+            .clamp(2, u32::from(most)) as u16;
+        let shared = match SharedQueue::of_this_reactor(&s.qids, ns.nsid) {
+            Some(shared) => shared,
+            None => SharedQueue::connect(s, &self.info, entries, options)?,
+        };
+        let free = {
+            let mut q = shared.borrow_mut();
+            let room = q.queue.free().max(1);
+            q.inboxes.push((ns.nsid, VecDeque::with_capacity(room)));
+            room
+        };
         Ok(Channel::Tcp(TcpChannel {
-            splits: SplitIos::new(queue.free().max(1)),
-            queue,
+            splits: SplitIos::new(free),
+            shared,
+            ns,
+            in_flight: 0,
             block_shift: self.info.block_size.trailing_zeros(),
             info: self.info.clone(),
             name: self.name.clone(),
@@ -146,16 +172,125 @@ impl BlockDevice for TcpNamespaceDevice {
     }
 }
 
-/// A reactor's I/O queue on a remote namespace.
+/// One reactor's I/O queue to a remote controller, shared by the channels of its namespaces
+/// there. Lives on the reactor's thread only.
+#[derive(Debug)]
+struct SharedQueue {
+    queue: IoQueue,
+    qid: u16,
+    ids: Arc<QueueIds>,
+    /// Each channel's NSID and the completions for it that came while another polled (sized
+    /// for the whole queue: pushing never allocates).
+    inboxes: Vec<(u32, VecDeque<Completion>)>,
+    /// Given up on (lost, or abandoned): whatever failed, failed as from a removed device.
+    abandoned: bool,
+}
+
+impl Drop for SharedQueue {
+    fn drop(&mut self) {
+        self.ids.give(self.qid);
+    }
+}
+
+thread_local! {
+    /// This reactor's queues, by controller (the address of its `qids`).
+    static QUEUES: RefCell<Vec<(usize, Weak<RefCell<SharedQueue>>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+impl SharedQueue {
+    /// The queue this reactor already has to the controller of `qids`, unless a channel of
+    /// namespace `nsid` is on it already (then it gets a queue of its own).
+    fn of_this_reactor(qids: &Arc<QueueIds>, nsid: u32) -> Option<Rc<RefCell<SharedQueue>>> {
+        let key = Arc::as_ptr(qids) as usize;
+        QUEUES.with(|queues| {
+            let mut queues = queues.borrow_mut();
+            queues.retain(|(_, q)| q.strong_count() > 0);
+            queues
+                .iter()
+                .filter(|(k, _)| *k == key)
+                .filter_map(|(_, q)| q.upgrade())
+                .find(|q| q.borrow().inboxes.iter().all(|(n, _)| *n != nsid))
+        })
+    }
+
+    /// Connects a new I/O queue of `entries` entries to the controller of `s`, and makes it
+    /// this reactor's.
+    fn connect(
+        s: &TcpNamespaceSpec,
+        info: &BlockInfo,
+        entries: u16,
+        options: &ChannelOptions,
+    ) -> Result<Rc<RefCell<SharedQueue>>, usnvme_driver::Error> {
+        let invalid = |what: String| usnvme_driver::Error::Invalid {
+            device: s.name.clone(),
+            what,
+        };
+        let Some(qid) = s.qids.take() else {
+            return Err(invalid(format!(
+                "the controller grants {} I/O queues: one per reactor; use fewer cores (-c)",
+                s.qids.granted
+            )));
+        };
+        let timeout = options.timeout.unwrap_or(Duration::from_secs(30));
+        let params = QueueParams {
+            subnqn: s.subnqn.clone(),
+            qid,
+            cntlid: s.cntlid,
+            entries,
+            nsid: s.nsid,
+            block_size: s.block_size,
+            in_capsule: s.in_capsule,
+            max_transfer: info.max_io as u32,
+            timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
+        };
+        let buffers = Buffers::Space(s.dma.space.clone());
+        let queue = IoQueue::connect(s.addr, params, &s.host, buffers).map_err(|e| {
+            s.qids.give(qid);
+            invalid(format!("I/O queue {qid}: {e}"))
+        })?;
+        let shared = Rc::new(RefCell::new(SharedQueue {
+            queue,
+            qid,
+            ids: s.qids.clone(),
+            inboxes: Vec::with_capacity(usize::from(s.namespaces.max(1))),
+            abandoned: false,
+        }));
+        let key = Arc::as_ptr(&s.qids) as usize;
+        QUEUES.with(|queues| queues.borrow_mut().push((key, Rc::downgrade(&shared))));
+        Ok(shared)
+    }
+}
+
+/// Hands a completion to the inbox of its namespace (none: its channel is gone).
+fn route(inboxes: &mut [(u32, VecDeque<Completion>)], c: Completion) {
+    if let Some((_, inbox)) = inboxes.iter_mut().find(|(nsid, _)| *nsid == c.nsid) {
+        inbox.push_back(c);
+    }
+}
+
+/// A reactor's channel to a remote namespace, on the reactor's queue to its controller.
 #[derive(Debug)]
 pub struct TcpChannel {
-    queue: IoQueue,
+    shared: Rc<RefCell<SharedQueue>>,
+    ns: IoNamespace,
+    /// Commands of this namespace in flight.
+    in_flight: usize,
     block_shift: u32,
     info: BlockInfo,
     name: Arc<str>,
     splits: SplitIos,
     lost: Arc<OnceLock<String>>,
     now_ns: u64,
+}
+
+impl Drop for TcpChannel {
+    /// The queue stops keeping this namespace's completions.
+    fn drop(&mut self) {
+        if let Ok(mut shared) = self.shared.try_borrow_mut() {
+            shared.inboxes.retain(|(nsid, _)| *nsid != self.ns.nsid);
+        }
+    }
 }
 
 impl TcpChannel {
@@ -173,6 +308,26 @@ impl TcpChannel {
         &self.name
     }
 
+    /// One command of this namespace on the shared queue.
+    fn submit_command(
+        &mut self,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), usnvme_driver::SubmitError> {
+        let queued = self
+            .shared
+            .borrow_mut()
+            .queue
+            .submit_to(self.ns, op, lba, blocks, buf, token);
+        if queued.is_ok() {
+            self.in_flight += 1;
+        }
+        queued
+    }
+
     /// Checked here (the block layer owns offsets and sizes), split into commands that
     /// complete as one I/O; one command goes with the caller's token.
     pub(crate) fn submit(
@@ -186,15 +341,15 @@ impl TcpChannel {
         check(&self.info, &self.name, op, offset, len, buf)?;
         let parts = self.commands_needed(op, len);
         let lba = offset >> self.block_shift;
-        let blocks = |n: u64| (n >> self.block_shift) as u32;
+        let shift = self.block_shift;
+        let blocks = |n: u64| (n >> shift) as u32;
         if parts == 1 {
             let b = buf.map(|b| IoBuffer {
                 len: len as u32,
                 ..b
             });
             return self
-                .queue
-                .submit(op, lba, blocks(len), b, token)
+                .submit_command(op, lba, blocks(len), b, token)
                 .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
         }
         let bytes = if op.has_data() { len } else { 0 };
@@ -212,13 +367,8 @@ impl TcpChannel {
                 iova: b.iova + done,
                 len: n as u32,
             });
-            let queued = self.queue.submit(
-                op,
-                at >> self.block_shift,
-                blocks(n),
-                b,
-                NAMESPACE_PARENT | parent,
-            );
+            let queued =
+                self.submit_command(op, at >> shift, blocks(n), b, NAMESPACE_PARENT | parent);
             if let Err(e) = queued {
                 let err = BlockError::from_driver(&self.name, offset, len, e, &self.info);
                 if part == 0 {
@@ -240,45 +390,78 @@ impl TcpChannel {
         Ok(())
     }
 
-    pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        if self.lost.get().is_some() && self.queue.ended().is_none() {
-            return self.abandon(on_finished);
+    /// Polls the shared queue (what comes for the other namespaces goes to their inboxes),
+    /// then hands on this namespace's completions.
+    pub(crate) fn poll(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        {
+            let mut shared = self.shared.borrow_mut();
+            let SharedQueue {
+                queue,
+                inboxes,
+                abandoned,
+                ..
+            } = &mut *shared;
+            if self.lost.get().is_some() && queue.ended().is_none() {
+                // the controller is lost: its queues end, their I/Os fail as removed
+                *abandoned = true;
+                queue.close(|c| route(inboxes, c));
+            } else {
+                queue.poll(|c| route(inboxes, c));
+            }
         }
-        let (splits, name) = (&mut self.splits, &self.name);
+        self.deliver(on_finished)
+    }
+
+    /// This namespace's completions from the inbox, as the I/Os they belong to.
+    fn deliver(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
+        let mut shared = self.shared.borrow_mut();
+        let removed = shared.abandoned;
+        let Some((_, inbox)) = shared
+            .inboxes
+            .iter_mut()
+            .find(|(nsid, _)| *nsid == self.ns.nsid)
+        else {
+            return 0;
+        };
         let mut finished = 0;
-        self.queue.poll(|c| {
-            if let Some(f) = finish(splits, name, c, false) {
+        while let Some(c) = inbox.pop_front() {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            if let Some(f) = finish(&mut self.splits, &self.name, c, removed) {
                 finished += 1;
                 on_finished(f);
             }
-        });
+        }
         finished
     }
 
-    /// The target is given up on: everything in flight fails as "Host Pathing Error".
-    pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (splits, name) = (&mut self.splits, &self.name);
-        let mut finished = 0;
-        self.queue.close(|c| {
-            if let Some(f) = finish(splits, name, c, true) {
-                finished += 1;
-                on_finished(f);
-            }
-        });
-        finished
+    /// The target is given up on: everything in flight on the queue fails as "Host Pathing
+    /// Error" (the other namespaces' at their next poll).
+    pub(crate) fn abandon(&mut self, on_finished: impl FnMut(Finished)) -> usize {
+        {
+            let mut shared = self.shared.borrow_mut();
+            let SharedQueue {
+                queue,
+                inboxes,
+                abandoned,
+                ..
+            } = &mut *shared;
+            *abandoned = true;
+            queue.close(|c| route(inboxes, c));
+        }
+        self.deliver(on_finished)
     }
 
     pub(crate) fn flush(&mut self) {
-        self.queue.flush();
+        self.shared.borrow_mut().queue.flush();
     }
 
     pub(crate) fn set_now(&mut self, now_ns: u64) {
         self.now_ns = now_ns;
-        self.queue.set_now(now_ns);
+        self.shared.borrow_mut().queue.set_now(now_ns);
     }
 
     pub(crate) fn busy(&self) -> bool {
-        self.queue.in_flight() > 0
+        self.in_flight > 0
     }
 
     pub(crate) fn commands_needed(&self, op: Op, len: u64) -> usize {
@@ -290,12 +473,12 @@ impl TcpChannel {
     }
 
     pub(crate) fn free_commands(&self) -> usize {
-        self.queue.free()
+        self.shared.borrow().queue.free()
     }
 
     /// Whether the queue ended (the target went away, broke the protocol, or was lost).
     pub fn ended(&self) -> bool {
-        self.queue.ended().is_some()
+        self.shared.borrow().queue.ended().is_some()
     }
 
     /// Why the queue ended, once it has.
@@ -303,7 +486,7 @@ impl TcpChannel {
         if let Some(why) = self.lost.get() {
             return Some(why.clone());
         }
-        self.queue.ended().map(|f| f.to_string())
+        self.shared.borrow().queue.ended().map(|f| f.to_string())
     }
 }
 
@@ -362,6 +545,18 @@ mod tests {
     use crate::fabric::initiator::queue::tests::{target, target_of};
 
     #[test]
+    fn queue_ids_are_the_lowest_free_of_those_granted_and_come_back() {
+        let ids = QueueIds::new(2);
+        assert_eq!(
+            (ids.take(), ids.take(), ids.take()),
+            (Some(1), Some(2), None)
+        );
+        ids.give(1);
+        assert_eq!(ids.take(), Some(1));
+        assert_eq!(QueueIds::new(0).take(), None);
+    }
+
+    #[test]
     fn a_remote_namespace_is_a_block_device_whose_large_ios_are_split() {
         let (addr, sub, server) = target(2);
         let host = HostOptions {
@@ -385,8 +580,8 @@ mod tests {
             in_capsule: sub.in_capsule_bytes,
             max_transfer: sub.max_transfer,
             max_entries: sub.queue_entries,
-            io_queues: sub.io_queues,
-            qids: Arc::new(AtomicU16::new(1)),
+            qids: Arc::new(QueueIds::new(sub.io_queues)),
+            namespaces: 1,
             lost: Arc::default(),
             dma: DmaTarget {
                 space: space.clone(),
@@ -449,7 +644,7 @@ mod tests {
 
     #[test]
     fn a_stripe_over_two_remote_namespaces_reads_back_what_it_wrote() {
-        let (addr, sub, server) = target_of(3, 2);
+        let (addr, sub, server) = target_of(2, 2); // the admin queue and one I/O queue: the members share it
         let host = HostOptions {
             timeout: Duration::from_secs(5),
             ..HostOptions::default()
@@ -458,7 +653,7 @@ mod tests {
             Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
         admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
         let space = IovaSpace::new(Arc::new(NoIommu));
-        let qids = Arc::new(AtomicU16::new(1));
+        let qids = Arc::new(QueueIds::new(sub.io_queues));
         let members: Vec<Arc<dyn BlockDevice>> = sub
             .namespaces
             .iter()
@@ -475,8 +670,8 @@ mod tests {
                     in_capsule: sub.in_capsule_bytes,
                     max_transfer: sub.max_transfer,
                     max_entries: sub.queue_entries,
-                    io_queues: sub.io_queues,
                     qids: qids.clone(),
+                    namespaces: 2,
                     lost: Arc::default(),
                     dma: DmaTarget {
                         space: space.clone(),

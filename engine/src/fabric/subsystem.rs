@@ -9,7 +9,6 @@
 //! reported. The controller is shut down (CC.SHN) when the last of its devices goes.
 
 use std::fmt;
-use std::sync::atomic::AtomicU16;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -20,7 +19,7 @@ use parking_lot::Mutex;
 use super::address::TcpAddress;
 use super::host::HostOptions;
 use super::remote::{RemoteController, RemoteError};
-use crate::block::{BlockDevice, DmaTarget, TcpNamespaceDevice, TcpNamespaceSpec};
+use crate::block::{BlockDevice, DmaTarget, QueueIds, TcpNamespaceDevice, TcpNamespaceSpec};
 
 /// The largest transfer when the controller sets no limit (MDTS 0): I/Os beyond it are split.
 const NO_LIMIT_TRANSFER: u32 = 1 << 20;
@@ -84,8 +83,9 @@ impl RemoteSubsystem {
         // IOCCSZ counts 16-byte units, the 64-byte command included
         let in_capsule = (id.ioccsz.saturating_mul(16)).saturating_sub(64);
         let lost = Arc::new(OnceLock::new());
-        let qids = Arc::new(AtomicU16::new(1));
+        let qids = Arc::new(QueueIds::new(granted));
         let single = namespaces.len() == 1;
+        let count = namespaces.len().min(usize::from(u16::MAX)) as u16;
         let specs = namespaces
             .iter()
             .map(|ns| TcpNamespaceSpec {
@@ -107,8 +107,8 @@ impl RemoteSubsystem {
                 in_capsule,
                 max_transfer,
                 max_entries: cap.mqes().saturating_add(1),
-                io_queues: granted,
                 qids: qids.clone(),
+                namespaces: count,
                 lost: lost.clone(),
                 dma: dma.clone(),
             })

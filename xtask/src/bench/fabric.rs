@@ -942,7 +942,7 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
          nvme-tcp host (`nvme connect -t tcp -a 127.0.0.1`, 2 I/O queues of 128 entries) and \
          fio with io_uring (`--direct=1`) on the block devices it creates, pinned to CPU \
          {INITIATOR_CPU}; `usnvme perf -r tcp://127.0.0.1:PORT/NQN -c {INITIATOR_CPU}` (one \
-         reactor polling CPU {INITIATOR_CPU}, one I/O queue per namespace); and, when a binary \
+         reactor polling CPU {INITIATOR_CPU}, one I/O queue its namespaces share); and, when a binary \
          is given (`--spdk`), `spdk_nvme_perf -r 'trtype:TCP …' -c {INITIATOR_CPU:#x}`. \
          Targets: `usnvme serve -c {TARGET_CPU}` (one reactor, polling CPU \
          {TARGET_CPU}) on vfio-pci drives, port 4420; the kernel's nvmet-tcp on the block \

@@ -9,4 +9,4 @@ pub mod queue;
 pub mod session;
 
 pub use queue::IoQueue;
-pub use session::{Completion, Failure, QueueParams, Session};
+pub use session::{Completion, Failure, IoNamespace, QueueParams, Session};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaMemory, IovaSpace};
 
-use super::session::{Completion, Failure, QueueParams, Receive, Session};
+use super::session::{Completion, Failure, IoNamespace, QueueParams, Receive, Session};
 use crate::block::Op;
 use crate::fabric::host::{HostError, HostOptions};
 
@@ -117,9 +117,23 @@ impl IoQueue {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), SubmitError> {
+        let ns = self.session.namespace();
+        self.submit_to(ns, op, slba, blocks, buf, token)
+    }
+
+    /// [`IoQueue::submit`] to namespace `ns` of the controller.
+    pub fn submit_to(
+        &mut self,
+        ns: IoNamespace,
+        op: Op,
+        slba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
         match self
             .session
-            .submit(op, slba, blocks, buf, token, &self.memory)
+            .submit_to(ns, op, slba, blocks, buf, token, &self.memory)
         {
             Err(SubmitError::Misaligned { iova }) if buf.is_some() => {
                 // a buffer mapped since the last snapshot of the address space (cold path)
@@ -129,7 +143,7 @@ impl IoQueue {
                 }
                 self.memory = fresh;
                 self.session
-                    .submit(op, slba, blocks, buf, token, &self.memory)
+                    .submit_to(ns, op, slba, blocks, buf, token, &self.memory)
             }
             other => other,
         }

@@ -96,10 +96,19 @@ pub enum Failure {
     DataDigest,
 }
 
+/// The namespace a command goes to, and its block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoNamespace {
+    pub nsid: u32,
+    pub block_size: u32,
+}
+
 /// A finished I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
     pub token: u64,
+    /// The namespace it went to.
+    pub nsid: u32,
     pub result: Result<(), Failure>,
     /// The session's clock when it was submitted ([`Session::set_now`]).
     pub submitted_ns: u64,
@@ -131,6 +140,7 @@ struct Slot {
     generation: u16,
     op: Option<Op>,
     token: u64,
+    nsid: u32,
     iova: u64,
     len: u32,
     in_capsule: bool,
@@ -285,6 +295,14 @@ impl Session {
         self.ended
     }
 
+    /// The namespace of [`QueueParams`]: where [`Session::submit`] sends commands.
+    pub fn namespace(&self) -> IoNamespace {
+        IoNamespace {
+            nsid: self.params.nsid,
+            block_size: self.params.block_size,
+        }
+    }
+
     /// Commands in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight
@@ -336,6 +354,22 @@ impl Session {
         token: u64,
         mem: &IovaMemory,
     ) -> Result<(), SubmitError> {
+        self.submit_to(self.namespace(), op, slba, blocks, buf, token, mem)
+    }
+
+    /// [`Session::submit`] to namespace `ns` (a queue serves every namespace of its
+    /// controller).
+    #[allow(clippy::too_many_arguments)] // a command's fields, as `submit` has them
+    pub fn submit_to(
+        &mut self,
+        ns: IoNamespace,
+        op: Op,
+        slba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+        mem: &IovaMemory,
+    ) -> Result<(), SubmitError> {
         if self.phase != Phase::Ready {
             return Err(SubmitError::Dead);
         }
@@ -346,7 +380,7 @@ impl Session {
             });
         }
         let len = if op.has_data() {
-            u64::from(blocks) * u64::from(p.block_size)
+            u64::from(blocks) * u64::from(ns.block_size)
         } else {
             0
         };
@@ -372,7 +406,7 @@ impl Session {
                 in_flight: self.in_flight as u16,
             });
         };
-        let (nsid, in_capsule_limit) = (p.nsid, p.in_capsule);
+        let (nsid, in_capsule_limit) = (ns.nsid, p.in_capsule);
         let mut sqe = match op {
             Op::Read => Sqe::read(nsid, slba, blocks),
             Op::Write => Sqe::write(nsid, slba, blocks),
@@ -391,6 +425,7 @@ impl Session {
             generation,
             op: Some(op),
             token,
+            nsid,
             iova,
             len,
             in_capsule,
@@ -1002,6 +1037,7 @@ impl Session {
         }
         on_done(Completion {
             token: s.token,
+            nsid: s.nsid,
             result,
             submitted_ns: s.submitted_ns,
             bytes: if s.op.is_some_and(Op::has_data) {

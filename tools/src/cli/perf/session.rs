@@ -380,7 +380,7 @@ impl Session {
 }
 
 /// Connects to every remote subsystem given (`-r tcp://…`), asking each for an I/O queue per
-/// reactor and namespace. Their I/O buffers are the local drives' (a stripe may mix both), or
+/// reactor (its namespaces share it). Their I/O buffers are the local drives' (a stripe may mix both), or
 /// ordinary memory when there are none: no device reads them but the socket.
 fn attach_remotes(
     sysfs: &Sysfs,
@@ -404,8 +404,7 @@ fn attach_remotes(
             page: PageSize::Small4K,
         },
     };
-    // one queue per reactor for each namespace; the target grants what it has
-    let wanted = (reactors * 64).min(usize::from(u16::MAX - 1)) as u16;
+    let wanted = reactors.clamp(1, usize::from(u16::MAX - 1)) as u16;
     settings
         .remotes
         .iter()
