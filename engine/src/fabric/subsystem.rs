@@ -85,7 +85,6 @@ impl RemoteSubsystem {
         let lost = Arc::new(OnceLock::new());
         let qids = Arc::new(QueueIds::new(granted));
         let single = namespaces.len() == 1;
-        let count = namespaces.len().min(usize::from(u16::MAX)) as u16;
         let specs = namespaces
             .iter()
             .map(|ns| TcpNamespaceSpec {
@@ -108,7 +107,7 @@ impl RemoteSubsystem {
                 max_transfer,
                 max_entries: cap.mqes().saturating_add(1),
                 qids: qids.clone(),
-                namespaces: count,
+                namespaces: 1, // set to those the run uses by `devices`
                 lost: lost.clone(),
                 dma: dma.clone(),
             })
@@ -161,13 +160,22 @@ impl RemoteSubsystem {
     /// Its namespaces (only `nsid`, when given) as block devices; each keeps the controller.
     /// `None` when it has no namespace `nsid`.
     pub fn devices(&self, nsid: Option<u32>) -> Option<Vec<Arc<dyn BlockDevice>>> {
-        let devices: Vec<Arc<dyn BlockDevice>> = self
+        let chosen: Vec<&TcpNamespaceSpec> = self
             .specs
             .iter()
             .filter(|s| nsid.is_none_or(|n| n == s.nsid))
+            .collect();
+        // a reactor's queue to the controller holds commands for each of them
+        let namespaces = chosen.len().min(usize::from(u16::MAX)) as u16;
+        let devices: Vec<Arc<dyn BlockDevice>> = chosen
+            .into_iter()
             .map(|s| {
+                let spec = TcpNamespaceSpec {
+                    namespaces,
+                    ..s.clone()
+                };
                 let keep: Box<dyn fmt::Debug + Send + Sync> = Box::new(self.controller.clone());
-                Arc::new(TcpNamespaceDevice::new(s.clone(), Some(keep))) as Arc<dyn BlockDevice>
+                Arc::new(TcpNamespaceDevice::new(spec, Some(keep))) as Arc<dyn BlockDevice>
             })
             .collect();
         (nsid.is_none() || !devices.is_empty()).then_some(devices)
