@@ -413,25 +413,29 @@ impl TcpChannel {
     }
 
     /// This namespace's completions from the inbox, as the I/Os they belong to.
+    /// (The queue is not borrowed while `on_finished` runs: it may reach this queue again.)
     fn deliver(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let mut shared = self.shared.borrow_mut();
-        let removed = shared.abandoned;
-        let Some((_, inbox)) = shared
-            .inboxes
-            .iter_mut()
-            .find(|(nsid, _)| *nsid == self.ns.nsid)
-        else {
-            return 0;
-        };
         let mut finished = 0;
-        while let Some(c) = inbox.pop_front() {
+        loop {
+            let (c, removed) = {
+                let mut shared = self.shared.borrow_mut();
+                let removed = shared.abandoned;
+                let next = shared
+                    .inboxes
+                    .iter_mut()
+                    .find(|(nsid, _)| *nsid == self.ns.nsid)
+                    .and_then(|(_, inbox)| inbox.pop_front());
+                match next {
+                    Some(c) => (c, removed),
+                    None => return finished,
+                }
+            };
             self.in_flight = self.in_flight.saturating_sub(1);
             if let Some(f) = finish(&mut self.splits, &self.name, c, removed) {
                 finished += 1;
                 on_finished(f);
             }
         }
-        finished
     }
 
     /// The target is given up on: everything in flight on the queue fails as "Host Pathing

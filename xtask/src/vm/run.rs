@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::qemu::{self, Backend, KernelNvme, VmConfig};
-use super::watchdog::{self, IdleWatch};
+use super::watchdog::{self, IdleWatch, StuckWatch};
 use super::{setup, vm_dir};
 use crate::cmd::sh_quote;
 
@@ -214,8 +214,11 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     });
 
     let deadline = started + Duration::from_secs(args.timeout);
-    let mut idle_watch = IdleWatch::new(qemu_pid, Duration::from_secs(args.hang_after.max(1)));
+    let window = Duration::from_secs(args.hang_after.max(1));
+    let mut idle_watch = IdleWatch::new(qemu_pid, window);
+    let mut stuck_watch = config.qmp.as_deref().map(|q| StuckWatch::new(q, window));
     let mut last_sample = started;
+    let mut last_registers = started;
     let mut hung = false;
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -230,7 +233,13 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         }
         if args.hang_after > 0 && now.duration_since(last_sample) >= Duration::from_secs(1) {
             last_sample = now;
-            if idle_watch.idle(now) {
+            // the registers, through QMP, every few seconds: a dozen samples a window
+            let registers_due = now.duration_since(last_registers) >= window / 12;
+            if registers_due {
+                last_registers = now;
+            }
+            let stuck = registers_due && stuck_watch.as_mut().is_some_and(|w| w.stuck(now));
+            if idle_watch.idle(now) || stuck {
                 hung = true;
                 report_hang(args.hang_after, config.qmp.as_deref());
             }
@@ -252,7 +261,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let mut exit_code = match (status, guest_rc) {
         (None, _) if hung => {
             eprintln!(
-                "vm-run: the guest hung (idle for {} s with its program running); QEMU (pid {qemu_pid}) killed",
+                "vm-run: the guest hung (idle, or a vCPU in its kernel with interrupts off, for {} s with its program running); QEMU (pid {qemu_pid}) killed",
                 args.hang_after
             );
             EXIT_HUNG
@@ -314,8 +323,9 @@ pub fn run(args: &RunArgs) -> Result<u8> {
 /// which is given time to come out before QEMU is killed.
 fn report_hang(idle_secs: u64, qmp: Option<&Path>) {
     eprintln!(
-        "vm-run: the guest has been idle for {idle_secs} s while its program runs: \
-         asking its kernel for its blocked tasks and every task's stack (SysRq w, t) before killing it"
+        "vm-run: the guest has been idle, or a vCPU of it in its kernel with interrupts off, \
+         for {idle_secs} s while its program runs: asking its kernel for its blocked tasks and \
+         every task's stack (SysRq w, t) before killing it"
     );
     match qmp.map(watchdog::ask_why) {
         Some(Ok(state)) => eprintln!("vm-run: {state}"),

@@ -1,11 +1,14 @@
 //! Telling a hung guest from a busy one, and asking it why it hangs.
 //!
 //! Under TCG the guest has, a few times in many runs, sat idle mid-suite with every vCPU asleep,
-//! while the program it ran never sleeps for long (perf's reactors spin). Waiting out the run's
+//! while the program it ran never sleeps for long (perf's reactors spin); once, too, with one
+//! vCPU spinning in its kernel with interrupts off and the other halted. Waiting out the run's
 //! time limit then costs a quarter of an hour. A guest whose QEMU burns almost no CPU for a
-//! whole minute while its program should be running is hung: before it is killed, the guest's
-//! kernel is asked (magic SysRq through the emulated keyboard) to print its blocked tasks and
-//! every CPU's backtrace on the console, so the run's log says where it stuck.
+//! whole window while its program should be running ([`IdleWatch`]), or one of whose vCPUs
+//! stays in its kernel with interrupts off for a whole window ([`StuckWatch`]), is hung: before
+//! it is killed, the guest's kernel is asked (magic SysRq through the emulated keyboard) to
+//! print its blocked tasks and every CPU's backtrace on the console, so the run's log says
+//! where it stuck.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -64,6 +67,88 @@ impl IdleWatch {
         let span = now.duration_since(first);
         span >= self.window
             && cpu.saturating_sub(first_cpu).as_secs_f64() < IDLE_SHARE * span.as_secs_f64()
+    }
+}
+
+/// The vCPUs that run kernel code with interrupts off (CPL 0, RFLAGS.IF clear, not halted), by
+/// index, from HMP's `info registers -a`.
+fn spinning_with_interrupts_off(registers: &str) -> Vec<usize> {
+    let mut cpu = None;
+    let mut out = Vec::new();
+    for line in registers.lines().map(str::trim) {
+        if let Some(n) = line.strip_prefix("CPU#") {
+            cpu = n.trim().parse::<usize>().ok();
+        }
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_owned)
+        };
+        if let (Some(c), Some(rfl), Some(cpl), Some(hlt)) =
+            (cpu, field("RFL="), field("CPL="), field("HLT="))
+        {
+            let interrupts_on = u64::from_str_radix(&rfl, 16).map_or(true, |f| f & 0x200 != 0);
+            if !interrupts_on && cpl == "0" && hlt == "0" {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Watches, through QMP, for a vCPU that stays in its kernel with interrupts off: QEMU is
+/// busy, so [`IdleWatch`] sees nothing, but a guest kernel never keeps interrupts off for
+/// seconds, let alone a window (a spinlock deadlock, or a wait on emulated hardware that
+/// never answers).
+pub struct StuckWatch {
+    socket: std::path::PathBuf,
+    window: Duration,
+    /// Since when each vCPU has been seen spinning with interrupts off in every sample.
+    since: Vec<Option<Instant>>,
+}
+
+impl StuckWatch {
+    pub fn new(socket: &Path, window: Duration) -> StuckWatch {
+        StuckWatch {
+            socket: socket.to_path_buf(),
+            window,
+            since: Vec::new(),
+        }
+    }
+
+    /// Takes a sample (a few times a window is enough); true when a vCPU has spun with
+    /// interrupts off in every sample over the last window.
+    pub fn stuck(&mut self, now: Instant) -> bool {
+        let registers = qmp(
+            &self.socket,
+            &[serde_json::json!({"execute": "human-monitor-command",
+                                 "arguments": {"command-line": "info registers -a"}})],
+        );
+        let Some(text) = registers.ok().and_then(|r| {
+            r.first()
+                .and_then(|r| r["return"].as_str().map(str::to_owned))
+        }) else {
+            return false;
+        };
+        self.observe(now, &spinning_with_interrupts_off(&text))
+    }
+
+    fn observe(&mut self, now: Instant, spinning: &[usize]) -> bool {
+        let most = spinning.iter().max().map_or(0, |m| m + 1);
+        if self.since.len() < most {
+            self.since.resize(most, None);
+        }
+        for (cpu, since) in self.since.iter_mut().enumerate() {
+            *since = if spinning.contains(&cpu) {
+                Some(since.unwrap_or(now))
+            } else {
+                None
+            };
+        }
+        self.since
+            .iter()
+            .flatten()
+            .any(|&t| now.duration_since(t) >= self.window)
     }
 }
 
@@ -144,8 +229,34 @@ pub fn ask_why(socket: &Path) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_time, IdleWatch};
+    use super::{cpu_time, spinning_with_interrupts_off, IdleWatch, StuckWatch};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_vcpu_spinning_in_its_kernel_with_interrupts_off_for_a_window_is_stuck() {
+        // what `info registers -a` printed for a guest stuck so: CPU 0 spins, CPU 1 halts
+        let regs = "CPU#0\nRAX=0 RBX=0\nRIP=ffffffff816d6e12 RFL=00000093 [--S-A-C] CPL=0 II=0 A20=1 SMM=0 HLT=0\n\
+                    CPU#1\nRIP=ffffffff81a592eb RFL=00000216 [----AP-] CPL=0 II=0 A20=1 SMM=0 HLT=1\n";
+        assert_eq!(spinning_with_interrupts_off(regs), [0]);
+        // interrupts on, user mode, or halted: not stuck
+        for busy in [
+            "CPU#0\nRIP=1 RFL=00000293 [] CPL=0 II=0 A20=1 SMM=0 HLT=0\n",
+            "CPU#0\nRIP=1 RFL=00000093 [] CPL=3 II=0 A20=1 SMM=0 HLT=0\n",
+            "CPU#0\nRIP=1 RFL=00000093 [] CPL=0 II=0 A20=1 SMM=0 HLT=1\n",
+        ] {
+            assert!(spinning_with_interrupts_off(busy).is_empty(), "{busy}");
+        }
+        let mut watch = StuckWatch::new("/nonexistent".as_ref(), Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert!(!watch.observe(t0, &[0]));
+        assert!(!watch.observe(t0 + Duration::from_secs(59), &[0]));
+        // a sample in between where it ran with interrupts on starts the window again
+        assert!(!watch.observe(t0 + Duration::from_secs(60), &[]));
+        assert!(!watch.observe(t0 + Duration::from_secs(61), &[0]));
+        assert!(watch.observe(t0 + Duration::from_secs(121), &[0]));
+        // no QMP socket: nothing is known, nothing is stuck
+        assert!(!watch.stuck(Instant::now()));
+    }
 
     #[test]
     fn a_busy_process_is_not_idle_and_a_sleeping_one_is() {
