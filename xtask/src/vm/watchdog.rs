@@ -28,8 +28,10 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
 }
 
 /// Below this share of one host core over a whole window, the guest is idle: an emulated guest
-/// that runs anything at all keeps QEMU far busier.
-const IDLE_SHARE: f64 = 0.05;
+/// that runs anything at all keeps QEMU far busier. (Idle, with 24 emulated drives, QEMU still
+/// spends about 8 % of a core on timers and devices: a CI boot sat so for 17 minutes unseen
+/// under a 5 % bound.)
+const IDLE_SHARE: f64 = 0.20;
 
 /// Watches QEMU's CPU use over a sliding window of `window`.
 pub struct IdleWatch {
