@@ -262,6 +262,15 @@ impl SharedQueue {
     }
 }
 
+impl SharedQueue {
+    /// Ends the queue: what is in flight goes to the inboxes, to fail as from a removed device.
+    fn give_up(&mut self) {
+        self.abandoned = true;
+        let SharedQueue { queue, inboxes, .. } = self;
+        queue.close(|c| route(inboxes, c));
+    }
+}
+
 /// Hands a completion to the inbox of its namespace (none: its channel is gone).
 fn route(inboxes: &mut [(u32, VecDeque<Completion>)], c: Completion) {
     if let Some((_, inbox)) = inboxes.iter_mut().find(|(nsid, _)| *nsid == c.nsid) {
@@ -395,17 +404,11 @@ impl TcpChannel {
     pub(crate) fn poll(&mut self, on_finished: impl FnMut(Finished)) -> usize {
         {
             let mut shared = self.shared.borrow_mut();
-            let SharedQueue {
-                queue,
-                inboxes,
-                abandoned,
-                ..
-            } = &mut *shared;
-            if self.lost.get().is_some() && queue.ended().is_none() {
+            if self.lost.get().is_some() && shared.queue.ended().is_none() {
                 // the controller is lost: its queues end, their I/Os fail as removed
-                *abandoned = true;
-                queue.close(|c| route(inboxes, c));
+                shared.give_up();
             } else {
+                let SharedQueue { queue, inboxes, .. } = &mut *shared;
                 queue.poll(|c| route(inboxes, c));
             }
         }
@@ -441,17 +444,7 @@ impl TcpChannel {
     /// The target is given up on: everything in flight on the queue fails as "Host Pathing
     /// Error" (the other namespaces' at their next poll).
     pub(crate) fn abandon(&mut self, on_finished: impl FnMut(Finished)) -> usize {
-        {
-            let mut shared = self.shared.borrow_mut();
-            let SharedQueue {
-                queue,
-                inboxes,
-                abandoned,
-                ..
-            } = &mut *shared;
-            *abandoned = true;
-            queue.close(|c| route(inboxes, c));
-        }
+        self.shared.borrow_mut().give_up();
         self.deliver(on_finished)
     }
 
