@@ -4,10 +4,10 @@
 //! dies or goes silent mid-run fails its I/Os by kind while the local drive runs to the end;
 //! every mistake a user can make is named before any I/O.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,12 +30,16 @@ fn host_root() -> tempfile::TempDir {
 /// `usnvme ARGS` on this machine (its CPUs), as the host serve allows unless `--hostnqn` is
 /// given.
 fn usnvme(_root: &Path, args: &[&str]) -> Output {
+    usnvme_command(args).output().expect("usnvme runs")
+}
+
+fn usnvme_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_usnvme"));
     cmd.args(args).env_remove("RUST_LOG");
     if !args.contains(&"--hostnqn") {
         cmd.args(["--hostnqn", HOST]);
     }
-    cmd.output().expect("usnvme runs")
+    cmd
 }
 
 fn text(out: &Output) -> String {
@@ -49,11 +53,45 @@ fn text(out: &Output) -> String {
 
 /// `usnvme perf ARGS --json FILE`: the output and the document (if written).
 fn perf(root: &Path, args: &[&str]) -> (Output, Value) {
+    perf_then(root, args, || {})
+}
+
+/// [`perf`], calling `when_measuring` once perf says it is measuring: its devices, the remote
+/// ones too, are attached and their I/O starts (an event, not a delay a busy machine outruns).
+fn perf_then(root: &Path, args: &[&str], when_measuring: impl FnOnce()) -> (Output, Value) {
     let path = root.join("perf.json");
     let mut all = vec!["perf"];
     all.extend(args);
     all.extend(["--json", path.to_str().expect("UTF-8 temp path")]);
-    let out = usnvme(root, &all);
+    let mut child = usnvme_command(&all)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("usnvme runs");
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let mut err = BufReader::new(child.stderr.take().expect("piped"));
+    let mut stderr = Vec::new();
+    let mut when_measuring = Some(when_measuring);
+    let mut line = Vec::new();
+    while err.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        if line.windows(9).any(|w| w == b"measuring") {
+            if let Some(f) = when_measuring.take() {
+                f();
+            }
+        }
+        stderr.append(&mut line);
+    }
+    let status = child.wait().expect("usnvme ends");
+    let out = Output {
+        status,
+        stdout: reader.join().expect("stdout reader"),
+        stderr,
+    };
     let doc = std::fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -198,7 +236,12 @@ fn sweep_runs_over_tcp() {
 }
 
 /// 3 s of perf on a local RAM drive and namespace 1 of `remote`, one core, QD 8.
-fn beside_a_local_drive(root: &Path, remote: &str, extra: &[&str]) -> (Output, Value) {
+fn beside_a_local_drive(
+    root: &Path,
+    remote: &str,
+    extra: &[&str],
+    when_measuring: impl FnOnce(),
+) -> (Output, Value) {
     let mut args = vec![
         "-r",
         "sim:6,backend=ram,size=4M",
@@ -214,7 +257,7 @@ fn beside_a_local_drive(root: &Path, remote: &str, extra: &[&str]) -> (Output, V
         "8",
     ];
     args.extend(extra);
-    perf(root, &args)
+    perf_then(root, &args, when_measuring)
 }
 
 /// One job per device; the local one ran the whole time without a failure, the remote ones
@@ -257,18 +300,24 @@ fn check_lost_remote(out: &Output, doc: &Value, remote: &str, why: &str) {
     );
 }
 
+/// Waits until perf's I/O queue is connected to `serve` and its I/O flows (far more commands
+/// than attaching takes): then the target has I/Os in flight to lose.
+fn io_flows_to(serve: &Serve) {
+    serve.wait_for_status("serving perf's I/O", |s| {
+        s["connections"].as_u64() >= Some(2) && s["commands"].as_u64() >= Some(200)
+    });
+}
+
 #[test]
 fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
-    let mut serve = Serve::start(&["--allow-host", HOST]);
+    let mut serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
     let root = host_root();
     let remote = format!("tcp://{}/{NQN}", serve.addr);
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(1));
-        let _ = serve.child.kill(); // SIGKILL: no clean shutdown
-        serve
-    });
-    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["-w", "randrw", "--verify"]);
-    drop(killer.join());
+    let (out, doc) =
+        beside_a_local_drive(root.path(), &remote, &["-w", "randrw", "--verify"], || {
+            io_flows_to(&serve);
+            let _ = serve.child.kill(); // SIGKILL: no clean shutdown
+        });
     check_lost_remote(&out, &doc, &remote, "the target closed the connection");
 }
 
@@ -310,18 +359,16 @@ fn silent_after(to: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
 
 #[test]
 fn a_target_gone_silent_is_lost_by_keep_alive_and_the_local_drive_runs_to_the_end() {
-    let serve = Serve::start(&["--allow-host", HOST]);
+    let serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
     let root = host_root();
     let frozen = Arc::new(AtomicBool::new(false));
     let relay = silent_after(serve.addr, frozen.clone());
     let remote = format!("tcp://{relay}/{NQN}");
-    let freezer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(1));
-        frozen.store(true, Ordering::Relaxed);
-    });
     let started = std::time::Instant::now();
-    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["--keep-alive-tmo", "1"]);
-    freezer.join().expect("the freezer");
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["--keep-alive-tmo", "1"], || {
+        io_flows_to(&serve);
+        frozen.store(true, Ordering::Relaxed)
+    });
     check_lost_remote(&out, &doc, &remote, "keep-alive lost");
     // long before the I/O queues' own 30 s command timeout
     assert!(

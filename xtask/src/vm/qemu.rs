@@ -17,6 +17,22 @@ pub enum Backend {
     File,
 }
 
+/// How TCG runs the guest's vCPUs on the host (no effect under KVM).
+///
+/// Single-threaded is the default. Multi-threaded TCG loses local APIC interrupts when the host
+/// is busy: a hung guest's LAPIC (HMP `info lapic`) held its timer vector in service with no
+/// EOI (ISR 236, PPR 0xe0), so the next tick (IRR 236) and device interrupts (IRR 52) were
+/// never delivered, and both vCPUs sat halted while every task slept on a timer. With two busy
+/// loops on a 2-core host, `vm-test --guest-only` hung in 3 of 3 boots (issue 22), the
+/// open/close reproducer in 2 of 3; single-threaded, 0 (the numbers are in the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcgThreads {
+    /// One host thread runs every vCPU in turn (`-accel tcg,thread=single`).
+    Single,
+    /// One host thread per vCPU (`thread=multi`): faster on a quiet host, hangs on a busy one.
+    Multi,
+}
+
 /// How many controllers stay on the kernel `nvme` driver (the rest go to vfio-pci).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelNvme {
@@ -37,6 +53,7 @@ pub struct VmConfig {
     pub numa_nodes: usize,
     pub hugepages_bytes: u64,
     pub cpus: usize,
+    pub tcg_threads: TcgThreads,
     pub mem_bytes: u64,
     pub qmp: Option<PathBuf>,
     /// The images of the file backend: `nvme{k}.img`.
@@ -228,7 +245,11 @@ impl VmConfig {
                 "host",
             ]);
         } else {
-            push(&["-M", "q35", "-accel", "tcg,thread=multi", "-cpu", "max"]);
+            let accel = match self.tcg_threads {
+                TcgThreads::Single => "tcg,thread=single",
+                TcgThreads::Multi => "tcg,thread=multi",
+            };
+            push(&["-M", "q35", "-accel", accel, "-cpu", "max"]);
         }
         let smp = self.cpus.to_string();
         let mem = format!("{}M", self.mem_bytes / MIB);
@@ -438,6 +459,7 @@ mod tests {
             numa_nodes: numa,
             hugepages_bytes: 1 << 30,
             cpus: 2,
+            tcg_threads: TcgThreads::Single,
             mem_bytes: 4 << 30,
             qmp: None,
             disk_dir: "/d".into(),

@@ -1,15 +1,16 @@
 //! `cargo xtask vm-run [options] -- PROGRAM [ARGS…]`: boot the guest, bind the NVMe controllers,
 //! run PROGRAM in `chroot` of the host root, stream its output, exit with its exit code.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::qemu::{self, Backend, KernelNvme, VmConfig};
+use super::qemu::{self, Backend, KernelNvme, TcgThreads, VmConfig};
 use super::watchdog::{self, IdleWatch, StuckWatch};
 use super::{setup, vm_dir};
 use crate::cmd::sh_quote;
@@ -54,13 +55,17 @@ pub struct RunArgs {
     /// Guest CPUs.
     #[arg(long, default_value_t = 2)]
     pub cpus: usize,
+    /// How TCG runs the vCPUs: single (one host thread, the default: multi-threaded TCG loses
+    /// interrupts and hangs the guest when the host is busy) or multi (a thread per vCPU).
+    #[arg(long, value_enum, default_value_t = TcgThreads::Single, env = "USNVME_VM_TCG_THREADS")]
+    pub tcg_threads: TcgThreads,
     /// Guest memory.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     pub mem: u64,
     /// Seconds before QEMU is killed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
-    /// Seconds of an idle guest (QEMU using under 5 % of a core) after which it is taken for
+    /// Seconds of an idle guest (QEMU using under 20 % of a core) after which it is taken for
     /// hung: its blocked tasks and CPUs are dumped on the console, then QEMU is killed. 0: never
     /// (a program may sleep that long).
     #[arg(long, default_value_t = 0, value_name = "SECS")]
@@ -122,6 +127,7 @@ impl RunArgs {
             numa_nodes: self.numa_nodes,
             hugepages_bytes: self.hugepages,
             cpus: self.cpus,
+            tcg_threads: self.tcg_threads,
             mem_bytes: self.mem,
             qmp: self.qmp.clone(),
             disk_dir: self
@@ -206,7 +212,13 @@ pub fn run(args: &RunArgs) -> Result<u8> {
 
     let stdout = child.stdout.take().context("qemu stdout")?;
     let mut stderr = child.stderr.take().context("qemu stderr")?;
-    let console = std::thread::spawn(move || stream_console(stdout, started));
+    // The console is also kept in the run folder (with a hung guest's task dump in it).
+    let console_log = std::fs::File::create(run_dir.join("console.log")).ok();
+    let last_output = Arc::new(Mutex::new(started));
+    let console = {
+        let last_output = last_output.clone();
+        std::thread::spawn(move || stream_console(stdout, started, console_log, &last_output))
+    };
     let qemu_errors = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stderr.read_to_string(&mut s);
@@ -241,7 +253,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             let stuck = registers_due && stuck_watch.as_mut().is_some_and(|w| w.stuck(now));
             if idle_watch.idle(now) || stuck {
                 hung = true;
-                report_hang(args.hang_after, config.qmp.as_deref());
+                report_hang(args.hang_after, config.qmp.as_deref(), &last_output);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -312,7 +324,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         }
     }
     if [EXIT_VM_FAILED, EXIT_TIMEOUT, EXIT_HUNG].contains(&exit_code) {
-        eprintln!("vm-run: run files kept in {}", run_dir.display());
+        eprintln!(
+            "vm-run: run files kept in {} (console.log: the guest's console)",
+            run_dir.display()
+        );
     } else {
         let _ = std::fs::remove_dir_all(&run_dir);
     }
@@ -320,19 +335,30 @@ pub fn run(args: &RunArgs) -> Result<u8> {
 }
 
 /// Says that the guest looks hung and has it dump its blocked tasks and CPUs on the console,
-/// which is given time to come out before QEMU is killed.
-fn report_hang(idle_secs: u64, qmp: Option<&Path>) {
+/// then waits for the dump to come out: until the console has been quiet for a few seconds.
+fn report_hang(idle_secs: u64, qmp: Option<&Path>, last_output: &Mutex<Instant>) {
     eprintln!(
         "vm-run: the guest has been idle, or a vCPU of it in its kernel with interrupts off, \
          for {idle_secs} s while its program runs: asking its kernel for its blocked tasks and \
-         every task's stack (SysRq w, t) before killing it"
+         every task's stack (SysRq 9, w, t) before killing it"
     );
     match qmp.map(watchdog::ask_why) {
         Some(Ok(state)) => eprintln!("vm-run: {state}"),
         Some(Err(e)) => eprintln!("vm-run: QMP: {e:#}"),
         None => eprintln!("vm-run: no QMP socket"),
     }
-    std::thread::sleep(Duration::from_secs(15));
+    // A guest whose timers stopped still prints: the console is driven by its keyboard and
+    // serial interrupts. Quiet for QUIET after the keys (or never started in LONGEST): done.
+    const QUIET: Duration = Duration::from_secs(5);
+    const LONGEST: Duration = Duration::from_secs(90);
+    let asked = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let last = *last_output.lock().unwrap_or_else(|e| e.into_inner());
+        if asked.elapsed() >= LONGEST || last.max(asked).elapsed() >= QUIET {
+            break;
+        }
+    }
 }
 
 /// The guest mounts its own file systems on these host folders (a tmpfs on /tmp and /run, its
@@ -376,13 +402,22 @@ struct Console {
 }
 
 /// Prints the program's output as it comes; interprets and hides the harness's own lines.
-fn stream_console(stdout: impl Read, started: Instant) -> Console {
+fn stream_console(
+    stdout: impl Read,
+    started: Instant,
+    mut log: Option<std::fs::File>,
+    last_output: &Mutex<Instant>,
+) -> Console {
     let mut console = Console::default();
     let reader = BufReader::new(stdout);
     for line in reader.split(b'\n') {
         let Ok(line) = line else { break };
+        *last_output.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let line = String::from_utf8_lossy(&line);
         let line = line.trim_end_matches('\r');
+        if let Some(f) = log.as_mut() {
+            let _ = writeln!(f, "{line}");
+        }
         if let Some(msg) = line.strip_prefix("USNVME-VM: ") {
             if let Some(ready) = msg.strip_prefix("ready ") {
                 let elapsed = started.elapsed();

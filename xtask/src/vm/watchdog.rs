@@ -197,41 +197,69 @@ fn sysrq(key: &str) -> serde_json::Value {
     serde_json::json!({"execute": "send-key", "arguments": {"keys": keys}})
 }
 
-/// Asks the guest for its blocked tasks (SysRq w) and every task's state and stack (SysRq t), which its
-/// kernel prints on the console, and returns what QEMU says its vCPUs are doing.
+/// Asks the guest's kernel for its blocked tasks (SysRq w) and every task's state and stack
+/// (SysRq t) on the console, after raising its console log level (SysRq 9: the guest boots with
+/// `loglevel=1`, which would print the dumps' headers alone), and returns what QEMU says of its
+/// vCPUs: where each is, whether it is halted, and its local APIC's interrupts in service (ISR),
+/// pending (IRR) and priority (PPR), which tell a guest waiting for an interrupt that never
+/// comes.
 pub fn ask_why(socket: &Path) -> anyhow::Result<String> {
+    let hmp = |line: &str| {
+        serde_json::json!({"execute": "human-monitor-command",
+                           "arguments": {"command-line": line}})
+    };
     let replies = qmp(
         socket,
         &[
             serde_json::json!({"execute": "query-status"}),
-            serde_json::json!({"execute": "human-monitor-command",
-                               "arguments": {"command-line": "info registers -a"}}),
-            sysrq("w"),
-            sysrq("t"),
+            hmp("info registers -a"),
         ],
     )?;
     let status = replies
         .first()
         .map(|r| r["return"]["status"].to_string())
         .unwrap_or_default();
-    // Of the registers, where each vCPU is and whether it is halted.
     let registers = replies
         .get(1)
         .and_then(|r| r["return"].as_str())
         .unwrap_or_default();
     let mut s = format!("QEMU status {status}");
+    let mut cpus = 0;
     for line in registers.lines() {
         let line = line.trim();
+        cpus += usize::from(line.starts_with("CPU#"));
         if line.starts_with("CPU#") || line.starts_with("RIP=") || line.contains("HLT=") {
             s += &format!("; {line}");
         }
     }
+    let apics: Vec<serde_json::Value> =
+        (0..cpus).map(|c| hmp(&format!("info lapic {c}"))).collect();
+    for (cpu, reply) in qmp(socket, &apics)?.iter().enumerate() {
+        let text = reply["return"].as_str().unwrap_or_default();
+        s += &format!("\nlocal APIC of CPU {cpu}: {}", lapic_summary(text));
+    }
+    qmp(socket, &[sysrq("9"), sysrq("w"), sysrq("t")])?;
     Ok(s)
+}
+
+/// The lines of HMP's `info lapic` that say which interrupts wait: the timer, ISR, IRR and the
+/// priorities (PPR).
+fn lapic_summary(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| {
+            ["LVTT", "Timer", "ISR", "IRR", "APR"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_time, spinning_with_interrupts_off, IdleWatch, StuckWatch};
+    use super::{cpu_time, lapic_summary, spinning_with_interrupts_off, IdleWatch, StuckWatch};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -258,6 +286,23 @@ mod tests {
         assert!(watch.observe(t0 + Duration::from_secs(121), &[0]));
         // no QMP socket: nothing is known, nothing is stuck
         assert!(!watch.stuck(Instant::now()));
+    }
+
+    #[test]
+    fn the_local_apic_summary_keeps_what_says_which_interrupt_waits() {
+        // what `info lapic 0` printed for a guest hung under multi-threaded TCG (issue 22)
+        let text = "dumping local APIC state for CPU 0 \r\n\r\n\
+                    LVT0\t 0x00010700 active-hi edge  masked  ExtINT (vec 0)\r\n\
+                    LVTT\t 0x000000ec active-hi edge   one-shot     Fixed  (vec 236)\r\n\
+                    Timer\t DCR=0x3 (divide by 16) initial_count = 92045 current_count = 0\r\n\
+                    SPIV\t 0x000001ff APIC enabled, focus=off, spurious vec 255\r\n\
+                    ISR\t 236 \r\nIRR\t 52 236 \r\n\r\nAPR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0xe0\r\n";
+        assert_eq!(
+            lapic_summary(text),
+            "LVTT 0x000000ec active-hi edge one-shot Fixed (vec 236); \
+             Timer DCR=0x3 (divide by 16) initial_count = 92045 current_count = 0; \
+             ISR 236; IRR 52 236; APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0xe0"
+        );
     }
 
     #[test]
