@@ -17,7 +17,7 @@ use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits, Receive};
 use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::target::server::{Counters, Incoming, ServeJob, Shared, SmartService};
 use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
@@ -320,7 +320,11 @@ fn serve_sim() -> (
         while !accepting.load(std::sync::atomic::Ordering::Acquire) {
             match listener.accept() {
                 Ok((s, peer)) => {
-                    let _ = tx.send((s, peer.to_string()));
+                    let _ = tx.send(Incoming {
+                        stream: s,
+                        peer: peer.to_string(),
+                        port_id: 1,
+                    });
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }

@@ -20,6 +20,7 @@ use usnvme_tests::{
 const NVME: &str = "/usr/sbin/nvme";
 const FIO: &str = "/usr/bin/fio";
 const NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric";
+const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-766d66616272";
 /// Drives exported.
 const EXPORTED: usize = 12;
@@ -111,8 +112,8 @@ impl Drop for Connected {
     }
 }
 
-/// The kernel's block devices of our subsystem, by NSID, once all `count` are there.
-fn kernel_namespaces(count: usize) -> HashMap<u32, PathBuf> {
+/// The kernel's block devices of subsystem `nqn`, by NSID, once all `count` are there.
+fn kernel_namespaces(nqn: &str, count: usize) -> HashMap<u32, PathBuf> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut found = HashMap::new();
@@ -121,8 +122,8 @@ fn kernel_namespaces(count: usize) -> HashMap<u32, PathBuf> {
             .flatten()
         {
             let dir = subsys.expect("an entry").path();
-            let nqn = std::fs::read_to_string(dir.join("subsysnqn")).unwrap_or_default();
-            if nqn.trim() != NQN {
+            let found_nqn = std::fs::read_to_string(dir.join("subsysnqn")).unwrap_or_default();
+            if found_nqn.trim() != nqn {
                 continue;
             }
             for entry in std::fs::read_dir(&dir).into_iter().flatten() {
@@ -172,21 +173,33 @@ fn block_bytes(dev: &Path) -> u64 {
     sectors * 512
 }
 
-/// The kernel's controller device (`/dev/nvme1`) of our subsystem.
-fn kernel_controller() -> String {
+/// The kernel's controller devices (`/dev/nvme1`) of subsystem `nqn`.
+fn kernel_controllers(nqn: &str) -> Vec<String> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/sys/class/nvme").expect("/sys/class/nvme") {
         let path = entry.expect("an entry").path();
-        let nqn = std::fs::read_to_string(path.join("subsysnqn")).unwrap_or_default();
-        if nqn.trim() == NQN {
+        let subsys = std::fs::read_to_string(path.join("subsysnqn")).unwrap_or_default();
+        if subsys.trim() == nqn {
             let name = path
                 .file_name()
                 .expect("a name")
                 .to_string_lossy()
                 .into_owned();
-            return format!("/dev/{name}");
+            found.push(format!("/dev/{name}"));
         }
     }
-    panic!("no kernel controller of {NQN}");
+    found
+}
+
+/// The kernel's one controller device of subsystem `nqn`.
+fn kernel_controller(nqn: &str) -> String {
+    match &kernel_controllers(nqn)[..] {
+        [one] => one.clone(),
+        other => panic!(
+            "the kernel has {} controllers of {nqn}: {other:?}",
+            other.len()
+        ),
+    }
 }
 
 #[test]
@@ -235,12 +248,12 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
 
     for digests in [&[][..], &["--hdr-digest", "--data-digest"]] {
         let connected = Connected::new(digests);
-        let devices = kernel_namespaces(EXPORTED);
+        let devices = kernel_namespaces(NQN, EXPORTED);
         for (nsid, name, bytes) in &namespaces {
             let dev = &devices[nsid];
             assert_eq!(block_bytes(dev), *bytes, "{name} as {}", dev.display());
         }
-        let ctrl = kernel_controller();
+        let ctrl = kernel_controller(NQN);
         let id = run(NVME, &["id-ctrl", &ctrl]);
         assert!(id.contains(NQN), "{id}");
         run(NVME, &["id-ns", &devices[&1].display().to_string()]);
@@ -319,7 +332,7 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
     };
     assert_eq!(name, "stripe0");
     let connected = Connected::new(&[]);
-    let devices = kernel_namespaces(1);
+    let devices = kernel_namespaces(NQN, 1);
     let dev = devices[nsid].display().to_string();
     assert_eq!(block_bytes(&devices[nsid]), *bytes);
     // across chunk and drive boundaries: 4k-1m random writes over 64 MiB, each verified
@@ -394,6 +407,48 @@ impl Drop for OnVfio<'_> {
     fn drop(&mut self) {
         let _ = self.bed.usnvme(&["setup", "bind", &self.address]);
     }
+}
+
+/// Moves the drive at `address` to the kernel's nvme driver; returns the guard that puts it
+/// back on vfio-pci and its block device.
+fn on_kernel_nvme<'a>(bed: &'a VmBed, address: &str) -> (OnVfio<'a>, PathBuf) {
+    load_nvme_driver();
+    let on_vfio = OnVfio {
+        bed,
+        address: address.to_owned(),
+    };
+    let (code, stdout, stderr) = usnvme(bed, &["setup", "reset", address]);
+    assert_eq!(code, Some(0), "setup reset {address}: {stdout}{stderr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list: Vec<serde_json::Value> =
+            serde_json::from_slice(&bed.usnvme(&["list", "--json"]).stdout).expect("JSON");
+        let disk = list
+            .iter()
+            .filter(|c| c["address"] == address)
+            .flat_map(|c| c["block_devices"].as_array().cloned().unwrap_or_default())
+            .find_map(|b| b["name"].as_str().map(str::to_owned));
+        if let Some(disk) = disk {
+            return (on_vfio, PathBuf::from("/dev").join(disk));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no block device on {address} 10 s after it went to nvme"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The PCI address of the bed's drive with serial number `serial`, on vfio-pci.
+fn address_of(bed: &VmBed, serial: &str) -> String {
+    let identify: Vec<serde_json::Value> =
+        serde_json::from_slice(&bed.usnvme(&["identify", "--json"]).stdout).expect("JSON");
+    identify
+        .iter()
+        .find(|c| c["serial"].as_str().map(str::trim) == Some(serial))
+        .and_then(|c| c["address"].as_str())
+        .unwrap_or_else(|| panic!("no drive with serial {serial} on vfio-pci"))
+        .to_owned()
 }
 
 /// The nvmet-tcp configuration, removed (in reverse order) when the test ends, passed or not,
@@ -519,44 +574,13 @@ fn total_ios(doc: &serde_json::Value, dir: &str) -> u64 {
 fn usnvme_perf_verifies_through_the_kernels_nvmet_tcp_target() {
     let bed = VmBed::from_env();
     // the drive's address, from its serial (its image is nvme23.img)
-    let identify: Vec<serde_json::Value> =
-        serde_json::from_slice(&bed.usnvme(&["identify", "--json"]).stdout).expect("JSON");
-    let address = identify
-        .iter()
-        .find(|c| c["serial"].as_str().map(str::trim) == Some(NVMET_SERIAL))
-        .and_then(|c| c["address"].as_str())
-        .unwrap_or_else(|| panic!("no drive with serial {NVMET_SERIAL} on vfio-pci"))
-        .to_owned();
+    let address = address_of(&bed, NVMET_SERIAL);
     let drive = drive_index(NVMET_SERIAL).expect("a bed serial");
     let block_size = bed.block_size_of(drive);
     assert_eq!(block_size, 4096, "drives 12-23 have 4 KiB blocks");
 
     // onto the kernel nvme driver, whose block device nvmet exports
-    load_nvme_driver();
-    let on_vfio = OnVfio {
-        bed: &bed,
-        address: address.clone(),
-    };
-    let (code, stdout, stderr) = usnvme(&bed, &["setup", "reset", &address]);
-    assert_eq!(code, Some(0), "setup reset {address}: {stdout}{stderr}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let dev = loop {
-        let list: Vec<serde_json::Value> =
-            serde_json::from_slice(&bed.usnvme(&["list", "--json"]).stdout).expect("JSON");
-        let disk = list
-            .iter()
-            .filter(|c| c["address"] == address.as_str())
-            .flat_map(|c| c["block_devices"].as_array().cloned().unwrap_or_default())
-            .find_map(|b| b["name"].as_str().map(str::to_owned));
-        if let Some(disk) = disk {
-            break PathBuf::from("/dev").join(disk);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no block device on {address} 10 s after it went to nvme"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (on_vfio, dev) = on_kernel_nvme(&bed, &address);
 
     // declared after the drive's guard: dropped first, freeing the block device
     let nvmet = Nvmet::new(&dev);
@@ -697,4 +721,196 @@ fn usnvme_perf_verifies_through_the_kernels_nvmet_tcp_target() {
         vfio_controllers().iter().any(|a| a.to_string() == address),
         "{address} is not back on vfio-pci"
     );
+}
+
+/// Where the connect-all test's fio works on each namespace: apart from what the other tests
+/// of this suite write (and check) there.
+const CONNECT_ALL_OFFSET: u64 = 640 << 20;
+const CONNECT_ALL_SIZE: u64 = 8 << 20;
+
+/// `nvme ARGS -o json`, parsed.
+fn nvme_json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let text = run(NVME, &all);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("nvme {all:?}: {e}: {text}"))
+}
+
+/// Disconnects every fabrics controller when the test ends, passed or not.
+struct AllConnected;
+
+impl Drop for AllConnected {
+    fn drop(&mut self) {
+        let _ = Command::new(NVME).arg("disconnect-all").output();
+    }
+}
+
+/// What a new user of NVMe/TCP runs (issue 23): `nvme discover` and `nvme connect-all`
+/// against `usnvme serve` and against the kernel's nvmet-tcp in one boot, with digests off and
+/// on; fio verifies through every namespace attached; `nvme list-subsys`, `id-ctrl` and
+/// `smart-log` answer; and the fields a host reads agree, target against target (nvmet is the
+/// reference). `nvme disconnect-all` leaves nothing connected.
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn nvme_connect_all_attaches_usnvme_serve_and_nvmet_alike() {
+    let bed = VmBed::from_env();
+    let address = address_of(&bed, NVMET_SERIAL);
+    let (on_vfio, dev) = on_kernel_nvme(&bed, &address);
+    let nvmet = Nvmet::new(&dev);
+    let exported: Vec<String> = vfio_controllers()
+        .iter()
+        .take(2)
+        .map(|a| a.to_string())
+        .collect();
+    let (mut target, namespaces) = serve(&bed, &exported, &[]);
+    assert_eq!(namespaces.len(), 2, "{namespaces:?}");
+    let nvmet_port = NVMET_PORT.to_string();
+    // (subsystem, port, host allowed there, namespaces)
+    let targets = [
+        (NQN, "4420", HOSTNQN, 2),
+        (NVMET_NQN, nvmet_port.as_str(), NVMET_HOSTNQN, 1),
+    ];
+
+    // The discovery logs, field by field: what libnvme decides from (treq: whether to ask for
+    // TLS; subtype: which records to connect) must read the same.
+    let logs: Vec<serde_json::Value> = targets
+        .iter()
+        .map(|(_, port, host, _)| {
+            nvme_json(&[
+                "discover",
+                "-t",
+                "tcp",
+                "-a",
+                "127.0.0.1",
+                "-s",
+                port,
+                "--hostnqn",
+                host,
+            ])
+        })
+        .collect();
+    let records: Vec<&Vec<serde_json::Value>> = logs
+        .iter()
+        .map(|l| l["records"].as_array().expect("records"))
+        .collect();
+    assert_eq!(records[0].len(), records[1].len(), "{logs:#?}");
+    for (ours, theirs) in records[0].iter().zip(records[1].iter()) {
+        for field in [
+            "trtype", "adrfam", "subtype", "treq", "traddr", "eflags", "sectype",
+        ] {
+            assert_eq!(
+                ours[field], theirs[field],
+                "discovery log {field}: usnvme serve vs nvmet\n{logs:#?}"
+            );
+        }
+    }
+    assert_eq!(records[0][0]["subnqn"], DISCOVERY_NQN, "{logs:#?}");
+    assert_eq!(records[0][1]["subnqn"], NQN, "{logs:#?}");
+
+    let mut id_ctrls = Vec::new();
+    for digests in [&[][..], &["--hdr-digest", "--data-digest"]] {
+        for (nqn, port, host, count) in targets {
+            let connected = AllConnected;
+            let mut args = vec![
+                "connect-all",
+                "-t",
+                "tcp",
+                "-a",
+                "127.0.0.1",
+                "-s",
+                port,
+                "--hostnqn",
+                host,
+            ];
+            args.extend_from_slice(digests);
+            run(NVME, &args);
+            let devices = kernel_namespaces(nqn, count);
+            let ctrl = kernel_controller(nqn);
+
+            let subsystems = nvme_json(&["list-subsys"]).to_string();
+            assert!(
+                subsystems.contains(nqn)
+                    && subsystems.contains("tcp")
+                    && subsystems.contains("live"),
+                "{nqn} is not a live tcp path in nvme list-subsys: {subsystems}"
+            );
+            if digests.is_empty() {
+                id_ctrls.push(nvme_json(&["id-ctrl", &ctrl]));
+            }
+            let smart = nvme_json(&["smart-log", &ctrl]);
+            assert!(
+                smart.get("critical_warning").is_some() && smart.get("data_units_read").is_some(),
+                "{smart:#}"
+            );
+
+            // fio's own verification through every namespace the kernel attached
+            let mut fio: Vec<String> = [
+                "--ioengine=io_uring",
+                "--direct=1",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--iodepth=8",
+                "--rw=randwrite",
+                "--bsrange=4k-128k",
+                &format!("--offset={CONNECT_ALL_OFFSET}"),
+                &format!("--size={CONNECT_ALL_SIZE}"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            for (nsid, dev) in &devices {
+                fio.extend([
+                    format!("--name=ns{nsid}"),
+                    format!("--filename={}", dev.display()),
+                ]);
+            }
+            let fio_args: Vec<&str> = fio.iter().map(String::as_str).collect();
+            let out = run(FIO, &fio_args);
+            assert!(!out.contains("verify: bad"), "{nqn} {digests:?}: {out}");
+
+            run(NVME, &["disconnect-all"]);
+            assert!(
+                kernel_controllers(nqn).is_empty(),
+                "{nqn} still connected after nvme disconnect-all"
+            );
+            drop(connected);
+        }
+    }
+
+    // Identify Controller: the fields the Linux host checks or sizes itself by, target against
+    // target (what nvmet sets them to, and why, in drivers/nvme/target/admin-cmd.c).
+    let (ours, theirs) = (&id_ctrls[0], &id_ctrls[1]);
+    for field in [
+        "cntrltype", // 1: an I/O controller
+        "icdoff",    // in-capsule data right after the SQE
+        "iorcsz",    // 16-byte responses
+        "fcatt",     // the dynamic controller model
+        "msdbd",     // one SGL descriptor per command
+    ] {
+        assert_eq!(
+            ours[field], theirs[field],
+            "id-ctrl {field}: usnvme serve vs nvmet\n{ours:#}\n{theirs:#}"
+        );
+    }
+    for (name, id) in [("usnvme serve", ours), ("nvmet", theirs)] {
+        let sgls = id["sgls"].as_u64().unwrap_or(0);
+        assert_eq!(sgls & 1, 1, "{name}: SGLs supported: {id:#}");
+        assert!(
+            id["kas"].as_u64() > Some(0),
+            "{name}: a Keep Alive granularity"
+        );
+        assert!(id["maxcmd"].as_u64() > Some(0), "{name}: MAXCMD");
+        assert!(
+            id["ver"].as_u64() >= Some(0x10300),
+            "{name}: NVMe 1.3 or later"
+        );
+    }
+    assert_eq!(ours["subnqn"], NQN);
+    assert_eq!(theirs["subnqn"], NVMET_NQN);
+
+    signal(&target, "TERM");
+    let status = target.wait().expect("serve exits");
+    assert_eq!(status.code(), Some(143));
+    drop(nvmet);
+    drop(on_vfio);
 }

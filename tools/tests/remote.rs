@@ -70,7 +70,7 @@ fn discover_lists_serves_subsystem_at_its_port_as_a_table_and_as_json() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
     for heading in [
         "SUBSYSTEM NQN",
         "TYPE",
@@ -78,26 +78,41 @@ fn discover_lists_serves_subsystem_at_its_port_as_a_table_and_as_json() {
         "ADDRESS",
         "SERVICE ID",
         "PORT ID",
+        "SECTYPE",
+        "TRANSPORT REQUIREMENTS",
     ] {
         assert!(lines[0].contains(heading), "{text}");
     }
-    let cells: Vec<&str> = lines[1]
-        .split("  ")
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .collect();
-    assert_eq!(
-        cells,
-        [
-            NQN,
-            "nvme subsystem",
-            "tcp",
-            "127.0.0.1",
-            port.as_str(),
-            "1"
-        ],
-        "{text}"
-    );
+    let cells = |line: &str| -> Vec<String> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    // the discovery subsystem answering, then the NVM subsystem, as nvmet lists them
+    for (line, (nqn, kind)) in lines[1..].iter().zip([
+        (
+            "nqn.2014-08.org.nvmexpress.discovery",
+            "current discovery subsystem",
+        ),
+        (NQN, "nvme subsystem"),
+    ]) {
+        assert_eq!(
+            cells(line),
+            [
+                nqn,
+                kind,
+                "tcp",
+                "127.0.0.1",
+                port.as_str(),
+                "1",
+                "none",
+                "not specified, sq flow control disable supported"
+            ],
+            "{text}"
+        );
+    }
 
     // the SPDK form, with digests: the same log
     let spdk = format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port}");
@@ -105,9 +120,14 @@ fn discover_lists_serves_subsystem_at_its_port_as_a_table_and_as_json() {
         root.path(),
         &["discover", &spdk, "--json", "--hdr-digest", "--data-digest"],
     ));
-    assert_eq!(log["numrec"], 1, "{log:#}");
-    let record = &log["records"][0];
+    assert_eq!(log["numrec"], 2, "{log:#}");
+    let record = &log["records"][1];
     assert_eq!(record["subnqn"], NQN, "{log:#}");
+    assert_eq!(
+        record["treq"],
+        "not specified, sq flow control disable supported"
+    );
+    assert_eq!(record["sectype"], "none");
     assert_eq!(record["trtype"], "tcp");
     assert_eq!(record["adrfam"], "ipv4");
     assert_eq!(record["traddr"], "127.0.0.1");
@@ -201,13 +221,16 @@ fn an_ipv6_listener_is_discovered_and_reached_in_both_address_forms() {
     ));
     let records = log["records"].as_array().expect("records");
     let port = v6.port().to_string();
-    assert_eq!(records.len(), 2, "one record per listener: {log:#}");
+    // the discovery and NVM subsystems at the port asked on, as nvmet lists them
+    assert_eq!(records.len(), 2, "{log:#}");
     assert!(
-        records.iter().any(|r| r["adrfam"] == "ipv6"
+        records.iter().all(|r| r["adrfam"] == "ipv6"
             && r["traddr"] == "::1"
-            && r["trsvcid"].as_str() == Some(port.as_str())),
+            && r["trsvcid"].as_str() == Some(port.as_str())
+            && r["portid"] == 2),
         "{log:#}"
     );
+    assert_eq!(records[1]["subnqn"], NQN, "{log:#}");
     let spdk = format!(
         "trtype:TCP adrfam:IPv6 traddr:::1 trsvcid:{} subnqn:{NQN}",
         v6.port()

@@ -3,7 +3,10 @@
 //! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM,
 //! SMART reads that do not hold I/O up, shutdowns that flush, and no memory kept per connection.
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::{IdentifyController, IdentifyNamespace, Sqe, Status};
 use usnvme_engine::fabric::host::{HostError, HostOptions, Queue};
@@ -46,20 +49,24 @@ fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_diges
         // Discovery: the log names the subsystem at the listener.
         let (mut disc, _) = serve.admin(DISCOVERY_NQN, &opts);
         let mut sqe = Sqe::new(0x02);
-        sqe.cdw10 = 0x70 | ((2048 / 4 - 1) << 16);
-        let (cqe, log) = disc.admin(sqe, 2048).expect("discovery log");
+        sqe.cdw10 = 0x70 | ((3072 / 4 - 1) << 16);
+        let (cqe, log) = disc.admin(sqe, 3072).expect("discovery log");
         assert_eq!(cqe.status(), Status::SUCCESS);
         assert_eq!(
             u64::from_le_bytes(log[8..16].try_into().unwrap()),
-            1,
-            "one record"
+            2,
+            "the discovery subsystem and ours"
         );
-        let entry = &log[1024..2048];
-        assert_eq!(entry[0], 3, "TCP");
-        let subnqn = String::from_utf8_lossy(&entry[256..512]);
-        assert_eq!(subnqn.trim_end_matches('\0'), NQN);
-        let port = String::from_utf8_lossy(&entry[32..64]);
-        assert_eq!(port.trim(), serve.addr.port().to_string());
+        for (entry, subtype, nqn) in [
+            (&log[1024..2048], 3, DISCOVERY_NQN),
+            (&log[2048..3072], 2, NQN),
+        ] {
+            assert_eq!((entry[0], entry[2]), (3, subtype), "TCP, subsystem type");
+            let subnqn = String::from_utf8_lossy(&entry[256..512]);
+            assert_eq!(subnqn.trim_end_matches('\0'), nqn);
+            let port = String::from_utf8_lossy(&entry[32..64]);
+            assert_eq!(port.trim(), serve.addr.port().to_string());
+        }
         disc.disconnect();
 
         // The subsystem: identify, then an I/O queue.
@@ -335,4 +342,65 @@ fn an_association_without_keep_alive_ends_after_kato() {
         admin.admin(sqe, 4096).is_err(),
         "the target closed the admin queue"
     );
+}
+
+/// Reads from a connection the target should close: true when it did (end of stream, or
+/// reset), within `limit`.
+fn closed_by_target(stream: &mut TcpStream, limit: Duration) -> bool {
+    stream.set_read_timeout(Some(limit)).expect("timeout");
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => panic!("the target sent something unasked"),
+    }
+}
+
+#[test]
+fn silent_connections_are_closed_after_ten_seconds_and_max_connections_refuses_the_next() {
+    let serve = Serve::start(&[
+        "--allow-host",
+        HOST,
+        "--max-connections",
+        "4",
+        "--json-status-every",
+        "0.05",
+    ]);
+    // a host at work, and three connections that never send their ICReq: four open
+    let opts = options(Digests::default());
+    let (mut admin, _) = serve.admin(NQN, &opts);
+    let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(serve.addr).expect("connect"))
+        .collect();
+    serve.wait_for_status("four connections open", |s| s["connections"] == 4);
+    // the fifth is refused: closed at once (long before the silent ones' 10 s are up)
+    let mut fifth = TcpStream::connect(serve.addr).expect("the kernel accepts it");
+    assert!(closed_by_target(&mut fifth, Duration::from_secs(30)));
+    for s in &mut silent {
+        s.set_nonblocking(true).expect("non-blocking");
+        let still_open =
+            matches!(s.read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(
+            still_open,
+            "the fifth was refused only when the silent ones timed out"
+        );
+        s.set_nonblocking(false).expect("blocking");
+    }
+    // the silent ones are closed once 10 s have passed, not before
+    for s in &mut silent {
+        assert!(closed_by_target(s, Duration::from_secs(60)));
+    }
+    assert!(opened.elapsed() >= Duration::from_secs(10));
+    serve.wait_for_status("the host's connection alone", |s| s["connections"] == 1);
+    // the host at work was not touched, and new hosts are served again
+    assert_eq!(
+        admin.property_get(0x1c, false).expect("CSTS") & 1,
+        1,
+        "CSTS.RDY"
+    );
+    let (mut other, _) = serve.admin(NQN, &opts);
+    identify(&mut other, 1, 0);
+    other.disconnect();
+    admin.disconnect();
 }

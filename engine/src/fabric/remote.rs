@@ -495,10 +495,14 @@ pub struct DiscoveryEntry {
     pub port_id: u16,
     pub cntlid: u16,
     pub asqsz: u16,
+    pub eflags: u16,
     /// Transport service identifier: for TCP, the port.
     pub trsvcid: String,
     pub subnqn: String,
     pub traddr: String,
+    /// For TCP, the first byte of the transport specific address subtype (TSAS): the
+    /// security type.
+    pub sectype: u8,
 }
 
 impl DiscoveryEntry {
@@ -532,6 +536,50 @@ impl DiscoveryEntry {
             _ => "unknown",
         }
     }
+
+    /// Transport requirements, in nvme-cli's words: the secure channel requirement (bits
+    /// 1:0), then whether SQ flow control may be disabled (bit 2).
+    pub fn treq_text(&self) -> String {
+        let secure = match self.treq & 3 {
+            0 => "not specified",
+            1 => "required",
+            2 => "not required",
+            _ => "reserved",
+        };
+        if self.treq & 4 != 0 {
+            format!("{secure}, sq flow control disable supported")
+        } else {
+            secure.to_owned()
+        }
+    }
+
+    /// Entry flags, in nvme-cli's words.
+    pub fn eflags_text(&self) -> String {
+        let names: Vec<&str> = [
+            (2, "explicit discovery connections"),
+            (1, "duplicate discovery information"),
+            (4, "no cdc connectivity"),
+        ]
+        .iter()
+        .filter(|(bit, _)| self.eflags & bit != 0)
+        .map(|(_, name)| *name)
+        .collect();
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// The TCP security type, in nvme-cli's words.
+    pub fn sectype_name(&self) -> &'static str {
+        match self.sectype {
+            0 => "none",
+            1 => "tls",
+            2 => "tls13",
+            _ => "unknown",
+        }
+    }
 }
 
 /// The header of a discovery log and the complete records that follow it in `bytes` (at most
@@ -560,9 +608,11 @@ pub fn parse_discovery_log(bytes: &[u8]) -> Result<DiscoveryLog, &'static str> {
             port_id: u16_at(e, 4),
             cntlid: u16_at(e, 6),
             asqsz: u16_at(e, 8),
+            eflags: u16_at(e, 10),
             trsvcid: text(&e[32..64]),
             subnqn: text(&e[256..512]),
             traddr: text(&e[512..768]),
+            sectype: e[768],
         })
         .collect();
     Ok(DiscoveryLog {
@@ -693,6 +743,8 @@ mod tests {
         e[..4].copy_from_slice(&[3, 1, 2, 3]);
         e[4] = 7;
         e[6..8].copy_from_slice(&0xffffu16.to_le_bytes());
+        e[10] = 2; // EFLAGS: explicit persistent connections
+        e[768] = 1; // TSAS: SECTYPE TLS
         e[32..64].copy_from_slice(&[b' '; 32]);
         e[32..36].copy_from_slice(b"4420");
         e[256..265].copy_from_slice(b"nqn.x:sub");
@@ -711,6 +763,14 @@ mod tests {
             ("tcp", "ipv4", "nvme subsystem")
         );
         assert_eq!((e.port_id, e.cntlid), (7, 0xffff));
+        assert_eq!(
+            (e.treq_text(), e.eflags_text(), e.sectype_name()),
+            (
+                "required".to_owned(),
+                "explicit discovery connections".to_owned(),
+                "tls"
+            )
+        );
         assert_eq!(
             (e.trsvcid.as_str(), e.subnqn.as_str(), e.traddr.as_str()),
             ("4420", "nqn.x:sub", "127.0.0.1")

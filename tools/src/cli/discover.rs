@@ -26,17 +26,20 @@ pub struct Args {
     pub remote: RemoteArgs,
 }
 
-/// One record, as `--json` prints it.
+/// One record, as `--json` prints it: nvme-cli's fields and words (`nvme discover -o json`),
+/// then the controller ID and admin queue size.
 #[derive(Debug, Serialize)]
 struct Record<'a> {
     trtype: &'static str,
     adrfam: &'static str,
     subtype: &'static str,
-    treq: u8,
+    treq: String,
     portid: u16,
     trsvcid: &'a str,
     subnqn: &'a str,
     traddr: &'a str,
+    eflags: String,
+    sectype: &'static str,
     cntlid: u16,
     asqsz: u16,
 }
@@ -79,23 +82,27 @@ fn record(e: &DiscoveryEntry) -> Record<'_> {
         trtype: e.transport_name(),
         adrfam: e.address_family_name(),
         subtype: e.subtype_name(),
-        treq: e.treq,
+        treq: e.treq_text(),
         portid: e.port_id,
         trsvcid: &e.trsvcid,
         subnqn: &e.subnqn,
         traddr: &e.traddr,
+        eflags: e.eflags_text(),
+        sectype: e.sectype_name(),
         cntlid: e.cntlid,
         asqsz: e.asqsz,
     }
 }
 
-const HEADINGS: [&str; 6] = [
+const HEADINGS: [&str; 8] = [
     "SUBSYSTEM NQN",
     "TYPE",
     "TRANSPORT",
     "ADDRESS",
     "SERVICE ID",
     "PORT ID",
+    "SECTYPE",
+    "TRANSPORT REQUIREMENTS",
 ];
 
 /// One row per record under the headings, columns as wide as their widest cell.
@@ -103,7 +110,7 @@ fn table(log: &DiscoveryLog) -> String {
     if log.entries.is_empty() {
         return "no discovery log records\n".to_owned();
     }
-    let rows: Vec<[String; 6]> = log
+    let rows: Vec<[String; 8]> = log
         .entries
         .iter()
         .map(|e| {
@@ -114,6 +121,8 @@ fn table(log: &DiscoveryLog) -> String {
                 e.traddr.clone(),
                 e.trsvcid.clone(),
                 e.port_id.to_string(),
+                e.sectype_name().to_owned(),
+                e.treq_text(),
             ]
         })
         .collect();
@@ -148,13 +157,15 @@ mod tests {
             trtype: 3,
             adrfam: 1,
             subtype: 2,
-            treq: 2,
+            treq: 4,
             port_id: 1,
             cntlid: 0xffff,
             asqsz: 32,
+            eflags: 0,
             trsvcid: port.into(),
             subnqn: nqn.into(),
             traddr: "127.0.0.1".into(),
+            sectype: 0,
         }
     }
 
@@ -169,9 +180,9 @@ mod tests {
             ],
         };
         let expect = "\
-SUBSYSTEM NQN            TYPE            TRANSPORT  ADDRESS    SERVICE ID  PORT ID
-nqn.2024-01.io.usnvme:a  nvme subsystem  tcp        127.0.0.1  4420        1
-nqn.b                    nvme subsystem  tcp        127.0.0.1  44201       1
+SUBSYSTEM NQN            TYPE            TRANSPORT  ADDRESS    SERVICE ID  PORT ID  SECTYPE  TRANSPORT REQUIREMENTS
+nqn.2024-01.io.usnvme:a  nvme subsystem  tcp        127.0.0.1  4420        1        none     not specified, sq flow control disable supported
+nqn.b                    nvme subsystem  tcp        127.0.0.1  44201       1        none     not specified, sq flow control disable supported
 ";
         assert_eq!(table(&log), expect);
         let empty = DiscoveryLog {
@@ -184,5 +195,43 @@ nqn.b                    nvme subsystem  tcp        127.0.0.1  44201       1
         assert_eq!(json["subnqn"], "nqn.2024-01.io.usnvme:a");
         assert_eq!(json["trtype"], "tcp");
         assert_eq!(json["portid"], 1);
+        assert_eq!(
+            json["treq"],
+            "not specified, sq flow control disable supported"
+        );
+        assert_eq!(
+            (&json["sectype"], &json["eflags"]),
+            (&"none".into(), &"none".into())
+        );
+    }
+
+    #[test]
+    fn treq_eflags_and_sectype_read_as_nvme_cli_prints_them() {
+        let mut e = entry("nqn.a", "4420");
+        for (treq, text) in [
+            (0, "not specified"),
+            (1, "required"),
+            (2, "not required"),
+            (4, "not specified, sq flow control disable supported"),
+            (6, "not required, sq flow control disable supported"),
+        ] {
+            e.treq = treq;
+            assert_eq!(e.treq_text(), text);
+        }
+        for (eflags, text) in [
+            (0, "none"),
+            (2, "explicit discovery connections"),
+            (
+                3,
+                "explicit discovery connections, duplicate discovery information",
+            ),
+        ] {
+            e.eflags = eflags;
+            assert_eq!(e.eflags_text(), text);
+        }
+        for (sectype, name) in [(0, "none"), (1, "tls"), (2, "tls13"), (9, "unknown")] {
+            e.sectype = sectype;
+            assert_eq!(e.sectype_name(), name);
+        }
     }
 }

@@ -21,7 +21,7 @@ use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::target::admin::aggregate_smart;
 use usnvme_engine::fabric::target::connection::ConnectionLimits;
 use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::server::{Counters, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::target::server::{Counters, Incoming, ServeJob, Shared, SmartService};
 use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
@@ -73,6 +73,15 @@ pub struct Args {
     /// Any host may connect.
     #[arg(long = "allow-any-host")]
     allow_any_host: bool,
+    /// Most TCP connections open at once (each queue of each host is one; each holds a few
+    /// hundred KiB of buffers): the next is refused, with a warning naming it.
+    #[arg(
+        long = "max-connections",
+        value_name = "N",
+        default_value_t = 1024,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    max_connections: u64,
     /// Write the target's status (subsystem, namespaces, listeners, hosts, connections,
     /// controllers, commands, bytes sent, DMA buffers in use, reactor busy time) as JSON to
     /// FILE, every second (see --json-status-every) and at exit.
@@ -107,7 +116,7 @@ pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let nqn = match &args.nqn {
         Some(n) => check_nqn(n).map_err(|e| usage(format!("--nqn {n}: {e}")))?,
-        None => default_nqn(),
+        None => usnvme_engine::fabric::target::default_nqn(sysfs.root()),
     };
     for host in &args.allow_host {
         check_nqn(host).map_err(|e| usage(format!("--allow-host {host}: {e}")))?;
@@ -243,12 +252,27 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let (mut last_commands, mut last_bytes) = (0u64, 0u64);
     while crate::signals::received().is_none() && !run.is_finished() {
         let mut accepted = false;
-        for (l, _) in &listeners {
+        for (l, listener) in &listeners {
             match l.accept() {
                 Ok((stream, peer)) => {
                     accepted = true;
+                    // open, and accepted but not yet taken by a reactor
+                    let open = counters.connections.load(Ordering::Relaxed)
+                        + senders.iter().map(|s| s.len() as u64).sum::<u64>();
+                    if open >= args.max_connections {
+                        log::warn!(
+                            "{peer}: refused: {open} connections are open (--max-connections {})",
+                            args.max_connections
+                        );
+                        drop(stream);
+                        continue;
+                    }
                     log::info!("{peer}: connected");
-                    let _ = senders[next % senders.len()].send((stream, peer.to_string()));
+                    let _ = senders[next % senders.len()].send(Incoming {
+                        stream,
+                        peer: peer.to_string(),
+                        port_id: listener.port_id,
+                    });
                     next += 1;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
@@ -375,17 +399,6 @@ fn serial(nqn: &str) -> String {
         "usnvme{:08x}",
         usnvme_engine::fabric::pdu::crc32c(nqn.as_bytes())
     )
-}
-
-/// `nqn.2014-08.org.nvmexpress:uuid`-style NQNs are what hosts expect; ours is
-/// `nqn.2024-01.io.usnvme:HOSTNAME`.
-fn default_nqn() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    format!("nqn.2024-01.io.usnvme:{host}")
 }
 
 /// An NQN: "nqn." then at most 223 bytes, printable ASCII.

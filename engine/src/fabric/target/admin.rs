@@ -37,7 +37,7 @@ pub const ASYNC_EVENT_LIMIT: usize = 4;
 
 /// The most data one admin command's answer carries: the size of each connection's admin
 /// buffer, preallocated, into which the answer is built (no allocation per command). Identify
-/// is 4 KiB; every log of ours is shorter than this (the discovery log up to 15 listeners),
+/// is 4 KiB; every log of ours is shorter than this (the discovery log is 3 KiB at most),
 /// and hosts read logs in pieces of 4 KiB (libnvme) or less.
 pub const MAX_ADMIN_DATA: usize = 16 << 10;
 /// The largest Get Log Page transfer answered (a longer one reads zeroes past the log's end);
@@ -553,7 +553,8 @@ const LID_FIRMWARE_SLOT: u8 = LogPageId::FirmwareSlot as u8;
 const LID_DISCOVERY: u8 = LogPageId::Discovery as u8;
 
 /// Discovery log layout (NVMe over Fabrics 1.1, Discovery Log Page): a 1024-byte header, then
-/// one 1024-byte entry per record.
+/// one 1024-byte entry per record. Every field is written as Linux's nvmet writes it
+/// (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
 const DISCOVERY_HEADER: usize = 1024;
 const DISCOVERY_ENTRY: usize = 1024;
 /// GENCTR: the log never changes while the target runs.
@@ -563,15 +564,39 @@ const TRTYPE_TCP: u8 = 3;
 /// ADRFAM: IPv4, IPv6.
 const ADRFAM_IPV4: u8 = 1;
 const ADRFAM_IPV6: u8 = 2;
-/// SUBTYPE 2: an NVM subsystem (not a discovery service).
+/// SUBTYPE 2: an NVM subsystem; 3: the current discovery subsystem, the one answering (nvmet
+/// lists it first, and since NVMe-oF 1.1 hosts expect it: nvme-cli skips it when connecting).
 const SUBTYPE_NVME: u8 = 2;
-/// TREQ 2: a secure channel is not required.
-const TREQ_NOT_REQUIRED: u8 = 2;
+const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+/// TREQ: bits 1:0 00b, secure channel requirements not specified (we offer no TLS: 01b
+/// "required" or 10b "not required" both make libnvme 1.3 add `tls` to the connect options,
+/// which Linux 6.1 refuses), and bit 2, SQ flow control disable supported (we honour CATTR
+/// bit 2 in Connect). This is what nvmet writes for a TCP port.
+const TREQ_SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
 /// CNTLID FFFFh: the dynamic controller model (any controller ID).
 const CNTLID_DYNAMIC: u16 = 0xffff;
-/// ASQSZ: the admin queue entries a host may use, the least the specification allows (what
-/// Linux uses).
+/// ASQSZ: the admin queue entries a host may use: 32, nvmet's NVME_AQ_DEPTH (and the least
+/// the specification allows).
 const DISCOVERY_ASQSZ: u16 = 32;
+// EFLAGS (bytes 10..12) stay 0, as nvmet leaves them: no duplicate-information or explicit
+// persistent-connection claims. TSAS (768..1024) stays 0: for TCP its first byte is SECTYPE,
+// 0 = no security, as nvmet writes for a port without TLS.
+
+/// Who reads the discovery log: the port (listener) its connection came in on, as the host
+/// reached it (the address is the connection's local one, never a wildcard), and whether the
+/// host may use the subsystem. As nvmet, the log describes that port only, and names the NVM
+/// subsystem only to a host allowed to connect to it.
+#[derive(Debug, Clone, Copy)]
+pub struct DiscoveryAsker<'a> {
+    pub port: &'a Listener,
+    pub host_allowed: bool,
+}
+
+impl DiscoveryAsker<'_> {
+    fn records(&self) -> usize {
+        1 + usize::from(self.host_allowed)
+    }
+}
 
 /// Get Log Page: the `len` bytes at `offset` of log LID (CDW10 bits 7:0). The length is NUMD,
 /// 0's based dwords from NUMDL (CDW10 bits 31:16) and NUMDU (CDW11 bits 15:0); the offset is
@@ -581,7 +606,7 @@ const DISCOVERY_ASQSZ: u16 = 32;
 /// for it, controller-wide: NSID 0 or FFFFFFFFh) and Firmware Slot Information (03h).
 pub fn log_page(
     sub: &SubsystemInfo,
-    discovery: bool,
+    discovery: Option<DiscoveryAsker>,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
@@ -597,15 +622,16 @@ pub fn log_page(
         return Err(INVALID_FIELD);
     }
     let log_len = match (discovery, sqe.cdw10 as u8) {
-        (true, LID_DISCOVERY) => DISCOVERY_HEADER + DISCOVERY_ENTRY * sub.listeners.len(),
-        (false, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
-        (false, LID_SMART) => {
+        (Some(asker), LID_DISCOVERY) => DISCOVERY_HEADER + DISCOVERY_ENTRY * asker.records(),
+        (Some(_), _) => return Err(INVALID_LOG_PAGE),
+        (None, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
+        (None, LID_SMART) => {
             if sqe.nsid != 0 && sqe.nsid != u32::MAX {
                 return Err(INVALID_FIELD); // no per-namespace SMART (LPA bit 0 clear)
             }
             SmartLog::SIZE
         }
-        (false, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
+        (None, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
         _ => return Err(INVALID_LOG_PAGE),
     };
     let offset = usize::try_from(offset)
@@ -615,19 +641,23 @@ pub fn log_page(
     // `out` shows the log from `offset`: zeroes, then each part of the log where it falls
     let out = &mut out[..len];
     out.fill(0);
-    match sqe.cdw10 as u8 {
-        LID_DISCOVERY => {
+    match (sqe.cdw10 as u8, discovery) {
+        (LID_DISCOVERY, Some(asker)) => {
             let mut part = [0u8; DISCOVERY_ENTRY];
-            discovery_header(&mut part, sub);
+            discovery_header(&mut part, asker.records());
             put_log_part(out, offset, 0, &part);
-            for (i, listener) in sub.listeners.iter().enumerate() {
+            let records = [
+                (SUBTYPE_CURRENT_DISCOVERY, super::DISCOVERY_NQN),
+                (SUBTYPE_NVME, sub.nqn.as_str()),
+            ];
+            for (i, (subtype, nqn)) in records.into_iter().take(asker.records()).enumerate() {
                 part.fill(0);
-                discovery_entry(&mut part, &sub.nqn, listener);
+                discovery_entry(&mut part, subtype, nqn, asker.port);
                 put_log_part(out, offset, DISCOVERY_HEADER + i * DISCOVERY_ENTRY, &part);
             }
         }
-        LID_SMART => put_log_part(out, offset, 0, smart().as_bytes()),
-        LID_FIRMWARE_SLOT => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
+        (LID_SMART, _) => put_log_part(out, offset, 0, smart().as_bytes()),
+        (LID_FIRMWARE_SLOT, _) => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
         _ => {} // the error log: no errors recorded, all zero
     }
     Ok(len)
@@ -656,34 +686,30 @@ fn firmware_slot_log(sub: &SubsystemInfo) -> FirmwareSlotLog {
     log
 }
 
-/// The discovery log's header (its first 1024 bytes): one NVM subsystem record per listener.
-/// (Linux's target lists the same, plus referrals; it adds no record for the discovery
-/// subsystem itself.)
-fn discovery_header(header: &mut [u8], sub: &SubsystemInfo) {
+/// The discovery log's header (its first 1024 bytes).
+fn discovery_header(header: &mut [u8], records: usize) {
     header[0..8].copy_from_slice(&DISCOVERY_GENCTR.to_le_bytes());
-    header[8..16].copy_from_slice(&(sub.listeners.len() as u64).to_le_bytes());
+    header[8..16].copy_from_slice(&(records as u64).to_le_bytes());
     // RECFMT (16..18) 0
 }
 
-/// Fills one 1024-byte discovery log entry.
-fn discovery_entry(entry: &mut [u8], nqn: &str, listener: &Listener) {
+/// Fills one 1024-byte discovery log entry: `nqn`, of type `subtype`, at `port`.
+fn discovery_entry(entry: &mut [u8], subtype: u8, nqn: &str, port: &Listener) {
     entry[0] = TRTYPE_TCP;
-    entry[1] = if listener.address.is_ipv4() {
+    entry[1] = if port.address.is_ipv4() {
         ADRFAM_IPV4
     } else {
         ADRFAM_IPV6
     };
-    entry[2] = SUBTYPE_NVME;
-    entry[3] = TREQ_NOT_REQUIRED;
-    entry[4..6].copy_from_slice(&listener.port_id.to_le_bytes());
+    entry[2] = subtype;
+    entry[3] = TREQ_SQ_FLOW_CONTROL_DISABLE;
+    entry[4..6].copy_from_slice(&port.port_id.to_le_bytes());
     entry[6..8].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
     entry[8..10].copy_from_slice(&DISCOVERY_ASQSZ.to_le_bytes());
-    // EFLAGS (10..12) 0
     // TRSVCID and TRADDR are ASCII, space padded; SUBNQN is UTF-8, NUL padded
-    put_ascii(&mut entry[32..64], &listener.address.port().to_string());
+    put_ascii(&mut entry[32..64], &port.address.port().to_string());
     put_nul_padded(&mut entry[256..512], nqn);
-    put_ascii(&mut entry[512..768], &listener.address.ip().to_string());
-    // TSAS (768..1024) zero: for TCP, SECTYPE 0, no security
+    put_ascii(&mut entry[512..768], &port.address.ip().to_string());
 }
 
 /// The SMART / Health log of the subsystem from its drives': counters add up (saturating),
@@ -886,19 +912,20 @@ const ABORT_NOT_ABORTED: u32 = 1;
 pub fn execute(
     sub: &SubsystemInfo,
     cntlid: u16,
-    discovery: bool,
+    discovery: Option<DiscoveryAsker>,
     features: &mut Features,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
 ) -> Result<(u32, usize), Status> {
+    let is_discovery = discovery.is_some();
     let feature_served = |sqe: &Sqe| {
         let fid = sqe.cdw10 as u8;
-        !discovery || fid == FID_KEEP_ALIVE_TIMER || fid == FID_ASYNC_EVENT_CONFIGURATION
+        !is_discovery || fid == FID_KEEP_ALIVE_TIMER || fid == FID_ASYNC_EVENT_CONFIGURATION
     };
     match AdminOpcode::from_raw(sqe.opcode()) {
         Some(AdminOpcode::Identify) => {
-            let page = identify(sub, cntlid, discovery, sqe)?;
+            let page = identify(sub, cntlid, is_discovery, sqe)?;
             let dst = out.get_mut(..IDENTIFY_BYTES).ok_or(INVALID_FIELD)?;
             dst.copy_from_slice(&page);
             Ok((0, IDENTIFY_BYTES))
@@ -913,7 +940,7 @@ pub fn execute(
             features.get_feature(sqe).map(|dw0| (dw0, 0))
         }
         Some(AdminOpcode::SetFeatures | AdminOpcode::GetFeatures) => Err(INVALID_FIELD),
-        Some(AdminOpcode::Abort) if !discovery => Ok((ABORT_NOT_ABORTED, 0)),
+        Some(AdminOpcode::Abort) if !is_discovery => Ok((ABORT_NOT_ABORTED, 0)),
         _ => Err(INVALID_OPCODE),
     }
 }
@@ -921,6 +948,14 @@ pub fn execute(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The discovery controller's asker: an allowed host on the first listener.
+    fn asker(sub: &SubsystemInfo, discovery: bool) -> Option<DiscoveryAsker<'_>> {
+        discovery.then(|| DiscoveryAsker {
+            port: &sub.listeners[0],
+            host_allowed: true,
+        })
+    }
 
     /// [`super::log_page`] into a buffer of its own, as a Vec.
     fn log_page(
@@ -930,7 +965,7 @@ mod tests {
         smart: &mut dyn FnMut() -> SmartLog,
     ) -> Result<Vec<u8>, Status> {
         let mut out = vec![0xEE; MAX_ADMIN_DATA];
-        super::log_page(sub, discovery, sqe, smart, &mut out).map(|n| out[..n].to_vec())
+        super::log_page(sub, asker(sub, discovery), sqe, smart, &mut out).map(|n| out[..n].to_vec())
     }
 
     /// [`super::execute`] into a buffer of its own, as a Vec.
@@ -943,14 +978,30 @@ mod tests {
         smart: &mut dyn FnMut() -> SmartLog,
     ) -> Result<(u32, Vec<u8>), Status> {
         let mut out = vec![0xEE; MAX_ADMIN_DATA];
-        super::execute(sub, cntlid, discovery, features, sqe, smart, &mut out)
-            .map(|(dw0, n)| (dw0, out[..n].to_vec()))
+        super::execute(
+            sub,
+            cntlid,
+            asker(sub, discovery),
+            features,
+            sqe,
+            smart,
+            &mut out,
+        )
+        .map(|(dw0, n)| (dw0, out[..n].to_vec()))
     }
 
-    /// The whole discovery log.
+    /// The whole discovery log, as an allowed host on the first listener reads it.
     fn discovery_log(sub: &SubsystemInfo) -> Vec<u8> {
-        let len = DISCOVERY_HEADER + DISCOVERY_ENTRY * sub.listeners.len();
-        log_page(sub, true, &get_log(0x70, 0, len as u32, 0), &mut no_smart).expect("the log")
+        discovery_log_for(sub, asker(sub, true).expect("an asker"))
+    }
+
+    fn discovery_log_for(sub: &SubsystemInfo, asker: DiscoveryAsker) -> Vec<u8> {
+        let len = DISCOVERY_HEADER + DISCOVERY_ENTRY * 2;
+        let mut out = vec![0xEE; MAX_ADMIN_DATA];
+        let sqe = get_log(0x70, 0, len as u32, 0);
+        let n = super::log_page(sub, Some(asker), &sqe, &mut no_smart, &mut out).expect("log");
+        let records = le64(&out, 8) as usize;
+        out[..n.min(DISCOVERY_HEADER + DISCOVERY_ENTRY * records)].to_vec()
     }
     use std::net::SocketAddr;
     use usnvme_driver::spec::command::FeatureSelect;
@@ -1521,58 +1572,98 @@ mod tests {
         assert_eq!((le64(&header, 0), le64(&header, 8)), (1, 2));
     }
 
+    /// What Linux 6.1's nvmet writes for one TCP port (`discovery.c`,
+    /// `nvmet_format_discovery_entry`; `nvme discover` against it in the bed prints the same):
+    /// the current discovery subsystem first, then the NVM subsystem, both at the port asked on.
     #[test]
-    fn discovery_log_with_two_listeners_field_by_field() {
+    fn the_discovery_log_is_what_nvmet_writes_field_by_field() {
         let sub = subsystem();
-        let log = discovery_log(&sub);
-        assert_eq!(log.len(), 3 * 1024);
-        assert_eq!(le64(&log, 0), 1, "GENCTR");
-        assert_eq!(le64(&log, 8), 2, "NUMREC");
-        assert_eq!(le16(&log, 16), 0, "RECFMT");
-        assert!(log[18..1024].iter().all(|&b| b == 0));
-
-        let expected = [
-            (1u8, 1u16, "4420", "192.0.2.10"),
-            (2, 2, "4421", "2001:db8::1"),
+        // (field, byte range in an entry, current discovery subsystem, NVM subsystem)
+        let nvmet: [(&str, std::ops::Range<usize>, &[u8], &[u8]); 8] = [
+            ("TRTYPE tcp", 0..1, &[3], &[3]),
+            ("ADRFAM ipv4", 1..2, &[1], &[1]),
+            (
+                "SUBTYPE current discovery / nvme subsystem",
+                2..3,
+                &[3],
+                &[2],
+            ),
+            (
+                "TREQ not specified, sq flow control disable supported",
+                3..4,
+                &[4],
+                &[4],
+            ),
+            ("PORTID 1", 4..6, &[1, 0], &[1, 0]),
+            ("CNTLID dynamic", 6..8, &[0xff, 0xff], &[0xff, 0xff]),
+            ("ASQSZ 32", 8..10, &[32, 0], &[32, 0]),
+            ("EFLAGS none", 10..12, &[0, 0], &[0, 0]),
         ];
-        for (i, (adrfam, port_id, trsvcid, traddr)) in expected.into_iter().enumerate() {
-            let e = &log[1024 * (i + 1)..1024 * (i + 2)];
-            assert_eq!(e[0], 3, "TRTYPE: TCP");
-            assert_eq!(e[1], adrfam, "ADRFAM");
-            assert_eq!(e[2], 2, "SUBTYPE: NVM subsystem");
-            assert_eq!(e[3], 2, "TREQ: secure channel not required");
-            assert_eq!(le16(e, 4), port_id, "PORTID");
-            assert_eq!(le16(e, 6), 0xffff, "CNTLID: dynamic");
-            assert_eq!(le16(e, 8), 32, "ASQSZ");
-            assert_eq!(le16(e, 10), 0, "EFLAGS");
-            assert!(e[12..32].iter().all(|&b| b == 0));
-            assert_eq!(
-                std::str::from_utf8(&e[32..64]).expect("ASCII").trim_end(),
-                trsvcid
-            );
-            assert_eq!(
-                e[32 + trsvcid.len()..64]
-                    .iter()
-                    .filter(|&&b| b != b' ')
-                    .count(),
-                0
-            );
-            assert!(e[64..256].iter().all(|&b| b == 0));
-            assert_eq!(
-                c_string(&e[256..512]),
-                "nqn.2024-01.io.usnvme:test",
-                "SUBNQN"
-            );
-            assert_eq!(
-                std::str::from_utf8(&e[512..768]).expect("ASCII").trim_end(),
-                traddr
-            );
-            assert!(e[768..1024].iter().all(|&b| b == 0), "TSAS: no security");
+        for (port, adrfam, trsvcid, traddr) in [
+            (0, 1u8, "4420", "192.0.2.10"),
+            (1, 2, "4421", "2001:db8::1"),
+        ] {
+            let asker = DiscoveryAsker {
+                port: &sub.listeners[port],
+                host_allowed: true,
+            };
+            let log = discovery_log_for(&sub, asker);
+            assert_eq!(log.len(), 3 * 1024);
+            assert_eq!(le64(&log, 0), 1, "GENCTR");
+            assert_eq!(le64(&log, 8), 2, "NUMREC");
+            assert_eq!(le16(&log, 16), 0, "RECFMT");
+            assert!(log[18..1024].iter().all(|&b| b == 0));
+            for (i, subnqn) in [DISCOVERY_NQN_FOR_TEST, "nqn.2024-01.io.usnvme:test"]
+                .into_iter()
+                .enumerate()
+            {
+                let e = &log[1024 * (i + 1)..1024 * (i + 2)];
+                for (field, range, current, nvme) in &nvmet {
+                    let mut want = if i == 0 {
+                        current.to_vec()
+                    } else {
+                        nvme.to_vec()
+                    };
+                    if range.start == 1 {
+                        want = vec![adrfam];
+                    }
+                    if range.start == 4 {
+                        want = vec![port as u8 + 1, 0];
+                    }
+                    assert_eq!(&e[range.clone()], &want[..], "{field} (entry {i})");
+                }
+                assert!(e[12..32].iter().all(|&b| b == 0), "reserved");
+                assert_eq!(
+                    &e[32..64],
+                    format!("{trsvcid:<32}").as_bytes(),
+                    "TRSVCID, space padded"
+                );
+                assert!(e[64..256].iter().all(|&b| b == 0), "reserved");
+                assert_eq!(c_string(&e[256..512]), subnqn, "SUBNQN");
+                assert!(e[256 + subnqn.len()..512].iter().all(|&b| b == 0));
+                assert_eq!(
+                    &e[512..768],
+                    format!("{traddr:<256}").as_bytes(),
+                    "TRADDR, space padded"
+                );
+                assert!(e[768..1024].iter().all(|&b| b == 0), "TSAS: SECTYPE none");
+            }
         }
-        let mut none = subsystem();
-        none.listeners.clear();
-        assert_eq!(discovery_log(&none).len(), 1024);
+        // a host that may not use the subsystem sees the discovery subsystem alone (nvmet
+        // skips subsystems whose allowed hosts exclude it)
+        let stranger = DiscoveryAsker {
+            port: &sub.listeners[0],
+            host_allowed: false,
+        };
+        let log = discovery_log_for(&sub, stranger);
+        assert_eq!((log.len(), le64(&log, 8)), (2048, 1));
+        assert_eq!(
+            (log[1024 + 2], c_string(&log[1024 + 256..1536])),
+            (3, DISCOVERY_NQN_FOR_TEST)
+        );
     }
+
+    const DISCOVERY_NQN_FOR_TEST: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
     /// A 64-byte Fabrics command with `fctype` and the given bytes from byte 40 on.
     fn fabrics(fctype: u8, tail: &[(usize, &[u8])]) -> Sqe {

@@ -31,7 +31,7 @@ use vm_memory::VolatileSlice;
 use super::admin::{self, ConnectData, FabricsCommand, Features};
 use super::registry::{Controller, Registry};
 use super::wire::{self, ReadWire, WriteWire};
-use super::SubsystemInfo;
+use super::{Listener, SubsystemInfo};
 use crate::block::Op;
 use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
 use crate::fabric::pdu::{
@@ -156,6 +156,19 @@ enum Role {
     },
 }
 
+/// How a discovery controller's host reads the discovery log: at the port it came in on, with
+/// the NVM subsystem listed only if the host may connect to it. None for an I/O controller.
+fn discovery_asker<'a>(
+    port: &'a Listener,
+    registry: &Registry,
+    controller: &Controller,
+) -> Option<admin::DiscoveryAsker<'a>> {
+    controller.discovery().then(|| admin::DiscoveryAsker {
+        port,
+        host_allowed: registry.host_allowed(controller.host_nqn()),
+    })
+}
+
 /// One command in flight on this connection.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
@@ -266,7 +279,22 @@ pub struct Connection {
     /// Why the connection ends, once it does.
     closed: Option<String>,
     peer: String,
+    /// The port the host reached (the discovery log describes it).
+    port: Listener,
+    /// Bytes received so far, and when `tick` last saw that count change (or the connection
+    /// open): a host that leaves a PDU half sent, or never sends its ICReq, is found by it.
+    received: u64,
+    progress: Option<(u64, Instant)>,
+    /// When `tick` first saw the connection.
+    opened: Option<Instant>,
 }
+
+/// A connection that has not sent its ICReq this long after it opened is closed (a port
+/// scanner, a stuck host): it holds buffers another host could use.
+pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A PDU left half received this long is a stalled host: the connection is closed. The Keep
+/// Alive timeout the host set on its admin queue, where known, else this.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -292,7 +320,12 @@ impl Connection {
         let rx_capacity = pdu::MAX_HEADER + 256 + own_data + DIGEST;
         let entries = subsystem.queue_entries as usize;
         let tx_capacity = TX_HIGH_WATER + TX_PER_PDU + entries * TX_PER_COMMAND;
+        let port = subsystem.listeners.first().cloned().unwrap_or(Listener {
+            address: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            port_id: 1,
+        });
         Connection {
+            port,
             phase: Phase::AwaitIcReq,
             digests: Digests::default(),
             host_alignment: 0,
@@ -320,7 +353,16 @@ impl Connection {
             admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
             closed: None,
             peer,
+            received: 0,
+            progress: None,
+            opened: None,
         }
+    }
+
+    /// The connection came in on `port`, at its address (the connection's local one).
+    pub fn on_port(mut self, port: Listener) -> Connection {
+        self.port = port;
+        self
     }
 
     /// Whether anything waits to be sent.
@@ -417,6 +459,7 @@ impl Connection {
                 Err(e) => return Err(e),
             };
             taken += read;
+            self.received += read as u64;
         }
     }
 
@@ -984,7 +1027,6 @@ impl Connection {
             self.respond(cid, 0, Status::COMMAND_SEQUENCE_ERROR);
             return;
         }
-        let discovery = controller.discovery();
         let cntlid = controller.cntlid();
         // Any admin command shows the host is there (the Keep Alive timer is traffic based);
         // the association ends only after twice KATO without one, so a host that sends its
@@ -1006,7 +1048,7 @@ impl Connection {
             _ => admin::execute(
                 &self.subsystem,
                 cntlid,
-                discovery,
+                discovery_asker(&self.port, &self.registry, controller),
                 features,
                 sqe,
                 &mut || {
@@ -1063,11 +1105,11 @@ impl Connection {
             let Some(sqe) = smart_waiting.pop() else {
                 break;
             };
-            let (cntlid, discovery) = (controller.cntlid(), controller.discovery());
+            let cntlid = controller.cntlid();
             let result = admin::execute(
                 &self.subsystem,
                 cntlid,
-                discovery,
+                discovery_asker(&self.port, &self.registry, controller),
                 features,
                 &sqe,
                 &mut || log,
@@ -1614,7 +1656,7 @@ impl Connection {
     /// Call every few milliseconds.
     pub fn tick(&mut self, now: Instant, backend: &mut dyn Backend) {
         self.poll_smart(backend);
-        let why = match &self.role {
+        let why = self.stalled(now).or_else(|| match &self.role {
             Role::Admin {
                 features,
                 last_keep_alive,
@@ -1632,13 +1674,44 @@ impl Connection {
                 Some(format!("controller {} went away", controller.cntlid()))
             }
             _ => None,
-        };
+        });
         if let Some(why) = why {
             if self.closed.is_none() {
                 log::warn!("{}: {why}: closing", self.peer);
             }
             self.close(why, backend);
         }
+    }
+
+    /// Why the connection is to close for a host that stopped sending: no ICReq within
+    /// [`ICREQ_TIMEOUT`] of opening, or a PDU half received and nothing more for the stall
+    /// timeout. (Between PDUs a host may be quiet for as long as it likes: Keep Alive
+    /// watches that.)
+    fn stalled(&mut self, now: Instant) -> Option<String> {
+        let opened = *self.opened.get_or_insert(now);
+        if self.phase == Phase::AwaitIcReq && now.saturating_duration_since(opened) > ICREQ_TIMEOUT
+        {
+            return Some(format!("no ICReq within {} s", ICREQ_TIMEOUT.as_secs()));
+        }
+        let (count, since) = *self.progress.get_or_insert((self.received, now));
+        if count != self.received {
+            self.progress = Some((self.received, now));
+            return None;
+        }
+        let quiet = now.saturating_duration_since(since);
+        let mid_pdu = self.rx_end > self.rx_start || !matches!(self.rx_state, RxState::Header);
+        let limit = match &self.role {
+            Role::Admin { features, .. } if features.keep_alive_ms() > 0 => {
+                Duration::from_millis(features.keep_alive_ms().into())
+            }
+            _ => STALL_TIMEOUT,
+        };
+        (mid_pdu && self.phase != Phase::Closing && quiet > limit).then(|| {
+            format!(
+                "a PDU half received and nothing more for {} ms",
+                quiet.as_millis()
+            )
+        })
     }
 
     /// The target stops: held events complete, the connection closes once drained.
@@ -1937,6 +2010,62 @@ mod tests {
             header: true,
             data: true,
         }
+    }
+
+    #[test]
+    fn a_connection_without_an_icreq_is_closed_after_the_limit_and_a_half_sent_pdu_after_its_own() {
+        let sub = Arc::new(test_subsystem(1));
+        let mut backend = MemoryBackend::new(&sub);
+        let registry = Arc::new(Registry::new(None));
+        let limits = ConnectionLimits { maxh2cdata: 4096 };
+        let t0 = Instant::now();
+        let secs = |s: u64| t0 + Duration::from_secs(s);
+
+        // no ICReq at all; then one begun (bytes come) but never finished: the limit counts
+        // from the connection's opening either way
+        for sent in [&[][..], &[0u8, 0, 128, 0][..]] {
+            let mut conn = Connection::new(sub.clone(), registry.clone(), limits, "h".into());
+            conn.tick(t0, &mut backend);
+            conn.receive(sent, &mut backend);
+            conn.tick(secs(9), &mut backend);
+            assert_eq!(conn.finished(), None, "closed before the ICReq limit");
+            conn.tick(secs(11), &mut backend);
+            assert_eq!(conn.finished(), Some("no ICReq within 10 s"), "{sent:?}");
+        }
+
+        // Ready, between PDUs: quiet for as long as the host likes
+        let mut bed = Bed::new(None, Digests::default());
+        bed.conn.tick(t0, &mut bed.backend);
+        bed.conn.tick(secs(3600), &mut bed.backend);
+        assert_eq!(bed.conn.finished(), None, "a quiet connection between PDUs");
+        // half a command capsule: closed once nothing more came for the stall limit
+        let h = OutHeader::capsule_cmd(
+            &Sqe::identify(usnvme_driver::spec::command::Cns::Controller, 0),
+            0,
+            bed.digests,
+        );
+        let half = &h.as_slice()[..30];
+        bed.conn.receive(half, &mut bed.backend);
+        bed.conn.tick(secs(3601), &mut bed.backend);
+        bed.conn.tick(secs(3601 + 15), &mut bed.backend);
+        assert_eq!(bed.conn.finished(), None, "closed before the stall limit");
+        // a byte more starts the limit again
+        bed.conn.receive(&h.as_slice()[30..31], &mut bed.backend);
+        bed.conn.tick(secs(3601 + 20), &mut bed.backend);
+        bed.conn.tick(secs(3601 + 35), &mut bed.backend);
+        assert_eq!(
+            bed.conn.finished(),
+            None,
+            "the limit restarts with each byte"
+        );
+        bed.conn.tick(secs(3601 + 36), &mut bed.backend);
+        assert!(
+            bed.conn
+                .finished()
+                .is_some_and(|why| why.starts_with("a PDU half received and nothing more for")),
+            "{:?}",
+            bed.conn.finished()
+        );
     }
 
     #[test]

@@ -21,6 +21,43 @@ pub mod wire;
 /// The well-known NQN of the discovery subsystem.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
+/// The subsystem NQN `usnvme serve` takes when none is given, from the files under `root`
+/// (`/`): `nqn.2024-01.io.usnvme:HOSTNAME` when the host name is one (letters, digits, `.`,
+/// `-`, `_`; not "(none)", the kernel's word for unset, nor "localhost", which every machine
+/// shares); else `nqn.2024-01.io.usnvme:uuid:UUID`, the UUID derived from `etc/machine-id`
+/// (stable on this machine, and not the machine ID itself), as the host NQN is; else
+/// `nqn.2024-01.io.usnvme:localhost`.
+pub fn default_nqn(root: &std::path::Path) -> String {
+    let read = |path: &str| {
+        std::fs::read_to_string(root.join(path))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    let hostname = read("proc/sys/kernel/hostname").filter(|h| {
+        h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+            && !h.starts_with("localhost")
+    });
+    if let Some(host) = hostname {
+        return format!("{NQN_PREFIX}:{host}");
+    }
+    match read(super::remote::MACHINE_ID_FILE) {
+        Some(machine) => {
+            let uuid = uuid::Uuid::new_v5(&SUBSYSTEM_NAMESPACE, machine.as_bytes());
+            format!("{NQN_PREFIX}:uuid:{}", uuid.hyphenated())
+        }
+        None => format!("{NQN_PREFIX}:localhost"),
+    }
+}
+
+const NQN_PREFIX: &str = "nqn.2024-01.io.usnvme";
+
+/// The namespace of the name-based UUIDs of default subsystem NQNs: a fixed random UUID, other
+/// than the host NQN's, so that a machine's subsystem and host NQNs differ.
+const SUBSYSTEM_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x3d5e_81a2_c7f4_5b09_a6e3_52c1_98d7_0f4b);
+
 /// One exported block device, as a namespace of the subsystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedNamespace {
@@ -62,4 +99,47 @@ pub struct SubsystemInfo {
     pub queue_entries: u16,
     /// I/O queues a controller may have.
     pub io_queues: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_nqn;
+
+    #[test]
+    fn the_default_nqn_is_the_host_name_or_else_one_from_the_machine_id() {
+        let root = std::env::temp_dir().join(format!("usnvme-nqn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("proc/sys/kernel")).expect("mkdir");
+        std::fs::create_dir_all(root.join("etc")).expect("mkdir");
+        let hostname = root.join("proc/sys/kernel/hostname");
+        std::fs::write(&hostname, "storage-01.lab\n").expect("write");
+        assert_eq!(default_nqn(&root), "nqn.2024-01.io.usnvme:storage-01.lab");
+        // unset ("(none)", as the bed's guest has it), shared or with odd bytes: the machine ID
+        std::fs::write(
+            root.join("etc/machine-id"),
+            "0123456789abcdef0123456789abcdef\n",
+        )
+        .expect("write");
+        let from_machine = default_nqn(&root);
+        for unusable in ["(none)", "localhost", "", "host name", "h\u{e9}te"] {
+            std::fs::write(&hostname, unusable).expect("write");
+            assert_eq!(default_nqn(&root), from_machine, "{unusable:?}");
+        }
+        let uuid = from_machine
+            .strip_prefix("nqn.2024-01.io.usnvme:uuid:")
+            .expect("a UUID NQN");
+        assert!(uuid::Uuid::parse_str(uuid).is_ok(), "{from_machine}");
+        assert!(
+            !from_machine.contains("0123456789abcdef"),
+            "not the machine ID itself"
+        );
+        // and not this machine's host NQN
+        let host = super::super::remote::host_identity(&root)
+            .expect("host NQN")
+            .0;
+        assert!(!host.ends_with(uuid), "{host} / {from_machine}");
+        std::fs::remove_file(root.join("etc/machine-id")).expect("rm");
+        assert_eq!(default_nqn(&root), "nqn.2024-01.io.usnvme:localhost");
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

@@ -19,7 +19,7 @@ use vm_memory::VolatileSlice;
 
 use super::connection::{Backend, Connection, ConnectionLimits, Receive};
 use super::registry::Registry;
-use super::SubsystemInfo;
+use super::{Listener, SubsystemInfo};
 use crate::block::{IoError, Op};
 use crate::engine::{DeviceChannel, Job, ReactorContext};
 
@@ -187,10 +187,19 @@ struct Conn {
     readable: bool,
 }
 
+/// A connection the acceptor hands a reactor: its socket, the peer (for logs) and the ID of
+/// the port (listener) it came in on.
+#[derive(Debug)]
+pub struct Incoming {
+    pub stream: TcpStream,
+    pub peer: String,
+    pub port_id: u16,
+}
+
 /// The job of one reactor.
 pub struct ServeJob {
     shared: Shared,
-    incoming: Receiver<(TcpStream, String)>,
+    incoming: Receiver<Incoming>,
     conns: Vec<Option<Conn>>,
     pool: Option<BufferPool>,
     buffers_per_reactor: usize,
@@ -215,7 +224,7 @@ impl std::fmt::Debug for ServeJob {
 impl ServeJob {
     /// `incoming`: the connections the acceptor gives this reactor; `buffers`: DMA buffers of
     /// `max_transfer` bytes this reactor keeps for its commands' data.
-    pub fn new(shared: Shared, incoming: Receiver<(TcpStream, String)>, buffers: usize) -> Self {
+    pub fn new(shared: Shared, incoming: Receiver<Incoming>, buffers: usize) -> Self {
         ServeJob {
             shared,
             incoming,
@@ -257,20 +266,30 @@ impl ServeJob {
     }
 
     fn accept(&mut self) {
-        while let Ok((stream, peer)) = self.incoming.try_recv() {
-            if let Err(e) = stream
+        while let Ok(Incoming {
+            stream,
+            peer,
+            port_id,
+        }) = self.incoming.try_recv()
+        {
+            let set_up = stream
                 .set_nonblocking(true)
                 .and_then(|()| stream.set_nodelay(true))
-            {
-                log::warn!("{peer}: cannot set up the socket: {e}");
-                continue;
-            }
+                .and_then(|()| stream.local_addr());
+            let address = match set_up {
+                Ok(address) => address,
+                Err(e) => {
+                    log::warn!("{peer}: cannot set up the socket: {e}");
+                    continue;
+                }
+            };
             let conn = Connection::new(
                 self.shared.subsystem.clone(),
                 self.shared.registry.clone(),
                 self.shared.limits,
                 peer,
-            );
+            )
+            .on_port(Listener { address, port_id });
             let entries = self.shared.subsystem.queue_entries as usize;
             let c = Conn {
                 stream,
