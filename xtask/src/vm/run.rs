@@ -348,14 +348,15 @@ fn report_hang(idle_secs: u64, qmp: Option<&Path>, last_output: &Mutex<Instant>)
         None => eprintln!("vm-run: no QMP socket"),
     }
     // A guest whose timers stopped still prints: the console is driven by its keyboard and
-    // serial interrupts. Quiet for QUIET after the keys (or never started in LONGEST): done.
+    // serial interrupts. Done once the dump has begun and the console has then been quiet
+    // for QUIET, or LONGEST after the keys (a guest that answers nothing).
     const QUIET: Duration = Duration::from_secs(5);
     const LONGEST: Duration = Duration::from_secs(90);
     let asked = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(200));
         let last = *last_output.lock().unwrap_or_else(|e| e.into_inner());
-        if asked.elapsed() >= LONGEST || last.max(asked).elapsed() >= QUIET {
+        if asked.elapsed() >= LONGEST || (last > asked && last.elapsed() >= QUIET) {
             break;
         }
     }
