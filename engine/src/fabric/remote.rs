@@ -766,7 +766,7 @@ mod tests {
         assert_eq!(
             (e.treq_text(), e.eflags_text(), e.sectype_name()),
             (
-                "required".to_owned(),
+                "reserved".to_owned(), // TREQ 3: both secure channel bits
                 "explicit discovery connections".to_owned(),
                 "tls"
             )
