@@ -120,6 +120,7 @@ mod tests {
             "0123456789abcdef0123456789abcdef\n",
         )
         .expect("write");
+        std::fs::write(&hostname, "(none)").expect("write");
         let from_machine = default_nqn(&root);
         for unusable in ["(none)", "localhost", "", "host name", "h\u{e9}te"] {
             std::fs::write(&hostname, unusable).expect("write");
