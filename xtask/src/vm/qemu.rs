@@ -197,8 +197,10 @@ impl VmConfig {
         // `usercopy_abort` from `tcp_recvmsg`). The check guards the kernel, not our code.
         s += " hardened_usercopy=off";
         // vm-run's hang watchdog presses SysRq (w, t) on the emulated keyboard to learn where a
-        // hung guest is stuck.
-        s += " sysrq_always_enabled";
+        // hung guest is stuck. A guest that takes no interrupt any more (its local APIC stuck)
+        // cannot read the keys: the watchdog then injects an NMI, which such a guest panics on,
+        // printing every task's stack and the timers (panic_print 0x5) by polling the console.
+        s += " sysrq_always_enabled unknown_nmi_panic panic_print=0x5";
         if self.hugepages_bytes > 0 {
             s += &format!(
                 " hugepagesz=2M hugepages={}",

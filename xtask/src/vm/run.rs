@@ -271,7 +271,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         .ok()
         .and_then(|s| s.trim().parse::<u8>().ok());
     let mut exit_code = match (status, guest_rc) {
-        (None, _) if hung => {
+        // (a hung guest made to panic by the watchdog's NMI has QEMU exit: still hung)
+        (_, _) if hung => {
             eprintln!(
                 "vm-run: the guest hung (idle, or a vCPU in its kernel with interrupts off, for {} s with its program running); QEMU (pid {qemu_pid}) killed",
                 args.hang_after
@@ -351,14 +352,31 @@ fn report_hang(idle_secs: u64, qmp: Option<&Path>, last_output: &Mutex<Instant>)
     // serial interrupts. Done once the dump has begun and the console has then been quiet
     // for QUIET, or LONGEST after the keys (a guest that answers nothing).
     const QUIET: Duration = Duration::from_secs(5);
-    const LONGEST: Duration = Duration::from_secs(90);
-    let asked = Instant::now();
-    loop {
+    const LONGEST: Duration = Duration::from_secs(60);
+    let dumped = |asked: Instant| loop {
         std::thread::sleep(Duration::from_millis(200));
         let last = *last_output.lock().unwrap_or_else(|e| e.into_inner());
-        if asked.elapsed() >= LONGEST || (last > asked && last.elapsed() >= QUIET) {
-            break;
+        if last > asked && last.elapsed() >= QUIET {
+            return true;
         }
+        if asked.elapsed() >= LONGEST {
+            return false;
+        }
+    };
+    if dumped(Instant::now()) {
+        return;
+    }
+    // Nothing came: the guest takes no interrupt, not even the keyboard's. An NMI still
+    // reaches it, and it panics with every task's stack.
+    eprintln!(
+        "vm-run: the guest answered no SysRq key: injecting an NMI (it panics with a task dump)"
+    );
+    match qmp.map(watchdog::inject_nmi) {
+        Some(Ok(())) => {
+            dumped(Instant::now());
+        }
+        Some(Err(e)) => eprintln!("vm-run: QMP: {e:#}"),
+        None => {}
     }
 }
 

@@ -242,15 +242,20 @@ pub fn ask_why(socket: &Path) -> anyhow::Result<String> {
     Ok(s)
 }
 
+/// Injects an NMI into every vCPU: a guest whose interrupts are stuck (it cannot read SysRq
+/// keys) panics on it (`unknown_nmi_panic`), and its panic prints every task's stack.
+pub fn inject_nmi(socket: &Path) -> anyhow::Result<()> {
+    qmp(socket, &[serde_json::json!({"execute": "inject-nmi"})]).map(|_| ())
+}
+
 /// The lines of HMP's `info lapic` that say which interrupts wait: the timer, ISR, IRR and the
 /// priorities (PPR).
 fn lapic_summary(text: &str) -> String {
     text.lines()
         .map(str::trim)
         .filter(|l| {
-            ["LVTT", "Timer", "ISR", "IRR", "APR"]
-                .iter()
-                .any(|k| l.starts_with(k))
+            let first = l.split_whitespace().next().unwrap_or_default();
+            ["LVTT", "Timer", "ISR", "IRR", "APR"].contains(&first)
         })
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect::<Vec<_>>()
@@ -293,6 +298,7 @@ mod tests {
         // what `info lapic 0` printed for a guest hung under multi-threaded TCG (issue 22)
         let text = "dumping local APIC state for CPU 0 \r\n\r\n\
                     LVT0\t 0x00010700 active-hi edge  masked  ExtINT (vec 0)\r\n\
+                    LVTTHMR\t 0x00010000 active-hi edge  masked  Fixed  (vec 0)\r\n\
                     LVTT\t 0x000000ec active-hi edge   one-shot     Fixed  (vec 236)\r\n\
                     Timer\t DCR=0x3 (divide by 16) initial_count = 92045 current_count = 0\r\n\
                     SPIV\t 0x000001ff APIC enabled, focus=off, spurious vec 255\r\n\
