@@ -667,7 +667,7 @@ impl Drop for BusyHost {
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_busy_host_does_not_hang_a_guest_that_opens_and_closes_every_drive() {
-    const ROUNDS: usize = 15;
+    const ROUNDS: usize = 12;
     let usnvme = program("usnvme");
     let script = format!(
         "for i in $(seq {ROUNDS}); do {usnvme} identify >/dev/null || exit 1; \
