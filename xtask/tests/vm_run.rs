@@ -663,7 +663,7 @@ impl Drop for BusyHost {
 /// drives again and again (each open and close is a function-level reset and power-state
 /// changes: timed sleeps in the guest's kernel), with a short perf run between. Under
 /// multi-threaded TCG (`USNVME_VM_TCG_THREADS=multi`) a guest so treated lost a local APIC
-/// interrupt and hung with both vCPUs halted in 2 of 3 boots; the watchdog then fails the run.
+/// interrupt and hung with both vCPUs halted in 4 of 6 boots; the watchdog then fails the run.
 #[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_busy_host_does_not_hang_a_guest_that_opens_and_closes_every_drive() {

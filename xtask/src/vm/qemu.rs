@@ -24,7 +24,7 @@ pub enum Backend {
 /// EOI (ISR 236, PPR 0xe0), so the next tick (IRR 236) and device interrupts (IRR 52) were
 /// never delivered, and both vCPUs sat halted while every task slept on a timer. With two busy
 /// loops on a 2-core host, `vm-test --guest-only` hung in 3 of 3 boots (issue 22), the
-/// open/close reproducer in 2 of 3; single-threaded, 0 (the numbers are in the README).
+/// open/close reproducer in 4 of 6; single-threaded, 0 (the numbers are in the README).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TcgThreads {
     /// One host thread runs every vCPU in turn (`-accel tcg,thread=single`).
