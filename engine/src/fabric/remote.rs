@@ -639,12 +639,7 @@ pub const MACHINE_ID_FILE: &str = "etc/machine-id";
 /// `etc/machine-id` (stable on this machine, and not the machine ID itself). The host ID is the
 /// NQN's UUID when it has one.
 pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
-    let read = |path: &str| {
-        std::fs::read_to_string(root.join(path))
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    };
+    let read = |path: &str| read_setting(root, path);
     let (nqn, uuid) = match read(HOSTNQN_FILE) {
         Some(nqn) => {
             let uuid = uuid_of(&nqn);
@@ -670,6 +665,14 @@ pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
         .or(uuid)
         .unwrap_or_else(|| Uuid::new_v5(&HOST_NAMESPACE, nqn.as_bytes()));
     Ok((nqn, id.into_bytes()))
+}
+
+/// The text of the file `path` under `root`, trimmed; None when it is missing or empty.
+pub(crate) fn read_setting(root: &Path, path: &str) -> Option<String> {
+    std::fs::read_to_string(root.join(path))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 /// A host ID for a host NQN given by hand: its UUID when it has one, else one derived from it.

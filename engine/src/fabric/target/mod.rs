@@ -28,12 +28,7 @@ pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 /// (stable on this machine, and not the machine ID itself), as the host NQN is; else
 /// `nqn.2024-01.io.usnvme:localhost`.
 pub fn default_nqn(root: &std::path::Path) -> String {
-    let read = |path: &str| {
-        std::fs::read_to_string(root.join(path))
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    };
+    let read = |path: &str| super::remote::read_setting(root, path);
     let hostname = read("proc/sys/kernel/hostname").filter(|h| {
         h.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
