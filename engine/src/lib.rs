@@ -2,6 +2,8 @@
 //!
 //! - `topology`: NUMA nodes and their CPUs from sysfs, the CPUs this process may use.
 //! - `placement`: which reactor core serves which drive (by default, cores of the drive's node).
+//! - `transport`: one I/O queue API over PCIe and NVMe/TCP, and a reactor's queues (one per
+//!   controller, shared by its namespaces).
 //! - `block`: the block layer — `BlockDevice` (an NVMe namespace, a stripe over devices) and the
 //!   per-reactor `Channel` that submits and polls I/O.
 //! - `stats`: per-reactor, per-device counters and latency histograms, merged on request.
@@ -14,6 +16,7 @@ pub mod fabric;
 pub mod placement;
 pub mod stats;
 pub mod topology;
+pub mod transport;
 
 pub use block::{
     BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, IoCompletion, IoError,

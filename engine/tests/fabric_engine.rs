@@ -1,5 +1,5 @@
 //! A remote NVMe/TCP namespace runs on the engine's reactors like a local one: a job writes
-//! and verifies blocks through a `TcpNamespaceDevice` (its channel a polled I/O queue) against
+//! and verifies blocks through a remote `NamespaceDevice` (its channel on a polled I/O queue) against
 //! the target's connection state machine on a loopback socket, and the reactor's statistics
 //! count its I/O.
 
@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
-use usnvme_engine::block::{DmaTarget, QueueIds, TcpNamespaceDevice, TcpNamespaceSpec};
+use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::host::{HostOptions, Queue};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
 use usnvme_engine::fabric::initiator::{Failure, QueueParams};
@@ -22,6 +22,7 @@ use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
 use usnvme_engine::topology::Topology;
+use usnvme_engine::transport::{QueueIds, RemoteQueues};
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Engine, EngineOptions, Job, Op, ReactorContext,
 };
@@ -191,27 +192,29 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     let (mut admin, cntlid) = Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
     admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
     let ns = &sub.namespaces[0];
-    let device = TcpNamespaceDevice::new(
-        TcpNamespaceSpec {
-            name: format!("tcp://{addr}/{}", sub.nqn),
-            addr,
-            subnqn: sub.nqn.clone(),
-            cntlid,
-            host,
-            nsid: ns.nsid,
-            block_size: ns.block_size,
-            blocks: ns.blocks,
-            in_capsule: sub.in_capsule_bytes,
-            max_transfer: sub.max_transfer,
-            max_entries: sub.queue_entries,
-            qids: Arc::new(QueueIds::new(sub.io_queues)),
-            namespaces: 1,
-            lost: Arc::default(),
-            dma: DmaTarget {
-                space: IovaSpace::new(Arc::new(NoIommu)),
-                page: PageSize::Small4K,
-            },
+    let queues = RemoteQueues {
+        name: format!("tcp://{addr}/{}", sub.nqn),
+        addr,
+        subnqn: sub.nqn.clone(),
+        cntlid,
+        host,
+        in_capsule: sub.in_capsule_bytes,
+        max_transfer: sub.max_transfer,
+        max_entries: sub.queue_entries,
+        qids: Arc::new(QueueIds::new(sub.io_queues)),
+        namespaces: 1,
+        lost: Arc::default(),
+        dma: DmaTarget {
+            space: IovaSpace::new(Arc::new(NoIommu)),
+            page: PageSize::Small4K,
         },
+    };
+    let device = NamespaceDevice::remote(
+        queues.name.clone(),
+        Arc::new(queues),
+        ns.nsid,
+        ns.block_size,
+        ns.blocks,
         None,
     );
     let devices: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(device)];

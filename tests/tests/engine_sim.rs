@@ -629,3 +629,80 @@ fn a_drive_that_fails_to_attach_does_not_stop_the_others() {
     let e = results[2].as_ref().expect_err("no such PCI device");
     assert!(e.to_string().starts_with("0000:7f:00.0"), "{e}");
 }
+
+/// A job that notes the queues its drive's controller has when I/O begins, then runs `inner`.
+struct QueuesSeen<J> {
+    inner: J,
+    sim: Arc<SimController>,
+    seen: Option<(usize, usize)>,
+}
+
+impl<J: Job> Job for QueuesSeen<J> {
+    type Output = (J::Output, Option<(usize, usize)>, usize);
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        self.inner.prepare(ctx)
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        // every reactor made its queues before any turned
+        self.seen.get_or_insert_with(|| self.sim.io_queues());
+        self.inner.turn(ctx)
+    }
+
+    fn finish(self, ctx: &mut ReactorContext) -> Self::Output {
+        let queues = ctx.queue_count();
+        (self.inner.finish(ctx), self.seen, queues)
+    }
+}
+
+#[test]
+fn four_namespaces_on_two_cores_use_one_queue_pair_per_core() {
+    let spec: sim::SimSpec = "sim:0,ns=4,backend=ram,size=16M".parse().expect("spec");
+    let (controller, sim) = sim::open_with_handles(&spec, ControllerOptions::default())
+        .expect("a sim drive")
+        .remove(0);
+    let drives = vec![Drive {
+        spec: "sim:0".parse().expect("spec"),
+        controller,
+        node: Some(0),
+    }];
+    let one_node = Topology::new(
+        vec![NumaNode {
+            id: 0,
+            cpus: vec![0, 1],
+        }],
+        vec![0, 1],
+    );
+    let engine = Engine::new(one_node, drives, options()).expect("engine");
+    let namespaces = engine.namespaces();
+    assert_eq!(namespaces.len(), 4);
+    let verify = verify_job(200, 2, vec![4096, 64 << 10, 256 << 10]);
+    let run = engine
+        .start(namespaces, move |info| QueuesSeen {
+            inner: verify(info),
+            sim: sim.clone(),
+            seen: None,
+        })
+        .expect("start");
+    let results = run.wait().expect("reactors");
+    assert_eq!(results.len(), 2, "both cores serve the drive");
+    for r in &results {
+        let ((done, mismatches, errors), seen, queues) = &r.output;
+        assert_eq!(r.info.devices, [0, 1, 2, 3], "core {}", r.info.cpu);
+        assert_eq!(*done, 4 * 200, "core {}", r.info.cpu);
+        assert_eq!(
+            *mismatches, 0,
+            "core {}: data read back differs",
+            r.info.cpu
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        // two cores, four namespaces: two I/O queue pairs on the controller, not eight
+        assert_eq!(*seen, Some((2, 2)), "core {}", r.info.cpu);
+        assert_eq!(*queues, 1, "core {}: its one queue", r.info.cpu);
+        for d in 0..4 {
+            let ios = r.stats.devices.get(&d).map_or(0, |s| s.total_ios());
+            assert!(ios > 0, "namespace {} idle on core {}", d + 1, r.info.cpu);
+        }
+    }
+}

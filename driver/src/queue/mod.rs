@@ -43,6 +43,9 @@ pub struct IoBuffer {
 pub struct Completion {
     /// The caller's token, as given at submission.
     pub token: u64,
+    /// The namespace the command went to (0: none), so that queues shared by the namespaces
+    /// of a controller can hand each completion to its namespace.
+    pub nsid: u32,
     pub status: Status,
     /// Command specific result (CQE dword 0).
     pub dw0: u32,
@@ -82,6 +85,7 @@ struct Tracker {
     /// Where the command went in the SQ, counted from the queue's creation (wrapping).
     sq_position: u32,
     bytes: u32,
+    nsid: u32,
     busy: bool,
     abort_sent: bool,
 }
@@ -618,6 +622,7 @@ impl QueuePair {
             started_ns: self.now_ns,
             sq_position: self.sq_written,
             bytes,
+            nsid: sqe.nsid,
             busy: true,
             abort_sent: false,
         };
@@ -706,6 +711,7 @@ impl QueuePair {
             done += 1;
             on_completion(Completion {
                 token: t.token,
+                nsid: t.nsid,
                 status: cqe.status(),
                 dw0: cqe.dw0,
                 submitted_ns: t.started_ns,

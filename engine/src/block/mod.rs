@@ -6,7 +6,6 @@
 mod namespace;
 mod split;
 mod stripe;
-mod tcp;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +14,10 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaSpace, PageSize};
 
+use crate::transport::Queues;
+
 pub use namespace::{NamespaceChannel, NamespaceDevice};
 pub use stripe::{StripeChannel, StripeDevice};
-pub use tcp::{QueueIds, TcpChannel, TcpNamespaceDevice, TcpNamespaceSpec};
 
 /// The largest token a caller may give an I/O (60 bits). The bits above are the block
 /// layer's: the op kind for statistics (63-62), and the marks of an I/O split at a namespace
@@ -115,8 +115,13 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn dma(&self) -> DmaTarget;
     /// The drives (by the engine's index) whose queue pairs a channel uses.
     fn drives(&self) -> Vec<usize>;
-    /// A channel for the calling thread, with its own queue pairs.
-    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error>;
+    /// A channel for the calling thread, on its queues to the controllers under the device
+    /// (the reactor's `queues`, shared with its other devices on those controllers).
+    fn channel(
+        &self,
+        queues: &mut Queues,
+        options: &ChannelOptions,
+    ) -> Result<Channel, usnvme_driver::Error>;
 }
 
 /// Why an I/O failed, by kind: what callers match on. Each kind names the device (the member
@@ -265,10 +270,9 @@ impl BlockError {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Channel {
+    /// A namespace, local or remote.
     Namespace(NamespaceChannel),
     Stripe(StripeChannel),
-    /// A remote namespace's NVMe/TCP I/O queue.
-    Tcp(TcpChannel),
     /// The device was found gone: takes nothing, completes nothing.
     Gone(Arc<str>),
 }
@@ -288,7 +292,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.submit(op, offset, len, buf, token),
             Channel::Stripe(c) => c.submit(op, offset, len, buf, token),
-            Channel::Tcp(c) => c.submit(op, offset, len, buf, token),
             Channel::Gone(name) => Err(BlockError::Submit {
                 device: name.clone(),
                 source: SubmitError::Dead,
@@ -302,7 +305,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.poll(on_finished),
             Channel::Stripe(c) => c.poll(on_finished),
-            Channel::Tcp(c) => c.poll(on_finished),
             Channel::Gone(_) => 0,
         }
     }
@@ -313,7 +315,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.flush(),
             Channel::Stripe(c) => c.flush(),
-            Channel::Tcp(c) => c.flush(),
             Channel::Gone(_) => {}
         }
     }
@@ -324,7 +325,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.set_now(now_ns),
             Channel::Stripe(c) => c.set_now(now_ns),
-            Channel::Tcp(c) => c.set_now(now_ns),
             Channel::Gone(_) => {}
         }
     }
@@ -335,7 +335,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.busy(),
             Channel::Stripe(c) => c.busy(),
-            Channel::Tcp(c) => c.busy(),
             Channel::Gone(_) => false,
         }
     }
@@ -345,7 +344,6 @@ impl Channel {
         match self {
             Channel::Namespace(c) => c.free_commands(),
             Channel::Stripe(c) => c.free_commands(),
-            Channel::Tcp(c) => c.free_commands(),
             Channel::Gone(_) => 0,
         }
     }
@@ -356,17 +354,25 @@ impl Channel {
         let name = match self {
             Channel::Namespace(c) => c.name().clone(),
             Channel::Stripe(c) => c.name().clone(),
-            Channel::Tcp(c) => c.name().clone(),
             Channel::Gone(_) => return 0,
         };
         let failed = match self {
             Channel::Namespace(c) => c.abandon(on_finished),
             Channel::Stripe(c) => c.abandon(on_finished),
-            Channel::Tcp(c) => c.abandon(on_finished),
             Channel::Gone(_) => 0,
         };
         *self = Channel::Gone(name);
         failed
+    }
+
+    /// Why a queue under the channel ended, once one has (a remote target gone or lost: it
+    /// has no registers to probe, its queue tells).
+    pub fn ended(&self) -> Option<String> {
+        match self {
+            Channel::Namespace(c) => c.ended(),
+            Channel::Stripe(c) => c.ended(),
+            Channel::Gone(_) => None,
+        }
     }
 }
 

@@ -1,61 +1,120 @@
-//! An NVMe namespace as a block device. Each channel owns one queue pair on the controller.
+//! An NVMe namespace as a block device, local or remote: each reactor's channel submits to
+//! the reactor's queue to the namespace's controller (shared with the controller's other
+//! namespaces there). Large I/Os are split at the controller's largest transfer (and Write
+//! Zeroes and Deallocate at the 16-bit block count) and complete once.
 
 use std::sync::Arc;
 
 use usnvme_driver::spec::Status;
-use usnvme_driver::{Completion, Controller, IoBuffer, QueuePair, QueuePairOptions};
+use usnvme_driver::{Completion, Controller, IoBuffer};
 
 use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
     IoError, Op, NAMESPACE_PARENT,
 };
+use crate::fabric::initiator::IoNamespace;
+use crate::transport::{QueueSource, Queues, RemoteQueues, SharedQueue};
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
 const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
 
 #[derive(Debug)]
 pub struct NamespaceDevice {
-    ctrl: Controller,
-    nsid: u32,
-    drive: usize,
+    source: QueueSource,
+    ns: IoNamespace,
     info: BlockInfo,
     name: Arc<str>,
+    dma: DmaTarget,
+    /// What must live as long as the device (a remote controller's admin queue: the I/O
+    /// queues belong to its association).
+    _keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
 }
 
 impl NamespaceDevice {
-    /// Namespace `nsid` of `ctrl`, which the engine knows as drive `drive`.
+    /// Namespace `nsid` of the local controller `ctrl`, which the engine knows as drive `drive`.
     pub fn new(
         ctrl: Controller,
         nsid: u32,
         drive: usize,
     ) -> Result<NamespaceDevice, usnvme_driver::Error> {
         let ns = ctrl.namespace(nsid)?;
-        let block_size = ns.block_size;
         let name = if ctrl.namespaces().len() == 1 {
             ctrl.name().to_string()
         } else {
             format!("{}/ns{nsid}", ctrl.name())
         };
-        let max_io = ctrl.max_transfer() / block_size as u64 * block_size as u64;
-        let info = BlockInfo {
-            name: name.clone(),
-            size_bytes: ns.capacity_bytes(),
-            block_size,
-            optimal_io: block_size as u64,
-            max_io,
+        let (block_size, blocks) = (ns.block_size, ns.blocks);
+        let dma = DmaTarget {
+            space: ctrl.iova_space().clone(),
+            page: ctrl.page_size(),
         };
-        Ok(NamespaceDevice {
-            ctrl,
+        Ok(NamespaceDevice::on(
+            QueueSource::Pcie { ctrl, drive },
+            name,
             nsid,
-            drive,
-            info,
-            name: Arc::from(name),
-        })
+            block_size,
+            blocks,
+            dma,
+            None,
+        ))
     }
 
-    pub fn controller(&self) -> &Controller {
-        &self.ctrl
+    /// Namespace `nsid` (`blocks` blocks of `block_size` bytes) of a remote controller;
+    /// `keep` holds what must live as long as the device.
+    pub fn remote(
+        name: String,
+        source: Arc<RemoteQueues>,
+        nsid: u32,
+        block_size: u32,
+        blocks: u64,
+        keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
+    ) -> NamespaceDevice {
+        let dma = source.dma.clone();
+        NamespaceDevice::on(
+            QueueSource::Tcp(source),
+            name,
+            nsid,
+            block_size,
+            blocks,
+            dma,
+            keep,
+        )
+    }
+
+    fn on(
+        source: QueueSource,
+        name: String,
+        nsid: u32,
+        block_size: u32,
+        blocks: u64,
+        dma: DmaTarget,
+        keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
+    ) -> NamespaceDevice {
+        let bs = u64::from(block_size.max(1));
+        let info = BlockInfo {
+            name: name.clone(),
+            size_bytes: blocks * bs,
+            block_size,
+            optimal_io: bs,
+            max_io: (source.max_transfer() / bs * bs).max(bs),
+        };
+        NamespaceDevice {
+            source,
+            ns: IoNamespace { nsid, block_size },
+            info,
+            name: Arc::from(name),
+            dma,
+            _keep: keep,
+        }
+    }
+
+    /// The local controller, for a namespace of one.
+    pub fn controller(&self) -> Option<&Controller> {
+        match &self.source {
+            QueueSource::Pcie { ctrl, .. } => Some(ctrl),
+            QueueSource::Tcp(_) => None,
+        }
     }
 }
 
@@ -65,46 +124,56 @@ impl BlockDevice for NamespaceDevice {
     }
 
     fn dma(&self) -> DmaTarget {
-        DmaTarget {
-            space: self.ctrl.iova_space().clone(),
-            page: self.ctrl.page_size(),
+        self.dma.clone()
+    }
+
+    /// A remote namespace is on no local drive: the reactors the engine places it on are any.
+    fn drives(&self) -> Vec<usize> {
+        match &self.source {
+            QueueSource::Pcie { drive, .. } => vec![*drive],
+            QueueSource::Tcp(_) => Vec::new(),
         }
     }
 
-    fn drives(&self) -> Vec<usize> {
-        vec![self.drive]
-    }
-
-    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
-        let qp = self.ctrl.create_queue_pair(QueuePairOptions {
-            depth: options.queue_entries(self.ctrl.max_transfer(), self.ctrl.cap().mqes()),
-            node: options.node,
-            timeout: options.timeout,
-        })?;
-        let capacity = qp.depth() as usize - 1;
+    fn channel(
+        &self,
+        queues: &mut Queues,
+        options: &ChannelOptions,
+    ) -> Result<Channel, usnvme_driver::Error> {
+        let queue = queues.queue_for(&self.source, self.ns, options)?;
+        let capacity = queue.free().max(1);
         Ok(Channel::Namespace(NamespaceChannel {
-            qp,
-            nsid: self.nsid,
+            queue,
+            ns: self.ns,
             block_shift: self.info.block_size.trailing_zeros(),
             info: self.info.clone(),
             name: self.name.clone(),
             splits: SplitIos::new(capacity),
+            in_flight: 0,
             now_ns: 0,
         }))
     }
 }
 
-/// A reactor's queue pair on one namespace.
+/// A reactor's channel to one namespace, on the reactor's queue to its controller.
 #[derive(Debug)]
 pub struct NamespaceChannel {
-    qp: QueuePair,
-    nsid: u32,
+    queue: SharedQueue,
+    ns: IoNamespace,
     block_shift: u32,
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os split into several commands (only those).
     splits: SplitIos,
+    /// Commands of this namespace in flight (the queue may carry others').
+    in_flight: usize,
     now_ns: u64,
+}
+
+impl Drop for NamespaceChannel {
+    fn drop(&mut self) {
+        self.queue.remove_route(self.ns.nsid);
+    }
 }
 
 impl NamespaceChannel {
@@ -123,9 +192,24 @@ impl NamespaceChannel {
         &self.name
     }
 
-    /// A read or write of one command goes straight to the queue pair with the caller's token:
-    /// the driver checks it against the namespace (the layer that owns those facts) and keeps
-    /// the token. Only what the byte-to-block translation would hide is checked here.
+    /// One command of this namespace on the queue.
+    #[inline]
+    fn submit_command(
+        &mut self,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), usnvme_driver::SubmitError> {
+        self.queue.submit(self.ns, op, lba, blocks, buf, token)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// A read or write of one command goes straight to the queue with the caller's token:
+    /// a local queue pair checks it against the namespace (the layer that owns those facts).
+    /// Everything else is checked here and split into commands that complete as one I/O.
     #[inline]
     pub(crate) fn submit(
         &mut self,
@@ -138,7 +222,7 @@ impl NamespaceChannel {
         if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
             if len <= self.info.max_io && b.len as u64 >= len {
                 let mask = (1u64 << self.block_shift) - 1;
-                if offset & mask != 0 {
+                if offset & mask != 0 || len & mask != 0 || len == 0 {
                     return Err(BlockError::Misaligned {
                         device: self.name.clone(),
                         offset,
@@ -146,24 +230,31 @@ impl NamespaceChannel {
                         block_size: self.info.block_size,
                     });
                 }
-                let lba = offset >> self.block_shift;
+                if offset
+                    .checked_add(len)
+                    .is_none_or(|end| end > self.info.size_bytes)
+                {
+                    return Err(BlockError::OutOfRange {
+                        device: self.name.clone(),
+                        offset,
+                        len,
+                        size: self.info.size_bytes,
+                    });
+                }
                 let b = IoBuffer {
                     len: len as u32,
                     ..b
                 };
-                let queued = if op == Op::Read {
-                    self.qp.read(self.nsid, lba, b, token)
-                } else {
-                    self.qp.write(self.nsid, lba, b, token)
-                };
-                return queued
+                let (lba, blocks) = (offset >> self.block_shift, (len >> self.block_shift) as u32);
+                return self
+                    .submit_command(op, lba, blocks, Some(b), token)
                     .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
             }
         }
         self.submit_parts(op, offset, len, buf, token)
     }
 
-    /// Everything else: checked here, split into commands that complete as one I/O.
+    /// Checked here, split into commands that complete as one I/O.
     fn submit_parts(
         &mut self,
         op: Op,
@@ -174,6 +265,16 @@ impl NamespaceChannel {
     ) -> Result<(), BlockError> {
         check(&self.info, &self.name, op, offset, len, buf)?;
         let parts = self.commands_needed(op, len);
+        let shift = self.block_shift;
+        if parts == 1 {
+            let b = buf.map(|b| IoBuffer {
+                len: len as u32,
+                ..b
+            });
+            return self
+                .submit_command(op, offset >> shift, (len >> shift) as u32, b, token)
+                .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
+        }
         let bytes = if op.has_data() { len } else { 0 };
         let parent = (parts <= self.free_commands())
             .then(|| self.splits.start(token, parts as u32, bytes, self.now_ns))
@@ -181,31 +282,21 @@ impl NamespaceChannel {
         let Some(parent) = parent else {
             return Err(BlockError::busy(&self.name, parts));
         };
-        let part_token = NAMESPACE_PARENT | parent;
-        let bs = self.info.block_size as u64;
         let step = self.part_bytes(op);
         let mut done = 0u64;
         for part in 0..parts {
             let (at, n) = (offset + done, (len - done).min(step));
-            let lba = at >> self.block_shift;
-            let buffer = buf.map(|b| IoBuffer {
+            let b = buf.map(|b| IoBuffer {
                 iova: b.iova + done,
                 len: n as u32,
             });
-            let queued = match (op, buffer) {
-                (Op::Read, Some(b)) => self.qp.read(self.nsid, lba, b, part_token),
-                (Op::Write, Some(b)) => self.qp.write(self.nsid, lba, b, part_token),
-                (Op::Flush, _) => self.qp.flush_cache(self.nsid, part_token),
-                (Op::WriteZeroes, _) => {
-                    self.qp
-                        .write_zeroes(self.nsid, lba, (n / bs) as u32, part_token)
-                }
-                (Op::Deallocate, _) => {
-                    self.qp
-                        .deallocate(self.nsid, lba, (n / bs) as u32, part_token)
-                }
-                (Op::Read | Op::Write, None) => unreachable_buffer(),
-            };
+            let queued = self.submit_command(
+                op,
+                at >> shift,
+                (n >> shift) as u32,
+                b,
+                NAMESPACE_PARENT | parent,
+            );
             if let Err(e) = queued {
                 // Parts already queued complete later; the rest never will.
                 let err = BlockError::from_driver(&self.name, offset, len, e, &self.info);
@@ -230,9 +321,10 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (splits, name) = (&mut self.splits, &self.name);
+        let (splits, name, in_flight) = (&mut self.splits, &self.name, &mut self.in_flight);
         let mut finished = 0;
-        self.qp.poll(|c: Completion| {
+        self.queue.poll(self.ns.nsid, |c: Completion| {
+            *in_flight = in_flight.saturating_sub(1);
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -241,10 +333,12 @@ impl NamespaceChannel {
         finished
     }
 
+    /// The controller is gone: what is in flight fails with "Host Pathing Error".
     pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (splits, name) = (&mut self.splits, &self.name);
+        let (splits, name, in_flight) = (&mut self.splits, &self.name, &mut self.in_flight);
         let mut finished = 0;
-        self.qp.abandon(|c: Completion| {
+        self.queue.abandon(self.ns.nsid, |c: Completion| {
+            *in_flight = in_flight.saturating_sub(1);
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -255,18 +349,18 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn flush(&mut self) {
-        self.qp.flush();
+        self.queue.flush();
     }
 
     #[inline]
     pub(crate) fn set_now(&mut self, now_ns: u64) {
         self.now_ns = now_ns;
-        self.qp.set_now(now_ns);
+        self.queue.set_now(now_ns);
     }
 
     #[inline]
     pub(crate) fn busy(&self) -> bool {
-        self.qp.in_flight() > 0
+        self.in_flight > 0
     }
 
     pub(crate) fn commands_needed(&self, op: Op, len: u64) -> usize {
@@ -281,7 +375,12 @@ impl NamespaceChannel {
     }
 
     pub(crate) fn free_commands(&self) -> usize {
-        (self.qp.depth() as usize - 1).saturating_sub(self.qp.in_flight() as usize)
+        self.queue.free()
+    }
+
+    /// Why the queue under it ended, once it has (a remote target gone or lost).
+    pub(crate) fn ended(&self) -> Option<String> {
+        self.queue.ended()
     }
 }
 
@@ -303,11 +402,4 @@ fn finish(splits: &mut SplitIos, name: &Arc<str>, c: Completion) -> Option<Finis
         });
     }
     splits.part_done(c.token & !NAMESPACE_PARENT, result)
-}
-
-/// `check` guarantees reads and writes have a buffer.
-fn unreachable_buffer() -> Result<(), usnvme_driver::SubmitError> {
-    Err(usnvme_driver::SubmitError::Unsupported {
-        what: "a read or write without a buffer",
-    })
 }

@@ -11,8 +11,9 @@ use usnvme_driver::spec::Status;
 use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
-    IoError, NamespaceChannel, Op, TcpChannel, STRIPE_PARENT,
+    IoError, NamespaceChannel, Op, STRIPE_PARENT,
 };
+use crate::transport::Queues;
 
 #[derive(Debug)]
 pub struct StripeDevice {
@@ -136,12 +137,15 @@ impl BlockDevice for StripeDevice {
         self.members.iter().flat_map(|m| m.drives()).collect()
     }
 
-    fn channel(&self, options: &ChannelOptions) -> Result<Channel, usnvme_driver::Error> {
+    fn channel(
+        &self,
+        queues: &mut Queues,
+        options: &ChannelOptions,
+    ) -> Result<Channel, usnvme_driver::Error> {
         let mut members = Vec::with_capacity(self.members.len());
         for m in &self.members {
-            match m.channel(options)? {
-                Channel::Namespace(c) => members.push(Member::Namespace(c)),
-                Channel::Tcp(c) => members.push(Member::Tcp(c)),
+            match m.channel(queues, options)? {
+                Channel::Namespace(c) => members.push(c),
                 _ => {
                     return Err(usnvme_driver::Error::Invalid {
                         device: self.name.to_string(),
@@ -166,89 +170,13 @@ impl BlockDevice for StripeDevice {
 #[derive(Debug)]
 pub struct StripeChannel {
     /// Namespaces: a stripe of stripes would be a stripe with a smaller chunk.
-    members: Vec<Member>,
+    members: Vec<NamespaceChannel>,
     chunk: u64,
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os that span several chunks (only those).
     splits: SplitIos,
     now_ns: u64,
-}
-
-/// A member's channel: a local namespace's queue pair, or a remote one's NVMe/TCP queue.
-// The namespace variant is large (its queue pair) and kept inline, as in `Channel`.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-enum Member {
-    Namespace(NamespaceChannel),
-    Tcp(TcpChannel),
-}
-
-impl Member {
-    #[inline]
-    fn submit(
-        &mut self,
-        op: Op,
-        offset: u64,
-        len: u64,
-        buf: Option<IoBuffer>,
-        token: u64,
-    ) -> Result<(), BlockError> {
-        match self {
-            Member::Namespace(c) => c.submit(op, offset, len, buf, token),
-            Member::Tcp(c) => c.submit(op, offset, len, buf, token),
-        }
-    }
-
-    #[inline]
-    fn poll(&mut self, on_finished: impl FnMut(Finished)) -> usize {
-        match self {
-            Member::Namespace(c) => c.poll(on_finished),
-            Member::Tcp(c) => c.poll(on_finished),
-        }
-    }
-
-    fn abandon(&mut self, on_finished: impl FnMut(Finished)) -> usize {
-        match self {
-            Member::Namespace(c) => c.abandon(on_finished),
-            Member::Tcp(c) => c.abandon(on_finished),
-        }
-    }
-
-    fn flush(&mut self) {
-        match self {
-            Member::Namespace(c) => c.flush(),
-            Member::Tcp(c) => c.flush(),
-        }
-    }
-
-    fn set_now(&mut self, now_ns: u64) {
-        match self {
-            Member::Namespace(c) => c.set_now(now_ns),
-            Member::Tcp(c) => c.set_now(now_ns),
-        }
-    }
-
-    fn busy(&self) -> bool {
-        match self {
-            Member::Namespace(c) => c.busy(),
-            Member::Tcp(c) => c.busy(),
-        }
-    }
-
-    fn free_commands(&self) -> usize {
-        match self {
-            Member::Namespace(c) => c.free_commands(),
-            Member::Tcp(c) => c.free_commands(),
-        }
-    }
-
-    fn commands_needed(&self, op: Op, len: u64) -> usize {
-        match self {
-            Member::Namespace(c) => c.commands_needed(op, len),
-            Member::Tcp(c) => c.commands_needed(op, len),
-        }
-    }
 }
 
 /// One part of a striped I/O: `len` bytes at `offset` of member `member`, `at` bytes into the I/O.
@@ -401,7 +329,7 @@ impl StripeChannel {
     }
 
     pub(crate) fn flush(&mut self) {
-        self.members.iter_mut().for_each(Member::flush);
+        self.members.iter_mut().for_each(NamespaceChannel::flush);
     }
 
     pub(crate) fn set_now(&mut self, now_ns: u64) {
@@ -409,14 +337,19 @@ impl StripeChannel {
         self.members.iter_mut().for_each(|m| m.set_now(now_ns));
     }
 
+    /// Why a member's queue ended, once one has.
+    pub(crate) fn ended(&self) -> Option<String> {
+        self.members.iter().find_map(NamespaceChannel::ended)
+    }
+
     pub(crate) fn busy(&self) -> bool {
-        self.members.iter().any(Member::busy)
+        self.members.iter().any(NamespaceChannel::busy)
     }
 
     pub(crate) fn free_commands(&self) -> usize {
         self.members
             .iter()
-            .map(Member::free_commands)
+            .map(NamespaceChannel::free_commands)
             .min()
             .unwrap_or(0)
     }

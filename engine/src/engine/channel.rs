@@ -119,10 +119,9 @@ impl DeviceChannel {
             self.set_now(now);
             self.fresh = true;
             self.last_progress_ns = now;
-            if let Channel::Tcp(c) = &self.channel {
+            if self.controllers.is_empty() && self.removed.is_none() {
                 // a remote target has no registers to probe: its queue tells it is gone
-                if self.removed.is_none() && c.ended() {
-                    let why = c.why_ended().unwrap_or_default();
+                if let Some(why) = self.channel.ended() {
                     log::error!("{}: {why}: no more I/O to it", self.name);
                     self.removed = Some(Arc::from(format!("the target is gone: {why}")));
                 }

@@ -18,6 +18,7 @@ use crate::block::{
 use crate::placement::{self, Placement, PlacementError, Policy};
 use crate::stats::{IoStats, OpKind, Snapshot};
 use crate::topology::{pin_current_thread, Topology};
+use crate::transport::Queues;
 
 mod attach;
 mod channel;
@@ -41,7 +42,8 @@ pub enum EngineError {
     Reactor { cpu: usize, what: String },
     #[error(
         "{device}: no I/O queue left on {drive}: the controller granted {granted} I/O queue \
-         pair(s) and the devices before it use them all (run fewer devices or namespaces on it)"
+         pair(s) and the reactors serving the devices before it use them all (run fewer cores \
+         or devices on it)"
     )]
     NoQueue {
         device: String,
@@ -218,10 +220,11 @@ impl Engine {
     }
 
     /// Which reactors serve each of `devices`. Every reactor serving a device owns one I/O queue
-    /// pair on each drive under it, so a drive whose controller granted fewer queue pairs than
-    /// the placement would use is served by as many reactors as it has queues: those with the
-    /// fewest devices so far, so that such drives spread over the cores. Everyone else keeps
-    /// the placement's reactors. The same devices always get the same answer.
+    /// pair on each drive under it (shared by the drive's namespaces on that reactor), so a
+    /// drive whose controller granted fewer queue pairs than the placement would use is served
+    /// by as many reactors as it has queues: those that have a queue on it already, then those
+    /// with the fewest devices so far, so that such drives spread over the cores. Everyone
+    /// else keeps the placement's reactors. The same devices always get the same answer.
     pub fn assign(&self, devices: &[Arc<dyn BlockDevice>]) -> Result<Assignment, EngineError> {
         let mut left: Vec<u16> = self
             .drives
@@ -229,17 +232,29 @@ impl Engine {
             .map(|d| d.controller.io_queues_granted())
             .collect();
         let mut load = vec![0usize; self.placement.reactors.len()];
+        // the drives each reactor has a queue on
+        let mut queues: Vec<Vec<usize>> = vec![Vec::new(); self.placement.reactors.len()];
         let mut serving = Vec::with_capacity(devices.len());
         let mut limited = Vec::new();
         for (i, dev) in devices.iter().enumerate() {
             let drives = dev.drives();
             let mut placed = self.placed(dev.as_ref());
             let mut by_load = placed.clone();
-            by_load.sort_by_key(|&r| load[r]);
+            let has_all =
+                |r: usize, queues: &[Vec<usize>]| drives.iter().all(|d| queues[r].contains(d));
+            by_load.sort_by_key(|&r| (!has_all(r, &queues), load[r]));
             let mut chosen = Vec::with_capacity(placed.len());
             for r in by_load {
-                if drives.iter().all(|&d| left.get(d).is_some_and(|&q| q > 0)) {
-                    drives.iter().for_each(|&d| left[d] -= 1);
+                let new: Vec<usize> = drives
+                    .iter()
+                    .copied()
+                    .filter(|d| !queues[r].contains(d))
+                    .collect();
+                if new.iter().all(|&d| left.get(d).is_some_and(|&q| q > 0)) {
+                    for &d in &new {
+                        left[d] -= 1;
+                        queues[r].push(d);
+                    }
                     load[r] += 1;
                     chosen.push(r);
                 }
@@ -554,12 +569,32 @@ mod tests {
         assert!(a.limited.iter().all(|l| l.placed_cpus == [0, 1]));
         // the same devices, the same answer (perf splits regions by it before starting)
         assert_eq!(engine.assign(&devices).expect("assigned"), a);
-        // a second namespace device on a one-queue drive has none left
-        let twice = vec![devices[0].clone(), devices[0].clone()];
-        let err = engine.assign(&twice).expect_err("no queue left");
+        // a namespace of each of two one-queue drives takes their queues on different cores:
+        // a stripe over both then has no core with a queue on each
+        let namespaces = engine.namespaces();
+        let (a5, a6) = (namespaces[5].clone(), namespaces[6].clone());
+        let stripe = StripeDevice::new("stripe1", vec![a5.clone(), a6.clone()], 128 << 10);
+        let all: Vec<Arc<dyn BlockDevice>> = vec![a5, a6, Arc::new(stripe.expect("stripe"))];
+        let err = engine.assign(&all).expect_err("no queue left");
         assert!(
             matches!(err, EngineError::NoQueue { granted: 1, .. }),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_namespaces_of_a_drive_share_its_queue_on_each_core() {
+        // one queue pair granted: its four namespaces all go to one core, through one queue
+        let engine = sim_engine(&["sim:0,ns=4,queues=1", "sim:1,ns=4"], &[0, 1]);
+        let devices = engine.namespaces();
+        assert_eq!(devices.len(), 8);
+        let a = engine.assign(&devices).expect("assigned");
+        let expected: [&[usize]; 8] = [&[0], &[0], &[0], &[0], &[0, 1], &[0, 1], &[0, 1], &[0, 1]];
+        assert_eq!(a.serving, expected);
+        assert!(
+            a.limited.iter().all(|l| l.drive == "sim:0"),
+            "{:?}",
+            a.limited
         );
     }
 

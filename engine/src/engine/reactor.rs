@@ -8,6 +8,8 @@ pub struct ReactorContext {
     pub info: ReactorInfo,
     /// One per device this reactor serves, in `info.devices` order.
     pub devices: Vec<DeviceChannel>,
+    /// The I/O queues under the channels: one per controller (dropped after them).
+    queues: Queues,
     started: Instant,
     clock: ReactorClock,
     /// The clock this turn, in nanoseconds since the reactor was set up.
@@ -36,6 +38,11 @@ impl ReactorClock {
 }
 
 impl ReactorContext {
+    /// How many I/O queues the reactor holds: one per controller it reaches.
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
     /// Time since the reactor started its job.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
@@ -111,10 +118,12 @@ pub(super) fn reactor<J: Job>(
         log::warn!("reactor: cannot pin to core {cpu}: {e}");
     }
     let clock = ReactorClock::new();
+    // the reactor's I/O queues, one per controller: its channels share them
+    let mut queues = Queues::new();
     let mut devices = Vec::new();
     for &i in &setup.info.devices {
         let device = &setup.devices[i];
-        let channel = match device.channel(&setup.channel) {
+        let channel = match device.channel(&mut queues, &setup.channel) {
             Ok(c) => c,
             Err(e) => {
                 let what = format!("{}: {e}", device.info().name);
@@ -149,6 +158,7 @@ pub(super) fn reactor<J: Job>(
     let mut ctx = ReactorContext {
         info: setup.info,
         devices,
+        queues,
         started: Instant::now(),
         clock,
         now_ns: 0,

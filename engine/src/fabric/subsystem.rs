@@ -1,7 +1,7 @@
 //! A remote NVMe/TCP subsystem attached for I/O: its controller enabled and identified over
 //! the admin queue, as many I/O queues asked for as the run needs, its namespaces as block
-//! devices ([`TcpNamespaceDevice`]) whose channels connect their own I/O queues, and a
-//! keep-alive thread when a KATO was asked for.
+//! devices ([`NamespaceDevice`]s on its [`RemoteQueues`]: each reactor connects one I/O queue
+//! to it, which the namespaces share), and a keep-alive thread when a KATO was asked for.
 //!
 //! The admin queue is blocking and belongs to this module: after attaching, only the
 //! keep-alive thread uses it. When a Keep Alive fails, the controller is lost: every I/O queue
@@ -19,7 +19,8 @@ use parking_lot::Mutex;
 use super::address::TcpAddress;
 use super::host::HostOptions;
 use super::remote::{RemoteController, RemoteError};
-use crate::block::{BlockDevice, DmaTarget, QueueIds, TcpNamespaceDevice, TcpNamespaceSpec};
+use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
+use crate::transport::{QueueIds, RemoteQueues};
 
 /// The largest transfer when the controller sets no limit (MDTS 0): I/Os beyond it are split.
 const NO_LIMIT_TRANSFER: u32 = 1 << 20;
@@ -28,7 +29,10 @@ const NO_LIMIT_TRANSFER: u32 = 1 << 20;
 #[derive(Debug)]
 pub struct RemoteSubsystem {
     address: TcpAddress,
-    specs: Vec<TcpNamespaceSpec>,
+    /// How to reach its I/O queues.
+    queues: RemoteQueues,
+    /// Its active namespaces: NSID, block size, blocks.
+    namespaces: Vec<(u32, u32, u64)>,
     /// The most commands in flight on one of its I/O queues (CAP.MQES).
     max_depth: u32,
     controller: Arc<KeptAlive>,
@@ -83,34 +87,26 @@ impl RemoteSubsystem {
         // IOCCSZ counts 16-byte units, the 64-byte command included
         let in_capsule = (id.ioccsz.saturating_mul(16)).saturating_sub(64);
         let lost = Arc::new(OnceLock::new());
-        let qids = Arc::new(QueueIds::new(granted));
-        let single = namespaces.len() == 1;
-        let specs = namespaces
+        let queues = RemoteQueues {
+            name: address.to_string(),
+            addr: address.addr,
+            subnqn: subnqn.clone(),
+            cntlid: ctrl.cntlid(),
+            host: HostOptions {
+                kato_ms: 0,
+                ..host.clone()
+            },
+            in_capsule,
+            max_transfer,
+            max_entries: cap.mqes().saturating_add(1),
+            qids: Arc::new(QueueIds::new(granted)),
+            namespaces: 1, // set to those the run uses by `devices`
+            lost: lost.clone(),
+            dma,
+        };
+        let namespaces = namespaces
             .iter()
-            .map(|ns| TcpNamespaceSpec {
-                name: if single {
-                    address.to_string()
-                } else {
-                    format!("{address}/ns{}", ns.nsid)
-                },
-                addr: address.addr,
-                subnqn: subnqn.clone(),
-                cntlid: ctrl.cntlid(),
-                host: HostOptions {
-                    kato_ms: 0,
-                    ..host.clone()
-                },
-                nsid: ns.nsid,
-                block_size: ns.block_size,
-                blocks: ns.blocks,
-                in_capsule,
-                max_transfer,
-                max_entries: cap.mqes().saturating_add(1),
-                qids: qids.clone(),
-                namespaces: 1, // set to those the run uses by `devices`
-                lost: lost.clone(),
-                dma: dma.clone(),
-            })
+            .map(|ns| (ns.nsid, ns.block_size, ns.blocks))
             .collect();
         let controller = Arc::new(Mutex::new(ctrl));
         let (stop, thread) = match host.kato_ms {
@@ -133,7 +129,8 @@ impl RemoteSubsystem {
         };
         Ok(RemoteSubsystem {
             address: address.clone(),
-            specs,
+            queues,
+            namespaces,
             max_depth: u32::from(cap.mqes()),
             controller: Arc::new(KeptAlive {
                 stop,
@@ -154,28 +151,41 @@ impl RemoteSubsystem {
 
     /// The active namespace IDs.
     pub fn nsids(&self) -> Vec<u32> {
-        self.specs.iter().map(|s| s.nsid).collect()
+        self.namespaces.iter().map(|&(nsid, ..)| nsid).collect()
     }
 
     /// Its namespaces (only `nsid`, when given) as block devices; each keeps the controller.
     /// `None` when it has no namespace `nsid`.
     pub fn devices(&self, nsid: Option<u32>) -> Option<Vec<Arc<dyn BlockDevice>>> {
-        let chosen: Vec<&TcpNamespaceSpec> = self
-            .specs
+        let chosen: Vec<&(u32, u32, u64)> = self
+            .namespaces
             .iter()
-            .filter(|s| nsid.is_none_or(|n| n == s.nsid))
+            .filter(|(n, ..)| nsid.is_none_or(|wanted| wanted == *n))
             .collect();
         // a reactor's queue to the controller holds commands for each of them
-        let namespaces = chosen.len().min(usize::from(u16::MAX)) as u16;
+        let queues = Arc::new(RemoteQueues {
+            namespaces: chosen.len().min(usize::from(u16::MAX)) as u16,
+            ..self.queues.clone()
+        });
+        let single = self.namespaces.len() == 1;
         let devices: Vec<Arc<dyn BlockDevice>> = chosen
             .into_iter()
-            .map(|s| {
-                let spec = TcpNamespaceSpec {
-                    namespaces,
-                    ..s.clone()
+            .map(|&(nsid, block_size, blocks)| {
+                let name = if single {
+                    self.address.to_string()
+                } else {
+                    format!("{}/ns{nsid}", self.address)
                 };
                 let keep: Box<dyn fmt::Debug + Send + Sync> = Box::new(self.controller.clone());
-                Arc::new(TcpNamespaceDevice::new(spec, Some(keep))) as Arc<dyn BlockDevice>
+                let device = NamespaceDevice::remote(
+                    name,
+                    queues.clone(),
+                    nsid,
+                    block_size,
+                    blocks,
+                    Some(keep),
+                );
+                Arc::new(device) as Arc<dyn BlockDevice>
             })
             .collect();
         (nsid.is_none() || !devices.is_empty()).then_some(devices)

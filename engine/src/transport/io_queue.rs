@@ -1,0 +1,146 @@
+//! One I/O queue API over both transports. An enum, not a trait object: the I/O path
+//! dispatches with a match and inlines down to the queue pair.
+
+use usnvme_driver::spec::Status;
+use usnvme_driver::{Completion, IoBuffer, QueuePair, SubmitError};
+
+use super::remote::RemoteQueue;
+use crate::block::Op;
+use crate::fabric::initiator::{Failure, IoNamespace};
+
+/// A polled I/O queue of one controller: commands for any of its namespaces go in with a
+/// token and come back with it, the namespace and the status.
+// The PCIe variant is large (its queue pair) and kept inline: no pointer to chase per I/O.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum IoQueue {
+    /// A queue pair on a local controller.
+    Pcie(QueuePair),
+    /// An NVMe/TCP I/O queue of a remote controller.
+    Tcp(RemoteQueue),
+}
+
+impl IoQueue {
+    /// Queues `op` on `blocks` blocks of namespace `ns` from `lba` (`buf` for reads and
+    /// writes, exactly `blocks` long); it goes out on the next flush or poll.
+    #[inline]
+    pub fn submit(
+        &mut self,
+        ns: IoNamespace,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match self {
+            IoQueue::Pcie(qp) => match (op, buf) {
+                (Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
+                (Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
+                (Op::Flush, _) => qp.flush_cache(ns.nsid, token),
+                (Op::WriteZeroes, _) => qp.write_zeroes(ns.nsid, lba, blocks, token),
+                (Op::Deallocate, _) => qp.deallocate(ns.nsid, lba, blocks, token),
+                (Op::Read | Op::Write, None) => Err(SubmitError::Unsupported {
+                    what: "a read or write without a buffer",
+                }),
+            },
+            IoQueue::Tcp(q) => q.queue.submit_to(ns, op, lba, blocks, buf, token),
+        }
+    }
+
+    /// Sends what was queued and hands every completion that came to `on_done`; returns how
+    /// many.
+    #[inline]
+    pub fn poll(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+        match self {
+            IoQueue::Pcie(qp) => qp.poll(on_done),
+            IoQueue::Tcp(q) => {
+                if q.lost.get().is_some() && q.queue.ended().is_none() {
+                    // the controller is lost (its keep-alive failed): its queues end
+                    return q.queue.close(|c| on_done(tcp_completion(c, true)));
+                }
+                q.queue.poll(|c| on_done(tcp_completion(c, false)))
+            }
+        }
+    }
+
+    /// Sends what was queued since the last flush or poll.
+    #[inline]
+    pub fn flush(&mut self) {
+        match self {
+            IoQueue::Pcie(qp) => qp.flush(),
+            IoQueue::Tcp(q) => q.queue.flush(),
+        }
+    }
+
+    /// The owner's clock (nanoseconds): what is submitted next is stamped with it.
+    #[inline]
+    pub fn set_now(&mut self, now_ns: u64) {
+        match self {
+            IoQueue::Pcie(qp) => qp.set_now(now_ns),
+            IoQueue::Tcp(q) => q.queue.set_now(now_ns),
+        }
+    }
+
+    /// Commands that can be queued now.
+    #[inline]
+    pub fn free(&self) -> usize {
+        match self {
+            IoQueue::Pcie(qp) => (qp.depth() as usize - 1).saturating_sub(qp.in_flight() as usize),
+            IoQueue::Tcp(q) => q.queue.free(),
+        }
+    }
+
+    /// The device is gone: every command in flight comes back "Host Pathing Error", and the
+    /// queue takes no more.
+    pub fn abandon(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+        match self {
+            IoQueue::Pcie(qp) => {
+                let mut n = 0;
+                qp.abandon(|c| {
+                    n += 1;
+                    on_done(c)
+                });
+                n
+            }
+            IoQueue::Tcp(q) => q.queue.close(|c| on_done(tcp_completion(c, true))),
+        }
+    }
+
+    /// Why the queue ended, once it has: a remote target went away or was lost. (A local
+    /// controller's queue pair does not end: a removed device is found by its registers.)
+    pub fn ended(&self) -> Option<String> {
+        match self {
+            IoQueue::Pcie(_) => None,
+            IoQueue::Tcp(q) => match (q.lost.get(), q.queue.ended()) {
+                (Some(why), _) => Some(why.clone()),
+                (None, ended) => ended.map(|f| f.to_string()),
+            },
+        }
+    }
+}
+
+/// An NVMe/TCP completion in the driver's terms: a queue that ended fails its commands as
+/// from a removed device; a timed-out one as aborted on request; the target's status as is.
+#[inline]
+fn tcp_completion(c: crate::fabric::initiator::Completion, removed: bool) -> Completion {
+    let status = match c.result {
+        Ok(()) => Status::SUCCESS,
+        Err(_) if removed => Status::HOST_PATHING_ERROR,
+        Err(Failure::Status(status)) => status,
+        Err(Failure::TimedOut) => Status::ABORT_REQUESTED,
+        Err(Failure::Aborted) => Status::ABORTED_BY_HOST,
+        Err(Failure::Closed | Failure::Protocol(_) | Failure::Terminated { .. }) => {
+            Status::HOST_PATHING_ERROR
+        }
+        Err(Failure::DataDigest) => Status::DATA_TRANSFER_ERROR,
+    };
+    Completion {
+        token: c.token,
+        nsid: c.nsid,
+        status,
+        dw0: 0,
+        submitted_ns: c.submitted_ns,
+        bytes: c.bytes,
+    }
+}

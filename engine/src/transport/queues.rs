@@ -1,0 +1,268 @@
+//! A reactor's I/O queues: one per controller, shared by the channels of that controller's
+//! namespaces on the reactor (a drive with four namespaces served from two cores uses two
+//! queues, not eight). The reactor owns them ([`Queues`]) and hands each channel a
+//! [`SharedQueue`]; a completion that comes for another namespace while one channel polls
+//! waits in that namespace's inbox until its channel polls.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use usnvme_driver::{Completion, Controller, IoBuffer, QueuePairOptions, SubmitError};
+
+use super::{IoQueue, RemoteQueues};
+use crate::block::{ChannelOptions, Op};
+use crate::fabric::initiator::IoNamespace;
+
+/// Where a controller's I/O queues come from.
+#[derive(Debug, Clone)]
+pub enum QueueSource {
+    /// A local controller, the engine's drive `drive`.
+    Pcie { ctrl: Controller, drive: usize },
+    /// A remote controller.
+    Tcp(Arc<RemoteQueues>),
+}
+
+impl QueueSource {
+    /// Whether both are the same controller: the engine's drive index, or one remote
+    /// controller's queue source.
+    fn same_controller(&self, other: &QueueSource) -> bool {
+        match (self, other) {
+            (QueueSource::Pcie { drive: a, .. }, QueueSource::Pcie { drive: b, .. }) => a == b,
+            (QueueSource::Tcp(a), QueueSource::Tcp(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// The largest transfer of one command, in bytes.
+    pub fn max_transfer(&self) -> u64 {
+        match self {
+            QueueSource::Pcie { ctrl, .. } => ctrl.max_transfer(),
+            QueueSource::Tcp(remote) => u64::from(remote.max_transfer),
+        }
+    }
+
+    /// A new I/O queue for a reactor, sized for `options` on each of the controller's
+    /// namespaces the run may use; `ns` is the namespace asking for it.
+    fn create(
+        &self,
+        ns: IoNamespace,
+        options: &ChannelOptions,
+    ) -> Result<IoQueue, usnvme_driver::Error> {
+        match self {
+            QueueSource::Pcie { ctrl, .. } => {
+                let per_namespace = options.queue_entries(ctrl.max_transfer(), ctrl.cap().mqes());
+                let namespaces = ctrl.namespaces().len().max(1) as u64;
+                let entries = (u64::from(per_namespace) * namespaces)
+                    .min(u64::from(ctrl.cap().mqes()) + 1)
+                    .min(u64::from(u16::MAX)) as u16;
+                let qp = ctrl.create_queue_pair(QueuePairOptions {
+                    depth: entries,
+                    node: options.node,
+                    timeout: options.timeout,
+                })?;
+                Ok(IoQueue::Pcie(qp))
+            }
+            QueueSource::Tcp(remote) => {
+                let entries = remote.queue_entries(options);
+                Ok(IoQueue::Tcp(remote.connect(ns, entries, options)?))
+            }
+        }
+    }
+}
+
+/// A reactor's queues, by controller. Lives on the reactor's thread; the channels of its
+/// devices hold the queues they use.
+#[derive(Debug, Default)]
+pub struct Queues {
+    queues: Vec<(QueueSource, SharedQueue)>,
+}
+
+impl Queues {
+    pub fn new() -> Queues {
+        Queues::default()
+    }
+
+    /// This reactor's queue to `source`'s controller, for namespace `ns`: the one it has,
+    /// unless a channel of `ns` is on it already (then a queue of its own), else a new one.
+    pub fn queue_for(
+        &mut self,
+        source: &QueueSource,
+        ns: IoNamespace,
+        options: &ChannelOptions,
+    ) -> Result<SharedQueue, usnvme_driver::Error> {
+        let found = self
+            .queues
+            .iter()
+            .find(|(s, q)| s.same_controller(source) && !q.carries(ns.nsid));
+        let queue = match found {
+            Some((_, q)) => q.clone(),
+            None => {
+                let q = SharedQueue::new(source.create(ns, options)?);
+                self.queues.push((source.clone(), q.clone()));
+                q
+            }
+        };
+        queue.add_route(ns.nsid);
+        Ok(queue)
+    }
+
+    /// How many queues the reactor has.
+    pub fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty()
+    }
+}
+
+/// One queue of a controller on a reactor, shared by the channels of its namespaces.
+#[derive(Debug, Clone)]
+pub struct SharedQueue(Rc<RefCell<Shared>>);
+
+#[derive(Debug)]
+struct Shared {
+    queue: IoQueue,
+    /// The namespaces whose channels use the queue, each with the completions that came for
+    /// it while another channel polled (sized for the whole queue: pushing never allocates).
+    routes: Vec<Route>,
+}
+
+#[derive(Debug)]
+struct Route {
+    nsid: u32,
+    inbox: VecDeque<Completion>,
+}
+
+impl SharedQueue {
+    fn new(queue: IoQueue) -> SharedQueue {
+        SharedQueue(Rc::new(RefCell::new(Shared {
+            queue,
+            routes: Vec::new(),
+        })))
+    }
+
+    fn carries(&self, nsid: u32) -> bool {
+        self.0.borrow().routes.iter().any(|r| r.nsid == nsid)
+    }
+
+    fn add_route(&self, nsid: u32) {
+        let mut s = self.0.borrow_mut();
+        let room = s.queue.free() + 1;
+        s.routes.push(Route {
+            nsid,
+            inbox: VecDeque::with_capacity(room),
+        });
+    }
+
+    /// Namespace `nsid`'s channel is gone: its completions are no longer kept.
+    pub fn remove_route(&self, nsid: u32) {
+        if let Ok(mut s) = self.0.try_borrow_mut() {
+            s.routes.retain(|r| r.nsid != nsid);
+        }
+    }
+
+    /// Queues a command (see [`IoQueue::submit`]). A queue cannot be reached from inside its
+    /// own completion handler: there it reports itself full.
+    #[inline]
+    pub fn submit(
+        &self,
+        ns: IoNamespace,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match self.0.try_borrow_mut() {
+            Ok(mut s) => s.queue.submit(ns, op, lba, blocks, buf, token),
+            Err(_) => Err(SubmitError::QueueFull { in_flight: 0 }),
+        }
+    }
+
+    /// Polls the queue and hands namespace `nsid`'s completions to `on_done` (those for the
+    /// other namespaces go to their inboxes); returns how many were handed on.
+    #[inline]
+    pub fn poll(&self, nsid: u32, mut on_done: impl FnMut(Completion)) -> usize {
+        let Ok(mut s) = self.0.try_borrow_mut() else {
+            return 0;
+        };
+        let Shared { queue, routes } = &mut *s;
+        if routes.len() == 1 {
+            return queue.poll(on_done); // the queue is this namespace's alone
+        }
+        let mut done = 0;
+        for c in routes
+            .iter_mut()
+            .filter(|r| r.nsid == nsid)
+            .flat_map(|r| r.inbox.drain(..))
+        {
+            done += 1;
+            on_done(c);
+        }
+        queue.poll(|c| {
+            if c.nsid == nsid {
+                done += 1;
+                on_done(c);
+            } else if let Some(r) = routes.iter_mut().find(|r| r.nsid == c.nsid) {
+                r.inbox.push_back(c);
+            }
+        });
+        done
+    }
+
+    /// Sends what was queued.
+    #[inline]
+    pub fn flush(&self) {
+        if let Ok(mut s) = self.0.try_borrow_mut() {
+            s.queue.flush();
+        }
+    }
+
+    #[inline]
+    pub fn set_now(&self, now_ns: u64) {
+        if let Ok(mut s) = self.0.try_borrow_mut() {
+            s.queue.set_now(now_ns);
+        }
+    }
+
+    /// Commands that can be queued now.
+    #[inline]
+    pub fn free(&self) -> usize {
+        self.0.try_borrow().map_or(0, |s| s.queue.free())
+    }
+
+    /// The controller is gone: every command in flight on the queue fails with "Host Pathing
+    /// Error"; namespace `nsid`'s go to `on_done` now, the others' at their next poll.
+    pub fn abandon(&self, nsid: u32, mut on_done: impl FnMut(Completion)) -> usize {
+        let Ok(mut s) = self.0.try_borrow_mut() else {
+            return 0;
+        };
+        let Shared { queue, routes } = &mut *s;
+        let mut done = 0;
+        for c in routes
+            .iter_mut()
+            .filter(|r| r.nsid == nsid)
+            .flat_map(|r| r.inbox.drain(..))
+        {
+            done += 1;
+            on_done(c);
+        }
+        queue.abandon(|c| {
+            if c.nsid == nsid {
+                done += 1;
+                on_done(c);
+            } else if let Some(r) = routes.iter_mut().find(|r| r.nsid == c.nsid) {
+                r.inbox.push_back(c);
+            }
+        });
+        done
+    }
+
+    /// Why the queue ended, once it has (a remote target gone or lost).
+    pub fn ended(&self) -> Option<String> {
+        self.0.try_borrow().ok().and_then(|s| s.queue.ended())
+    }
+}
