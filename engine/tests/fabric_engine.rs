@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_engine::block::{DmaTarget, NamespaceDevice};
+use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::host::{HostOptions, Queue};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
 use usnvme_engine::fabric::initiator::{Failure, QueueParams};
 use usnvme_engine::fabric::pdu::Digests;
+use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits, Receive};
 use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::target::registry::Registry;
@@ -52,10 +54,19 @@ fn serve(mut stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>
     }
 }
 
+/// A target with one namespace that serves `connections` connections, then no more.
 fn target(connections: usize) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
+    target_of(connections, 1)
+}
+
+/// The same with `namespaces` namespaces.
+fn target_of(
+    connections: usize,
+    namespaces: u32,
+) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
-    let sub = Arc::new(test_subsystem(1));
+    let sub = Arc::new(test_subsystem(namespaces));
     let registry = Arc::new(Registry::new(None));
     let s = sub.clone();
     let handle = std::thread::spawn(move || {
@@ -428,4 +439,181 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
     run.wait().expect("the target stops");
+}
+
+/// Writes `BLOCKS` 4 KiB blocks to its share of every device, each stamped with its device,
+/// block and reactor, then reads them back; counts what did not read back as written, and
+/// notes the reactor's queues.
+struct StampEvery {
+    pool: Option<BufferPool>,
+    buffers: Vec<DmaBuffer>,
+    next: u64,
+    reading: bool,
+    bad: u64,
+    failed: u64,
+}
+
+impl StampEvery {
+    fn stamp(ctx: &ReactorContext, device: usize, block: u64) -> u8 {
+        (device as u64 * 31 + block * 7 + ctx.info.index as u64 * 101) as u8 | 1
+    }
+}
+
+impl Job for StampEvery {
+    type Output = (u64, u64, usize);
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        let count = BLOCKS as usize * ctx.devices.len();
+        let mut pool = ctx.devices[0]
+            .buffer_pool(IO, count)
+            .map_err(|e| e.to_string())?;
+        for _ in 0..count {
+            self.buffers.push(pool.alloc().ok_or("a buffer")?);
+        }
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        let op = if self.reading { Op::Read } else { Op::Write };
+        let total = BLOCKS * ctx.devices.len() as u64;
+        // I/O number n: device n % devices, block n / devices, in this reactor's share
+        while self.next < total {
+            let devices = ctx.devices.len() as u64;
+            let (d, block) = ((self.next % devices) as usize, self.next / devices);
+            let stamp = Self::stamp(ctx, d, block);
+            let share = ctx.info.shares[d];
+            let dev = &mut ctx.devices[d];
+            if dev.in_flight() >= 8 {
+                break;
+            }
+            let b = &self.buffers[self.next as usize];
+            b.fill(if self.reading { 0 } else { stamp });
+            let io = IoBuffer {
+                iova: b.iova(),
+                len: IO as u32,
+            };
+            let offset = (share.index as u64 * BLOCKS + block) * IO as u64;
+            if dev
+                .submit(op, offset, IO as u64, Some(io), self.next)
+                .is_err()
+            {
+                break;
+            }
+            self.next += 1;
+        }
+        let devices = ctx.devices.len() as u64;
+        for d in 0..ctx.devices.len() {
+            let (buffers, bad, failed, reading) =
+                (&self.buffers, &mut self.bad, &mut self.failed, self.reading);
+            let stamps: Vec<u8> = (0..BLOCKS).map(|b| Self::stamp(ctx, d, b)).collect();
+            ctx.devices[d].poll(|c| {
+                if c.result.is_err() {
+                    *failed += 1;
+                    return;
+                }
+                if reading {
+                    let mut got = [0u8; IO];
+                    let want = stamps[(c.token / devices) as usize];
+                    let ok = buffers[c.token as usize].read_into(&mut got, 0).is_ok();
+                    if !ok || got.iter().any(|&x| x != want) {
+                        *bad += 1;
+                    }
+                }
+            });
+        }
+        if self.next == total && ctx.devices.iter().all(|d| d.in_flight() == 0) {
+            if self.reading {
+                return false;
+            }
+            (self.reading, self.next) = (true, 0);
+        }
+        true
+    }
+
+    fn finish(mut self, ctx: &mut ReactorContext) -> Self::Output {
+        if let Some(pool) = self.pool.as_mut() {
+            for b in self.buffers.drain(..) {
+                let _ = pool.free(b);
+            }
+        }
+        (self.bad, self.failed, ctx.queue_count())
+    }
+}
+
+#[test]
+fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
+    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
+    let drives = attach(
+        &Opener::new("/sys"),
+        &Sysfs::new(),
+        &specs,
+        &ControllerOptions::default(),
+    )
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .expect("the sim drive");
+    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+    let cores: Vec<usize> = topology.allowed.iter().copied().take(2).collect();
+    let engine = Engine::new(
+        topology,
+        drives,
+        EngineOptions {
+            cores: cores.clone(),
+            policy: Policy::AllToAll,
+            numa_memory: false,
+            ..EngineOptions::default()
+        },
+    )
+    .expect("an engine");
+    // the target serves the admin queue and one I/O queue per core, and no more: a third I/O
+    // queue would never be answered and the run would fail
+    let connections = 1 + cores.len();
+    let (addr, sub, server) = target_of(connections, 4);
+    let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
+        .parse()
+        .expect("address");
+    let host = HostOptions {
+        timeout: Duration::from_secs(5),
+        ..HostOptions::default()
+    };
+    let dma = DmaTarget {
+        space: IovaSpace::new(Arc::new(NoIommu)),
+        page: PageSize::Small4K,
+    };
+    let remote = RemoteSubsystem::attach(&address, &host, 4, dma).expect("attached");
+    let devices = remote.devices(None).expect("its namespaces");
+    assert_eq!(devices.len(), 4);
+    let run = engine
+        .start(devices, |_| StampEvery {
+            pool: None,
+            buffers: Vec::new(),
+            next: 0,
+            reading: false,
+            bad: 0,
+            failed: 0,
+        })
+        .expect("started");
+    let results = run.wait().expect("the run");
+    assert_eq!(results.len(), cores.len());
+    for r in &results {
+        assert_eq!(r.info.devices, [0, 1, 2, 3], "core {}", r.info.cpu);
+        let (bad, failed, queues) = r.output;
+        assert_eq!(
+            (bad, failed),
+            (0, 0),
+            "core {}: (read back wrong, failed)",
+            r.info.cpu
+        );
+        assert_eq!(
+            queues, 1,
+            "core {}: one I/O queue for the four namespaces",
+            r.info.cpu
+        );
+        let total = r.stats.total();
+        assert_eq!(total.ios(OpKind::Write), 4 * BLOCKS, "core {}", r.info.cpu);
+        assert_eq!(total.ios(OpKind::Read), 4 * BLOCKS, "core {}", r.info.cpu);
+    }
+    drop(remote);
+    server.join().expect("the target served its connections");
 }
