@@ -403,3 +403,145 @@ fn finish(splits: &mut SplitIos, name: &Arc<str>, c: Completion) -> Option<Finis
     }
     splits.part_done(c.token & !NAMESPACE_PARENT, result)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use usnvme_hugepages::{BufferPool, DmaBuffer, IovaSpace, NoIommu, PageSize};
+
+    use super::*;
+    use crate::block::StripeDevice;
+    use crate::fabric::address::TcpAddress;
+    use crate::fabric::host::HostOptions;
+    use crate::fabric::initiator::queue::tests::target_of;
+    use crate::fabric::subsystem::RemoteSubsystem;
+
+    /// A remote subsystem of `namespaces` namespaces served on `connections` connections.
+    fn remote(
+        connections: usize,
+        namespaces: u32,
+    ) -> (RemoteSubsystem, Arc<IovaSpace>, std::thread::JoinHandle<()>) {
+        let (addr, sub, server) = target_of(connections, namespaces);
+        let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
+            .parse()
+            .expect("address");
+        let host = HostOptions {
+            timeout: Duration::from_secs(5),
+            ..HostOptions::default()
+        };
+        let space = IovaSpace::new(Arc::new(NoIommu));
+        let dma = DmaTarget {
+            space: space.clone(),
+            page: PageSize::Small4K,
+        };
+        let remote = RemoteSubsystem::attach(&address, &host, 1, dma).expect("attached");
+        (remote, space, server)
+    }
+
+    /// Submits `op` of the whole of `b` at `offset` and waits for it: (token, result, bytes).
+    fn one_io(
+        channel: &mut Channel,
+        op: Op,
+        offset: u64,
+        b: &DmaBuffer,
+        token: u64,
+    ) -> Vec<(u64, Result<(), IoError>, u64)> {
+        let io = IoBuffer {
+            iova: b.iova(),
+            len: b.len() as u32,
+        };
+        channel
+            .submit(op, offset, b.len() as u64, Some(io), token)
+            .expect("submitted");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut done = Vec::new();
+        while done.is_empty() {
+            assert!(Instant::now() < deadline, "no completion");
+            channel.poll(|f| done.push((f.token, f.result, f.bytes)));
+        }
+        done
+    }
+
+    #[test]
+    fn a_remote_namespace_is_a_block_device_whose_large_ios_are_split() {
+        let (remote, space, server) = remote(2, 1);
+        let device = remote.devices(None).expect("a namespace").remove(0);
+        assert_eq!(device.info().size_bytes, 2048 * 512);
+        let options = ChannelOptions {
+            depth: 16,
+            ..ChannelOptions::default()
+        };
+        let mut queues = Queues::new();
+        let mut channel = device.channel(&mut queues, &options).expect("a channel");
+        let mut pool =
+            BufferPool::new(&space, 256 << 10, 2, PageSize::Small4K, None).expect("buffers");
+        let (out, back) = (
+            pool.alloc().expect("a buffer"),
+            pool.alloc().expect("a buffer"),
+        );
+        let data: Vec<u8> = (0..256 << 10).map(|i| (i % 251) as u8).collect();
+        out.write_from(&data, 0).expect("fill");
+        // 256 KiB: two commands of the target's 128 KiB, each by R2T
+        assert_eq!(
+            one_io(&mut channel, Op::Write, 4096, &out, 7),
+            [(7, Ok(()), 256 << 10)]
+        );
+        assert_eq!(
+            one_io(&mut channel, Op::Read, 4096, &back, 8),
+            [(8, Ok(()), 256 << 10)]
+        );
+        let mut got = vec![0u8; data.len()];
+        back.read_into(&mut got, 0).expect("read back");
+        assert!(got == data, "read back what was written");
+        // the block layer's own checks
+        let io = Some(IoBuffer {
+            iova: back.iova(),
+            len: 512,
+        });
+        assert!(matches!(
+            channel.submit(Op::Read, 1, 512, io, 9),
+            Err(BlockError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            channel.submit(Op::Read, 2048 * 512, 512, io, 9),
+            Err(BlockError::OutOfRange { .. })
+        ));
+        drop((channel, queues, device, remote));
+        server.join().expect("the target");
+    }
+
+    #[test]
+    fn a_stripe_over_two_remote_namespaces_shares_one_queue_and_reads_back_what_it_wrote() {
+        // the admin queue and one I/O queue: the members share it
+        let (remote, space, server) = remote(2, 2);
+        let members = remote.devices(None).expect("two namespaces");
+        let stripe = StripeDevice::new("s0", members, 64 << 10).expect("a stripe");
+        let mut queues = Queues::new();
+        let mut channel = stripe
+            .channel(&mut queues, &ChannelOptions::default())
+            .expect("a channel");
+        assert_eq!(queues.len(), 1, "one queue for both members");
+        let len = 512 << 10; // eight chunks, four on each member
+        let mut pool = BufferPool::new(&space, len, 2, PageSize::Small4K, None).expect("buffers");
+        let (out, back) = (
+            pool.alloc().expect("a buffer"),
+            pool.alloc().expect("a buffer"),
+        );
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        out.write_from(&data, 0).expect("fill");
+        assert_eq!(
+            one_io(&mut channel, Op::Write, 0, &out, 1),
+            [(1, Ok(()), len as u64)]
+        );
+        assert_eq!(
+            one_io(&mut channel, Op::Read, 0, &back, 2),
+            [(2, Ok(()), len as u64)]
+        );
+        let mut got = vec![0u8; len];
+        back.read_into(&mut got, 0).expect("read back");
+        assert!(got == data, "the stripe read back what it wrote");
+        drop((channel, queues, stripe, remote));
+        server.join().expect("the target");
+    }
+}

@@ -143,3 +143,20 @@ impl RemoteQueues {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_ids_are_the_lowest_free_of_those_granted_and_come_back() {
+        let ids = QueueIds::new(2);
+        assert_eq!(
+            (ids.take(), ids.take(), ids.take()),
+            (Some(1), Some(2), None)
+        );
+        ids.give(1);
+        assert_eq!(ids.take(), Some(1));
+        assert_eq!(QueueIds::new(0).take(), None);
+    }
+}
