@@ -1,5 +1,6 @@
 //! The NVMe/TCP target: one NVM subsystem whose namespaces are the engine's block devices,
-//! plus the discovery subsystem on the same listener.
+//! plus the discovery subsystem on the same listener. (The module is `export`, not `target`: a
+//! folder named `target` is taken for build output by tools and common gitignore rules.)
 //!
 //! - [`admin`]: what the controllers answer without touching a drive: properties (CAP, VS, CC,
 //!   CSTS), Identify, features, log pages (SMART aggregated from the drives, the discovery log).
