@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use usnvme_driver::spec::{Cqe, Sqe, Status};
+use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
+use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
+use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::pdu::{
     self, flags, DataHeader, Digests, IcReq, OutHeader, PduType, SHORT_HEADER,
 };
-use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits};
-use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
-use usnvme_engine::fabric::target::registry::Registry;
 
 mod common;
 use common::allocations;

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use usnvme_driver::spec::Sqe;
 use usnvme_driver::IoBuffer;
 use usnvme_engine::block::Op;
+use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
+use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
+use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::fabric::export::wire::ReadWire;
 use usnvme_engine::fabric::host::HostOptions;
 use usnvme_engine::fabric::initiator::session::{Completion, QueueParams, Session};
 use usnvme_engine::fabric::pdu::{Digests, IcReq, OutHeader};
-use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits};
-use usnvme_engine::fabric::target::memory::{test_subsystem, MemoryBackend};
-use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::wire::ReadWire;
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{GuestAddress, VolatileSlice};
 

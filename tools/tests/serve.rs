@@ -9,9 +9,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::{IdentifyController, IdentifyNamespace, Sqe, Status};
+use usnvme_engine::fabric::export::DISCOVERY_NQN;
 use usnvme_engine::fabric::host::{HostError, HostOptions, Queue};
 use usnvme_engine::fabric::pdu::Digests;
-use usnvme_engine::fabric::target::DISCOVERY_NQN;
 use usnvme_tests::signal;
 
 #[path = "common/serve.rs"]

@@ -25,7 +25,7 @@ use uuid::Uuid;
 use super::host::{HostError, HostOptions, Queue};
 use super::pdu::Digests;
 
-pub use super::target::DISCOVERY_NQN;
+pub use super::export::DISCOVERY_NQN;
 
 /// Controller register offsets (the Fabrics properties).
 const CAP: u32 = 0x00;

@@ -4,7 +4,7 @@
 //! (`nvme discover`, `nvme connect -t tcp`).
 //!
 //! The listeners are polled here; each accepted connection goes to one reactor, round robin,
-//! which owns it from then on (`usnvme_engine::fabric::target::server`). Ctrl-C / SIGTERM:
+//! which owns it from then on (`usnvme_engine::fabric::export::server`). Ctrl-C / SIGTERM:
 //! stop accepting, complete what is in flight, close the connections, shut the controllers
 //! down, exit 130 / 143.
 
@@ -18,11 +18,11 @@ use anyhow::{Context, Result};
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
-use usnvme_engine::fabric::target::admin::aggregate_smart;
-use usnvme_engine::fabric::target::connection::ConnectionLimits;
-use usnvme_engine::fabric::target::registry::Registry;
-use usnvme_engine::fabric::target::server::{Counters, Incoming, ServeJob, Shared, SmartService};
-use usnvme_engine::fabric::target::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::fabric::export::admin::aggregate_smart;
+use usnvme_engine::fabric::export::connection::ConnectionLimits;
+use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::fabric::export::server::{Counters, Incoming, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
 use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions};
@@ -116,7 +116,7 @@ pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let nqn = match &args.nqn {
         Some(n) => check_nqn(n).map_err(|e| usage(format!("--nqn {n}: {e}")))?,
-        None => usnvme_engine::fabric::target::default_nqn(sysfs.root()),
+        None => usnvme_engine::fabric::export::default_nqn(sysfs.root()),
     };
     for host in &args.allow_host {
         check_nqn(host).map_err(|e| usage(format!("--allow-host {host}: {e}")))?;

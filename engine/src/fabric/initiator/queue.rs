@@ -256,12 +256,12 @@ pub(crate) mod tests {
     use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
+    use crate::fabric::export::connection::{Connection, ConnectionLimits, Receive};
+    use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
+    use crate::fabric::export::registry::Registry;
+    use crate::fabric::export::SubsystemInfo;
     use crate::fabric::host::Queue;
     use crate::fabric::pdu::{self, Digests, IcResp, OutHeader};
-    use crate::fabric::target::connection::{Connection, ConnectionLimits, Receive};
-    use crate::fabric::target::memory::{test_subsystem, MemoryBackend};
-    use crate::fabric::target::registry::Registry;
-    use crate::fabric::target::SubsystemInfo;
 
     const BASE: u64 = 0x10_0000;
 

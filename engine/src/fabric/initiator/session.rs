@@ -28,12 +28,12 @@ use usnvme_hugepages::IovaMemory;
 use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 
 use crate::block::Op;
+use crate::fabric::export::wire::{self, ReadWire, WriteWire};
 use crate::fabric::host::{self, HostOptions, Negotiated};
 use crate::fabric::pdu::{
     self, flags, CommonHeader, DataHeader, FatalError, IcReq, IcResp, Limits, OutHeader, PduType,
     COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
 };
-use crate::fabric::target::wire::{self, ReadWire, WriteWire};
 
 /// Slots are the low bits of a command ID; the bits above are a generation, so that a
 /// response to a command that already completed is caught even once its slot is reused.
@@ -1145,9 +1145,9 @@ mod tests {
     use vm_memory::Bytes;
 
     use super::*;
-    use crate::fabric::target::connection::{Connection, ConnectionLimits};
-    use crate::fabric::target::memory::{test_subsystem, MemoryBackend};
-    use crate::fabric::target::registry::Registry;
+    use crate::fabric::export::connection::{Connection, ConnectionLimits};
+    use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
+    use crate::fabric::export::registry::Registry;
 
     const BASE: u64 = 0x10_0000;
     const BOTH: pdu::Digests = pdu::Digests {
@@ -1180,7 +1180,7 @@ mod tests {
 
     /// An enabled controller (1) on the target, through an admin connection driven by hand.
     fn admin(
-        sub: &Arc<crate::fabric::target::SubsystemInfo>,
+        sub: &Arc<crate::fabric::export::SubsystemInfo>,
         registry: &Arc<Registry>,
     ) -> Connection {
         let mut backend = MemoryBackend::new(sub);
@@ -1220,7 +1220,7 @@ mod tests {
         received: usize,
     }
 
-    fn params(sub: &crate::fabric::target::SubsystemInfo) -> QueueParams {
+    fn params(sub: &crate::fabric::export::SubsystemInfo) -> QueueParams {
         QueueParams {
             subnqn: sub.nqn.clone(),
             qid: 1,

@@ -1,10 +1,14 @@
 //! The NVMe/TCP target: one NVM subsystem whose namespaces are the engine's block devices,
-//! plus the discovery subsystem on the same listener.
+//! plus the discovery subsystem on the same listener. (The module is `export`, not `target`: a
+//! folder named `target` is taken for build output by tools and common gitignore rules.)
 //!
 //! - [`admin`]: what the controllers answer without touching a drive: properties (CAP, VS, CC,
-//!   CSTS), Identify, features, log pages (SMART aggregated from the drives, the discovery log).
+//!   CSTS), Identify, features, log pages (SMART aggregated from the drives, the discovery log),
+//!   the Fabrics commands' fields; a file for each.
 //! - [`connection`]: one TCP connection's state machine (PDUs in, commands to the block
-//!   devices, responses out), without I/O of its own so it can be driven by tests and fuzzing.
+//!   devices, responses out), without I/O of its own so it can be driven by tests and fuzzing;
+//!   a file for each concern (receive, transmit, Fabrics commands, the admin queue, the I/O
+//!   queue, shutdown).
 //! - [`memory`]: a backend over memory, for tests and the fuzz target.
 //! - [`registry`]: the controllers (dynamic IDs) and the hosts allowed to connect.
 //! - [`server`]: the job each reactor runs: its connections' sockets, commands and buffers.

@@ -1,0 +1,219 @@
+//! Get Log Page: Error Information (empty), SMART / Health (aggregated from the drives),
+//! Firmware Slot Information, and the discovery log.
+
+use usnvme_driver::spec::log::LogPageId;
+use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, Sqe, Status};
+
+use super::super::{Listener, SubsystemInfo};
+use super::identify::put_nul_padded;
+use super::{ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
+
+const LID_ERROR_INFORMATION: u8 = LogPageId::ErrorInformation as u8;
+const LID_SMART: u8 = LogPageId::SmartHealth as u8;
+const LID_FIRMWARE_SLOT: u8 = LogPageId::FirmwareSlot as u8;
+const LID_DISCOVERY: u8 = LogPageId::Discovery as u8;
+
+/// Discovery log layout (NVMe over Fabrics 1.1, Discovery Log Page): a 1024-byte header, then
+/// one 1024-byte entry per record. Every field is written as Linux's nvmet writes it
+/// (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
+pub(super) const DISCOVERY_HEADER: usize = 1024;
+pub(super) const DISCOVERY_ENTRY: usize = 1024;
+/// GENCTR: the log never changes while the target runs.
+const DISCOVERY_GENCTR: u64 = 1;
+/// TRTYPE 3: TCP.
+const TRTYPE_TCP: u8 = 3;
+/// ADRFAM: IPv4, IPv6.
+const ADRFAM_IPV4: u8 = 1;
+const ADRFAM_IPV6: u8 = 2;
+/// SUBTYPE 2: an NVM subsystem; 3: the current discovery subsystem, the one answering (nvmet
+/// lists it first, and since NVMe-oF 1.1 hosts expect it: nvme-cli skips it when connecting).
+const SUBTYPE_NVME: u8 = 2;
+const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+/// TREQ: bits 1:0 00b, secure channel requirements not specified (we offer no TLS: 01b
+/// "required" or 10b "not required" both make libnvme 1.3 add `tls` to the connect options,
+/// which Linux 6.1 refuses), and bit 2, SQ flow control disable supported (we honour CATTR
+/// bit 2 in Connect). This is what nvmet writes for a TCP port.
+const TREQ_SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
+/// CNTLID FFFFh: the dynamic controller model (any controller ID).
+const CNTLID_DYNAMIC: u16 = 0xffff;
+/// ASQSZ: the admin queue entries a host may use: 32, nvmet's NVME_AQ_DEPTH (and the least
+/// the specification allows).
+const DISCOVERY_ASQSZ: u16 = 32;
+// EFLAGS (bytes 10..12) stay 0, as nvmet leaves them: no duplicate-information or explicit
+// persistent-connection claims. TSAS (768..1024) stays 0: for TCP its first byte is SECTYPE,
+// 0 = no security, as nvmet writes for a port without TLS.
+
+/// Who reads the discovery log: the port (listener) its connection came in on, as the host
+/// reached it (the address is the connection's local one, never a wildcard), and whether the
+/// host may use the subsystem. As nvmet, the log describes that port only, and names the NVM
+/// subsystem only to a host allowed to connect to it.
+#[derive(Debug, Clone, Copy)]
+pub struct DiscoveryAsker<'a> {
+    pub port: &'a Listener,
+    pub host_allowed: bool,
+}
+
+impl DiscoveryAsker<'_> {
+    fn records(&self) -> usize {
+        1 + usize::from(self.host_allowed)
+    }
+}
+
+/// Get Log Page: the `len` bytes at `offset` of log LID (CDW10 bits 7:0). The length is NUMD,
+/// 0's based dwords from NUMDL (CDW10 bits 31:16) and NUMDU (CDW11 bits 15:0); the offset is
+/// CDW12/13 and must be a dword multiple. Bytes past the log's end read as zero; an offset past
+/// it is refused. The discovery controller has only the discovery log (70h); an I/O
+/// controller has Error Information (01h, empty), SMART / Health (02h, from `smart`, asked only
+/// for it, controller-wide: NSID 0 or FFFFFFFFh) and Firmware Slot Information (03h).
+pub fn log_page(
+    sub: &SubsystemInfo,
+    discovery: Option<DiscoveryAsker>,
+    sqe: &Sqe,
+    smart: &mut dyn FnMut() -> SmartLog,
+    out: &mut [u8],
+) -> Result<usize, Status> {
+    let numd = ((sqe.cdw11 & 0xffff) << 16) | (sqe.cdw10 >> 16);
+    let len = (u64::from(numd) + 1) * 4;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&len| len <= MAX_LOG_BYTES.min(out.len()))
+        .ok_or(INVALID_FIELD)?;
+    let offset = u64::from(sqe.cdw12) | (u64::from(sqe.cdw13) << 32);
+    if offset % 4 != 0 {
+        return Err(INVALID_FIELD);
+    }
+    let log_len = match (discovery, sqe.cdw10 as u8) {
+        (Some(asker), LID_DISCOVERY) => DISCOVERY_HEADER + DISCOVERY_ENTRY * asker.records(),
+        (Some(_), _) => return Err(INVALID_LOG_PAGE),
+        (None, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
+        (None, LID_SMART) => {
+            if sqe.nsid != 0 && sqe.nsid != u32::MAX {
+                return Err(INVALID_FIELD); // no per-namespace SMART (LPA bit 0 clear)
+            }
+            SmartLog::SIZE
+        }
+        (None, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
+        _ => return Err(INVALID_LOG_PAGE),
+    };
+    let offset = usize::try_from(offset)
+        .ok()
+        .filter(|&at| at <= log_len)
+        .ok_or(INVALID_FIELD)?;
+    // `out` shows the log from `offset`: zeroes, then each part of the log where it falls
+    let out = &mut out[..len];
+    out.fill(0);
+    match (sqe.cdw10 as u8, discovery) {
+        (LID_DISCOVERY, Some(asker)) => {
+            let mut part = [0u8; DISCOVERY_ENTRY];
+            discovery_header(&mut part, asker.records());
+            put_log_part(out, offset, 0, &part);
+            let records = [
+                (SUBTYPE_CURRENT_DISCOVERY, super::super::DISCOVERY_NQN),
+                (SUBTYPE_NVME, sub.nqn.as_str()),
+            ];
+            for (i, (subtype, nqn)) in records.into_iter().take(asker.records()).enumerate() {
+                part.fill(0);
+                discovery_entry(&mut part, subtype, nqn, asker.port);
+                put_log_part(out, offset, DISCOVERY_HEADER + i * DISCOVERY_ENTRY, &part);
+            }
+        }
+        (LID_SMART, _) => put_log_part(out, offset, 0, smart().as_bytes()),
+        (LID_FIRMWARE_SLOT, _) => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
+        _ => {} // the error log: no errors recorded, all zero
+    }
+    Ok(len)
+}
+
+/// Copies `part`, which is at byte `at` of a log, into `out`, which shows the log from byte
+/// `offset` on (whatever of `part` falls inside it).
+fn put_log_part(out: &mut [u8], offset: usize, at: usize, part: &[u8]) {
+    let (from, to) = if at >= offset {
+        (0, at - offset)
+    } else {
+        (offset - at, 0)
+    };
+    if from >= part.len() || to >= out.len() {
+        return;
+    }
+    let n = (part.len() - from).min(out.len() - to);
+    out[to..to + n].copy_from_slice(&part[from..from + n]);
+}
+
+/// One firmware slot, read-only and active, holding the usnvme version.
+fn firmware_slot_log(sub: &SubsystemInfo) -> FirmwareSlotLog {
+    let mut log = FirmwareSlotLog::zeroed();
+    log.afi = 1;
+    put_ascii(&mut log.frs[0], &sub.firmware);
+    log
+}
+
+/// The discovery log's header (its first 1024 bytes).
+fn discovery_header(header: &mut [u8], records: usize) {
+    header[0..8].copy_from_slice(&DISCOVERY_GENCTR.to_le_bytes());
+    header[8..16].copy_from_slice(&(records as u64).to_le_bytes());
+    // RECFMT (16..18) 0
+}
+
+/// Fills one 1024-byte discovery log entry: `nqn`, of type `subtype`, at `port`.
+fn discovery_entry(entry: &mut [u8], subtype: u8, nqn: &str, port: &Listener) {
+    entry[0] = TRTYPE_TCP;
+    entry[1] = if port.address.is_ipv4() {
+        ADRFAM_IPV4
+    } else {
+        ADRFAM_IPV6
+    };
+    entry[2] = subtype;
+    entry[3] = TREQ_SQ_FLOW_CONTROL_DISABLE;
+    entry[4..6].copy_from_slice(&port.port_id.to_le_bytes());
+    entry[6..8].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
+    entry[8..10].copy_from_slice(&DISCOVERY_ASQSZ.to_le_bytes());
+    // TRSVCID and TRADDR are ASCII, space padded; SUBNQN is UTF-8, NUL padded
+    put_ascii(&mut entry[32..64], &port.address.port().to_string());
+    put_nul_padded(&mut entry[256..512], nqn);
+    put_ascii(&mut entry[512..768], &port.address.ip().to_string());
+}
+
+/// The SMART / Health log of the subsystem from its drives': counters add up (saturating),
+/// power-on hours and time at temperature are the longest, temperature and percentage used
+/// the highest, critical warnings and endurance group summaries combine, and the available
+/// spare is the lowest (with that drive's threshold, so the pair agrees with the warnings).
+/// Per-sensor temperatures are a drive's own and are left out. No drives: an all-zero log.
+pub fn aggregate_smart(logs: &[SmartLog]) -> SmartLog {
+    let mut out = SmartLog::zeroed();
+    let sum = |counter: fn(&SmartLog) -> u128| {
+        logs.iter()
+            .map(counter)
+            .fold(0u128, u128::saturating_add)
+            .to_le_bytes()
+    };
+    out.data_units_read = sum(SmartLog::data_units_read);
+    out.data_units_written = sum(SmartLog::data_units_written);
+    out.host_read_commands = sum(SmartLog::host_read_commands);
+    out.host_write_commands = sum(SmartLog::host_write_commands);
+    out.controller_busy_time = sum(SmartLog::controller_busy_time);
+    out.power_cycles = sum(SmartLog::power_cycles);
+    out.unsafe_shutdowns = sum(SmartLog::unsafe_shutdowns);
+    out.media_errors = sum(SmartLog::media_errors);
+    out.error_log_entries = sum(SmartLog::error_log_entries);
+    let hours = logs.iter().map(SmartLog::power_on_hours).max();
+    out.power_on_hours = hours.unwrap_or(0).to_le_bytes();
+    for log in logs {
+        out.critical_warning |= log.critical_warning;
+        out.endurance_group_summary |= log.endurance_group_summary;
+        out.percentage_used = out.percentage_used.max(log.percentage_used);
+        if log.temperature_kelvin() > out.temperature_kelvin() {
+            out.composite_temperature = log.composite_temperature;
+        }
+        out.warning_temperature_time = out
+            .warning_temperature_time
+            .max(log.warning_temperature_time);
+        out.critical_temperature_time = out
+            .critical_temperature_time
+            .max(log.critical_temperature_time);
+    }
+    if let Some(least) = logs.iter().min_by_key(|log| log.available_spare) {
+        out.available_spare = least.available_spare;
+        out.available_spare_threshold = least.available_spare_threshold;
+    }
+    out
+}

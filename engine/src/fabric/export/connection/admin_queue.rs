@@ -1,0 +1,149 @@
+//! The admin queue's commands: Keep Alive and Asynchronous Event Requests are the connection's
+//! own; the rest is answered by `export::admin`, SMART once the drives' answer is there.
+
+use std::time::Instant;
+
+use usnvme_driver::spec::{SmartLog, Sqe, Status};
+
+use super::super::admin;
+use super::super::registry::{Controller, Registry};
+use super::super::Listener;
+use super::{Backend, Connection, Role, SMART_WAITING};
+
+/// Admin opcodes handled by the connection itself (the rest go to [`admin`]).
+const ASYNC_EVENT_REQUEST: u8 = 0x0c;
+const KEEP_ALIVE: u8 = 0x18;
+
+/// How a discovery controller's host reads the discovery log: at the port it came in on, with
+/// the NVM subsystem listed only if the host may connect to it. None for an I/O controller.
+fn discovery_asker<'a>(
+    port: &'a Listener,
+    registry: &Registry,
+    controller: &Controller,
+) -> Option<admin::DiscoveryAsker<'a>> {
+    controller.discovery().then(|| admin::DiscoveryAsker {
+        port,
+        host_allowed: registry.host_allowed(controller.host_nqn()),
+    })
+}
+
+impl Connection {
+    pub(super) fn on_admin(&mut self, sqe: &Sqe, cid: u16, opcode: u8, backend: &mut dyn Backend) {
+        let Role::Admin {
+            controller,
+            features,
+            registers,
+            events,
+            smart_waiting,
+            last_keep_alive,
+        } = &mut self.role
+        else {
+            return;
+        };
+        // Until the host enables the controller (CC.EN, then CSTS.RDY) only Fabrics commands
+        // are served.
+        if !registers.ready() {
+            self.respond(cid, 0, Status::COMMAND_SEQUENCE_ERROR);
+            return;
+        }
+        let cntlid = controller.cntlid();
+        // Any admin command shows the host is there (the Keep Alive timer is traffic based);
+        // the association ends only after twice KATO without one, so a host that sends its
+        // Keep Alive every KATO is never cut off by scheduling jitter.
+        *last_keep_alive = Instant::now();
+        // SMART comes from the drives, which take milliseconds: the command waits for the
+        // backend's answer (see `poll_smart`) while the reactor serves everything else.
+        let mut wants_smart = false;
+        let result: Result<(u32, usize), Status> = match opcode {
+            KEEP_ALIVE => Ok((0, 0)),
+            ASYNC_EVENT_REQUEST => {
+                if events.len() >= admin::ASYNC_EVENT_LIMIT {
+                    Err(Status::AER_LIMIT_EXCEEDED)
+                } else {
+                    events.push(cid); // (preallocated: ASYNC_EVENT_LIMIT entries)
+                    return; // held until an event, or the controller goes away
+                }
+            }
+            _ => admin::execute(
+                &self.subsystem,
+                cntlid,
+                discovery_asker(&self.port, &self.registry, controller),
+                features,
+                sqe,
+                &mut || {
+                    wants_smart = true;
+                    SmartLog::zeroed()
+                },
+                &mut self.admin_data,
+            ),
+        };
+        if wants_smart && result.is_ok() {
+            // (the command passed every check; its answer is built again with the drives')
+            let refused = smart_waiting.is_empty() && !backend.smart_request();
+            if refused || smart_waiting.len() >= SMART_WAITING {
+                self.respond(cid, 0, Status::NAMESPACE_NOT_READY); // busy: the host retries
+            } else {
+                smart_waiting.push(*sqe);
+            }
+            return;
+        }
+        self.answer_admin(cid, sqe, result);
+    }
+
+    /// Sends an admin command's answer built in the admin buffer, or its status.
+    fn answer_admin(&mut self, cid: u16, sqe: &Sqe, result: Result<(u32, usize), Status>) {
+        match result {
+            Ok((dw0, 0)) => self.respond(cid, dw0, Status::SUCCESS),
+            Ok((dw0, len)) => {
+                let asked = sqe.prp2 as u32 as usize; // the transport SGL's length
+                self.send_admin_data(cid, len.min(asked));
+                self.respond(cid, dw0, Status::SUCCESS);
+            }
+            Err(status) => self.respond(cid, 0, status),
+        }
+    }
+
+    /// Answers the SMART Get Log Page commands waiting, once the drives' answer is there.
+    pub(super) fn poll_smart(&mut self, backend: &mut dyn Backend) {
+        let Role::Admin { smart_waiting, .. } = &self.role else {
+            return;
+        };
+        if smart_waiting.is_empty() || self.closed.is_some() {
+            return;
+        }
+        let Some(log) = backend.smart_answer() else {
+            return;
+        };
+        while let Role::Admin {
+            smart_waiting,
+            features,
+            controller,
+            ..
+        } = &mut self.role
+        {
+            let Some(sqe) = smart_waiting.pop() else {
+                break;
+            };
+            let cntlid = controller.cntlid();
+            let result = admin::execute(
+                &self.subsystem,
+                cntlid,
+                discovery_asker(&self.port, &self.registry, controller),
+                features,
+                &sqe,
+                &mut || log,
+                &mut self.admin_data,
+            );
+            self.answer_admin(sqe.cid(), &sqe, result);
+        }
+    }
+
+    pub(super) fn complete_events(&mut self, status: Status) {
+        while let Role::Admin { events, .. } = &mut self.role {
+            let Some(cid) = events.pop() else {
+                break;
+            };
+            self.respond(cid, 0, status);
+        }
+    }
+}

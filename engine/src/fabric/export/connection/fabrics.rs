@@ -1,0 +1,171 @@
+//! ICReq and the Fabrics commands: Connect (which makes the connection an admin queue, creating
+//! a controller, or an I/O queue of one), Property Get/Set, Disconnect.
+
+use std::time::Instant;
+
+use usnvme_driver::spec::{Sqe, Status};
+
+use super::super::admin::{self, ConnectData, FabricsCommand, Features};
+use super::{Backend, Connection, Phase, Role, SMART_WAITING};
+use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
+use crate::fabric::pdu::{FatalError, IcReq, IcResp, PFV_1_0};
+
+impl Connection {
+    pub(super) fn on_ic_req(&mut self) -> Result<(), FatalError> {
+        let req = IcReq::parse(&self.rx[self.rx_start..self.rx_end])?;
+        self.digests = req.digests;
+        self.host_alignment = req.hpda;
+        self.phase = Phase::Ready;
+        let resp = IcResp {
+            pfv: PFV_1_0,
+            cpda: 0,
+            digests: req.digests,
+            maxh2cdata: self.limits.maxh2cdata,
+        };
+        self.push_bytes(&resp.encode());
+        Ok(())
+    }
+
+    pub(super) fn on_fabrics(
+        &mut self,
+        sqe: &Sqe,
+        cid: u16,
+        data: std::ops::Range<usize>,
+        backend: &mut dyn Backend,
+    ) -> Result<(), FatalError> {
+        let command = match FabricsCommand::from_sqe(sqe) {
+            Ok(c) => c,
+            Err(status) => {
+                self.respond(cid, 0, status);
+                return Ok(());
+            }
+        };
+        match command {
+            FabricsCommand::Connect(connect) => {
+                let parsed = ConnectData::parse(&self.rx[data]);
+                let result = match parsed {
+                    Ok(d) => self.connect(&connect, &d),
+                    Err(status) => Err(status),
+                };
+                match result {
+                    Ok(cntlid) => self.respond(cid, u32::from(cntlid), Status::SUCCESS),
+                    Err(status) => self.respond(cid, 0, status),
+                }
+            }
+            FabricsCommand::PropertyGet {
+                offset,
+                eight_bytes,
+            } => {
+                let value = match &self.role {
+                    Role::Admin { registers, .. } => registers.property_get(offset, eight_bytes),
+                    _ => Err(Status::COMMAND_SEQUENCE_ERROR),
+                };
+                match value {
+                    Ok(v) => self.respond64(cid, v, Status::SUCCESS),
+                    Err(status) => self.respond(cid, 0, status),
+                }
+            }
+            FabricsCommand::PropertySet {
+                offset,
+                eight_bytes,
+                value,
+            } => {
+                let result = match &mut self.role {
+                    Role::Admin {
+                        registers,
+                        controller,
+                        ..
+                    } => {
+                        let r = registers.property_set(offset, eight_bytes, value);
+                        controller.set_ready(registers.ready());
+                        r
+                    }
+                    _ => Err(Status::COMMAND_SEQUENCE_ERROR),
+                };
+                let status = result.err().unwrap_or(Status::SUCCESS);
+                self.respond(cid, 0, status);
+                if self.shutting_down() {
+                    self.complete_events(Status::ABORT_REQUESTED);
+                    self.flush_for_shutdown(backend);
+                }
+            }
+            FabricsCommand::Disconnect => {
+                self.respond(cid, 0, Status::SUCCESS);
+                self.close("the host disconnected".into(), backend);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a Connect and makes this connection an admin or I/O queue; the controller ID.
+    fn connect(
+        &mut self,
+        connect: &admin::ConnectCommand,
+        data: &ConnectData,
+    ) -> Result<u16, Status> {
+        if !matches!(self.role, Role::None) {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        let discovery = data.subnqn == super::super::DISCOVERY_NQN;
+        if !discovery && data.subnqn != self.subsystem.nqn {
+            log::warn!(
+                "{}: Connect to unknown subsystem {:?} refused",
+                self.peer,
+                data.subnqn
+            );
+            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        }
+        if !self.registry.host_allowed(&data.hostnqn) {
+            log::warn!(
+                "{}: host {} is not allowed (--allow-host): Connect refused",
+                self.peer,
+                data.hostnqn
+            );
+            return Err(Status::CONNECT_INVALID_HOST);
+        }
+        let entries = u32::from(connect.sqsize) + 1;
+        if connect.sqsize == 0 || entries > u32::from(self.subsystem.queue_entries) {
+            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        }
+        // (set before the Connect's own response, which reports the head past it)
+        self.sq_entries = entries;
+        self.sq_flow = connect.cattr & CATTR_DISABLE_SQ_FLOW == 0;
+        if connect.qid == 0 {
+            if data.cntlid != 0xffff {
+                return Err(Status::CONNECT_INVALID_PARAMETERS);
+            }
+            let controller = self.registry.create(&data.hostnqn, discovery)?;
+            let cntlid = controller.cntlid();
+            let mut features = Features::new(&self.subsystem);
+            features.set_keep_alive_ms(connect.kato);
+            self.role = Role::Admin {
+                controller,
+                features,
+                registers: admin::ControllerRegisters::new(&self.subsystem, discovery),
+                events: Vec::with_capacity(admin::ASYNC_EVENT_LIMIT),
+                smart_waiting: Vec::with_capacity(SMART_WAITING),
+                last_keep_alive: Instant::now(),
+            };
+            log::info!(
+                "{}: host {} connected (controller {cntlid}{})",
+                self.peer,
+                data.hostnqn,
+                if discovery { ", discovery" } else { "" }
+            );
+            return Ok(cntlid);
+        }
+        let controller = self
+            .registry
+            .find(data.cntlid, &data.hostnqn)
+            .ok_or(Status::CONNECT_INVALID_PARAMETERS)?;
+        if controller.discovery() || !controller.ready() || connect.qid > self.subsystem.io_queues {
+            return Err(Status::CONNECT_INVALID_PARAMETERS);
+        }
+        let cntlid = controller.cntlid();
+        self.role = Role::Io {
+            controller,
+            qid: connect.qid,
+        };
+        Ok(cntlid)
+    }
+}

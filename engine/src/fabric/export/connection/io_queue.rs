@@ -1,0 +1,335 @@
+//! The I/O queue's commands: checked, given a slot and a buffer, submitted to the backend
+//! (write data in the capsule or by R2T and H2CData, Dataset Management ranges one by one),
+//! completed (read data by C2HData, from the buffer).
+
+use usnvme_driver::spec::{Sqe, Status};
+
+use super::{
+    Backend, Connection, Role, Slot, DATASET_MANAGEMENT, FLUSH, READ, SGL_IN_CAPSULE,
+    SGL_TRANSPORT, WRITE, WRITE_ZEROES,
+};
+use crate::block::Op;
+use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
+
+impl Connection {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_io(
+        &mut self,
+        sqe: &Sqe,
+        cid: u16,
+        opcode: u8,
+        sgl_type: u8,
+        sgl_len: u32,
+        data: std::ops::Range<usize>,
+        backend: &mut dyn Backend,
+    ) -> Result<(), FatalError> {
+        let token = self.free_slot()?;
+        let checked = self.check_io(sqe, opcode, sgl_type, sgl_len, data.len());
+        let (ns, op, offset, len) = match checked {
+            Ok(c) => c,
+            Err(status) => {
+                self.respond(cid, 0, status);
+                return Ok(());
+            }
+        };
+        if opcode == DATASET_MANAGEMENT {
+            self.deallocate(sqe, cid, token, ns, data, backend);
+            return Ok(());
+        }
+        if op.has_data() && !backend.reserve(token, len as usize) {
+            self.respond(cid, 0, Status::NAMESPACE_NOT_READY);
+            return Ok(());
+        }
+        self.occupy(token, cid, ns, op, offset, len);
+        if op == Op::Write {
+            if data.is_empty() {
+                // ask for all of it at once; the host sends it in PDUs of MAXH2CDATA at most
+                let r2t = DataHeader {
+                    cccid: cid,
+                    ttag: token,
+                    offset: 0,
+                    length: len,
+                };
+                self.push_bytes(OutHeader::r2t(&r2t, self.digests).as_slice());
+                self.r2t_open += 1;
+                return Ok(());
+            }
+            // In-capsule data normally goes straight into the buffer (see `transfer`); it is
+            // here only when the buffer could not be had then but can now.
+            let copied = backend
+                .buffer(token)
+                .and_then(|b| b.subslice(0, data.len()).ok())
+                .map(|b| b.copy_from(&self.rx[data.clone()]));
+            if copied.is_none() {
+                self.finish(token, Status::INTERNAL_ERROR, backend);
+                return Ok(());
+            }
+            self.copied += data.len() as u64;
+            self.slots[token as usize].received = len;
+        }
+        self.submit(token, backend);
+        Ok(())
+    }
+
+    /// A free command slot; none means the host broke SQ flow control.
+    pub(super) fn free_slot(&self) -> Result<u16, FatalError> {
+        let token = self
+            .slots
+            .iter()
+            .position(|s| !s.busy)
+            .ok_or(FatalError::Sequence(
+                "more commands in flight than queue entries",
+            ))?;
+        Ok(token as u16)
+    }
+
+    /// Takes slot `token` for a command with one part.
+    pub(super) fn occupy(
+        &mut self,
+        token: u16,
+        cid: u16,
+        ns: usize,
+        op: Op,
+        offset: u64,
+        len: u32,
+    ) {
+        self.slots[token as usize] = Slot {
+            busy: true,
+            cid,
+            ns,
+            op: Some(op),
+            offset,
+            len,
+            pending: 1,
+            ..Slot::default()
+        };
+        self.in_flight += 1;
+    }
+
+    /// The namespace index, op, byte offset and length of an I/O command, or its status.
+    pub(super) fn check_io(
+        &self,
+        sqe: &Sqe,
+        opcode: u8,
+        sgl_type: u8,
+        sgl_len: u32,
+        in_capsule: usize,
+    ) -> Result<(usize, Op, u64, u32), Status> {
+        let ns = self
+            .subsystem
+            .namespaces
+            .iter()
+            .position(|n| n.nsid == sqe.nsid)
+            .ok_or(Status::INVALID_NAMESPACE)?;
+        let info = &self.subsystem.namespaces[ns];
+        let bs = u64::from(info.block_size);
+        let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
+        let blocks = u64::from(sqe.cdw12 & 0xffff) + 1;
+        let (op, moves_data) = match opcode {
+            READ => (Op::Read, true),
+            WRITE => (Op::Write, true),
+            FLUSH => return Ok((ns, Op::Flush, 0, 0)),
+            WRITE_ZEROES => (Op::WriteZeroes, false),
+            DATASET_MANAGEMENT => return Ok((ns, Op::Deallocate, 0, 0)), // see `deallocate`
+            _ => return Err(Status::INVALID_OPCODE),
+        };
+        if slba.checked_add(blocks).is_none_or(|end| end > info.blocks) {
+            return Err(Status::LBA_OUT_OF_RANGE);
+        }
+        let len = blocks * bs;
+        if moves_data {
+            if len > u64::from(self.subsystem.max_transfer) {
+                return Err(Status::INVALID_FIELD);
+            }
+            let expected_sgl = if in_capsule > 0 {
+                SGL_IN_CAPSULE
+            } else {
+                SGL_TRANSPORT
+            };
+            if sgl_type != expected_sgl || u64::from(sgl_len) != len {
+                return Err(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            if op == Op::Read && in_capsule > 0 {
+                return Err(Status::INVALID_FIELD);
+            }
+        }
+        Ok((ns, op, slba * bs, len as u32))
+    }
+
+    /// Dataset Management: with the Deallocate attribute, each range (in the capsule, 16 bytes
+    /// each: attributes, block count, starting LBA) becomes a deallocate on the namespace;
+    /// without it the command is a hint, done at once.
+    fn deallocate(
+        &mut self,
+        sqe: &Sqe,
+        cid: u16,
+        token: u16,
+        ns: usize,
+        data: std::ops::Range<usize>,
+        backend: &mut dyn Backend,
+    ) {
+        let ranges = (sqe.cdw10 & 0xff) as usize + 1;
+        if sqe.cdw11 & usnvme_driver::spec::command::DSM_DEALLOCATE == 0 {
+            self.respond(cid, 0, Status::SUCCESS);
+            return;
+        }
+        if data.len() != ranges * 16 {
+            self.respond(cid, 0, Status::DATA_SGL_LENGTH_INVALID);
+            return;
+        }
+        let info = &self.subsystem.namespaces[ns];
+        let (bs, size) = (u64::from(info.block_size), info.blocks);
+        // Each range as (byte offset, bytes); empty ranges are skipped. Checked in a first
+        // pass, so that a bad range fails the command before any part of it ran.
+        let range = |r: &[u8]| {
+            let blocks = u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]]));
+            let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
+            (slba, blocks)
+        };
+        let mut count = 0u16;
+        for r in self.rx[data.clone()].chunks_exact(16) {
+            let (slba, blocks) = range(r);
+            if slba.checked_add(blocks).is_none_or(|end| end > size) {
+                self.respond(cid, 0, Status::LBA_OUT_OF_RANGE);
+                return;
+            }
+            count += u16::from(blocks > 0);
+        }
+        if count == 0 {
+            self.respond(cid, 0, Status::SUCCESS);
+            return;
+        }
+        self.slots[token as usize] = Slot {
+            busy: true,
+            cid,
+            ns,
+            op: Some(Op::Deallocate),
+            submitted: true,
+            pending: count,
+            ..Slot::default()
+        };
+        self.in_flight += 1;
+        let mut left = count;
+        for at in (data.start..data.end).step_by(16) {
+            let (slba, blocks) = range(&self.rx[at..at + 16]);
+            if blocks == 0 {
+                continue;
+            }
+            if let Err(status) = backend.submit(token, ns, Op::Deallocate, slba * bs, blocks * bs) {
+                // the parts not submitted will not complete: count them as failed now
+                let s = &mut self.slots[token as usize];
+                s.failed = s.failed.or(Some(status));
+                s.pending -= left;
+                if s.pending == 0 {
+                    self.finish(token, status, backend);
+                }
+                return;
+            }
+            left -= 1;
+        }
+    }
+
+    pub(super) fn submit(&mut self, token: u16, backend: &mut dyn Backend) {
+        let s = self.slots[token as usize];
+        let Some(op) = s.op else {
+            return;
+        };
+        match backend.submit(token, s.ns, op, s.offset, u64::from(s.len)) {
+            Ok(()) => self.slots[token as usize].submitted = true,
+            Err(status) => self.finish(token, status, backend),
+        }
+    }
+
+    /// Checks an H2CData header (at `rx_start`) against the transfer it belongs to: the
+    /// header and whether it is the transfer's last PDU.
+    pub(super) fn check_h2c_data(&self, data_len: usize) -> Result<(DataHeader, bool), FatalError> {
+        let b = self.rx_start;
+        let d = DataHeader::parse(&self.rx[b..self.rx_end])?;
+        let slot = self
+            .slots
+            .get(d.ttag as usize)
+            .copied()
+            .filter(|s| s.busy && s.cid == d.cccid && s.op == Some(Op::Write) && !s.submitted)
+            .ok_or(FatalError::field(10, "TTAG"))?;
+        if d.length as usize != data_len {
+            return Err(FatalError::field(16, "DATAL"));
+        }
+        if d.offset != slot.received {
+            return Err(FatalError::DataOutOfRange("H2CData not at the next offset"));
+        }
+        let end = d.offset.checked_add(d.length).filter(|&e| e <= slot.len);
+        let Some(end) = end else {
+            return Err(FatalError::DataOutOfRange("H2CData beyond the transfer"));
+        };
+        let last = self.rx[b + 1] & flags::LAST_PDU != 0;
+        if last != (end == slot.len) {
+            return Err(FatalError::field(1, "FLAGS (LAST_PDU)"));
+        }
+        Ok((d, last))
+    }
+
+    /// A command handed to the backend finished.
+    pub fn complete(&mut self, token: u16, result: Result<(), Status>, backend: &mut dyn Backend) {
+        let Some(slot) = self.slots.get(token as usize).copied() else {
+            return;
+        };
+        if !slot.busy || !slot.submitted || slot.sending {
+            return;
+        }
+        let failed = slot.failed.or(result.err());
+        if slot.pending > 1 {
+            let s = &mut self.slots[token as usize];
+            s.pending -= 1;
+            s.failed = failed;
+            return;
+        }
+        let status = failed.unwrap_or(Status::SUCCESS);
+        if status.is_success() && slot.op == Some(Op::Read) && self.closed.is_none() {
+            // the data goes from the buffer, which is released once it is sent; without SQ
+            // flow control its C2HData ends the command (SUCCESS), no response capsule
+            let success = !self.sq_flow;
+            self.send_read_data(token, slot.cid, slot.len as usize, success, backend);
+            self.slots[token as usize].sending = true;
+            if !success {
+                self.respond(slot.cid, 0, status);
+            }
+            return;
+        }
+        self.finish(token, status, backend);
+    }
+
+    /// Frees the slot and answers the command.
+    pub(super) fn finish(&mut self, token: u16, status: Status, backend: &mut dyn Backend) {
+        let slot = self.slots[token as usize];
+        if slot.op.is_some_and(Op::has_data) {
+            backend.release(token);
+        }
+        self.slots[token as usize] = Slot::default();
+        self.in_flight -= 1;
+        if slot.shutdown_flush {
+            // no command of the host's: the shutdown it asked for is complete
+            if !status.is_success() {
+                log::warn!(
+                    "{}: flushing the drives for a shutdown failed: {status}",
+                    self.peer
+                );
+            }
+            if let Role::Admin { registers, .. } = &mut self.role {
+                registers.shutdown_complete();
+            }
+            return;
+        }
+        if self.closed.is_none() {
+            self.respond(slot.cid, 0, status);
+        }
+    }
+
+    /// A read's data was sent (or will never be): its buffer and slot are free.
+    pub(super) fn data_sent(&mut self, token: u16, backend: &mut dyn Backend) {
+        if self.slots.get(token as usize).is_some_and(|s| s.sending) {
+            backend.release(token);
+            self.slots[token as usize] = Slot::default();
+            self.in_flight -= 1;
+        }
+    }
+}

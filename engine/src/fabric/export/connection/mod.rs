@@ -1,0 +1,341 @@
+//! One NVMe/TCP connection of the target: PDUs in, commands out to the block devices (through
+//! a [`Backend`]), responses back. No socket here: the caller hands it a byte source and sink
+//! ([`ReadWire`](super::wire::ReadWire) / [`WriteWire`](super::wire::WriteWire): the socket,
+//! or memory in tests and the fuzzer), so tests and the fuzzer drive the same state machine
+//! the reactors do.
+//!
+//! A connection is set up by ICReq/ICResp, then a Fabrics Connect makes it an admin queue
+//! (which creates a controller) or an I/O queue (of an existing controller). Everything the
+//! peer sends is checked before it is trusted; a malformed PDU ends the connection with a
+//! C2HTermReq naming the field, and the commands in flight are drained (their buffers given
+//! back) before the connection is dropped. Memory is bounded by what the target advertises:
+//! queue entries, in-capsule size and MAXH2CDATA.
+//!
+//! Zero copy: a write's data (in-capsule or H2CData) is received straight into the command's
+//! DMA buffer, and a read's data is sent straight from it (one `writev` of header, buffer and
+//! response). Headers, and data the connection itself consumes (Connect, Dataset Management
+//! ranges), go through the connection's own receive buffer. Headers are read ahead in batches
+//! (one `read` for many commands) only after a long run of PDUs without data for the drives
+//! and while no R2T awaits its data; otherwise the connection reads exactly one header ahead,
+//! so the next PDU's data is not pulled into the header buffer. (When it was, as for the
+//! first write after a long run of reads, those bytes are copied over and counted in
+//! [`Connection::copied`].)
+//!
+//! The connection's state is here; what it does is in one file per concern: `receive` (PDUs
+//! in: the receive buffer, transfers into the commands' buffers, dispatch), `transmit`
+//! (responses, R2Ts, C2HData out: the transmit buffer and its back pressure), `fabrics` (ICReq,
+//! Connect, properties, Disconnect), `admin_queue` (Keep Alive, events, SMART from the drives),
+//! `io_queue` (the NVM commands and their data), `shutdown` (CC.SHN, the timers, and how a
+//! connection ends).
+
+mod admin_queue;
+mod fabrics;
+mod io_queue;
+mod receive;
+mod shutdown;
+mod transmit;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use usnvme_driver::spec::{SmartLog, Sqe, Status};
+use vm_memory::VolatileSlice;
+
+use super::admin::{self, Features};
+use super::registry::{Controller, Registry};
+use super::{Listener, SubsystemInfo};
+use crate::block::Op;
+use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
+use receive::RxState;
+pub use shutdown::{ICREQ_TIMEOUT, STALL_TIMEOUT};
+use transmit::Segment;
+
+/// NVM command set opcodes served on I/O queues.
+const FLUSH: u8 = 0x00;
+const WRITE: u8 = 0x01;
+const READ: u8 = 0x02;
+const WRITE_ZEROES: u8 = 0x08;
+const DATASET_MANAGEMENT: u8 = 0x09;
+const FABRICS: u8 = 0x7f;
+
+/// SGL descriptor types in a command capsule: data in the capsule at an offset, or data the
+/// transport moves (R2T/H2CData for writes, C2HData for reads).
+const SGL_IN_CAPSULE: u8 = 0x01;
+const SGL_TRANSPORT: u8 = 0x5a;
+
+/// SMART Get Log Page commands one admin queue may have waiting for the drives' answer.
+const SMART_WAITING: usize = 4;
+/// PDUs in a row without data for the drives after which headers are read ahead in batches
+/// (one `read` for many commands): a host that only reads gets batched reads, one that also
+/// writes gets its write data straight into the DMA buffers.
+const QUIET_BEFORE_READ_AHEAD: u16 = 64;
+/// Most bytes one [`Connection::receive_from`] takes before it lets the reactor serve others.
+const READ_BUDGET: usize = 1 << 20;
+/// Reading stops while more header bytes than this wait to be sent (the host is not reading
+/// its responses): TCP then pushes back on the host, and the transmit buffer stays bounded.
+const TX_HIGH_WATER: usize = 16 << 10;
+/// Transmit bytes one command can add when it completes: a C2HData header padded to the
+/// host's alignment (at most 128 bytes), a data digest, a CapsuleResp with its digest.
+const TX_PER_COMMAND: usize = 128 + DIGEST + SHORT_HEADER + DIGEST;
+/// Transmit bytes one received PDU can add: an IcResp, a TermReq with the offending header, or
+/// an admin command's data (with its C2HData header and digest) and response.
+const TX_PER_PDU: usize = admin::MAX_ADMIN_DATA + 2 * 128 + 4 * DIGEST + SHORT_HEADER;
+
+/// What the drives under the target do for a connection. Tokens are the connection's own
+/// (one per command slot); the caller maps them to its block devices' tokens.
+pub trait Backend {
+    /// A buffer of `len` bytes for command `token`'s data; false when none is free now (the
+    /// command then fails with "Namespace Not Ready"-like busy status and the host retries).
+    fn reserve(&mut self, token: u16, len: usize) -> bool;
+    /// Command `token`'s buffer (at least the `len` bytes reserved): a write's data is received
+    /// into it and a read's data sent from it, in place.
+    fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>>;
+    /// Starts `op` on namespace index `ns` at byte `offset`, `len` bytes; the result comes
+    /// back through [`Connection::complete`].
+    fn submit(
+        &mut self,
+        token: u16,
+        ns: usize,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), Status>;
+    /// The command is done with its buffer.
+    fn release(&mut self, token: u16);
+    /// Starts reading SMART / Health of the drives under the subsystem (aggregated) where it
+    /// does not hold up the reactor; false when it cannot be asked for now.
+    fn smart_request(&mut self) -> bool;
+    /// The answer to the request, once it is there (taken once).
+    fn smart_answer(&mut self) -> Option<SmartLog>;
+}
+
+/// The limits this target advertises and enforces on every connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Most data in one H2CData PDU.
+    pub maxh2cdata: u32,
+}
+
+/// How a [`Connection::receive_from`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receive {
+    /// The source has nothing more now (or the read budget of this turn is used up).
+    Drained,
+    /// The source ended: the host closed the connection.
+    Ended,
+    /// Nothing is read now: the connection is closing, or its responses are backed up.
+    Paused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitIcReq,
+    Ready,
+    /// A TermReq was queued, or the host ended the connection: nothing more is read.
+    Closing,
+}
+
+/// What a Fabrics Connect made of this connection.
+#[derive(Debug)]
+enum Role {
+    None,
+    Admin {
+        controller: Arc<Controller>,
+        features: Features,
+        registers: admin::ControllerRegisters,
+        /// Async Event Requests held (their CIDs), completed when the controller goes away.
+        events: Vec<u16>,
+        /// Get Log Page (SMART) commands waiting for the drives' answer.
+        smart_waiting: Vec<Sqe>,
+        last_keep_alive: Instant,
+    },
+    Io {
+        controller: Arc<Controller>,
+        qid: u16,
+    },
+}
+
+/// One command in flight on this connection.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    busy: bool,
+    cid: u16,
+    ns: usize,
+    op: Option<Op>,
+    offset: u64,
+    len: u32,
+    /// Write data received so far (R2T transfers).
+    received: u32,
+    /// Submitted to the backend (a reply is owed when it completes).
+    submitted: bool,
+    /// Completed and answered; its data is still being sent from its buffer.
+    sending: bool,
+    /// Backend completions still to come (a Dataset Management command has one per range).
+    pending: u16,
+    /// The first failure among its parts.
+    failed: Option<Status>,
+    /// The Flushes of a shutdown (CC.SHN), not a command of the host's.
+    shutdown_flush: bool,
+}
+
+/// The state machine of one connection.
+pub struct Connection {
+    phase: Phase,
+    digests: Digests,
+    /// The host's PDU data alignment (HPDA), dwords, 0's based.
+    host_alignment: u8,
+    role: Role,
+    /// The submission queue as the host sees it: its entries (from Connect), the commands
+    /// taken from it so far (the SQ head every response reports), and whether the host keeps
+    /// SQ flow control (a Connect without "disable SQ flow control"): without it a read may end
+    /// with its C2HData (the SUCCESS flag) and no response capsule.
+    sq_entries: u32,
+    sq_taken: u32,
+    sq_flow: bool,
+    subsystem: Arc<SubsystemInfo>,
+    registry: Arc<Registry>,
+    limits: ConnectionLimits,
+    /// Received bytes: the PDU being received starts at `rx_start`; `rx_end` is the end of
+    /// what was read (headers read ahead may follow it).
+    rx: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    rx_state: RxState,
+    /// PDUs in a row without data for the drives (saturating): headers are read ahead in
+    /// batches from [`QUIET_BEFORE_READ_AHEAD`] on.
+    quiet: u16,
+    /// R2Ts whose data has not all come: the next PDU may be an H2CData (a short header).
+    r2t_open: u16,
+    /// Data bytes that were read ahead into the header buffer and copied into a DMA buffer.
+    copied: u64,
+    /// What is to be sent, in order; bytes in `tx`, `tx_pending` of them not yet sent.
+    tx: Vec<u8>,
+    segments: VecDeque<Segment>,
+    /// Bytes of the first segment already sent.
+    segment_sent: usize,
+    tx_pending: usize,
+    slots: Box<[Slot]>,
+    in_flight: usize,
+    /// Where an admin command's answer (Identify, a log page) is built, then copied to `tx`.
+    admin_data: Box<[u8]>,
+    /// Why the connection ends, once it does.
+    closed: Option<String>,
+    peer: String,
+    /// The port the host reached (the discovery log describes it).
+    port: Listener,
+    /// Bytes received so far, and when `tick` last saw that count change (or the connection
+    /// open): a host that leaves a PDU half sent, or never sends its ICReq, is found by it.
+    received: u64,
+    progress: Option<(u64, Instant)>,
+    /// When `tick` first saw the connection.
+    opened: Option<Instant>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .field("phase", &self.phase)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// A new connection from `peer` (for logs), waiting for its ICReq.
+    pub fn new(
+        subsystem: Arc<SubsystemInfo>,
+        registry: Arc<Registry>,
+        limits: ConnectionLimits,
+        peer: String,
+    ) -> Connection {
+        // What the connection keeps whole: a header with its digest, padding up to the
+        // largest PDO, in-capsule data for itself (Connect, ranges) and its digest.
+        let own_data = (subsystem.in_capsule_bytes as usize).max(1024);
+        let rx_capacity = pdu::MAX_HEADER + 256 + own_data + DIGEST;
+        let entries = subsystem.queue_entries as usize;
+        let tx_capacity = TX_HIGH_WATER + TX_PER_PDU + entries * TX_PER_COMMAND;
+        let port = subsystem.listeners.first().cloned().unwrap_or(Listener {
+            address: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            port_id: 1,
+        });
+        Connection {
+            port,
+            phase: Phase::AwaitIcReq,
+            digests: Digests::default(),
+            host_alignment: 0,
+            sq_entries: 0,
+            sq_taken: 0,
+            sq_flow: true,
+            role: Role::None,
+            slots: vec![Slot::default(); entries].into_boxed_slice(),
+            subsystem,
+            registry,
+            limits,
+            rx: vec![0; rx_capacity].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            rx_state: RxState::Header,
+            quiet: 0,
+            r2t_open: 0,
+            copied: 0,
+            tx: Vec::with_capacity(tx_capacity),
+            // a data segment and the bytes after it per command, and a few more
+            segments: VecDeque::with_capacity(2 * entries + 8),
+            segment_sent: 0,
+            tx_pending: 0,
+            in_flight: 0,
+            admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
+            closed: None,
+            peer,
+            received: 0,
+            progress: None,
+            opened: None,
+        }
+    }
+
+    /// The connection came in on `port`, at its address (the connection's local one).
+    pub fn on_port(mut self, port: Listener) -> Connection {
+        self.port = port;
+        self
+    }
+
+    /// Whether anything waits to be sent.
+    pub fn has_outgoing(&self) -> bool {
+        !self.segments.is_empty()
+    }
+
+    /// The transmit buffer's capacity and its segment queue's: preallocated, and they must
+    /// not grow (tests check).
+    pub fn tx_capacity(&self) -> (usize, usize) {
+        (self.tx.capacity(), self.segments.capacity())
+    }
+
+    /// Data bytes that were copied from the header buffer into a DMA buffer because they had
+    /// been read ahead with a header (0 while the host sends only data PDUs).
+    pub fn copied(&self) -> u64 {
+        self.copied
+    }
+
+    /// Why the connection is over, once it is and everything queued was sent and every
+    /// command drained: the caller then closes the socket and drops the connection.
+    pub fn finished(&self) -> Option<&str> {
+        let drained = self.in_flight_submitted() == 0 && self.segments.is_empty();
+        match &self.closed {
+            Some(why) if drained => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Commands handed to the backend whose completion has not come back yet.
+    pub fn in_flight_submitted(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.busy && s.submitted && !s.sending)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests;

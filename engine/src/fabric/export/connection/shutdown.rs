@@ -1,0 +1,192 @@
+//! How a connection ends: a shutdown (CC.SHN) flushes the drives first; the timers close a
+//! connection without its ICReq, with a PDU stalled half received, without Keep Alive, or of a
+//! controller gone; a protocol error sends a C2HTermReq; the host goes away or the target
+//! stops. Commands not yet with the backend are dropped, the others drain.
+
+use std::time::{Duration, Instant};
+
+use usnvme_driver::spec::Status;
+
+use super::receive::RxState;
+use super::transmit::Segment;
+use super::{Backend, Connection, Phase, Role, Slot};
+use crate::block::Op;
+use crate::fabric::pdu::{self, FatalError, PduType};
+
+/// A connection that has not sent its ICReq this long after it opened is closed (a port
+/// scanner, a stuck host): it holds buffers another host could use.
+pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A PDU left half received this long is a stalled host: the connection is closed. The Keep
+/// Alive timeout the host set on its admin queue, where known, else this.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl Connection {
+    /// Timers: an admin queue whose host sent no Keep Alive within KATO ends its association;
+    /// an I/O queue of a controller that went away ends too; SMART answers are collected.
+    /// Call every few milliseconds.
+    pub fn tick(&mut self, now: Instant, backend: &mut dyn Backend) {
+        self.poll_smart(backend);
+        let why = self.stalled(now).or_else(|| match &self.role {
+            Role::Admin {
+                features,
+                last_keep_alive,
+                ..
+            } if features.keep_alive_ms() > 0
+                && now.saturating_duration_since(*last_keep_alive)
+                    > 2 * Duration::from_millis(features.keep_alive_ms().into()) =>
+            {
+                Some(format!(
+                    "no Keep Alive within {} ms",
+                    features.keep_alive_ms()
+                ))
+            }
+            Role::Io { controller, .. } if controller.gone() => {
+                Some(format!("controller {} went away", controller.cntlid()))
+            }
+            _ => None,
+        });
+        if let Some(why) = why {
+            if self.closed.is_none() {
+                log::warn!("{}: {why}: closing", self.peer);
+            }
+            self.close(why, backend);
+        }
+    }
+
+    /// Why the connection is to close for a host that stopped sending: no ICReq within
+    /// [`ICREQ_TIMEOUT`] of opening, or a PDU half received and nothing more for the stall
+    /// timeout. (Between PDUs a host may be quiet for as long as it likes: Keep Alive
+    /// watches that.)
+    fn stalled(&mut self, now: Instant) -> Option<String> {
+        let opened = *self.opened.get_or_insert(now);
+        if self.phase == Phase::AwaitIcReq && now.saturating_duration_since(opened) > ICREQ_TIMEOUT
+        {
+            return Some(format!("no ICReq within {} s", ICREQ_TIMEOUT.as_secs()));
+        }
+        let (count, since) = *self.progress.get_or_insert((self.received, now));
+        if count != self.received {
+            self.progress = Some((self.received, now));
+            return None;
+        }
+        let quiet = now.saturating_duration_since(since);
+        let mid_pdu = self.rx_end > self.rx_start || !matches!(self.rx_state, RxState::Header);
+        let limit = match &self.role {
+            Role::Admin { features, .. } if features.keep_alive_ms() > 0 => {
+                Duration::from_millis(features.keep_alive_ms().into())
+            }
+            _ => STALL_TIMEOUT,
+        };
+        (mid_pdu && self.phase != Phase::Closing && quiet > limit).then(|| {
+            format!(
+                "a PDU half received and nothing more for {} ms",
+                quiet.as_millis()
+            )
+        })
+    }
+
+    pub(super) fn shutting_down(&self) -> bool {
+        matches!(&self.role, Role::Admin { registers, .. } if registers.shutdown_requested())
+    }
+
+    /// A shutdown (CC.SHN) flushes the drives' volatile write caches: a Flush to every
+    /// exported namespace, as one command of this queue's (its parts count down as for a
+    /// Dataset Management); CSTS.SHST reports shutdown complete when all are done.
+    pub(super) fn flush_for_shutdown(&mut self, backend: &mut dyn Backend) {
+        let Role::Admin {
+            registers,
+            controller,
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        let started = self.slots.iter().any(|s| s.busy && s.shutdown_flush);
+        if !registers.shutting_down() || started {
+            return;
+        }
+        let count = self.subsystem.namespaces.len();
+        let token = self.slots.iter().position(|s| !s.busy);
+        let (Some(token), false, 1..) = (token, controller.discovery(), count) else {
+            registers.shutdown_complete(); // nothing to flush (or no slot: cannot happen)
+            return;
+        };
+        self.slots[token] = Slot {
+            busy: true,
+            op: Some(Op::Flush),
+            submitted: true,
+            pending: count as u16,
+            shutdown_flush: true,
+            ..Slot::default()
+        };
+        self.in_flight += 1;
+        for ns in 0..count {
+            if let Err(status) = backend.submit(token as u16, ns, Op::Flush, 0, 0) {
+                // the parts not submitted will not complete: count them now
+                let s = &mut self.slots[token];
+                s.failed = s.failed.or(Some(status));
+                s.pending -= (count - ns) as u16;
+                if s.pending == 0 {
+                    self.finish(token as u16, status, backend);
+                }
+                return;
+            }
+        }
+    }
+
+    /// The target stops: held events complete, the connection closes once drained.
+    pub fn shut_down(&mut self, backend: &mut dyn Backend) {
+        self.complete_events(Status::ABORT_REQUESTED);
+        self.close("the target is shutting down".into(), backend);
+    }
+
+    pub(super) fn close(&mut self, why: String, backend: &mut dyn Backend) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.phase = Phase::Closing;
+        if let Role::Admin { controller, .. } = &self.role {
+            controller.go_away();
+        }
+        // Commands not yet handed to the backend are dropped now; the others drain.
+        for token in 0..self.slots.len() {
+            let s = self.slots[token];
+            if s.busy && !s.submitted {
+                if s.op.is_some_and(Op::has_data) {
+                    backend.release(token as u16);
+                }
+                self.slots[token] = Slot::default();
+                self.in_flight -= 1;
+            }
+        }
+        self.closed = Some(why);
+    }
+
+    pub(super) fn terminate(&mut self, error: FatalError, backend: &mut dyn Backend) {
+        log::warn!(
+            "{}: closing the connection: {error} (FES {}, FEI {})",
+            self.peer,
+            error.fes(),
+            error.fei()
+        );
+        let bad = pdu::offending(&self.rx[self.rx_start..self.rx_end]);
+        let term = pdu::TermReq::new(PduType::C2HTermReq, &error, bad);
+        self.push_bytes(term.as_slice());
+        (self.rx_start, self.rx_end) = (0, 0);
+        self.rx_state = RxState::Header;
+        self.close(format!("protocol error: {error}"), backend);
+    }
+
+    /// The host went away (connection reset, EOF): nothing more is sent; what the backend
+    /// holds is drained as it completes.
+    pub fn peer_gone(&mut self, why: &str, backend: &mut dyn Backend) {
+        self.close(why.to_string(), backend);
+        while let Some(segment) = self.segments.pop_front() {
+            if let Segment::Data { token, .. } = segment {
+                self.data_sent(token, backend);
+            }
+        }
+        self.tx.clear();
+        self.segment_sent = 0;
+        self.tx_pending = 0;
+    }
+}

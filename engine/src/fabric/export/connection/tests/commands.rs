@@ -1,0 +1,307 @@
+//! The commands and their answers: Connect and its refusals, the SQ head, writes in the
+//! capsule and by R2T, reads, bad commands, Dataset Management, SMART from the drives, a
+//! shutdown's flushes.
+
+use super::*;
+use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
+
+#[test]
+fn responses_report_the_sq_head_and_without_sq_flow_control_a_read_ends_with_its_data() {
+    let mut admin = Bed::new(None, Digests::default());
+    let nqn = admin.sub.nqn.clone();
+    // the Connect is the admin queue's first command: the head is past it
+    let connected = admin.connect(0, 0xffff, &nqn, HOST);
+    assert_eq!((connected.status(), connected.sqhd), (Status::SUCCESS, 1));
+    let cntlid = connected.dw0 as u16;
+    admin.enable();
+    let read_of = |io: &mut Bed, cid: u16| {
+        let mut sqe = io.io(READ, 0, 8, 4096);
+        sqe.set_cid(cid);
+        io.capsule(&sqe, &[]);
+        io.take()
+    };
+    // SQ flow control kept: data, then a response whose SQ head wraps at the queue's 16
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    assert_eq!(io.connect(1, cntlid, &nqn, HOST).sqhd, 1);
+    for cid in 0..16u16 {
+        match &read_of(&mut io, cid)[..] {
+            [Got::Data(d, _), Got::Resp(c)] => {
+                assert_eq!((d.cccid, c.cid, c.status()), (cid, cid, Status::SUCCESS));
+                assert_eq!(c.sqhd, (cid + 2) % 16, "command {cid}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(io.c2h_flags.iter().all(|f| f & flags::SUCCESS == 0));
+    // disabled: the C2HData carries SUCCESS and LAST_PDU, and no response follows
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    let c = io.connect_with(2, cntlid, &nqn, HOST, CATTR_DISABLE_SQ_FLOW);
+    assert_eq!((c.status(), c.sqhd), (Status::SUCCESS, 0));
+    match &read_of(&mut io, 5)[..] {
+        [Got::Data(d, data)] => assert_eq!((d.cccid, data.len()), (5, 4096)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(io.c2h_flags, [flags::LAST_PDU | flags::SUCCESS]);
+    assert_eq!(
+        io.backend.buffers_held(),
+        0,
+        "the read's buffer is back once sent"
+    );
+    // a failed read still gets its response
+    let mut sqe = io.io(READ, 1 << 40, 8, 4096);
+    sqe.set_cid(6);
+    io.capsule(&sqe, &[]);
+    match &io.take()[..] {
+        [Got::Resp(c)] => assert_eq!(c.status(), Status::LBA_OUT_OF_RANGE),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn writes_in_capsule_and_by_r2t_read_back_with_and_without_digests() {
+    for digests in [Digests::default(), both()] {
+        let mut io = Bed::io_queue(digests);
+        // in-capsule: 4 KiB at LBA 8
+        let small: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let sqe = io.io(WRITE, 8, 8, 0);
+        io.capsule(&sqe, &small);
+        assert_eq!(io.status(), Status::SUCCESS);
+        // R2T: 12 KiB at LBA 100, sent in three H2CData PDUs of MAXH2CDATA (4 KiB)
+        let big: Vec<u8> = (0..12288u32).map(|i| (i / 7) as u8).collect();
+        let mut sqe = io.io(WRITE, 100, 24, 12288);
+        sqe.set_cid(9);
+        io.capsule(&sqe, &[]);
+        let got = io.take();
+        let Some(Got::R2T(r2t)) = got.first() else {
+            panic!("an R2T: {got:?}");
+        };
+        assert_eq!((r2t.cccid, r2t.offset, r2t.length), (9, 0, 12288));
+        for (i, part) in big.chunks(4096).enumerate() {
+            let d = DataHeader {
+                cccid: 9,
+                ttag: r2t.ttag,
+                offset: i as u32 * 4096,
+                length: 4096,
+            };
+            let last = if i == 2 { flags::LAST_PDU } else { 0 };
+            let h = OutHeader::data(PduType::H2CData, &d, last, digests, 0);
+            let mut pdu = h.as_slice().to_vec();
+            pdu.resize(pdu.len() + h.pad(), 0);
+            pdu.extend_from_slice(part);
+            if digests.data {
+                pdu.extend_from_slice(&pdu::crc32c(part).to_le_bytes());
+            }
+            io.send(&pdu);
+        }
+        assert_eq!(io.status(), Status::SUCCESS);
+        assert_eq!(
+            &io.backend.namespaces[0][100 * 512..100 * 512 + 12288],
+            &big[..]
+        );
+        // read both back
+        for (slba, want) in [(8u64, &small), (100, &big)] {
+            let len = want.len() as u32;
+            let sqe = io.io(READ, slba, len / 512, len);
+            io.capsule(&sqe, &[]);
+            let got = io.take();
+            match &got[..] {
+                [Got::Data(d, data), Got::Resp(c)] => {
+                    assert_eq!(d.length, len);
+                    assert_eq!(data, want);
+                    assert_eq!(c.status(), Status::SUCCESS);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(io.backend.buffers_held(), 0);
+    }
+}
+
+#[test]
+fn bad_commands_fail_by_status_and_the_connection_goes_on() {
+    let mut io = Bed::io_queue(Digests::default());
+    let sqe = io.io(READ, 2047, 2, 1024); // past the end (2048 blocks)
+    io.capsule(&sqe, &[]);
+    assert_eq!(io.status(), Status::LBA_OUT_OF_RANGE);
+    let mut sqe = io.io(READ, 0, 1, 512);
+    sqe.nsid = 9;
+    io.capsule(&sqe, &[]);
+    assert_eq!(io.status(), Status::INVALID_NAMESPACE);
+    let sqe = io.io(READ, 0, 2, 512); // SGL says 512 bytes, the command 1024
+    io.capsule(&sqe, &[]);
+    assert_eq!(io.status(), Status::DATA_SGL_LENGTH_INVALID);
+    let sqe = io.io(0x55, 0, 1, 512);
+    io.capsule(&sqe, &[]);
+    assert_eq!(io.status(), Status::INVALID_OPCODE);
+    let sqe = io.io(FLUSH, 0, 1, 0);
+    io.capsule(&sqe, &[]);
+    assert_eq!(io.status(), Status::SUCCESS);
+}
+
+#[test]
+fn deallocate_zeroes_each_range() {
+    let mut io = Bed::io_queue(Digests::default());
+    io.backend.namespaces[0].fill(0xEE);
+    let mut sqe = io.io(DATASET_MANAGEMENT, 0, 1, 0);
+    sqe.cdw10 = 1; // two ranges
+    sqe.cdw11 = usnvme_driver::spec::command::DSM_DEALLOCATE;
+    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+        .try_into()
+        .unwrap();
+    b[32..36].copy_from_slice(&32u32.to_le_bytes());
+    let mut ranges = [0u8; 32];
+    ranges[4..8].copy_from_slice(&4u32.to_le_bytes()); // 4 blocks at LBA 0
+    ranges[20..24].copy_from_slice(&2u32.to_le_bytes()); // 2 blocks at LBA 10
+    ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
+    io.capsule(&sqe, &ranges);
+    assert_eq!(io.status(), Status::SUCCESS);
+    let disk = &io.backend.namespaces[0];
+    assert!(disk[..4 * 512].iter().all(|&b| b == 0));
+    assert!(disk[4 * 512..10 * 512].iter().all(|&b| b == 0xEE));
+    assert!(disk[10 * 512..12 * 512].iter().all(|&b| b == 0));
+    assert_eq!(disk[12 * 512], 0xEE);
+}
+
+#[test]
+fn refusals_by_name() {
+    let mut bed = Bed::new(Some(vec![HOST.into()]), Digests::default());
+    let nqn = bed.sub.nqn.clone();
+    let c = bed.connect(0, 0xffff, &nqn, "nqn.2024-01.io.usnvme:stranger");
+    assert_eq!(c.status(), Status::CONNECT_INVALID_HOST);
+    let c = bed.connect(0, 0xffff, "nqn.2024-01.io.usnvme:nothing-here", HOST);
+    assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
+    // an I/O queue of a controller that does not exist
+    let c = bed.connect(1, 7, &nqn, HOST);
+    assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
+    // admin commands before the controller is enabled
+    let c = bed.connect(0, 0xffff, &nqn, HOST);
+    assert_eq!(c.status(), Status::SUCCESS);
+    let mut identify = Sqe::new(0x06);
+    identify.cdw10 = 1;
+    bed.capsule(&identify, &[]);
+    assert_eq!(bed.status(), Status::COMMAND_SEQUENCE_ERROR);
+    bed.enable();
+    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut identify)
+        .try_into()
+        .unwrap();
+    b[39] = SGL_TRANSPORT;
+    b[32..36].copy_from_slice(&4096u32.to_le_bytes());
+    bed.capsule(&identify, &[]);
+    match &bed.take()[..] {
+        [Got::Data(d, data), Got::Resp(c)] => {
+            assert_eq!((d.length, c.status()), (4096, Status::SUCCESS));
+            let id = usnvme_driver::spec::IdentifyController::from_slice(data).unwrap();
+            assert_eq!(id.subnqn(), nqn);
+            assert_ne!(id.sgls, 0, "the Linux host insists on SGL support");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
+    let mut admin = Bed::new(None, Digests::default());
+    let nqn = admin.sub.nqn.clone();
+    let cntlid = admin.connect(0, 0xffff, &nqn, HOST).dw0 as u16;
+    admin.enable();
+    admin.backend.smart_held = true; // the drives are slow to answer
+    admin.backend.smart.temperature_sensors[0] = 321;
+    let mut smart = Sqe::new(0x02);
+    smart.nsid = u32::MAX;
+    smart.cdw10 = 0x02 | ((512 / 4 - 1) << 16);
+    smart.set_cid(40);
+    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut smart)
+        .try_into()
+        .unwrap();
+    b[39] = SGL_TRANSPORT;
+    b[32..36].copy_from_slice(&512u32.to_le_bytes());
+    admin.capsule(&smart, &[]);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(
+        admin.take().is_empty(),
+        "no answer while the drives have none"
+    );
+    assert_eq!(admin.backend.smart_asked, 1);
+    // meanwhile: an Identify on the same queue, and I/O on a queue of the controller
+    let mut identify = Sqe::new(0x06);
+    identify.cdw10 = 1;
+    admin.capsule(&identify, &[]);
+    assert_eq!(admin.status(), Status::SUCCESS);
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
+    let sqe = io.io(WRITE, 0, 8, 0);
+    io.capsule(&sqe, &[9; 4096]);
+    assert_eq!(io.status(), Status::SUCCESS);
+    // the drives answer: the command completes with their log
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(admin.take().is_empty());
+    admin.backend.smart_held = false;
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Data(d, data), Got::Resp(c)] => {
+            assert_eq!((d.cccid, c.cid, c.status()), (40, 40, Status::SUCCESS));
+            let log = usnvme_driver::spec::SmartLog::from_slice(data).expect("512 bytes");
+            assert_eq!(log.temperature_sensors[0], 321);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(admin.backend.smart_asked, 0);
+}
+
+#[test]
+fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
+    let mut admin = Bed::new(None, Digests::default());
+    let nqn = admin.sub.nqn.clone();
+    assert_eq!(
+        admin.connect(0, 0xffff, &nqn, HOST).status(),
+        Status::SUCCESS
+    );
+    admin.enable();
+    let property = |set: Option<u64>| {
+        let mut sqe = Sqe::new(FABRICS);
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+            .try_into()
+            .unwrap();
+        b[4] = if set.is_some() { 0x00 } else { 0x04 };
+        let offset: u32 = if set.is_some() { 0x14 } else { 0x1c };
+        b[44..48].copy_from_slice(&offset.to_le_bytes());
+        b[48..56].copy_from_slice(&set.unwrap_or(0).to_le_bytes());
+        OutHeader::capsule_cmd(&sqe, 0, Digests::default()).bytes[..72].to_vec()
+    };
+    let csts = |bed: &mut Bed| {
+        bed.conn.receive(&property(None), &mut bed.backend); // (nothing completes)
+        match &bed.take()[..] {
+            [Got::Resp(c)] => c.dw0,
+            other => panic!("{other:?}"),
+        }
+    };
+    let cc = 1u64 | 6 << 16 | 4 << 20;
+    admin
+        .conn
+        .receive(&property(Some(cc | 1 << 14)), &mut admin.backend); // SHN normal
+    assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
+    assert_eq!(admin.backend.flushes, [1, 1], "a Flush to every namespace");
+    assert_eq!(
+        csts(&mut admin) >> 2 & 3,
+        0b01,
+        "SHST: processing, flushes pending"
+    );
+    admin.backend.complete_all(&mut admin.conn);
+    assert!(admin.take().is_empty(), "no response of its own");
+    assert_eq!(
+        csts(&mut admin) >> 2 & 3,
+        0b10,
+        "SHST: complete once flushed"
+    );
+    // written again: no second round of flushes
+    admin
+        .conn
+        .receive(&property(Some(cc | 1 << 14)), &mut admin.backend);
+    admin.backend.complete_all(&mut admin.conn);
+    assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
+    assert_eq!(admin.backend.flushes, [1, 1]);
+    assert_eq!(csts(&mut admin) >> 2 & 3, 0b10);
+}

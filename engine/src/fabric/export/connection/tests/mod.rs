@@ -1,0 +1,270 @@
+use std::sync::Arc;
+use std::time::Instant;
+
+use usnvme_driver::spec::{Cqe, Sqe, Status};
+
+use super::super::memory::{test_subsystem, MemoryBackend};
+use super::*;
+use crate::fabric::pdu::{
+    self, flags, parse_term_req, DataHeader, Digests, IcReq, OutHeader, PduType, DIGEST,
+    SHORT_HEADER,
+};
+
+mod commands;
+mod ending;
+mod stream;
+
+const HOST: &str = "nqn.2024-01.io.usnvme:host-a";
+
+/// A connection, its backend, and the host side of the test.
+struct Bed {
+    conn: Connection,
+    backend: MemoryBackend,
+    digests: Digests,
+    sub: Arc<SubsystemInfo>,
+    /// The flags of every C2HData PDU taken, in order.
+    c2h_flags: Vec<u8>,
+}
+
+/// What the target sent, PDU by PDU.
+#[derive(Debug)]
+enum Got {
+    Resp(Cqe),
+    Data(DataHeader, Vec<u8>),
+    R2T(DataHeader),
+    Term(u16, u32),
+    IcResp,
+}
+
+impl Got {
+    fn clone_r2t(&self) -> Got {
+        match self {
+            Got::R2T(d) => Got::R2T(*d),
+            _ => Got::IcResp,
+        }
+    }
+}
+
+impl Bed {
+    fn new(allowed: Option<Vec<String>>, digests: Digests) -> Bed {
+        let sub = Arc::new(test_subsystem(2));
+        let backend = MemoryBackend::new(&sub);
+        let conn = Connection::new(
+            sub.clone(),
+            Arc::new(Registry::new(allowed)),
+            ConnectionLimits { maxh2cdata: 4096 },
+            "test".into(),
+        );
+        let mut bed = Bed {
+            conn,
+            backend,
+            digests,
+            sub,
+            c2h_flags: Vec::new(),
+        };
+        let req = IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        };
+        bed.send(&req.encode());
+        assert!(matches!(bed.take()[..], [Got::IcResp]));
+        bed
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        // in odd pieces: the state machine must not care how TCP cuts the stream
+        for piece in bytes.chunks(7) {
+            self.conn.receive(piece, &mut self.backend);
+        }
+        self.backend.complete_all(&mut self.conn);
+    }
+
+    /// All at once, as a socket with everything arrived gives it.
+    fn send_whole(&mut self, bytes: &[u8]) {
+        assert_eq!(self.conn.receive(bytes, &mut self.backend), bytes.len());
+        self.backend.complete_all(&mut self.conn);
+    }
+
+    fn capsule_whole(&mut self, sqe: &Sqe, data: &[u8]) {
+        let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
+        let mut pdu = h.as_slice().to_vec();
+        pdu.resize(pdu.len() + h.pad(), 0);
+        pdu.extend_from_slice(data);
+        if self.digests.data && !data.is_empty() {
+            pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+        }
+        self.send_whole(&pdu);
+    }
+
+    fn capsule(&mut self, sqe: &Sqe, data: &[u8]) {
+        let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
+        let mut pdu = h.as_slice().to_vec();
+        pdu.resize(pdu.len() + h.pad(), 0);
+        pdu.extend_from_slice(data);
+        if self.digests.data && !data.is_empty() {
+            pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+        }
+        self.send(&pdu);
+    }
+
+    fn take(&mut self) -> Vec<Got> {
+        let mut out = Vec::new();
+        self.conn
+            .transmit(&mut out, &mut self.backend)
+            .expect("memory takes all");
+        let mut got = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let plen = u32::from_le_bytes(out[at + 4..at + 8].try_into().unwrap()) as usize;
+            let pdu = &out[at..at + plen];
+            let hd = if pdu[1] & flags::HDGST != 0 {
+                DIGEST
+            } else {
+                0
+            };
+            got.push(match PduType::from_raw(pdu[0]) {
+                Some(PduType::IcResp) => Got::IcResp,
+                Some(PduType::CapsuleResp) => {
+                    if hd > 0 {
+                        pdu::check_header_digest(pdu, SHORT_HEADER).expect("digest");
+                    }
+                    Got::Resp(Cqe::from_slice(&pdu[8..24]).unwrap())
+                }
+                Some(PduType::C2HData) => {
+                    self.c2h_flags.push(pdu[1]);
+                    let d = DataHeader::parse(pdu).unwrap();
+                    let from = pdu[3] as usize;
+                    let data = pdu[from..from + d.length as usize].to_vec();
+                    if pdu[1] & flags::DDGST != 0 {
+                        let dd = &pdu[from + data.len()..from + data.len() + 4];
+                        assert_eq!(
+                            u32::from_le_bytes(dd.try_into().unwrap()),
+                            pdu::crc32c(&data)
+                        );
+                    }
+                    Got::Data(d, data)
+                }
+                Some(PduType::R2T) => Got::R2T(DataHeader::parse(pdu).unwrap()),
+                Some(PduType::C2HTermReq) => {
+                    let (fes, fei) = parse_term_req(pdu).unwrap();
+                    Got::Term(fes, fei)
+                }
+                other => panic!("unexpected {other:?}"),
+            });
+            at += plen;
+        }
+        got
+    }
+
+    fn status(&mut self) -> Status {
+        match self.take().last() {
+            Some(Got::Resp(c)) => c.status(),
+            other => panic!("no response: {other:?}"),
+        }
+    }
+
+    fn connect(&mut self, qid: u16, cntlid: u16, subnqn: &str, host: &str) -> Cqe {
+        self.connect_with(qid, cntlid, subnqn, host, 0)
+    }
+
+    /// A Connect with connect attributes `cattr`.
+    fn connect_with(&mut self, qid: u16, cntlid: u16, subnqn: &str, host: &str, cattr: u8) -> Cqe {
+        let mut sqe = Sqe::new(FABRICS);
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+            .try_into()
+            .unwrap();
+        b[4] = 0x01;
+        b[42..44].copy_from_slice(&qid.to_le_bytes());
+        b[44..46].copy_from_slice(&15u16.to_le_bytes());
+        b[46] = cattr;
+        b[48..52].copy_from_slice(&0u32.to_le_bytes());
+        b[39] = SGL_IN_CAPSULE;
+        b[32..36].copy_from_slice(&1024u32.to_le_bytes());
+        let mut data = [0u8; 1024];
+        data[16..18].copy_from_slice(&cntlid.to_le_bytes());
+        data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
+        data[512..512 + host.len()].copy_from_slice(host.as_bytes());
+        self.capsule(&sqe, &data);
+        match self.take().last() {
+            Some(Got::Resp(c)) => *c,
+            other => panic!("no response: {other:?}"),
+        }
+    }
+
+    fn enable(&mut self) {
+        let mut sqe = Sqe::new(FABRICS);
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+            .try_into()
+            .unwrap();
+        b[4] = 0x00; // Property Set
+        b[44..48].copy_from_slice(&0x14u32.to_le_bytes()); // CC
+        b[48..56].copy_from_slice(&(1u64 | 6 << 16 | 4 << 20).to_le_bytes());
+        self.capsule(&sqe, &[]);
+        assert_eq!(self.status(), Status::SUCCESS);
+    }
+
+    fn io(&mut self, opcode: u8, slba: u64, blocks: u32, transport: u32) -> Sqe {
+        let mut sqe = Sqe::new(opcode);
+        sqe.nsid = 1;
+        sqe.cdw10 = slba as u32;
+        sqe.cdw11 = (slba >> 32) as u32;
+        sqe.cdw12 = blocks - 1;
+        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+            .try_into()
+            .unwrap();
+        b[39] = if transport > 0 {
+            SGL_TRANSPORT
+        } else {
+            SGL_IN_CAPSULE
+        };
+        b[32..36].copy_from_slice(
+            &(if transport > 0 {
+                transport
+            } else {
+                blocks * 512
+            })
+            .to_le_bytes(),
+        );
+        sqe
+    }
+
+    /// An admin queue connected and enabled, then an I/O queue on a second connection.
+    fn io_queue(digests: Digests) -> Bed {
+        let mut admin = Bed::new(None, digests);
+        let cntlid = admin.connect(0, 0xffff, &admin.sub.nqn.clone(), HOST).dw0 as u16;
+        admin.enable();
+        let mut io = Bed::new(None, digests);
+        io.conn.registry = admin.conn.registry.clone();
+        let cqe = io.connect(1, cntlid, &io.sub.nqn.clone(), HOST);
+        assert_eq!(cqe.status(), Status::SUCCESS);
+        io
+    }
+}
+
+fn both() -> Digests {
+    Digests {
+        header: true,
+        data: true,
+    }
+}
+
+/// One H2CData PDU with `data` at `offset` of transfer `ttag` of command `cid`.
+fn h2c_pdu(cid: u16, ttag: u16, offset: u32, data: &[u8], last: bool, dg: Digests) -> Vec<u8> {
+    let d = DataHeader {
+        cccid: cid,
+        ttag,
+        offset,
+        length: data.len() as u32,
+    };
+    let flag = if last { flags::LAST_PDU } else { 0 };
+    let h = OutHeader::data(PduType::H2CData, &d, flag, dg, 0);
+    let mut pdu = h.as_slice().to_vec();
+    pdu.resize(pdu.len() + h.pad(), 0);
+    pdu.extend_from_slice(data);
+    if dg.data {
+        pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
+    }
+    pdu
+}
