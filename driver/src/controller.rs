@@ -10,6 +10,7 @@ use usnvme_hugepages::{DmaRegion, IovaSpace, Memory, PageSize};
 use vm_memory::Bytes;
 
 use crate::error::Error;
+use crate::namespaces::{self, IdentifyFailure, MAX_NSID};
 use crate::pci::PciAddress;
 use crate::prp::PAGE;
 use crate::queue::{
@@ -22,7 +23,7 @@ use crate::spec::log::LogPageId;
 use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell, ShutdownStatus};
 use crate::spec::{
     Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, IdentifyNamespace,
-    NamespaceList, SmartLog, Sqe, Status, Vs,
+    SmartLog, Sqe, Status, Vs,
 };
 use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
 
@@ -31,8 +32,6 @@ use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
 const DRIVER_MAX_TRANSFER: u64 = 2 << 20;
 /// Admin data buffer: the largest page the driver reads or writes (Identify: 4 KiB).
 const ADMIN_DATA: usize = 16 << 10;
-/// The largest namespace ID the I/O path addresses (its geometry table is indexed by NSID).
-const MAX_NSID: u32 = 4096;
 
 /// How to bring a controller up.
 #[derive(Debug, Clone)]
@@ -949,6 +948,7 @@ fn wait_ready(
     }
 }
 
+/// The controller's namespaces, read over its admin queue.
 fn identify_namespaces(
     name: &str,
     regs: &dyn Registers,
@@ -956,56 +956,13 @@ fn identify_namespaces(
     ctrl: &IdentifyController,
     options: &ControllerOptions,
 ) -> Result<Vec<Namespace>, Error> {
-    let mut buf = vec![0u8; 4096];
-    // Active Namespace ID list (NVMe 1.1+); older controllers: every id up to NN.
-    let mut ids: Vec<u32> = match admin.execute(
-        name,
-        regs,
-        Sqe::identify(Cns::ActiveNamespaceList, 0),
-        Some((&mut buf, false)),
-        options.admin_timeout,
-    ) {
-        Ok(_) => NamespaceList::from_slice(&buf)
-            .map(|l| l.iter().collect())
-            .unwrap_or_default(),
-        Err(Error::Command { .. }) => (1..=ctrl.nn.min(1024)).collect(),
-        Err(e) => return Err(e),
-    };
-    // The list is ascending by the spec; a broken one must not make a namespace appear twice.
-    ids.sort_unstable();
-    ids.dedup();
-    let mut namespaces = Vec::new();
-    for nsid in ids {
-        if nsid > MAX_NSID {
-            log::warn!("{name}: namespace {nsid}: IDs above {MAX_NSID} are not supported; skipped");
-            continue;
+    namespaces::scan(name, ctrl.nn, |sqe, buf| {
+        match admin.execute(name, regs, sqe, Some((buf, false)), options.admin_timeout) {
+            Ok(_) => Ok(()),
+            Err(Error::Command { .. }) => Err(IdentifyFailure::Status),
+            Err(e) => Err(IdentifyFailure::Transport(e)),
         }
-        admin.execute(
-            name,
-            regs,
-            Sqe::identify(Cns::Namespace, nsid),
-            Some((&mut buf, false)),
-            options.admin_timeout,
-        )?;
-        let Some(id) = IdentifyNamespace::from_slice(&buf) else {
-            continue;
-        };
-        if id.nsze == 0 {
-            continue; // inactive
-        }
-        let Some(block_size) = id.lba_size_bytes().filter(|b| (512..=1 << 16).contains(b)) else {
-            log::warn!("{name}: namespace {nsid} has an unusable LBA format; skipped");
-            continue;
-        };
-        namespaces.push(Namespace {
-            nsid,
-            block_size: block_size as u32,
-            blocks: id.nsze,
-            metadata_size: id.metadata_size(),
-            identify: Box::new(id),
-        });
-    }
-    Ok(namespaces)
+    })
 }
 
 /// Geometry indexed by nsid - 1, for O(1) checks on the I/O path.

@@ -10,6 +10,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod lock;
 pub mod mmio;
+pub mod namespaces;
 pub mod pci;
 pub mod prp;
 pub mod queue;

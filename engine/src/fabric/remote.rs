@@ -12,11 +12,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use usnvme_driver::namespaces::{self, IdentifyFailure};
 use usnvme_driver::spec::command::{num_queues_allocated, Cns};
 use usnvme_driver::spec::registers::ShutdownStatus;
 use usnvme_driver::spec::{
-    AdminOpcode, Cap, Cc, Cqe, Csts, IdentifyController, IdentifyNamespace, LogPageId,
-    NamespaceList, SmartLog, Sqe, Status, Vs,
+    AdminOpcode, Cap, Cc, Cqe, Csts, IdentifyController, LogPageId, SmartLog, Sqe, Status, Vs,
 };
 use usnvme_driver::Namespace;
 
@@ -35,8 +35,6 @@ const CSTS: u32 = 0x1c;
 
 /// Admin queue entries asked for in Connect.
 const ADMIN_ENTRIES: u16 = 32;
-/// Namespace IDs looked at when a controller has no Active Namespace ID list.
-const MAX_NSID_SCAN: u32 = 1024;
 /// Discovery log records read at most (1 MiB of log).
 const MAX_DISCOVERY_RECORDS: u64 = 1023;
 /// Times the discovery log is read again when it changed while being read.
@@ -304,66 +302,23 @@ impl RemoteController {
         })
     }
 
-    pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdentifyNamespace, RemoteError> {
-        let data = self.admin_read(
-            "Identify Namespace",
-            Sqe::identify(Cns::Namespace, nsid),
-            IdentifyNamespace::SIZE,
-        )?;
-        IdentifyNamespace::from_slice(&data).ok_or(RemoteError::Malformed {
-            during: "Identify Namespace",
-            what: "short data",
-        })
-    }
-
-    /// The Active Namespace ID list, ascending, without repeats; a controller that has none
-    /// (NVMe 1.0) gets every ID up to NN (at most 1024) tried, as the local driver does.
-    pub fn active_namespaces(&mut self, nn: u32) -> Result<Vec<u32>, RemoteError> {
-        let during = "Identify Active Namespace ID list";
-        let mut ids: Vec<u32> = match self.admin_read(
-            during,
-            Sqe::identify(Cns::ActiveNamespaceList, 0),
-            NamespaceList::SIZE,
-        ) {
-            Ok(data) => NamespaceList::from_slice(&data)
-                .map(|l| l.iter().collect())
-                .unwrap_or_default(),
-            Err(RemoteError::Host {
-                source: HostError::Status { .. },
-                ..
-            }) => (1..=nn.min(MAX_NSID_SCAN)).collect(),
-            Err(e) => return Err(e),
-        };
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(ids)
-    }
-
-    /// The active namespaces with a usable LBA format, as the local driver describes them.
+    /// The active namespaces with a usable LBA format, read as the local driver reads them.
     pub fn namespaces(&mut self, nn: u32) -> Result<Vec<Namespace>, RemoteError> {
-        let mut namespaces = Vec::new();
-        for nsid in self.active_namespaces(nn)? {
-            let id = self.identify_namespace(nsid)?;
-            if id.nsze == 0 {
-                continue; // inactive
+        let name = self.addr.to_string();
+        namespaces::scan(&name, nn, |sqe, buf| {
+            match self.admin_command("Identify", sqe, buf.len()) {
+                Ok((_, data)) => {
+                    let n = data.len().min(buf.len());
+                    buf[..n].copy_from_slice(&data[..n]);
+                    Ok(())
+                }
+                Err(RemoteError::Host {
+                    source: HostError::Status { .. },
+                    ..
+                }) => Err(IdentifyFailure::Status),
+                Err(e) => Err(IdentifyFailure::Transport(e)),
             }
-            let Some(block_size) = id.lba_size_bytes().filter(|b| (512..=1 << 16).contains(b))
-            else {
-                log::warn!(
-                    "{}: namespace {nsid} has an unusable LBA format; skipped",
-                    self.addr
-                );
-                continue;
-            };
-            namespaces.push(Namespace {
-                nsid,
-                block_size: block_size as u32,
-                blocks: id.nsze,
-                metadata_size: id.metadata_size(),
-                identify: Box::new(id),
-            });
-        }
-        Ok(namespaces)
+        })
     }
 
     /// SMART / Health Information of the whole controller (NSID FFFFFFFFh).
