@@ -532,6 +532,43 @@ impl SimController {
         })
     }
 
+    /// Executes and completes, now and in this thread, the commands a [`FaultAction::Hold`]
+    /// holds on SQ `qid` (0: the admin queue); returns their opcodes, in fetch order.
+    pub fn release(&self, qid: u16) -> Vec<u8> {
+        let inner = &self.inner;
+        let running = inner.running.read();
+        let Some(run) = running.as_ref() else {
+            return Vec::new();
+        };
+        let (sq, shadow) = {
+            let t = run.table.read();
+            (t.sqs.get(qid as usize).cloned().flatten(), t.shadow)
+        };
+        let Some(sq) = sq else {
+            return Vec::new();
+        };
+        let mem = inner.space.memory();
+        let ctx = inner.ctx(run, &mem, shadow);
+        let mut sq = sq.lock();
+        let mut held: Vec<_> = sq
+            .pending
+            .iter_mut()
+            .filter(|p| p.action == Some(FaultAction::Hold))
+            .collect();
+        held.sort_unstable_by_key(|p| p.seq);
+        let opcodes = held
+            .into_iter()
+            .map(|p| {
+                (p.due, p.action) = (ctx.now, None);
+                p.sqe.opcode()
+            })
+            .collect();
+        if !sq.deleted {
+            inner.run_due(&ctx, &mut sq);
+        }
+        opcodes
+    }
+
     /// 4 KiB chunks of data the ram backend holds for namespace `nsid`.
     pub fn stored_chunks(&self, nsid: u32) -> usize {
         nsid.checked_sub(1)
