@@ -448,20 +448,18 @@ impl Controller {
         let depth = opts
             .depth
             .clamp(2, s.cap.max_queue_entries().min(u16::MAX as u32) as u16);
-        // Deletions under way give their ids back first, so the id chosen does not depend on
-        // how far a dropped queue pair's deletion got.
-        s.finish_deletions();
-        let qid = {
-            let mut qids = s.qids.lock();
-            let free = qids.iter().skip(1).position(|used| !used).map(|i| i + 1);
-            let Some(qid) = free else {
-                return Err(Error::NoQueue {
+        // Deletions that finished give their ids back first. The id of a deletion still under
+        // way is not taken again; only when every id is taken are those waited for.
+        s.progress(&mut s.admin.lock());
+        let qid = match s.take_qid() {
+            Some(qid) => qid,
+            None => {
+                s.finish_deletions();
+                s.take_qid().ok_or_else(|| Error::NoQueue {
                     device: s.name.clone(),
                     granted: s.granted,
-                });
-            };
-            qids[qid] = true;
-            qid as u16
+                })?
+            }
         };
         let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
         let layout = Layout::new(depth, s.max_transfer / PAGE + 1);
@@ -1318,6 +1316,14 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
 }
 
 impl Shared {
+    /// The lowest free I/O queue id, marked taken.
+    fn take_qid(&self) -> Option<u16> {
+        let mut qids = self.qids.lock();
+        let qid = qids.iter().skip(1).position(|used| !used)? + 1;
+        qids[qid] = true;
+        Some(qid as u16)
+    }
+
     fn free_qid(&self, qid: u16) {
         if let Some(used) = self.qids.lock().get_mut(qid as usize) {
             *used = false;

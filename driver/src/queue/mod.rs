@@ -386,7 +386,9 @@ impl QueuePair {
 
     /// Whether the controller was reset since this queue pair's queues were created.
     fn lost_queues(&self) -> bool {
-        self.owner.as_ref().is_some_and(|o| self.lost_queues_of(&**o))
+        self.owner
+            .as_ref()
+            .is_some_and(|o| self.lost_queues_of(&**o))
     }
 
     fn lost_queues_of(&self, owner: &dyn QueueOwner) -> bool {

@@ -29,7 +29,9 @@ enum Step {
     CreateSq,
     SqSent(Ticket),
     /// It failed; `cq`: the CQ may exist.
-    Failed { cq: bool },
+    Failed {
+        cq: bool,
+    },
 }
 
 impl Step {
