@@ -937,13 +937,16 @@ impl Admin {
     /// Commands older than `timeout` become timed out; outcomes nobody came for in four
     /// timeouts are dropped (their queue pair went away while the lock was busy).
     fn expire(&mut self, timeout: Duration) {
+        if self.waiting.is_empty() {
+            return;
+        }
         let now = Instant::now();
         self.waiting.retain_mut(|w| {
             let age = now.saturating_duration_since(w.submitted);
             if w.outcome.is_none() && age > timeout {
                 w.outcome = Some(Outcome::TimedOut);
             }
-            age <= timeout * 4
+            age <= timeout.saturating_mul(4)
         });
     }
 

@@ -177,7 +177,8 @@ impl Layout {
 static_assertions::assert_impl_all!(QueuePair: Send);
 static_assertions::assert_not_impl_any!(QueuePair: Sync);
 
-/// A submission/completion queue pair. Dropping an I/O queue pair deletes it on the controller.
+/// A submission/completion queue pair. Dropping an I/O queue pair has the controller delete its
+/// queues (without waiting for it).
 pub struct QueuePair {
     // (Rust lays the fields out as it sees fit: their order here is for reading only.)
     sq_tail: u16,

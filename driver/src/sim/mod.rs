@@ -12,8 +12,8 @@
 //! - Threaded mode: a controller thread fetches I/O commands and completes them after a latency,
 //!   optionally out of order. Admin commands always run inline.
 //!
-//! Faults ([`Fault`]) make chosen commands fail, complete late, twice or never, or the controller
-//! fail (CSTS.CFS) or disappear (registers read all ones).
+//! Faults ([`Fault`]) make chosen commands fail, complete late, twice, never or only when a test
+//! releases them, or the controller fail (CSTS.CFS) or disappear (registers read all ones).
 //!
 //! Shadow doorbells (Doorbell Buffer Config, I/O queues only): a queue's shadow entries are
 //! trusted once the host has rung its MMIO doorbell after the queue was created (EventIdx starts
