@@ -9,12 +9,13 @@ use parking_lot::Mutex;
 use usnvme_hugepages::{DmaRegion, IovaSpace, Memory, PageSize};
 use vm_memory::Bytes;
 
-use crate::error::Error;
+use crate::error::{Error, SubmitError};
 use crate::namespaces::{self, IdentifyFailure, MAX_NSID};
 use crate::pci::PciAddress;
 use crate::prp::PAGE;
 use crate::queue::{
-    Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair, QueueSetup, Shadow,
+    Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair, QueueSetup, Release,
+    Shadow, Ticket,
 };
 use crate::regs::Registers;
 use crate::spec::command::{num_queues_allocated, Cns, QueuePriority};
@@ -138,6 +139,9 @@ struct Shared {
     granted: u16,
     sgl: bool,
     admin: Mutex<Admin>,
+    /// Deletions handed over while the admin lock was busy (a queue pair's drop never waits for
+    /// it): taken up by the next admin poller.
+    handoff: Mutex<Vec<Deletion>>,
     qids: Mutex<Vec<bool>>,
     /// Even: the controller is ready, odd: a reset is under way. Counts half-resets since
     /// bring-up; queue pairs compare it once per poll.
@@ -155,6 +159,41 @@ struct Admin {
     queue: QueuePair,
     data: DmaRegion,
     next_token: u64,
+    /// Commands someone will ask the result of: `execute`'s own, and the tickets of commands
+    /// submitted without waiting. Whoever polls the admin queue files their completions here.
+    waiting: Vec<Waiting>,
+    /// Dropped queue pairs' queues being deleted, advanced whenever the admin queue is polled.
+    deletions: Vec<Deletion>,
+}
+
+/// An admin command submitted, and its outcome once it is known.
+struct Waiting {
+    ticket: Ticket,
+    command: &'static str,
+    submitted: Instant,
+    outcome: Option<Outcome>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Done { status: Status, dw0: u32 },
+    TimedOut,
+}
+
+/// A dropped queue pair's queues, deleted without anyone waiting: the SQ first, then the CQ (the
+/// spec's order), after the creation command it may have left outstanding. Its queue id is given
+/// back only when they are gone, so no new queue pair can take it meanwhile.
+#[derive(Debug)]
+struct Deletion {
+    qid: u16,
+    /// The command to wait for before deleting (an outstanding Create I/O CQ or SQ).
+    after: Option<Ticket>,
+    sq: bool,
+    cq: bool,
+    /// The Delete I/O SQ or CQ under way.
+    sent: Option<Ticket>,
+    /// A deletion timed out: the queue id stays taken until a reset clears every queue.
+    stuck: bool,
 }
 
 impl Controller {
@@ -244,11 +283,7 @@ impl Controller {
             armed: true,
         };
         enable(&name, &*regs, &admin_queue, ready_timeout)?;
-        let mut admin = Admin {
-            queue: admin_queue,
-            data,
-            next_token: 0,
-        };
+        let mut admin = Admin::new(admin_queue, data);
 
         // Identify.
         let mut buf = vec![0u8; 4096];
@@ -325,6 +360,7 @@ impl Controller {
             granted,
             sgl,
             admin: Mutex::new(admin),
+            handoff: Mutex::new(Vec::new()),
             qids: Mutex::new(vec![false; granted as usize + 1]),
             generation: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -411,17 +447,18 @@ impl Controller {
         let depth = opts
             .depth
             .clamp(2, s.cap.max_queue_entries().min(u16::MAX as u32) as u16);
-        let qid = {
-            let mut qids = s.qids.lock();
-            let free = qids.iter().skip(1).position(|used| !used).map(|i| i + 1);
-            let Some(qid) = free else {
-                return Err(Error::NoQueue {
+        // Deletions that finished give their ids back first. The id of a deletion still under
+        // way is not taken again; only when every id is taken are those waited for.
+        s.progress(&mut s.admin.lock());
+        let qid = match s.take_qid() {
+            Some(qid) => qid,
+            None => {
+                s.finish_deletions();
+                s.take_qid().ok_or_else(|| Error::NoQueue {
                     device: s.name.clone(),
                     granted: s.granted,
-                });
-            };
-            qids[qid] = true;
-            qid as u16
+                })?
+            }
         };
         let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
         let layout = Layout::new(depth, s.max_transfer / PAGE + 1);
@@ -501,17 +538,86 @@ impl Controller {
         Ok(())
     }
 
-    /// A queue pair is done with `qid`: delete its queues (SQ first) if they still exist.
-    pub(crate) fn release_queue(&self, qid: u16, delete: bool) {
-        if delete {
-            for sqe in [Sqe::delete_io_sq(qid), Sqe::delete_io_cq(qid)] {
-                if let Err(e) = self.admin(sqe) {
-                    log::warn!("{}: deleting I/O queue {qid}: {e}", self.shared.name);
-                }
+    /// A queue pair is done with `qid`: its queues are deleted as `release` says, without
+    /// waiting (see `Deletion`); the id is free again once they are gone.
+    pub(crate) fn release_queue(&self, qid: u16, release: Release) {
+        let s = &self.shared;
+        if !release.delete_sq && !release.delete_cq {
+            if let Some(t) = release.after {
+                self.forget_admin(t);
             }
+            s.free_qid(qid);
+            return;
         }
-        if let Some(used) = self.shared.qids.lock().get_mut(qid as usize) {
-            *used = false;
+        let d = Deletion {
+            qid,
+            after: release.after,
+            sq: release.delete_sq,
+            cq: release.delete_cq,
+            sent: None,
+            stuck: false,
+        };
+        match s.admin.try_lock() {
+            Some(mut admin) => {
+                admin.deletions.push(d);
+                s.progress(&mut admin);
+            }
+            None => s.handoff.lock().push(d),
+        }
+    }
+
+    /// Submits an admin command without waiting for it: the reactor's way (re-creating queues,
+    /// aborting). `Ok(None)` when another thread holds the admin queue right now, it is full, or
+    /// the controller has left `generation` (a reset voids what was submitted before it): try
+    /// again later. The outcome comes from [`Controller::admin_result`].
+    pub(crate) fn submit_admin(&self, sqe: Sqe, generation: u64) -> Result<Option<Ticket>, Error> {
+        let s = &self.shared;
+        let Some(mut admin) = s.admin.try_lock() else {
+            return Ok(None);
+        };
+        // A reset ends only under this lock: checked here, the command is voided by the reset
+        // the caller will notice, or the controller is still at `generation`.
+        if self.generation() != generation {
+            return Ok(None);
+        }
+        admin.submit(&s.name, sqe)
+    }
+
+    /// The outcome of the command of `ticket`, once known: CQE dword 0, or why it failed (a
+    /// ticket voided by a reset fails with "Command Aborted By Host"). Polls the admin queue once
+    /// unless another thread holds it (that thread files the completion then). Never waits.
+    pub(crate) fn admin_result(&self, ticket: Ticket) -> Option<Result<u32, Error>> {
+        let s = &self.shared;
+        let mut admin = s.admin.try_lock()?;
+        s.progress(&mut admin);
+        let command = admin
+            .waiting
+            .iter()
+            .find(|w| w.ticket == ticket)
+            .map_or("admin command", |w| w.command);
+        let failed = |status| Error::Command {
+            device: s.name.clone(),
+            command,
+            status,
+        };
+        match admin.take(ticket) {
+            Ok(None) => None,
+            Ok(Some(Outcome::Done { status, dw0 })) if status.is_success() => Some(Ok(dw0)),
+            Ok(Some(Outcome::Done { status, .. })) => Some(Err(failed(status))),
+            Ok(Some(Outcome::TimedOut)) => Some(Err(Error::Timeout {
+                device: s.name.clone(),
+                what: command.into(),
+                after: s.options.admin_timeout,
+            })),
+            Err(()) => Some(Err(failed(Status::ABORTED_BY_HOST))),
+        }
+    }
+
+    /// Nobody will ask for the outcome of `ticket`. (If the admin lock is busy, `expire` drops
+    /// it later.)
+    pub(crate) fn forget_admin(&self, ticket: Ticket) {
+        if let Some(mut admin) = self.shared.admin.try_lock() {
+            admin.forget(ticket);
         }
     }
 
@@ -584,6 +690,12 @@ impl Controller {
         let mut admin = s.admin.lock();
         // (a reset asked for after the previous one ended: odd again)
         self.begin_reset();
+        // Every queue and command goes with the reset: tickets are void, deletions are done.
+        admin.waiting.clear();
+        let handed = std::mem::take(&mut *s.handoff.lock());
+        for d in admin.deletions.drain(..).chain(handed) {
+            s.free_qid(d.qid);
+        }
         let result = self.reset_steps(&mut admin);
         s.failed.store(result.is_err(), Ordering::Release);
         s.generation.fetch_add(1, Ordering::AcqRel);
@@ -629,23 +741,26 @@ impl Controller {
     /// Runs one admin command without data; returns CQE dword 0.
     pub fn admin(&self, sqe: Sqe) -> Result<u32, Error> {
         let s = &self.shared;
-        s.admin
-            .lock()
-            .execute(&s.name, &*s.regs, sqe, None, s.options.admin_timeout)
+        let mut admin = s.admin.lock();
+        let result = admin.execute(&s.name, &*s.regs, sqe, None, s.options.admin_timeout);
+        s.progress(&mut admin);
+        result
     }
 
     /// Runs one admin command that reads `len` bytes (at most 16 KiB) from the controller.
     pub fn admin_read(&self, sqe: Sqe, len: usize) -> Result<(u32, Vec<u8>), Error> {
         let s = &self.shared;
         let mut buf = vec![0u8; len];
-        let dw0 = s.admin.lock().execute(
+        let mut admin = s.admin.lock();
+        let result = admin.execute(
             &s.name,
             &*s.regs,
             sqe,
             Some((&mut buf, false)),
             s.options.admin_timeout,
-        )?;
-        Ok((dw0, buf))
+        );
+        s.progress(&mut admin);
+        Ok((result?, buf))
     }
 
     /// A log page of `len` bytes (namespace 0xffffffff for controller-wide ones).
@@ -714,17 +829,20 @@ impl QueueOwner for Controller {
     fn status(&self) -> Csts {
         Controller::status(self)
     }
-    fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error> {
-        Controller::abort(self, sqid, cid)
-    }
     fn start_reset(&self) {
         Controller::start_reset(self)
     }
-    fn create_queues(&self, qid: u16, depth: u16, sq: u64, cq: u64) -> Result<(), Error> {
-        Controller::create_queues(self, qid, depth, sq, cq)
+    fn submit_admin(&self, sqe: Sqe, generation: u64) -> Result<Option<Ticket>, Error> {
+        Controller::submit_admin(self, sqe, generation)
     }
-    fn release_queue(&self, qid: u16, delete: bool) {
-        Controller::release_queue(self, qid, delete)
+    fn admin_result(&self, ticket: Ticket) -> Option<Result<u32, Error>> {
+        Controller::admin_result(self, ticket)
+    }
+    fn forget_admin(&self, ticket: Ticket) {
+        Controller::forget_admin(self, ticket)
+    }
+    fn release_queue(&self, qid: u16, release: Release) {
+        Controller::release_queue(self, qid, release)
     }
 }
 
@@ -747,6 +865,147 @@ impl Drop for DisableOnError<'_> {
 }
 
 impl Admin {
+    fn new(queue: QueuePair, data: DmaRegion) -> Admin {
+        let depth = queue.depth() as usize;
+        Admin {
+            queue,
+            data,
+            next_token: 0,
+            waiting: Vec::with_capacity(depth),
+            deletions: Vec::new(),
+        }
+    }
+
+    /// Queues `sqe` (no data) and rings the doorbell; its outcome will be filed under the ticket
+    /// returned. `Ok(None)`: the admin queue is full, try again later.
+    fn submit(&mut self, name: &str, sqe: Sqe) -> Result<Option<Ticket>, Error> {
+        let ticket = self.next_token;
+        match self.queue.submit(sqe, ticket) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull { .. }) => return Ok(None),
+            Err(e) => {
+                return Err(Error::Invalid {
+                    device: name.into(),
+                    what: format!("{}: {e}", command_name(&sqe)),
+                })
+            }
+        }
+        self.next_token += 1;
+        self.waiting.push(Waiting {
+            ticket,
+            command: command_name(&sqe),
+            submitted: Instant::now(),
+            outcome: None,
+        });
+        self.queue.flush();
+        Ok(Some(ticket))
+    }
+
+    /// Polls the admin queue once, filing the completions of the commands waited for; returns
+    /// how many completed. Others (a late one whose `execute` gave up) are dropped.
+    fn poll_once(&mut self) -> usize {
+        let waiting = &mut self.waiting;
+        self.queue.poll(|c| {
+            if let Some(w) = waiting.iter_mut().find(|w| w.ticket == c.token) {
+                w.outcome = Some(Outcome::Done {
+                    status: c.status,
+                    dw0: c.dw0,
+                });
+            }
+        })
+    }
+
+    /// The outcome of `ticket` if it is known, and forgets it then. `Err(())`: no such ticket (a
+    /// reset voided it, or it was forgotten).
+    fn take(&mut self, ticket: Ticket) -> Result<Option<Outcome>, ()> {
+        let i = self
+            .waiting
+            .iter()
+            .position(|w| w.ticket == ticket)
+            .ok_or(())?;
+        if self.waiting[i].outcome.is_none() {
+            return Ok(None);
+        }
+        Ok(self.waiting.swap_remove(i).outcome)
+    }
+
+    fn forget(&mut self, ticket: Ticket) {
+        self.waiting.retain(|w| w.ticket != ticket);
+    }
+
+    /// Commands older than `timeout` become timed out; outcomes nobody came for in four
+    /// timeouts are dropped (their queue pair went away while the lock was busy).
+    fn expire(&mut self, timeout: Duration) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        self.waiting.retain_mut(|w| {
+            let age = now.saturating_duration_since(w.submitted);
+            if w.outcome.is_none() && age > timeout {
+                w.outcome = Some(Outcome::TimedOut);
+            }
+            age <= timeout.saturating_mul(4)
+        });
+    }
+
+    /// Moves deletion `d` on as far as it goes without waiting; true when it is done.
+    fn advance(&mut self, name: &str, d: &mut Deletion) -> bool {
+        loop {
+            if d.stuck {
+                return false;
+            }
+            if let Some(t) = d.after {
+                match self.take(t) {
+                    Ok(None) => return false,
+                    _ => d.after = None,
+                }
+            }
+            if let Some(t) = d.sent {
+                match self.take(t) {
+                    Ok(None) => return false,
+                    Ok(Some(Outcome::TimedOut)) => {
+                        log::error!(
+                            "{name}: deleting I/O queue {}: no completion: its id stays taken until a reset",
+                            d.qid
+                        );
+                        d.stuck = true;
+                        return false;
+                    }
+                    // Invalid Queue Identifier: the creation it followed had failed
+                    Ok(Some(Outcome::Done { status, .. }))
+                        if !status.is_success() && status.code() != Status::INVALID_QID =>
+                    {
+                        log::warn!("{name}: deleting I/O queue {}: {status}", d.qid)
+                    }
+                    _ => {}
+                }
+                d.sent = None;
+            }
+            let sqe = match (d.sq, d.cq) {
+                (true, _) => Sqe::delete_io_sq(d.qid),
+                (false, true) => Sqe::delete_io_cq(d.qid),
+                (false, false) => return true,
+            };
+            match self.submit(name, sqe) {
+                Ok(Some(t)) => {
+                    d.sent = Some(t);
+                    if d.sq {
+                        d.sq = false;
+                    } else {
+                        d.cq = false;
+                    }
+                }
+                Ok(None) => return false,
+                Err(e) => {
+                    // the admin queue is unusable: the controller is gone or failed
+                    log::warn!("{name}: deleting I/O queue {}: {e}", d.qid);
+                    return true;
+                }
+            }
+        }
+    }
+
     /// Submits `sqe` and polls for its completion. `data`: a buffer and whether it goes to the
     /// controller; it travels through the admin data region.
     fn execute(
@@ -757,10 +1016,8 @@ impl Admin {
         data: Option<(&mut [u8], bool)>,
         timeout: Duration,
     ) -> Result<u32, Error> {
-        let command = crate::spec::AdminOpcode::from_raw(sqe.opcode())
-            .map(|o| o.name())
-            .unwrap_or("admin command");
-        let token = self.next_token;
+        let command = command_name(&sqe);
+        let ticket = self.next_token;
         self.next_token += 1;
         let submitted = match &data {
             Some((buf, to_device)) => {
@@ -774,25 +1031,63 @@ impl Admin {
                     iova: self.data.iova(),
                     len: buf.len() as u32,
                 };
-                self.queue.submit_data(sqe, buffer, token)
+                self.queue.submit_data(sqe, buffer, ticket)
             }
-            None => self.queue.submit(sqe, token),
+            None => self.queue.submit(sqe, ticket),
         };
         submitted.map_err(|e| Error::Invalid {
             device: name.into(),
             what: format!("{command}: {e}"),
         })?;
         let started = Instant::now();
-        let mut spins = 0u32;
-        let (status, dw0) = loop {
-            let mut result: Option<(Status, u32)> = None;
-            self.queue.poll(|c| {
-                if c.token == token {
-                    result = Some((c.status, c.dw0));
-                }
+        self.waiting.push(Waiting {
+            ticket,
+            command,
+            submitted: started,
+            outcome: None,
+        });
+        let result = self.wait(name, regs, ticket, command, started, timeout);
+        let (status, dw0) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                self.forget(ticket);
+                return Err(e);
+            }
+        };
+        if !status.is_success() {
+            return Err(Error::Command {
+                device: name.into(),
+                command,
+                status,
             });
-            if let Some(r) = result {
-                break r;
+        }
+        if let Some((buf, false)) = data {
+            let slice = self
+                .data
+                .slice(0, buf.len())
+                .map_err(|_| invalid(name, "admin data"))?;
+            slice
+                .read_slice(buf, 0)
+                .map_err(|_| invalid(name, "admin data"))?;
+        }
+        Ok(dw0)
+    }
+
+    /// Polls until `ticket` completes (filing other tickets' completions on the way).
+    fn wait(
+        &mut self,
+        name: &str,
+        regs: &dyn Registers,
+        ticket: Ticket,
+        command: &'static str,
+        started: Instant,
+        timeout: Duration,
+    ) -> Result<(Status, u32), Error> {
+        let mut spins = 0u32;
+        loop {
+            self.poll_once();
+            if let Ok(Some(Outcome::Done { status, dw0 })) = self.take(ticket) {
+                return Ok((status, dw0));
             }
             spins += 1;
             if spins.is_multiple_of(64) {
@@ -826,25 +1121,14 @@ impl Admin {
             } else {
                 std::hint::spin_loop();
             }
-        };
-        if !status.is_success() {
-            return Err(Error::Command {
-                device: name.into(),
-                command,
-                status,
-            });
         }
-        if let Some((buf, false)) = data {
-            let slice = self
-                .data
-                .slice(0, buf.len())
-                .map_err(|_| invalid(name, "admin data"))?;
-            slice
-                .read_slice(buf, 0)
-                .map_err(|_| invalid(name, "admin data"))?;
-        }
-        Ok(dw0)
     }
+}
+
+fn command_name(sqe: &Sqe) -> &'static str {
+    crate::spec::AdminOpcode::from_raw(sqe.opcode())
+        .map(|o| o.name())
+        .unwrap_or("admin command")
 }
 
 fn invalid(name: &str, what: &str) -> Error {
@@ -991,6 +1275,63 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
     Arc::from(table)
 }
 
+impl Shared {
+    /// The lowest free I/O queue id, marked taken.
+    fn take_qid(&self) -> Option<u16> {
+        let mut qids = self.qids.lock();
+        let qid = qids.iter().skip(1).position(|used| !used)? + 1;
+        qids[qid] = true;
+        Some(qid as u16)
+    }
+
+    fn free_qid(&self, qid: u16) {
+        if let Some(used) = self.qids.lock().get_mut(qid as usize) {
+            *used = false;
+        }
+    }
+
+    /// Polls the admin queue and moves the deletions on until nothing moves. Never waits.
+    fn progress(&self, admin: &mut Admin) {
+        admin.deletions.append(&mut self.handoff.lock());
+        let mut deletions = std::mem::take(&mut admin.deletions);
+        loop {
+            let completed = admin.poll_once();
+            admin.expire(self.options.admin_timeout);
+            let before = (admin.next_token, deletions.len());
+            deletions.retain_mut(|d| {
+                let done = admin.advance(&self.name, d);
+                if done {
+                    self.free_qid(d.qid);
+                }
+                !done
+            });
+            if completed == 0 && (admin.next_token, deletions.len()) == before {
+                break;
+            }
+        }
+        admin.deletions = deletions;
+    }
+
+    /// Waits for the deletions under way (at most the admin timeout, and not for a controller
+    /// that failed or is gone): before a queue id is chosen, and before shutdown.
+    fn finish_deletions(&self) {
+        let mut admin = self.admin.lock();
+        let started = Instant::now();
+        loop {
+            self.progress(&mut admin);
+            if admin.deletions.iter().all(|d| d.stuck) {
+                return;
+            }
+            let csts = Csts(self.regs.read32(reg::CSTS));
+            if csts.removed() || csts.cfs() || started.elapsed() > self.options.admin_timeout {
+                log::warn!("{}: I/O queue deletions left unfinished", self.name);
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 impl Drop for Shared {
     /// Normal shutdown (CC.SHN, wait for SHST complete), then disable. DMA memory is unmapped
     /// when the regions drop, after the controller has stopped using it.
@@ -1003,6 +1344,8 @@ impl Drop for Shared {
         }
         let cc = Cc(regs.read32(reg::CC));
         if cc.en() && !csts.cfs() {
+            // the queues of queue pairs dropped lately, before the controller shuts down
+            self.finish_deletions();
             regs.write32(reg::CC, cc.with_shn(Cc::SHN_NORMAL).0);
             let started = Instant::now();
             let limit = Duration::from_millis(self.cap.to_ms().clamp(1000, 10_000));

@@ -181,7 +181,8 @@ impl Layout {
 static_assertions::assert_impl_all!(QueuePair: Send);
 static_assertions::assert_not_impl_any!(QueuePair: Sync);
 
-/// A submission/completion queue pair. Dropping an I/O queue pair deletes it on the controller.
+/// A submission/completion queue pair. Dropping an I/O queue pair has the controller delete its
+/// queues (without waiting for it).
 pub struct QueuePair {
     // (Rust lays the fields out as it sees fit: their order here is for reading only.)
     sq_tail: u16,
@@ -223,6 +224,10 @@ pub struct QueuePair {
     qid: u16,
     /// The controller that owns the queues (None for the admin queue).
     owner: Option<Arc<dyn QueueOwner>>,
+    /// Re-creating the queues after a reset, when under way (see `recovery`).
+    recreate: Option<recovery::Recreate>,
+    /// Aborts submitted and not completed yet: command id and ticket.
+    aborts: Vec<(u16, Ticket)>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -236,9 +241,22 @@ impl std::fmt::Debug for QueuePair {
     }
 }
 
+/// An admin command submitted without waiting: its outcome is asked for with this.
+pub(crate) type Ticket = u64;
+
+/// What a dropped queue pair leaves on the controller: which of its queues to delete, after
+/// which outstanding creation command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Release {
+    pub delete_sq: bool,
+    pub delete_cq: bool,
+    pub after: Option<Ticket>,
+}
+
 /// What an I/O queue pair needs of the controller that owns its queues, for the cold paths:
-/// noticing a reset, re-creating its queues after one, aborting, starting a reset, giving its
-/// queue id back. The controller implements it; this module knows no controller.
+/// noticing a reset, admin commands (re-creating its queues after one, aborting), starting a
+/// reset, giving its queues back. None of it waits: the owning thread polls many devices.
+/// The controller implements it; this module knows no controller.
 pub(crate) trait QueueOwner: Send + Sync {
     fn name(&self) -> &str;
     /// Even while the controller is ready, odd while a reset is under way.
@@ -246,12 +264,16 @@ pub(crate) trait QueueOwner: Send + Sync {
     /// The last reset failed.
     fn failed(&self) -> bool;
     fn status(&self) -> Csts;
-    fn abort(&self, sqid: u16, cid: u16) -> Result<bool, Error>;
     /// Returns at once; the reset runs elsewhere.
     fn start_reset(&self);
-    fn create_queues(&self, qid: u16, depth: u16, sq_iova: u64, cq_iova: u64) -> Result<(), Error>;
-    /// Deletes the queues first when `delete`.
-    fn release_queue(&self, qid: u16, delete: bool);
+    /// Submits an admin command if that can be done now, for a controller still at
+    /// `generation`; `Ok(None)`: try again later.
+    fn submit_admin(&self, sqe: Sqe, generation: u64) -> Result<Option<Ticket>, Error>;
+    /// The command's CQE dword 0 or error, once known (None: not yet).
+    fn admin_result(&self, ticket: Ticket) -> Option<Result<u32, Error>>;
+    fn forget_admin(&self, ticket: Ticket);
+    /// Gives the queue id back once the queues `release` names are deleted.
+    fn release_queue(&self, qid: u16, release: Release);
 }
 
 /// What the controller gives a new queue pair.
@@ -309,6 +331,8 @@ impl QueuePair {
             generation: setup.generation,
             qid: setup.qid,
             owner: setup.owner,
+            recreate: None,
+            aborts: Vec::new(),
         }
     }
 
@@ -342,7 +366,8 @@ impl QueuePair {
     pub fn memory_bytes(&self) -> (usize, usize) {
         let host = std::mem::size_of::<Self>()
             + self.trackers.len() * std::mem::size_of::<Tracker>()
-            + self.free_cids.capacity() * 2;
+            + self.free_cids.capacity() * 2
+            + self.aborts.capacity() * std::mem::size_of::<(u16, Ticket)>();
         (self.memory.len(), host)
     }
 
@@ -366,10 +391,12 @@ impl QueuePair {
 
     /// Whether the controller was reset since this queue pair's queues were created.
     fn lost_queues(&self) -> bool {
-        self.owner.as_ref().is_some_and(|o| self.lost_queues_of(o))
+        self.owner
+            .as_ref()
+            .is_some_and(|o| self.lost_queues_of(&**o))
     }
 
-    fn lost_queues_of(&self, owner: &Arc<dyn QueueOwner>) -> bool {
+    fn lost_queues_of(&self, owner: &dyn QueueOwner) -> bool {
         owner.generation() != self.generation
     }
 
@@ -773,10 +800,12 @@ fn check_block_count(blocks: u64) -> Result<(), SubmitError> {
 }
 
 impl Drop for QueuePair {
-    /// Deletes the queues on the controller (unless a reset already did) and frees the queue id.
+    /// Hands the queues to the controller for deletion (unless a reset already deleted them),
+    /// without waiting; the queue id is free again once they are gone.
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
-            owner.release_queue(self.qid, !self.lost_queues_of(&owner) && !self.unusable);
+            let release = self.release(&*owner);
+            owner.release_queue(self.qid, release);
         }
     }
 }
@@ -812,3 +841,6 @@ mod tests {
         assert_eq!(Layout::new(64, 100_000).prp_slot, 4096);
     }
 }
+
+// Two trackers per cache line: the namespace fits in the padding.
+const _: () = assert!(std::mem::size_of::<Tracker>() == 32);

@@ -46,6 +46,14 @@ impl FaultWhen {
         }
     }
 
+    /// Every admin command.
+    pub fn any_admin() -> FaultWhen {
+        FaultWhen {
+            qid: Some(0),
+            ..FaultWhen::default()
+        }
+    }
+
     pub fn with_lba(mut self, lba: Range<u64>) -> FaultWhen {
         self.lba = Some(lba);
         self
@@ -99,6 +107,9 @@ pub enum FaultAction {
     /// Executes and completes this much later. Threaded mode: on time. Inline mode: at the first
     /// doorbell of its queue pair after the time has passed. Abort finds it meanwhile.
     Delay(Duration),
+    /// Executes and completes only when the test says so ([`super::SimController::release`]):
+    /// a test waits for events, not time. Abort finds it meanwhile.
+    Hold,
     /// Never completes: the controller forgot it (Abort does not find it; only a reset helps).
     Drop,
     /// The controller fails: CSTS.CFS set; nothing is processed until a reset (CC.EN 1 -> 0).

@@ -12,8 +12,8 @@
 //! - Threaded mode: a controller thread fetches I/O commands and completes them after a latency,
 //!   optionally out of order. Admin commands always run inline.
 //!
-//! Faults ([`Fault`]) make chosen commands fail, complete late, twice or never, or the controller
-//! fail (CSTS.CFS) or disappear (registers read all ones).
+//! Faults ([`Fault`]) make chosen commands fail, complete late, twice, never or only when a test
+//! releases them, or the controller fail (CSTS.CFS) or disappear (registers read all ones).
 //!
 //! Shadow doorbells (Doorbell Buffer Config, I/O queues only): a queue's shadow entries are
 //! trusted once the host has rung its MMIO doorbell after the queue was created (EventIdx starts
@@ -530,6 +530,43 @@ impl SimController {
                 .filter(|&c| sq.inflight.contains(c))
                 .collect()
         })
+    }
+
+    /// Executes and completes, now and in this thread, the commands a [`FaultAction::Hold`]
+    /// holds on SQ `qid` (0: the admin queue); returns their opcodes, in fetch order.
+    pub fn release(&self, qid: u16) -> Vec<u8> {
+        let inner = &self.inner;
+        let running = inner.running.read();
+        let Some(run) = running.as_ref() else {
+            return Vec::new();
+        };
+        let (sq, shadow) = {
+            let t = run.table.read();
+            (t.sqs.get(qid as usize).cloned().flatten(), t.shadow)
+        };
+        let Some(sq) = sq else {
+            return Vec::new();
+        };
+        let mem = inner.space.memory();
+        let ctx = inner.ctx(run, &mem, shadow);
+        let mut sq = sq.lock();
+        let mut held: Vec<_> = sq
+            .pending
+            .iter_mut()
+            .filter(|p| p.action == Some(FaultAction::Hold))
+            .collect();
+        held.sort_unstable_by_key(|p| p.seq);
+        let opcodes = held
+            .into_iter()
+            .map(|p| {
+                (p.due, p.action) = (ctx.now, None);
+                p.sqe.opcode()
+            })
+            .collect();
+        if !sq.deleted {
+            inner.run_due(&ctx, &mut sq);
+        }
+        opcodes
     }
 
     /// 4 KiB chunks of data the ram backend holds for namespace `nsid`.

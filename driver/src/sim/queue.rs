@@ -15,6 +15,8 @@ use crate::spec::{Cqe, Sqe, Status};
 
 pub(crate) const SQE_BYTES: u64 = 64;
 pub(crate) const CQE_BYTES: u64 = 16;
+/// How long a held command waits when nobody releases it.
+const HELD: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Command ids in flight on one SQ: 65 536 bits.
 pub(crate) struct CidSet(Box<[u64]>);
@@ -309,6 +311,8 @@ impl Inner {
                 self.removed.store(true, Ordering::Release);
             }
             Some(FaultAction::Delay(d)) => pend(sq, latency.unwrap_or_default() + d, None),
+            // due in a year: `release` makes it due now
+            Some(FaultAction::Hold) => pend(sq, HELD, Some(FaultAction::Hold)),
             Some(FaultAction::MisdirectWrite) => {
                 let mut moved = sqe;
                 let slba = (u64::from(sqe.cdw11) << 32 | u64::from(sqe.cdw10)) + 1;

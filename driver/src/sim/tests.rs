@@ -1405,3 +1405,276 @@ fn a_command_submitted_after_a_long_idle_gap_is_timed_from_then() {
     assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
     assert_eq!(ctrl.resets(), 0, "no reset");
 }
+
+/// Polls `qp` once and keeps the slowest poll seen: a poll that waited for an admin command
+/// (which only this thread can release) would take the whole admin timeout.
+fn timed_poll(qp: &mut QueuePair, slowest: &mut Duration, on: impl FnMut(Completion)) -> usize {
+    let started = Instant::now();
+    let n = qp.poll(on);
+    *slowest = (*slowest).max(started.elapsed());
+    n
+}
+
+/// No poll waits longer than this (the admin timeout of these tests is 10 s).
+const QUICK: Duration = Duration::from_secs(1);
+
+/// 24 drives polled by one thread, as on a reactor. Drive 0 is reset while I/O runs on all of
+/// them, and each admin command of its recovery (the reset's, and its queue pair's Create I/O CQ
+/// and SQ) is held by the sim until the other 23 drives have completed more I/O. Only this
+/// thread releases them, so a poll that waited for one would never return.
+#[test]
+fn a_reset_under_load_never_blocks_the_polling_thread() {
+    const DRIVES: usize = 24;
+    let opts = ControllerOptions {
+        io_queues: 2,
+        admin_timeout: Duration::from_secs(10),
+        ..options()
+    };
+    let drives: Vec<_> = (0..DRIVES)
+        .map(|_| start_with(ram(512, 1024), opts.clone()))
+        .collect();
+    let mut qps: Vec<QueuePair> = drives.iter().map(|(_, c)| queue(c, 16)).collect();
+    let mut buffers = pool(4096, DRIVES + 2);
+    let bufs: Vec<DmaBuffer> = (0..DRIVES)
+        .map(|_| buffers.alloc().expect("buffer"))
+        .collect();
+    let (sim0, ctrl0) = (&drives[0].0, &drives[0].1);
+
+    // Data written before the reset, read back after it.
+    let (w, r) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    let before = pattern(1, 4096);
+    w.write_from(&before, 0).expect("fill");
+    assert!(run(&mut qps[0], |q| q.write(NSID, 0, span(&w, 0, 4096), 7)).is_success());
+    // Two writes the controller holds when the reset comes.
+    sim0.inject(Fault::new(FaultWhen::any_io(), FaultAction::Hold).times(2));
+    for (lba, token) in [(16, 100), (24, 101)] {
+        qps[0]
+            .write(NSID, lba, span(&w, 0, 4096), token)
+            .expect("submit");
+    }
+    assert!(drain(&mut qps[0]).is_empty());
+    assert_eq!(sim0.held(qps[0].qid()).len(), 2);
+
+    // From now on drive 0's admin commands complete only when this thread releases them.
+    sim0.inject(Fault::new(FaultWhen::any_admin(), FaultAction::Hold).times(0));
+    ctrl0.start_reset();
+
+    let mut slowest = Duration::ZERO;
+    let mut done = [0u64; DRIVES];
+    let mut drive0: Vec<Completion> = Vec::new();
+    let mut released: Vec<u8> = Vec::new();
+    // The others' completions when drive 0's held admin command was first seen.
+    let mut held_at: Option<[u64; DRIVES]> = None;
+    let started = Instant::now();
+    while !released.contains(&(AdminOpcode::CreateIoSq as u8)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "recovery stuck; released {released:02x?}"
+        );
+        // one turn: every queue pair polled once, the others kept busy with writes
+        for (d, qp) in qps.iter_mut().enumerate() {
+            if d == 0 {
+                timed_poll(qp, &mut slowest, |c| drive0.push(c));
+                continue;
+            }
+            if qp.in_flight() == 0 {
+                let lba = (done[d] % 64) * 8;
+                qp.write(NSID, lba, span(&bufs[d], 0, 4096), d as u64)
+                    .expect("submit");
+            }
+            timed_poll(qp, &mut slowest, |c| {
+                assert!(c.status.is_success(), "drive {d}: {}", c.status);
+                done[d] += 1;
+            });
+        }
+        let held = !sim0.held(0).is_empty();
+        match held_at {
+            None if held => held_at = Some(done),
+            // every other drive went on while drive 0's admin command was outstanding
+            Some(at) if (1..DRIVES).all(|d| done[d] >= at[d] + 3) => {
+                released.extend(sim0.release(0));
+                held_at = None;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        released,
+        [
+            AdminOpcode::SetFeatures as u8,
+            AdminOpcode::DoorbellBufferConfig as u8,
+            AdminOpcode::CreateIoCq as u8,
+            AdminOpcode::CreateIoSq as u8
+        ],
+        "the reset's commands, then the queue pair's, each held with I/O going on elsewhere"
+    );
+    assert!(slowest < QUICK, "a poll took {slowest:?}");
+    sim0.clear_faults();
+
+    // What was in flight on drive 0 came back aborted by the host; new I/O works and reads
+    // back, as does what was written before the reset.
+    let after = pattern(2, 4096);
+    w.write_from(&after, 0).expect("fill");
+    assert!(run(&mut qps[0], |q| q.write(NSID, 32, span(&w, 0, 4096), 7)).is_success());
+    let mut aborted: Vec<(u64, Status)> = drive0.iter().map(|c| (c.token, c.status)).collect();
+    aborted.sort_unstable_by_key(|a| a.0);
+    assert_eq!(
+        aborted,
+        [
+            (100, Status::ABORTED_BY_HOST),
+            (101, Status::ABORTED_BY_HOST)
+        ]
+    );
+    for (lba, data) in [(32, &after), (0, &before)] {
+        assert!(run(&mut qps[0], |q| q.read(NSID, lba, span(&r, 0, 4096), 7)).is_success());
+        let mut back = vec![0u8; 4096];
+        r.read_into(&mut back, 0).expect("read back");
+        assert!(back == *data, "LBA {lba}");
+    }
+    assert_eq!(ctrl0.resets(), 1);
+    for (d, (sim, ctrl)) in drives.iter().enumerate() {
+        assert_eq!(sim.invalid_doorbells(), 0, "drive {d}");
+        if d > 0 {
+            assert_eq!(ctrl.resets(), 0, "drive {d}");
+            assert!(done[d] >= 12, "drive {d}: {} writes", done[d]);
+        }
+    }
+    for b in bufs.into_iter().chain([w, r]) {
+        buffers.free(b).expect("own");
+    }
+}
+
+/// A queue pair's turns: a write kept in flight (token 2), one poll; the flush (token 1) kept.
+#[derive(Default)]
+struct Turns {
+    slowest: Duration,
+    writes: u64,
+    flush: Option<Completion>,
+}
+
+impl Turns {
+    fn turn(&mut self, qp: &mut QueuePair, io: IoBuffer) {
+        if qp.in_flight() < 2 {
+            qp.write(NSID, 8, io, 2).expect("submit");
+        }
+        let (writes, flush) = (&mut self.writes, &mut self.flush);
+        timed_poll(qp, &mut self.slowest, |c| match c.token {
+            1 => *flush = Some(c),
+            _ => {
+                assert!(c.status.is_success(), "{}", c.status);
+                *writes += 1;
+            }
+        });
+    }
+}
+
+/// A command times out while another thread holds the admin queue (its own command held by the
+/// sim), then while its Abort is held: polls return at once throughout, I/O goes on, no reset
+/// comes of the wait, and once released the abort ends the command.
+#[test]
+fn an_abort_of_a_timed_out_command_does_not_block_poll() {
+    let (sim, ctrl) = start_with(
+        ram(512, 1024),
+        ControllerOptions {
+            admin_timeout: Duration::from_secs(10),
+            ..options()
+        },
+    );
+    let mut qp = timed_queue(&ctrl); // 40 ms timeout
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let io = span(&buf, 0, 4096);
+    let mut t = Turns::default();
+    let three_timeouts = Duration::from_millis(120);
+
+    // Another thread's admin command holds the admin queue (and its lock).
+    sim.inject(Fault::new(
+        FaultWhen::admin(AdminOpcode::GetFeatures as u8),
+        FaultAction::Hold,
+    ));
+    let busy = {
+        let ctrl = ctrl.clone();
+        std::thread::spawn(move || {
+            ctrl.admin(Sqe::get_features(
+                FeatureId::Arbitration,
+                FeatureSelect::Current,
+            ))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.held(0).is_empty() {
+        assert!(Instant::now() < deadline, "the admin command never came");
+        std::thread::yield_now();
+    }
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Hold,
+    ));
+    sim.inject(Fault::new(
+        FaultWhen::admin(AdminOpcode::Abort as u8),
+        FaultAction::Hold,
+    ));
+    qp.flush_cache(NSID, 1).expect("submit");
+    // The flush times out; its abort cannot be submitted while the lock is held elsewhere.
+    let started = Instant::now();
+    while started.elapsed() < three_timeouts {
+        t.turn(&mut qp, io);
+    }
+    assert_eq!(sim.held(0).len(), 1, "only the other thread's command");
+    assert_eq!(sim.release(0), [AdminOpcode::GetFeatures as u8]);
+    busy.join().expect("thread").expect("get features");
+
+    // Now the abort goes out (and is held); polls go on, and no reset comes of its wait.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.held(0).is_empty() {
+        assert!(Instant::now() < deadline, "no abort was sent");
+        // (`held` reads every command id: not on every turn, or the polls would be far apart)
+        for _ in 0..16 {
+            t.turn(&mut qp, io);
+        }
+    }
+    let started = Instant::now();
+    let at = t.writes;
+    while started.elapsed() < three_timeouts || t.writes < at + 10 {
+        t.turn(&mut qp, io);
+    }
+    assert!(t.flush.is_none() && ctrl.resets() == 0);
+    assert_eq!(sim.release(0), [AdminOpcode::Abort as u8]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.flush.is_none() {
+        assert!(Instant::now() < deadline, "the flush never came back");
+        t.turn(&mut qp, io);
+    }
+    assert_eq!(t.flush.map(|c| c.status), Some(Status::ABORT_REQUESTED));
+    assert!(t.slowest < QUICK, "a poll took {:?}", t.slowest);
+    assert_eq!(ctrl.resets(), 0);
+    buffers.free(buf).expect("own");
+}
+
+/// A dropped queue pair's deletion is submitted, not waited for; its queue id is not taken
+/// again until the controller has deleted both queues.
+#[test]
+fn a_dropped_queue_pair_is_deleted_without_waiting() {
+    let (sim, ctrl) = start(ram(512, 1024));
+    let qp = queue(&ctrl, 8);
+    assert_eq!(qp.qid(), 1);
+    sim.inject(Fault::new(
+        FaultWhen::admin(AdminOpcode::DeleteIoSq as u8),
+        FaultAction::Hold,
+    ));
+    drop(qp);
+    assert_eq!(sim.held(0).len(), 1, "Delete I/O SQ submitted and held");
+    assert_eq!(sim.io_queues(), (1, 1));
+    let second = queue(&ctrl, 8);
+    assert_eq!(second.qid(), 2, "queue 1 is still being deleted");
+    assert_eq!(sim.release(0), [AdminOpcode::DeleteIoSq as u8]);
+    // the next admin poller moves the deletion on: Delete I/O CQ, then queue 1 is free
+    let third = queue(&ctrl, 8);
+    assert_eq!(third.qid(), 1);
+    assert_eq!(sim.io_queues(), (2, 2));
+    drop((second, third));
+    assert_eq!(sim.io_queues(), (0, 0));
+}
