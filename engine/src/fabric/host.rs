@@ -14,7 +14,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use usnvme_driver::spec::{Cqe, SglDescriptor, Sqe, Status};
+use usnvme_driver::spec::{
+    ConnectData, ConnectResponse, Cqe, PropertyCommand, PropertySize, SglDescriptor, Sqe, Status,
+};
 
 use super::pdu::{
     check_header_digest, crc32c, flags, parse_term_req, term_req, CommonHeader, DataHeader,
@@ -25,23 +27,8 @@ use super::pdu::{
 /// The fuzz target's entry point: target bytes through this module's checks.
 pub mod fuzz;
 
-/// Fabrics command opcode, and the Fabrics Command Types (FCTYPE, byte 4 of the SQE) used here.
-pub(crate) const FABRICS: u8 = 0x7f;
-pub(crate) const FCTYPE_PROPERTY_SET: u8 = 0x00;
-const FCTYPE_CONNECT: u8 = 0x01;
-const FCTYPE_PROPERTY_GET: u8 = 0x04;
-
-/// Connect data: host identifier, controller ID, subsystem and host NQNs.
-pub(crate) const CONNECT_DATA: usize = 1024;
-const CONNECT_SUBNQN: usize = 256;
-const CONNECT_HOSTNQN: usize = 512;
-/// An NQN field is 256 bytes and must end with a NUL.
-const MAX_NQN: usize = 255;
-
-/// SGL identifiers in a command capsule: a Data Block at an offset into the in-capsule data,
-/// and a Transport Data Block (the data moves in R2T/H2CData or C2HData PDUs).
-pub(crate) const SGL_IN_CAPSULE: u8 = 0x01;
-pub(crate) const SGL_TRANSPORT: u8 = 0x5a;
+// The Fabrics constants live in the driver's spec; the target imports this one from here.
+pub(crate) use usnvme_driver::spec::fabrics::{CATTR_DISABLE_SQ_FLOW, CONNECT_DATA};
 
 /// In-capsule data the admin queue takes (fixed by the NVMe/TCP transport, 8 KiB). I/O queues
 /// take IOCCSZ * 16 - 64 bytes, which the caller learns from Identify Controller.
@@ -335,14 +322,12 @@ impl<'a> Exchange<'a> {
             Payload::ToController(d) => !d.is_empty() && d.len() <= in_capsule_limit,
             _ => false,
         };
-        let mut sgl = SglDescriptor::data_block(0, len);
-        sgl.identifier = if in_capsule {
-            SGL_IN_CAPSULE
-        } else {
-            SGL_TRANSPORT
-        };
         sqe.set_cid(cid);
-        sqe.set_sgl(sgl);
+        sqe.set_sgl(if in_capsule {
+            SglDescriptor::in_capsule(len)
+        } else {
+            SglDescriptor::transport(len)
+        });
         let data = match &payload {
             Payload::ToController(d) if in_capsule => d,
             _ => &[][..],
@@ -634,11 +619,15 @@ impl Queue {
         let kato = if qid == 0 { opts.kato_ms } else { 0 };
         let sqe = connect_command(qid, entries, kato);
         // Connect data always goes in the capsule, whatever the queue's in-capsule size.
-        let cqe = queue.execute(sqe, Payload::ToController(&data), CONNECT_DATA)?;
+        let cqe = queue.execute(sqe, Payload::ToController(data.as_bytes()), CONNECT_DATA)?;
         if !cqe.status().is_success() {
             return Err(HostError::status("Connect", cqe.status(), true));
         }
-        let granted = if qid == 0 { cqe.dw0 as u16 } else { cntlid };
+        let granted = if qid == 0 {
+            ConnectResponse::from_cqe(&cqe).cntlid
+        } else {
+            cntlid
+        };
         Ok((queue, granted))
     }
 
@@ -666,19 +655,12 @@ impl Queue {
 
     /// Property Get: the controller register at `offset` (CAP, VS, CC, CSTS), 4 or 8 bytes.
     pub fn property_get(&mut self, offset: u32, eight_bytes: bool) -> Result<u64, HostError> {
-        let mut sqe = fabrics(FCTYPE_PROPERTY_GET);
-        sqe.cdw10 = u32::from(eight_bytes);
-        sqe.cdw11 = offset;
-        let cqe = self.execute(sqe, Payload::None, 0)?;
+        let size = property_size(eight_bytes);
+        let cqe = self.execute(Sqe::property_get(offset, size), Payload::None, 0)?;
         if !cqe.status().is_success() {
             return Err(HostError::status("Property Get", cqe.status(), true));
         }
-        let high = if eight_bytes {
-            u64::from(cqe.dw1) << 32
-        } else {
-            0
-        };
-        Ok(high | u64::from(cqe.dw0))
+        Ok(PropertyCommand::value_of(&cqe, size))
     }
 
     /// Property Set: writes `value` to the controller register at `offset`.
@@ -688,11 +670,7 @@ impl Queue {
         eight_bytes: bool,
         value: u64,
     ) -> Result<(), HostError> {
-        let mut sqe = fabrics(FCTYPE_PROPERTY_SET);
-        sqe.cdw10 = u32::from(eight_bytes);
-        sqe.cdw11 = offset;
-        sqe.cdw12 = value as u32;
-        sqe.cdw13 = (value >> 32) as u32;
+        let sqe = Sqe::property_set(offset, property_size(eight_bytes), value);
         let cqe = self.execute(sqe, Payload::None, 0)?;
         if !cqe.status().is_success() {
             return Err(HostError::status("Property Set", cqe.status(), true));
@@ -852,25 +830,17 @@ fn initialize(
     }
 }
 
-/// A Fabrics command of type `fctype` (byte 4 of the SQE).
-pub(crate) fn fabrics(fctype: u8) -> Sqe {
-    let mut sqe = Sqe::new(FABRICS);
-    sqe.nsid = u32::from(fctype);
-    sqe
+fn property_size(eight_bytes: bool) -> PropertySize {
+    if eight_bytes {
+        PropertySize::Eight
+    } else {
+        PropertySize::Four
+    }
 }
-
-/// Connect's CATTR bit "disable SQ flow control": the host does not need the SQ head in
-/// responses, and the target may then end a successful read with its C2HData (SUCCESS) and no
-/// response capsule.
-pub(crate) const CATTR_DISABLE_SQ_FLOW: u8 = 0x04;
 
 /// Fabrics Connect: RECFMT 0, QID, SQSIZE (0's based), CATTR 0, KATO.
 pub(crate) fn connect_command(qid: u16, entries: u16, kato_ms: u32) -> Sqe {
-    let mut sqe = fabrics(FCTYPE_CONNECT);
-    sqe.cdw10 = u32::from(qid) << 16;
-    sqe.cdw11 = u32::from(entries.saturating_sub(1));
-    sqe.cdw12 = kato_ms;
-    sqe
+    Sqe::connect(qid, entries, 0, kato_ms)
 }
 
 /// The Connect data: host ID, controller ID, NUL-padded subsystem and host NQNs.
@@ -878,17 +848,9 @@ pub(crate) fn connect_data(
     opts: &HostOptions,
     cntlid: u16,
     subnqn: &str,
-) -> Result<[u8; CONNECT_DATA], HostError> {
-    if subnqn.len() > MAX_NQN || opts.host_nqn.len() > MAX_NQN {
-        return Err(HostError::InvalidArgument("an NQN is at most 255 bytes"));
-    }
-    let mut data = [0u8; CONNECT_DATA];
-    data[..16].copy_from_slice(&opts.host_id);
-    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    data[CONNECT_SUBNQN..CONNECT_SUBNQN + subnqn.len()].copy_from_slice(subnqn.as_bytes());
-    let host = opts.host_nqn.as_bytes();
-    data[CONNECT_HOSTNQN..CONNECT_HOSTNQN + host.len()].copy_from_slice(host);
-    Ok(data)
+) -> Result<ConnectData, HostError> {
+    ConnectData::new(opts.host_id, cntlid, subnqn, &opts.host_nqn)
+        .map_err(|_| HostError::InvalidArgument("an NQN is at most 255 bytes, with no NUL"))
 }
 
 #[cfg(test)]
@@ -898,6 +860,10 @@ mod tests {
     use std::thread::JoinHandle;
 
     use crate::fabric::pdu::{Limits, CAPSULE_CMD_HEADER};
+    use usnvme_driver::spec::fabrics::{
+        FABRICS_OPCODE as FABRICS, FCTYPE_CONNECT, FCTYPE_PROPERTY_GET, FCTYPE_PROPERTY_SET,
+        SGL_IN_CAPSULE, SGL_TRANSPORT,
+    };
 
     const SUBNQN: &str = "nqn.2024-01.dev.usnvme:test";
     const TARGET_RECEIVES: &[PduType] = &[

@@ -13,10 +13,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::command::{num_queues_allocated, Cns};
-use usnvme_driver::spec::registers::ShutdownStatus;
+use usnvme_driver::spec::fabrics::{self as f, padded_text};
+use usnvme_driver::spec::registers::{reg, ShutdownStatus};
 use usnvme_driver::spec::{
-    AdminOpcode, Cap, Cc, Cqe, Csts, IdentifyController, IdentifyNamespace, LogPageId,
-    NamespaceList, SmartLog, Sqe, Status, Vs,
+    AdminOpcode, Cap, Cc, Cqe, Csts, DiscoveryLogEntry, DiscoveryLogHeader, IdentifyController,
+    IdentifyNamespace, LogPageId, NamespaceList, SmartLog, Sqe, Status, Vs,
 };
 use usnvme_driver::Namespace;
 
@@ -25,13 +26,13 @@ use uuid::Uuid;
 use super::host::{HostError, HostOptions, Queue};
 use super::pdu::Digests;
 
-pub use super::target::DISCOVERY_NQN;
+pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
 
 /// Controller register offsets (the Fabrics properties).
-const CAP: u32 = 0x00;
-const VS: u32 = 0x08;
-const CC: u32 = 0x14;
-const CSTS: u32 = 0x1c;
+const CAP: u32 = reg::CAP as u32;
+const VS: u32 = reg::VS as u32;
+const CC: u32 = reg::CC as u32;
+const CSTS: u32 = reg::CSTS as u32;
 
 /// Admin queue entries asked for in Connect.
 const ADMIN_ENTRIES: u16 = 32;
@@ -381,7 +382,7 @@ impl RemoteController {
     pub fn discovery_log(&mut self) -> Result<DiscoveryLog, RemoteError> {
         let during = "Get Log Page Discovery";
         for _ in 0..DISCOVERY_RETRIES {
-            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, DISCOVERY_RECORD as u32, 0);
+            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, DISCOVERY_RECORD as u32, 0);
             let header = self.admin_read(during, sqe, DISCOVERY_RECORD)?;
             let head = parse_discovery_log(&header)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
@@ -390,7 +391,7 @@ impl RemoteController {
                 return Ok(head);
             }
             let len = DISCOVERY_RECORD * (1 + records as usize);
-            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, len as u32, 0);
+            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, len as u32, 0);
             let full = self.admin_read(during, sqe, len)?;
             let log = parse_discovery_log(&full)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
@@ -473,9 +474,9 @@ fn connect_error(e: HostError, addr: SocketAddr, subnqn: &str, opts: &HostOption
     }
 }
 
-/// Log page identifier of the Discovery Log Page, and the size of its header and records.
-const DISCOVERY_LOG: u8 = 0x70;
-const DISCOVERY_RECORD: usize = 1024;
+/// The size of the Discovery Log Page's header and of each of its records.
+const DISCOVERY_RECORD: usize = DiscoveryLogEntry::SIZE;
+const _: () = assert!(DiscoveryLogHeader::SIZE == DISCOVERY_RECORD);
 
 /// A Discovery Log Page: its generation counter, record count, and the records read.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -508,21 +509,21 @@ pub struct DiscoveryEntry {
 impl DiscoveryEntry {
     pub fn transport_name(&self) -> &'static str {
         match self.trtype {
-            1 => "rdma",
-            2 => "fc",
-            3 => "tcp",
-            254 => "loop",
+            f::TRTYPE_RDMA => "rdma",
+            f::TRTYPE_FC => "fc",
+            f::TRTYPE_TCP => "tcp",
+            f::TRTYPE_LOOP => "loop",
             _ => "unknown",
         }
     }
 
     pub fn address_family_name(&self) -> &'static str {
         match self.adrfam {
-            1 => "ipv4",
-            2 => "ipv6",
-            3 => "ib",
-            4 => "fc",
-            254 => "loop",
+            f::ADRFAM_IPV4 => "ipv4",
+            f::ADRFAM_IPV6 => "ipv6",
+            f::ADRFAM_IB => "ib",
+            f::ADRFAM_FC => "fc",
+            f::ADRFAM_LOOP => "loop",
             _ => "unknown",
         }
     }
@@ -530,9 +531,9 @@ impl DiscoveryEntry {
     /// Subsystem type, as nvme-cli names it.
     pub fn subtype_name(&self) -> &'static str {
         match self.subtype {
-            1 => "discovery subsystem referral",
-            2 => "nvme subsystem",
-            3 => "current discovery subsystem",
+            f::SUBTYPE_REFERRAL => "discovery subsystem referral",
+            f::SUBTYPE_NVME => "nvme subsystem",
+            f::SUBTYPE_CURRENT_DISCOVERY => "current discovery subsystem",
             _ => "unknown",
         }
     }
@@ -540,13 +541,13 @@ impl DiscoveryEntry {
     /// Transport requirements, in nvme-cli's words: the secure channel requirement (bits
     /// 1:0), then whether SQ flow control may be disabled (bit 2).
     pub fn treq_text(&self) -> String {
-        let secure = match self.treq & 3 {
+        let secure = match self.treq & f::TREQ_SECURE_MASK {
             0 => "not specified",
-            1 => "required",
-            2 => "not required",
+            f::TREQ_SECURE_REQUIRED => "required",
+            f::TREQ_SECURE_NOT_REQUIRED => "not required",
             _ => "reserved",
         };
-        if self.treq & 4 != 0 {
+        if self.treq & f::TREQ_SQ_FLOW_CONTROL_DISABLE != 0 {
             format!("{secure}, sq flow control disable supported")
         } else {
             secure.to_owned()
@@ -556,9 +557,15 @@ impl DiscoveryEntry {
     /// Entry flags, in nvme-cli's words.
     pub fn eflags_text(&self) -> String {
         let names: Vec<&str> = [
-            (2, "explicit discovery connections"),
-            (1, "duplicate discovery information"),
-            (4, "no cdc connectivity"),
+            (
+                f::EFLAGS_EXPLICIT_PERSISTENT_CONNECTION,
+                "explicit discovery connections",
+            ),
+            (
+                f::EFLAGS_DUPLICATE_RETURN_INFO,
+                "duplicate discovery information",
+            ),
+            (f::EFLAGS_NO_CDC_CONNECTIVITY, "no cdc connectivity"),
         ]
         .iter()
         .filter(|(bit, _)| self.eflags & bit != 0)
@@ -574,9 +581,9 @@ impl DiscoveryEntry {
     /// The TCP security type, in nvme-cli's words.
     pub fn sectype_name(&self) -> &'static str {
         match self.sectype {
-            0 => "none",
-            1 => "tls",
-            2 => "tls13",
+            f::SECTYPE_NONE => "none",
+            f::SECTYPE_TLS12 => "tls",
+            f::SECTYPE_TLS13 => "tls13",
             _ => "unknown",
         }
     }
@@ -585,47 +592,36 @@ impl DiscoveryEntry {
 /// The header of a discovery log and the complete records that follow it in `bytes` (at most
 /// NUMREC of them).
 pub fn parse_discovery_log(bytes: &[u8]) -> Result<DiscoveryLog, &'static str> {
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-    };
-    let (Some(genctr), Some(numrec)) = (u64_at(0), u64_at(8)) else {
-        return Err("the discovery log is shorter than its header");
-    };
-    let u16_at = |e: &[u8], at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let header = bytes
+        .get(..DISCOVERY_RECORD)
+        .and_then(DiscoveryLogHeader::from_slice)
+        .ok_or("the discovery log is shorter than its header")?;
     let entries = bytes
         .get(DISCOVERY_RECORD..)
         .unwrap_or_default()
         .chunks_exact(DISCOVERY_RECORD)
-        .take(usize::try_from(numrec).unwrap_or(usize::MAX))
+        .take(usize::try_from(header.numrec).unwrap_or(usize::MAX))
+        .filter_map(DiscoveryLogEntry::from_slice)
         .map(|e| DiscoveryEntry {
-            trtype: e[0],
-            adrfam: e[1],
-            subtype: e[2],
-            treq: e[3],
-            port_id: u16_at(e, 4),
-            cntlid: u16_at(e, 6),
-            asqsz: u16_at(e, 8),
-            eflags: u16_at(e, 10),
-            trsvcid: text(&e[32..64]),
-            subnqn: text(&e[256..512]),
-            traddr: text(&e[512..768]),
-            sectype: e[768],
+            trtype: e.trtype,
+            adrfam: e.adrfam,
+            subtype: e.subtype,
+            treq: e.treq,
+            port_id: e.portid,
+            cntlid: e.cntlid,
+            asqsz: e.asqsz,
+            eflags: e.eflags,
+            trsvcid: padded_text(&e.trsvcid),
+            subnqn: padded_text(&e.subnqn),
+            traddr: padded_text(&e.traddr),
+            sectype: e.sectype(),
         })
         .collect();
     Ok(DiscoveryLog {
-        genctr,
-        numrec,
+        genctr: header.genctr,
+        numrec: header.numrec,
         entries,
     })
-}
-
-/// A padded field: ASCII or UTF-8 up to the first NUL, without trailing blanks.
-fn text(field: &[u8]) -> String {
-    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
-    String::from_utf8_lossy(&field[..end]).trim_end().to_owned()
 }
 
 /// Where the host NQN and host ID come from when none is given: nvme-cli's files, else one

@@ -113,7 +113,7 @@ fn command(wire: &mut Wire<'_>, link: Negotiated, kind: u8, cid: u16) -> Result<
     let mut read = vec![0u8; 4096];
     let write = vec![0x5au8; if kind == 2 { 512 } else { 16384 }];
     let (sqe, payload, in_capsule) = match kind {
-        0 => (fabrics(FCTYPE_PROPERTY_GET), Payload::None, 0),
+        0 => (Sqe::property_get(0, PropertySize::Eight), Payload::None, 0),
         1 => (Sqe::new(0x02), Payload::FromController(&mut read), 0),
         2 => (Sqe::write(1, 0, 1), Payload::ToController(&write), 8192),
         _ => (Sqe::write(1, 0, 32), Payload::ToController(&write), 0),

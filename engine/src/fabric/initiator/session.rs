@@ -22,7 +22,8 @@
 use std::collections::VecDeque;
 use std::io;
 
-use usnvme_driver::spec::{Cqe, SglDescriptor, Sqe, Status};
+use usnvme_driver::spec::fabrics::{CATTR_DISABLE_SQ_FLOW, CONNECT_DATA};
+use usnvme_driver::spec::{ConnectData, Cqe, SglDescriptor, Sqe, Status};
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
@@ -218,7 +219,7 @@ pub struct Session {
     next_timeout_check: u64,
     ended: Option<Failure>,
     /// The Connect data, until it is sent (after ICResp).
-    connect: Option<Box<[u8; host::CONNECT_DATA]>>,
+    connect: Option<Box<ConnectData>>,
 }
 
 fn field(offset: u32, name: &'static str) -> FatalError {
@@ -440,17 +441,13 @@ impl Session {
         let digests = self.link.digests;
         match op {
             Op::Write if in_capsule => {
-                let mut sgl = SglDescriptor::data_block(0, len);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
+                sqe.set_sgl(SglDescriptor::in_capsule(len));
                 let header = OutHeader::capsule_cmd(&sqe, len as usize, digests);
                 self.push_bytes(header.as_slice());
                 self.push_data(index, 0, len, mem);
             }
             Op::Deallocate => {
-                let mut sgl = SglDescriptor::data_block(0, DSM_RANGE as u32);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
+                sqe.set_sgl(SglDescriptor::in_capsule(DSM_RANGE as u32));
                 let mut range = [0u8; DSM_RANGE];
                 range[4..8].copy_from_slice(&blocks.to_le_bytes());
                 range[8..16].copy_from_slice(&slba.to_le_bytes());
@@ -463,9 +460,7 @@ impl Session {
             }
             _ => {
                 // reads, R2T writes: the data moves in data PDUs; others carry none
-                let mut sgl = SglDescriptor::data_block(0, len);
-                sgl.identifier = host::SGL_TRANSPORT;
-                sqe.set_sgl(sgl);
+                sqe.set_sgl(SglDescriptor::transport(len));
                 let header = OutHeader::capsule_cmd(&sqe, 0, digests);
                 self.push_bytes(header.as_slice());
             }
@@ -859,20 +854,23 @@ impl Session {
                     .connect
                     .take()
                     .ok_or(FatalError::Sequence("a second ICResp"))?;
-                let mut sqe = host::connect_command(self.params.qid, self.params.entries, 0);
                 // a slot frees only on its command's completion: the SQ head is not needed,
                 // and a read may then end with its data, one PDU less
-                sqe.cdw11 |= u32::from(host::CATTR_DISABLE_SQ_FLOW) << 16;
+                let mut sqe = Sqe::connect(
+                    self.params.qid,
+                    self.params.entries,
+                    CATTR_DISABLE_SQ_FLOW,
+                    0,
+                );
                 sqe.set_cid(CONNECT_CID);
-                let mut sgl = SglDescriptor::data_block(0, host::CONNECT_DATA as u32);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
+                sqe.set_sgl(SglDescriptor::in_capsule(CONNECT_DATA as u32));
                 let digests = self.link.digests;
-                let header = OutHeader::capsule_cmd(&sqe, data.len(), digests);
+                let bytes = data.as_bytes();
+                let header = OutHeader::capsule_cmd(&sqe, bytes.len(), digests);
                 self.push_bytes(header.as_slice());
-                self.push_bytes(&data[..]);
+                self.push_bytes(bytes);
                 if digests.data {
-                    self.push_bytes(&pdu::crc32c(&data[..]).to_le_bytes());
+                    self.push_bytes(&pdu::crc32c(bytes).to_le_bytes());
                 }
                 self.phase = Phase::AwaitConnect;
                 Ok(())
@@ -988,7 +986,7 @@ impl Session {
             pdu::CAPSULE_CMD_HEADER + 2 * DIGEST + chunks * (SHORT_HEADER + 2 * DIGEST);
         let bytes = entries * per_command
             + pdu::CAPSULE_CMD_HEADER
-            + host::CONNECT_DATA
+            + CONNECT_DATA
             + 2 * DIGEST
             + SHORT_HEADER
             + pdu::TERM_REQ_MAX_DATA;
@@ -1148,6 +1146,8 @@ mod tests {
     use crate::fabric::target::connection::{Connection, ConnectionLimits};
     use crate::fabric::target::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::target::registry::Registry;
+    use usnvme_driver::spec::fabrics::CNTLID_DYNAMIC;
+    use usnvme_driver::spec::PropertySize;
 
     const BASE: u64 = 0x10_0000;
     const BOTH: pdu::Digests = pdu::Digests {
@@ -1193,14 +1193,14 @@ mod tests {
             maxr2t: 0,
         };
         a.receive(&ic.encode(), &mut backend);
-        let mut sqe = host::connect_command(0, 32, 0);
-        let mut sgl = SglDescriptor::data_block(0, host::CONNECT_DATA as u32);
-        sgl.identifier = host::SGL_IN_CAPSULE;
-        sqe.set_sgl(sgl);
-        let data = host::connect_data(&HostOptions::default(), 0xffff, &sub.nqn).expect("data");
-        a.receive(&capsule(&sqe, &data, pdu::Digests::default()), &mut backend);
-        let mut cc = host::fabrics(host::FCTYPE_PROPERTY_SET);
-        (cc.cdw11, cc.cdw12) = (0x14, 0x46_0001);
+        let mut sqe = Sqe::connect(0, 32, 0, 0);
+        sqe.set_sgl(SglDescriptor::in_capsule(CONNECT_DATA as u32));
+        let host = HostOptions::default();
+        let data =
+            ConnectData::new(host.host_id, CNTLID_DYNAMIC, &sub.nqn, &host.host_nqn).expect("data");
+        let data = data.as_bytes();
+        a.receive(&capsule(&sqe, data, pdu::Digests::default()), &mut backend);
+        let mut cc = Sqe::property_set(0x14, PropertySize::Four, 0x46_0001);
         cc.set_cid(1);
         a.receive(&capsule(&cc, &[], pdu::Digests::default()), &mut backend);
         let mut out = Vec::new();
