@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_engine::block::{DmaTarget, QueueIds, TcpNamespaceDevice, TcpNamespaceSpec};
-use usnvme_engine::fabric::host::{HostOptions, Queue};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
+use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
 use usnvme_engine::fabric::initiator::{Failure, QueueParams};
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::target::connection::{Connection, ConnectionLimits, Receive};
@@ -188,7 +188,8 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
         timeout: Duration::from_secs(5),
         ..HostOptions::default()
     };
-    let (mut admin, cntlid) = Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+    let (mut admin, cntlid) =
+        CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
     admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
     let ns = &sub.namespaces[0];
     let device = TcpNamespaceDevice::new(
@@ -350,7 +351,7 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
             ..HostOptions::default()
         };
         let (mut admin, cntlid) =
-            Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+            CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
         admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
         let mem =
             Arc::new(IovaMemory::from_ranges(&[(GuestAddress(BASE), 4 << 20)]).expect("memory"));

@@ -1,5 +1,5 @@
-//! A remote NVMe/TCP controller, blocking, on top of [`host::Queue`]: the admin queue
-//! connected, CAP and VS read, the controller enabled (CC.EN, then CSTS.RDY within CAP.TO),
+//! A remote NVMe/TCP controller, blocking-looking, on top of a [`CommandQueue`] (the polled
+//! queue, one command at a time, each within the command timeout): the admin queue connected, CAP and VS read, the controller enabled (CC.EN, then CSTS.RDY within CAP.TO),
 //! Identify Controller, the active namespaces, SMART / Health, the Discovery Log Page, and a
 //! clean shutdown (CC.SHN, then CSTS.SHST complete) when done. `usnvme discover`, `identify`
 //! and `health` use it on remote targets.
@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::command::{num_queues_allocated, Cns};
-use usnvme_driver::spec::fabrics::{self as f, padded_text};
+use usnvme_driver::spec::fabrics::{self as f, padded_text, CNTLID_DYNAMIC};
 use usnvme_driver::spec::registers::{reg, ShutdownStatus};
 use usnvme_driver::spec::{
     AdminOpcode, Cap, Cc, Cqe, Csts, DiscoveryLogEntry, DiscoveryLogHeader, IdentifyController,
@@ -23,7 +23,7 @@ use usnvme_driver::Namespace;
 
 use uuid::Uuid;
 
-use super::host::{HostError, HostOptions, Queue};
+use super::initiator::{CommandQueue, HostError, HostOptions};
 use super::pdu::Digests;
 
 pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
@@ -69,6 +69,10 @@ pub enum RemoteError {
     /// The connection ended (reset, or closed by the target) in the middle of a command.
     #[error("the target closed the connection during {during}")]
     Closed { during: &'static str },
+    /// The target did not answer a command within the command timeout (the admin queue was
+    /// closed: the command may still be carried out).
+    #[error("the target did not answer {during} within {ms} ms")]
+    TimedOut { during: &'static str, ms: u128 },
     #[error("the controller did not become ready within {ms} ms (CAP.TO)")]
     NotReady { ms: u64 },
     #[error("the controller did not report its shutdown complete (CSTS.SHST) within {ms} ms")]
@@ -92,10 +96,14 @@ pub enum RemoteError {
 
 impl RemoteError {
     /// A host-side error during `during`, by kind.
-    fn host(during: &'static str, source: HostError) -> RemoteError {
+    fn host(during: &'static str, source: HostError, timeout: Duration) -> RemoteError {
         match source {
             HostError::Digest { header } => RemoteError::DigestMismatch { header, during },
             HostError::Closed => RemoteError::Closed { during },
+            HostError::Timeout => RemoteError::TimedOut {
+                during,
+                ms: timeout.as_millis(),
+            },
             HostError::Io(e) if is_connection_lost(&e) => RemoteError::Closed { during },
             source => RemoteError::Host { during, source },
         }
@@ -123,7 +131,7 @@ fn digest_names(d: Digests) -> String {
 /// A controller of a remote subsystem, enabled, with its admin queue connected.
 #[derive(Debug)]
 pub struct RemoteController {
-    admin: Queue,
+    admin: CommandQueue,
     addr: SocketAddr,
     subnqn: String,
     cntlid: u16,
@@ -131,7 +139,10 @@ pub struct RemoteController {
     vs: Vs,
     cc: Cc,
     digests: Digests,
+    /// How long the shutdown may take.
     timeout: Duration,
+    /// How long one admin command may take.
+    command_timeout: Duration,
     shut_down: bool,
 }
 
@@ -142,14 +153,16 @@ impl RemoteController {
         subnqn: &str,
         opts: &HostOptions,
     ) -> Result<RemoteController, RemoteError> {
-        let (mut admin, cntlid) = Queue::connect(addr, subnqn, 0, ADMIN_ENTRIES, 0xffff, opts)
-            .map_err(|e| connect_error(e, addr, subnqn, opts))?;
+        let (mut admin, cntlid) =
+            CommandQueue::connect(addr, subnqn, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC, opts)
+                .map_err(|e| connect_error(e, addr, subnqn, opts))?;
+        let lost = |during| move |e| RemoteError::host(during, e, opts.timeout);
         let cap = Cap(admin
             .property_get(CAP, true)
-            .map_err(|e| RemoteError::host("Property Get CAP", e))?);
+            .map_err(lost("Property Get CAP"))?);
         let vs = Vs(admin
             .property_get(VS, false)
-            .map_err(|e| RemoteError::host("Property Get VS", e))? as u32);
+            .map_err(lost("Property Get VS"))? as u32);
         let mut ctrl = RemoteController {
             admin,
             addr,
@@ -160,6 +173,7 @@ impl RemoteController {
             cc: Cc::new(),
             digests: opts.digests,
             timeout: opts.timeout,
+            command_timeout: opts.timeout,
             // nothing to shut down until enabled
             shut_down: true,
         };
@@ -176,7 +190,7 @@ impl RemoteController {
             .with_en(true);
         self.admin
             .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| RemoteError::host("Property Set CC.EN", e))?;
+            .map_err(|e| self.lost("Property Set CC.EN", e))?;
         self.cc = cc;
         self.shut_down = false;
         // CAP.TO is in 500 ms units; 0 would give no time at all
@@ -198,10 +212,15 @@ impl RemoteController {
     }
 
     fn csts(&mut self, during: &'static str) -> Result<Csts, RemoteError> {
-        self.admin
-            .property_get(CSTS, false)
-            .map(|v| Csts(v as u32))
-            .map_err(|e| RemoteError::host(during, e))
+        match self.admin.property_get(CSTS, false) {
+            Ok(v) => Ok(Csts(v as u32)),
+            Err(e) => Err(self.lost(during, e)),
+        }
+    }
+
+    /// A host-side error of an admin command during `during`, by kind.
+    fn lost(&self, during: &'static str, e: HostError) -> RemoteError {
+        RemoteError::host(during, e, self.command_timeout)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -250,10 +269,10 @@ impl RemoteController {
         sqe: Sqe,
         len: usize,
     ) -> Result<(Cqe, Vec<u8>), RemoteError> {
-        let (cqe, data) = self
-            .admin
-            .admin(sqe, len)
-            .map_err(|e| RemoteError::host(during, e))?;
+        let (cqe, data) = match self.admin.admin(sqe, len) {
+            Ok(done) => done,
+            Err(e) => return Err(self.lost(during, e)),
+        };
         let status = cqe.status();
         if !status.is_success() {
             return Err(RemoteError::Host {
@@ -284,7 +303,10 @@ impl RemoteController {
     /// The longest one admin command may take from now on (a Keep Alive answered later
     /// than KATO is lost).
     pub fn set_command_timeout(&mut self, timeout: Duration) {
-        self.admin.set_timeout(timeout);
+        if !timeout.is_zero() {
+            self.admin.set_timeout(timeout);
+            self.command_timeout = timeout;
+        }
     }
 
     /// Keep Alive: tells the controller the host is still there (within KATO).
@@ -419,7 +441,7 @@ impl RemoteController {
         let cc = self.cc.with_shn(Cc::SHN_NORMAL);
         self.admin
             .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| RemoteError::host("Property Set CC.SHN", e))?;
+            .map_err(|e| self.lost("Property Set CC.SHN", e))?;
         let deadline = Instant::now() + self.timeout;
         loop {
             let csts = self.csts("waiting for CSTS.SHST")?;
@@ -470,7 +492,7 @@ fn connect_error(e: HostError, addr: SocketAddr, subnqn: &str, opts: &HostOption
                 asked: digest_names(opts.digests),
             }
         }
-        e => RemoteError::host("Connect", e),
+        e => RemoteError::host("Connect", e, opts.timeout),
     }
 }
 
@@ -691,6 +713,57 @@ const HOST_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a3e_5b8d_5c27_9e41_0d2b_7a6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use crate::fabric::pdu::{self, IcResp, OutHeader};
+
+    #[test]
+    fn an_admin_command_a_silent_target_does_not_answer_fails_as_timed_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let target = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut ic = [0u8; pdu::IC_HEADER];
+            s.read_exact(&mut ic).expect("ICReq");
+            let resp = IcResp {
+                pfv: 0,
+                cpda: 0,
+                digests: Digests::default(),
+                maxh2cdata: 8192,
+            };
+            s.write_all(&resp.encode()).expect("ICResp");
+            let mut connect = vec![0u8; pdu::CAPSULE_CMD_HEADER + 1024];
+            s.read_exact(&mut connect).expect("Connect");
+            let cqe = Cqe::new(1, 0, 0, 0, Status::SUCCESS, false);
+            let h = OutHeader::capsule_resp(&cqe, Digests::default());
+            s.write_all(h.as_slice()).expect("the response");
+            // Property Get CAP comes, and no answer; until the host gives up and closes
+            let mut get = [0u8; pdu::CAPSULE_CMD_HEADER];
+            s.read_exact(&mut get).expect("Property Get");
+            assert_eq!(s.read(&mut [0u8; 1]).expect("EOF"), 0);
+        });
+        let opts = HostOptions {
+            timeout: Duration::from_millis(300),
+            ..HostOptions::default()
+        };
+        let err = RemoteController::connect(addr, "nqn.x:silent", &opts).expect_err("silence");
+        assert!(
+            matches!(
+                err,
+                RemoteError::TimedOut {
+                    during: "Property Get CAP",
+                    ms: 300
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the target did not answer Property Get CAP within 300 ms"
+        );
+        target.join().expect("the fake target");
+    }
 
     #[test]
     fn host_identity_from_nvme_cli_files_or_the_machine_id() {
