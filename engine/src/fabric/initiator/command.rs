@@ -825,4 +825,52 @@ mod tests {
         q.disconnect();
         target.join().expect("the fake target");
     }
+
+    #[test]
+    fn a_command_after_an_idle_is_stamped_at_its_submission_not_at_the_last_poll() {
+        let (addr, target) = target(|mut f| {
+            f.handshake(None);
+            f.connect(5000);
+            for value in [1, 2] {
+                let (sqe, _) = f.command();
+                f.respond(&sqe, value, 0, Status::SUCCESS);
+            }
+        });
+        let params = QueueParams {
+            subnqn: SUBNQN.into(),
+            qid: 0,
+            cntlid: 0xffff,
+            entries: 32,
+            nsid: 0,
+            block_size: 512,
+            in_capsule: ADMIN_IN_CAPSULE,
+            max_transfer: 4096,
+            timeout_ns: 5_000_000_000,
+        };
+        let mem = IovaMemory::from_ranges(&[(GuestAddress(BUFFER_IOVA), 4096)]).expect("memory");
+        let opts = options(Digests::default());
+        let mut q =
+            IoQueue::connect(addr, params, &opts, Buffers::Memory(Arc::new(mem))).expect("connect");
+        let mut stamps = Vec::new();
+        for token in [1, 2] {
+            if token == 2 {
+                // the idle under test (nothing is awaited): no poll for a while
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let sqe = Sqe::property_get(8, PropertySize::Four);
+            q.submit_command(sqe, Data::None, token).expect("room");
+            let mut done = None;
+            while done.is_none() {
+                q.wait(Duration::from_secs(1)).expect("wait");
+                q.poll(|c| done = Some(c));
+            }
+            let c = done.expect("a completion");
+            assert_eq!((c.token, c.result, c.dw0), (token, Ok(()), token as u32));
+            stamps.push(c.submitted_ns);
+        }
+        // a stale stamp (the last poll's) would make a command look late at once
+        assert!(stamps[1] - stamps[0] >= 100_000_000, "{stamps:?}");
+        drop(q);
+        target.join().expect("the fake target");
+    }
 }

@@ -117,6 +117,10 @@ impl IoQueue {
 
     /// Queues any command with `data` in the queue's buffers (see [`Session::submit_command`]).
     pub fn submit_command(&mut self, sqe: Sqe, data: Data, token: u64) -> Result<(), SubmitError> {
+        if !self.owner_clock {
+            // stamped now, not at the last poll (a queue may idle long between commands)
+            self.session.set_now(self.epoch.elapsed().as_nanos() as u64);
+        }
         self.session.submit_command(sqe, data, token, &self.memory)
     }
 

@@ -780,7 +780,7 @@ impl Session {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Receive::Drained,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    log::warn!("NVMe/TCP queue {}: {e}", self.params.qid);
+                    log::log!(self.log_level(), "NVMe/TCP queue {}: {e}", self.params.qid);
                     self.end(Failure::Closed);
                 }
             }
@@ -1034,7 +1034,8 @@ impl Session {
             }
             PduType::C2HTermReq => {
                 let (fes, fei) = pdu::parse_term_req(&self.rx[b..b + plen]).unwrap_or((0, 0));
-                log::warn!(
+                log::log!(
+                    self.log_level(),
                     "NVMe/TCP queue {}: the target ended the connection (FES {fes}, FEI {fei})",
                     self.params.qid
                 );
@@ -1260,7 +1261,8 @@ impl Session {
             }
         }
         if late {
-            log::warn!(
+            log::log!(
+                self.log_level(),
                 "NVMe/TCP queue {}: a command timed out: closing the queue",
                 self.params.qid
             );
@@ -1279,6 +1281,16 @@ impl Session {
         self.end(Failure::Closed);
     }
 
+    /// How loud the queue's own failures are: an I/O queue's go to many I/Os and are logged;
+    /// an admin queue's client reports each to its caller, so they are only debug output.
+    fn log_level(&self) -> log::Level {
+        if self.params.qid == 0 {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        }
+    }
+
     fn end(&mut self, reason: Failure) {
         if self.ended.is_none() {
             self.ended = Some(reason);
@@ -1288,7 +1300,8 @@ impl Session {
 
     /// A malformed PDU: an H2CTermReq naming the field (after what is queued), then the end.
     fn protocol_error(&mut self, error: FatalError) {
-        log::warn!(
+        log::log!(
+            self.log_level(),
             "NVMe/TCP queue {}: the target broke the protocol: {error} (FES {}, FEI {})",
             self.params.qid,
             error.fes(),
