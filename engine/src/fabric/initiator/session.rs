@@ -28,7 +28,9 @@ use std::collections::VecDeque;
 use std::io;
 
 use usnvme_driver::spec::fabrics::{CATTR_DISABLE_SQ_FLOW, CONNECT_DATA};
-use usnvme_driver::spec::{ConnectData, ConnectResponse, Cqe, SglDescriptor, Sqe, Status};
+use usnvme_driver::spec::{
+    ConnectData, ConnectResponse, Cqe, DsmRange, SglDescriptor, Sqe, Status,
+};
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
@@ -53,7 +55,7 @@ const RX_BATCH: usize = 4096;
 /// Most bytes one [`Session::receive_from`] takes before it lets the caller do other work.
 const READ_BUDGET: usize = 1 << 20;
 /// Bytes one Dataset Management range takes (attributes, block count, starting LBA).
-const DSM_RANGE: usize = 16;
+const DSM_RANGE: usize = DsmRange::SIZE;
 
 /// In-capsule data an admin queue takes (fixed by the NVMe/TCP transport, 8 KiB). I/O queues
 /// take IOCCSZ * 16 - 64 bytes, which the caller learns from Identify Controller.
@@ -521,10 +523,8 @@ impl Session {
             ..Slot::default()
         };
         if op == Op::Deallocate {
-            let mut range = [0u8; DSM_RANGE];
-            range[4..8].copy_from_slice(&blocks.to_le_bytes());
-            range[8..16].copy_from_slice(&slba.to_le_bytes());
-            return self.start(sqe, command, Some(&range), mem);
+            let range = DsmRange::new(slba, blocks);
+            return self.start(sqe, command, Some(range.as_bytes()), mem);
         }
         self.start(sqe, command, None, mem)
     }
