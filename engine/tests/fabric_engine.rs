@@ -16,8 +16,8 @@ use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::export::server::{Counters, Incoming, ServeJob, Shared, SmartService};
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
-use usnvme_engine::fabric::host::{HostOptions, Queue};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
+use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
 use usnvme_engine::fabric::initiator::{Failure, QueueParams};
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
@@ -200,7 +200,8 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
         timeout: Duration::from_secs(5),
         ..HostOptions::default()
     };
-    let (mut admin, cntlid) = Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+    let (mut admin, cntlid) =
+        CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
     admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
     let ns = &sub.namespaces[0];
     let queues = RemoteQueues {
@@ -364,7 +365,7 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
             ..HostOptions::default()
         };
         let (mut admin, cntlid) =
-            Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+            CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
         admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
         let mem =
             Arc::new(IovaMemory::from_ranges(&[(GuestAddress(BASE), 4 << 20)]).expect("memory"));

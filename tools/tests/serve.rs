@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::{IdentifyController, IdentifyNamespace, Sqe, Status};
 use usnvme_engine::fabric::export::DISCOVERY_NQN;
-use usnvme_engine::fabric::host::{HostError, HostOptions, Queue};
+use usnvme_engine::fabric::initiator::{CommandQueue, HostError, HostOptions};
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_tests::signal;
 
@@ -18,7 +18,7 @@ use usnvme_tests::signal;
 mod target;
 use target::{Serve, HOST, NQN};
 
-fn identify(q: &mut Queue, cns: u32, nsid: u32) -> Vec<u8> {
+fn identify(q: &mut CommandQueue, cns: u32, nsid: u32) -> Vec<u8> {
     let mut sqe = Sqe::new(0x06);
     sqe.nsid = nsid;
     sqe.cdw10 = cns;
@@ -78,7 +78,8 @@ fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_diges
         let in_capsule = (id.ioccsz as usize * 16).saturating_sub(64);
         let ns = IdentifyNamespace::from_slice(&identify(&mut admin, 0, 2)).expect("4096 bytes");
         assert_eq!(ns.nsze, 16 << 20 >> 9, "16 MiB of 512-byte blocks");
-        let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+        let (mut io, _) =
+            CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
         io.set_in_capsule_limit(in_capsule);
         for (nsid, slba, len) in [
             (1u32, 8u64, 4096usize),
@@ -118,12 +119,12 @@ fn a_host_not_allowed_is_refused_by_name_and_sigterm_stops_the_target() {
         host_nqn: "nqn.2024-01.io.usnvme:stranger".into(),
         ..HostOptions::default()
     };
-    match Queue::connect(serve.addr, NQN, 0, 32, 0xffff, &stranger) {
+    match CommandQueue::connect(serve.addr, NQN, 0, 32, 0xffff, &stranger) {
         Err(HostError::Status { status, .. }) => assert_eq!(status, Status::CONNECT_INVALID_HOST),
         other => panic!("{:?}", other.map(|(_, c)| c)),
     }
     // an unknown subsystem
-    match Queue::connect(
+    match CommandQueue::connect(
         serve.addr,
         "nqn.2024-01.io.usnvme:nothing",
         0,
@@ -193,7 +194,8 @@ fn a_hundred_connect_io_disconnect_cycles_leave_no_connection_controller_or_buff
     let opts = options(Digests::default());
     let cycle = |cycle: u64| {
         let (admin, cntlid) = serve.admin(NQN, &opts);
-        let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+        let (mut io, _) =
+            CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
         io.set_in_capsule_limit(8192);
         // Other data every cycle, on the same blocks: the RAM drives' pages, touched once,
         // are not what is measured.
@@ -252,7 +254,8 @@ fn io_on_the_same_reactor_keeps_completing_while_a_smart_read_waits_on_the_drive
     let opts = options(Digests::default());
     let (mut admin, cntlid) = serve.admin(NQN, &opts);
     // (one reactor, -c 0, serves both queues)
-    let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+    let (mut io, _) =
+        CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
     io.set_in_capsule_limit(8192);
     let smart = std::thread::spawn(move || {
         let mut sqe = Sqe::new(0x02);
@@ -281,7 +284,7 @@ fn io_on_the_same_reactor_keeps_completing_while_a_smart_read_waits_on_the_drive
 }
 
 /// CSTS.SHST of the controller behind `admin`.
-fn shutdown_status(admin: &mut Queue) -> u64 {
+fn shutdown_status(admin: &mut CommandQueue) -> u64 {
     admin.property_get(0x1c, false).expect("CSTS") >> 2 & 3
 }
 
@@ -308,7 +311,8 @@ fn a_shutdown_reports_complete_only_once_the_drives_are_flushed() {
     // Drives that flush at once: SHST becomes complete (the flushes completed on the reactor).
     let serve = Serve::start(&["--allow-any-host"]);
     let (mut admin, cntlid) = serve.admin(NQN, &opts);
-    let (mut io, _) = Queue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+    let (mut io, _) =
+        CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
     io.write(1, 0, 8, &[0x5a; 4096]).expect("write");
     admin
         .property_set(0x14, false, enabled | CC_SHN_NORMAL)

@@ -90,6 +90,9 @@ struct Tracker {
     abort_sent: bool,
 }
 
+// Two trackers per cache line: the namespace fits in the padding.
+const _: () = assert!(std::mem::size_of::<Tracker>() == 32);
+
 /// Where the doorbells of this queue are: the MMIO registers, and the shadow doorbell /
 /// EventIdx entries when Doorbell Buffer Config is on. Found once, when the queue is created.
 #[derive(Debug)]
@@ -841,6 +844,3 @@ mod tests {
         assert_eq!(Layout::new(64, 100_000).prp_slot, 4096);
     }
 }
-
-// Two trackers per cache line: the namespace fits in the padding.
-const _: () = assert!(std::mem::size_of::<Tracker>() == 32);

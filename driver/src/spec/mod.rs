@@ -126,6 +126,7 @@ macro_rules! spec_flags {
 
 pub mod command;
 pub mod completion;
+pub mod fabrics;
 pub mod identify;
 pub mod log;
 pub mod registers;
@@ -133,6 +134,10 @@ pub mod status;
 
 pub use command::{AdminOpcode, DsmRange, IoOpcode, SglDescriptor, Sqe};
 pub use completion::Cqe;
+pub use fabrics::{
+    ConnectCommand, ConnectData, ConnectResponse, DiscoveryLogEntry, DiscoveryLogHeader,
+    FabricsType, PropertyCommand, PropertySize,
+};
 pub use identify::{IdentifyController, IdentifyNamespace, LbaFormat, NamespaceList};
 pub use log::{ErrorLogEntry, FirmwareSlotLog, LogPageId, SmartLog};
 pub use registers::{Aqa, Cap, Cc, Csts, Vs};

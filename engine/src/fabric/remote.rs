@@ -1,5 +1,5 @@
-//! A remote NVMe/TCP controller, blocking, on top of [`host::Queue`]: the admin queue
-//! connected, CAP and VS read, the controller enabled (CC.EN, then CSTS.RDY within CAP.TO),
+//! A remote NVMe/TCP controller, blocking-looking, on top of a [`CommandQueue`] (the polled
+//! queue, one command at a time, each within the command timeout): the admin queue connected, CAP and VS read, the controller enabled (CC.EN, then CSTS.RDY within CAP.TO),
 //! Identify Controller, the active namespaces, SMART / Health, the Discovery Log Page, and a
 //! clean shutdown (CC.SHN, then CSTS.SHST complete) when done. `usnvme discover`, `identify`
 //! and `health` use it on remote targets.
@@ -14,24 +14,26 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::namespaces::{self, IdentifyFailure};
 use usnvme_driver::spec::command::{num_queues_allocated, Cns};
-use usnvme_driver::spec::registers::ShutdownStatus;
+use usnvme_driver::spec::fabrics::{self as f, padded_text, CNTLID_DYNAMIC};
+use usnvme_driver::spec::registers::{reg, ShutdownStatus};
 use usnvme_driver::spec::{
-    AdminOpcode, Cap, Cc, Cqe, Csts, IdentifyController, LogPageId, SmartLog, Sqe, Status, Vs,
+    AdminOpcode, Cap, Cc, Cqe, Csts, DiscoveryLogEntry, DiscoveryLogHeader, IdentifyController,
+    LogPageId, SmartLog, Sqe, Status, Vs,
 };
 use usnvme_driver::Namespace;
 
 use uuid::Uuid;
 
-use super::host::{HostError, HostOptions, Queue};
+use super::initiator::{CommandQueue, HostError, HostOptions};
 use super::pdu::Digests;
 
-pub use super::export::DISCOVERY_NQN;
+pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
 
 /// Controller register offsets (the Fabrics properties).
-const CAP: u32 = 0x00;
-const VS: u32 = 0x08;
-const CC: u32 = 0x14;
-const CSTS: u32 = 0x1c;
+const CAP: u32 = reg::CAP as u32;
+const VS: u32 = reg::VS as u32;
+const CC: u32 = reg::CC as u32;
+const CSTS: u32 = reg::CSTS as u32;
 
 /// Admin queue entries asked for in Connect.
 const ADMIN_ENTRIES: u16 = 32;
@@ -66,6 +68,10 @@ pub enum RemoteError {
     /// The connection ended (reset, or closed by the target) in the middle of a command.
     #[error("the target closed the connection during {during}")]
     Closed { during: &'static str },
+    /// The target did not answer a command within the command timeout (the admin queue was
+    /// closed: the command may still be carried out).
+    #[error("the target did not answer {during} within {ms} ms")]
+    TimedOut { during: &'static str, ms: u128 },
     #[error("the controller did not become ready within {ms} ms (CAP.TO)")]
     NotReady { ms: u64 },
     #[error("the controller did not report its shutdown complete (CSTS.SHST) within {ms} ms")]
@@ -89,10 +95,14 @@ pub enum RemoteError {
 
 impl RemoteError {
     /// A host-side error during `during`, by kind.
-    fn host(during: &'static str, source: HostError) -> RemoteError {
+    fn host(during: &'static str, source: HostError, timeout: Duration) -> RemoteError {
         match source {
             HostError::Digest { header } => RemoteError::DigestMismatch { header, during },
             HostError::Closed => RemoteError::Closed { during },
+            HostError::Timeout => RemoteError::TimedOut {
+                during,
+                ms: timeout.as_millis(),
+            },
             HostError::Io(e) if is_connection_lost(&e) => RemoteError::Closed { during },
             source => RemoteError::Host { during, source },
         }
@@ -120,7 +130,7 @@ fn digest_names(d: Digests) -> String {
 /// A controller of a remote subsystem, enabled, with its admin queue connected.
 #[derive(Debug)]
 pub struct RemoteController {
-    admin: Queue,
+    admin: CommandQueue,
     addr: SocketAddr,
     subnqn: String,
     cntlid: u16,
@@ -128,7 +138,10 @@ pub struct RemoteController {
     vs: Vs,
     cc: Cc,
     digests: Digests,
+    /// How long the shutdown may take.
     timeout: Duration,
+    /// How long one admin command may take.
+    command_timeout: Duration,
     shut_down: bool,
 }
 
@@ -139,14 +152,16 @@ impl RemoteController {
         subnqn: &str,
         opts: &HostOptions,
     ) -> Result<RemoteController, RemoteError> {
-        let (mut admin, cntlid) = Queue::connect(addr, subnqn, 0, ADMIN_ENTRIES, 0xffff, opts)
-            .map_err(|e| connect_error(e, addr, subnqn, opts))?;
+        let (mut admin, cntlid) =
+            CommandQueue::connect(addr, subnqn, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC, opts)
+                .map_err(|e| connect_error(e, addr, subnqn, opts))?;
+        let lost = |during| move |e| RemoteError::host(during, e, opts.timeout);
         let cap = Cap(admin
             .property_get(CAP, true)
-            .map_err(|e| RemoteError::host("Property Get CAP", e))?);
+            .map_err(lost("Property Get CAP"))?);
         let vs = Vs(admin
             .property_get(VS, false)
-            .map_err(|e| RemoteError::host("Property Get VS", e))? as u32);
+            .map_err(lost("Property Get VS"))? as u32);
         let mut ctrl = RemoteController {
             admin,
             addr,
@@ -157,6 +172,7 @@ impl RemoteController {
             cc: Cc::new(),
             digests: opts.digests,
             timeout: opts.timeout,
+            command_timeout: opts.timeout,
             // nothing to shut down until enabled
             shut_down: true,
         };
@@ -173,7 +189,7 @@ impl RemoteController {
             .with_en(true);
         self.admin
             .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| RemoteError::host("Property Set CC.EN", e))?;
+            .map_err(|e| self.lost("Property Set CC.EN", e))?;
         self.cc = cc;
         self.shut_down = false;
         // CAP.TO is in 500 ms units; 0 would give no time at all
@@ -195,10 +211,15 @@ impl RemoteController {
     }
 
     fn csts(&mut self, during: &'static str) -> Result<Csts, RemoteError> {
-        self.admin
-            .property_get(CSTS, false)
-            .map(|v| Csts(v as u32))
-            .map_err(|e| RemoteError::host(during, e))
+        match self.admin.property_get(CSTS, false) {
+            Ok(v) => Ok(Csts(v as u32)),
+            Err(e) => Err(self.lost(during, e)),
+        }
+    }
+
+    /// A host-side error of an admin command during `during`, by kind.
+    fn lost(&self, during: &'static str, e: HostError) -> RemoteError {
+        RemoteError::host(during, e, self.command_timeout)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -247,10 +268,10 @@ impl RemoteController {
         sqe: Sqe,
         len: usize,
     ) -> Result<(Cqe, Vec<u8>), RemoteError> {
-        let (cqe, data) = self
-            .admin
-            .admin(sqe, len)
-            .map_err(|e| RemoteError::host(during, e))?;
+        let (cqe, data) = match self.admin.admin(sqe, len) {
+            Ok(done) => done,
+            Err(e) => return Err(self.lost(during, e)),
+        };
         let status = cqe.status();
         if !status.is_success() {
             return Err(RemoteError::Host {
@@ -281,7 +302,10 @@ impl RemoteController {
     /// The longest one admin command may take from now on (a Keep Alive answered later
     /// than KATO is lost).
     pub fn set_command_timeout(&mut self, timeout: Duration) {
-        self.admin.set_timeout(timeout);
+        if !timeout.is_zero() {
+            self.admin.set_timeout(timeout);
+            self.command_timeout = timeout;
+        }
     }
 
     /// Keep Alive: tells the controller the host is still there (within KATO).
@@ -336,7 +360,7 @@ impl RemoteController {
     pub fn discovery_log(&mut self) -> Result<DiscoveryLog, RemoteError> {
         let during = "Get Log Page Discovery";
         for _ in 0..DISCOVERY_RETRIES {
-            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, DISCOVERY_RECORD as u32, 0);
+            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, DISCOVERY_RECORD as u32, 0);
             let header = self.admin_read(during, sqe, DISCOVERY_RECORD)?;
             let head = parse_discovery_log(&header)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
@@ -345,7 +369,7 @@ impl RemoteController {
                 return Ok(head);
             }
             let len = DISCOVERY_RECORD * (1 + records as usize);
-            let sqe = Sqe::get_log_page_raw(DISCOVERY_LOG, 0, len as u32, 0);
+            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, len as u32, 0);
             let full = self.admin_read(during, sqe, len)?;
             let log = parse_discovery_log(&full)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
@@ -373,7 +397,7 @@ impl RemoteController {
         let cc = self.cc.with_shn(Cc::SHN_NORMAL);
         self.admin
             .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| RemoteError::host("Property Set CC.SHN", e))?;
+            .map_err(|e| self.lost("Property Set CC.SHN", e))?;
         let deadline = Instant::now() + self.timeout;
         loop {
             let csts = self.csts("waiting for CSTS.SHST")?;
@@ -424,13 +448,13 @@ fn connect_error(e: HostError, addr: SocketAddr, subnqn: &str, opts: &HostOption
                 asked: digest_names(opts.digests),
             }
         }
-        e => RemoteError::host("Connect", e),
+        e => RemoteError::host("Connect", e, opts.timeout),
     }
 }
 
-/// Log page identifier of the Discovery Log Page, and the size of its header and records.
-const DISCOVERY_LOG: u8 = 0x70;
-const DISCOVERY_RECORD: usize = 1024;
+/// The size of the Discovery Log Page's header and of each of its records.
+const DISCOVERY_RECORD: usize = DiscoveryLogEntry::SIZE;
+const _: () = assert!(DiscoveryLogHeader::SIZE == DISCOVERY_RECORD);
 
 /// A Discovery Log Page: its generation counter, record count, and the records read.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -463,21 +487,21 @@ pub struct DiscoveryEntry {
 impl DiscoveryEntry {
     pub fn transport_name(&self) -> &'static str {
         match self.trtype {
-            1 => "rdma",
-            2 => "fc",
-            3 => "tcp",
-            254 => "loop",
+            f::TRTYPE_RDMA => "rdma",
+            f::TRTYPE_FC => "fc",
+            f::TRTYPE_TCP => "tcp",
+            f::TRTYPE_LOOP => "loop",
             _ => "unknown",
         }
     }
 
     pub fn address_family_name(&self) -> &'static str {
         match self.adrfam {
-            1 => "ipv4",
-            2 => "ipv6",
-            3 => "ib",
-            4 => "fc",
-            254 => "loop",
+            f::ADRFAM_IPV4 => "ipv4",
+            f::ADRFAM_IPV6 => "ipv6",
+            f::ADRFAM_IB => "ib",
+            f::ADRFAM_FC => "fc",
+            f::ADRFAM_LOOP => "loop",
             _ => "unknown",
         }
     }
@@ -485,9 +509,9 @@ impl DiscoveryEntry {
     /// Subsystem type, as nvme-cli names it.
     pub fn subtype_name(&self) -> &'static str {
         match self.subtype {
-            1 => "discovery subsystem referral",
-            2 => "nvme subsystem",
-            3 => "current discovery subsystem",
+            f::SUBTYPE_REFERRAL => "discovery subsystem referral",
+            f::SUBTYPE_NVME => "nvme subsystem",
+            f::SUBTYPE_CURRENT_DISCOVERY => "current discovery subsystem",
             _ => "unknown",
         }
     }
@@ -495,13 +519,13 @@ impl DiscoveryEntry {
     /// Transport requirements, in nvme-cli's words: the secure channel requirement (bits
     /// 1:0), then whether SQ flow control may be disabled (bit 2).
     pub fn treq_text(&self) -> String {
-        let secure = match self.treq & 3 {
+        let secure = match self.treq & f::TREQ_SECURE_MASK {
             0 => "not specified",
-            1 => "required",
-            2 => "not required",
+            f::TREQ_SECURE_REQUIRED => "required",
+            f::TREQ_SECURE_NOT_REQUIRED => "not required",
             _ => "reserved",
         };
-        if self.treq & 4 != 0 {
+        if self.treq & f::TREQ_SQ_FLOW_CONTROL_DISABLE != 0 {
             format!("{secure}, sq flow control disable supported")
         } else {
             secure.to_owned()
@@ -511,9 +535,15 @@ impl DiscoveryEntry {
     /// Entry flags, in nvme-cli's words.
     pub fn eflags_text(&self) -> String {
         let names: Vec<&str> = [
-            (2, "explicit discovery connections"),
-            (1, "duplicate discovery information"),
-            (4, "no cdc connectivity"),
+            (
+                f::EFLAGS_EXPLICIT_PERSISTENT_CONNECTION,
+                "explicit discovery connections",
+            ),
+            (
+                f::EFLAGS_DUPLICATE_RETURN_INFO,
+                "duplicate discovery information",
+            ),
+            (f::EFLAGS_NO_CDC_CONNECTIVITY, "no cdc connectivity"),
         ]
         .iter()
         .filter(|(bit, _)| self.eflags & bit != 0)
@@ -529,9 +559,9 @@ impl DiscoveryEntry {
     /// The TCP security type, in nvme-cli's words.
     pub fn sectype_name(&self) -> &'static str {
         match self.sectype {
-            0 => "none",
-            1 => "tls",
-            2 => "tls13",
+            f::SECTYPE_NONE => "none",
+            f::SECTYPE_TLS12 => "tls",
+            f::SECTYPE_TLS13 => "tls13",
             _ => "unknown",
         }
     }
@@ -540,47 +570,36 @@ impl DiscoveryEntry {
 /// The header of a discovery log and the complete records that follow it in `bytes` (at most
 /// NUMREC of them).
 pub fn parse_discovery_log(bytes: &[u8]) -> Result<DiscoveryLog, &'static str> {
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-    };
-    let (Some(genctr), Some(numrec)) = (u64_at(0), u64_at(8)) else {
-        return Err("the discovery log is shorter than its header");
-    };
-    let u16_at = |e: &[u8], at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+    let header = bytes
+        .get(..DISCOVERY_RECORD)
+        .and_then(DiscoveryLogHeader::from_slice)
+        .ok_or("the discovery log is shorter than its header")?;
     let entries = bytes
         .get(DISCOVERY_RECORD..)
         .unwrap_or_default()
         .chunks_exact(DISCOVERY_RECORD)
-        .take(usize::try_from(numrec).unwrap_or(usize::MAX))
+        .take(usize::try_from(header.numrec).unwrap_or(usize::MAX))
+        .filter_map(DiscoveryLogEntry::from_slice)
         .map(|e| DiscoveryEntry {
-            trtype: e[0],
-            adrfam: e[1],
-            subtype: e[2],
-            treq: e[3],
-            port_id: u16_at(e, 4),
-            cntlid: u16_at(e, 6),
-            asqsz: u16_at(e, 8),
-            eflags: u16_at(e, 10),
-            trsvcid: text(&e[32..64]),
-            subnqn: text(&e[256..512]),
-            traddr: text(&e[512..768]),
-            sectype: e[768],
+            trtype: e.trtype,
+            adrfam: e.adrfam,
+            subtype: e.subtype,
+            treq: e.treq,
+            port_id: e.portid,
+            cntlid: e.cntlid,
+            asqsz: e.asqsz,
+            eflags: e.eflags,
+            trsvcid: padded_text(&e.trsvcid),
+            subnqn: padded_text(&e.subnqn),
+            traddr: padded_text(&e.traddr),
+            sectype: e.sectype(),
         })
         .collect();
     Ok(DiscoveryLog {
-        genctr,
-        numrec,
+        genctr: header.genctr,
+        numrec: header.numrec,
         entries,
     })
-}
-
-/// A padded field: ASCII or UTF-8 up to the first NUL, without trailing blanks.
-fn text(field: &[u8]) -> String {
-    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
-    String::from_utf8_lossy(&field[..end]).trim_end().to_owned()
 }
 
 /// Where the host NQN and host ID come from when none is given: nvme-cli's files, else one
@@ -650,6 +669,57 @@ const HOST_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a3e_5b8d_5c27_9e41_0d2b_7a6
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use crate::fabric::pdu::{self, IcResp, OutHeader};
+
+    #[test]
+    fn an_admin_command_a_silent_target_does_not_answer_fails_as_timed_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let target = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut ic = [0u8; pdu::IC_HEADER];
+            s.read_exact(&mut ic).expect("ICReq");
+            let resp = IcResp {
+                pfv: 0,
+                cpda: 0,
+                digests: Digests::default(),
+                maxh2cdata: 8192,
+            };
+            s.write_all(&resp.encode()).expect("ICResp");
+            let mut connect = vec![0u8; pdu::CAPSULE_CMD_HEADER + 1024];
+            s.read_exact(&mut connect).expect("Connect");
+            let cqe = Cqe::new(1, 0, 0, 0, Status::SUCCESS, false);
+            let h = OutHeader::capsule_resp(&cqe, Digests::default());
+            s.write_all(h.as_slice()).expect("the response");
+            // Property Get CAP comes, and no answer; until the host gives up and closes
+            let mut get = [0u8; pdu::CAPSULE_CMD_HEADER];
+            s.read_exact(&mut get).expect("Property Get");
+            assert_eq!(s.read(&mut [0u8; 1]).expect("EOF"), 0);
+        });
+        let opts = HostOptions {
+            timeout: Duration::from_millis(300),
+            ..HostOptions::default()
+        };
+        let err = RemoteController::connect(addr, "nqn.x:silent", &opts).expect_err("silence");
+        assert!(
+            matches!(
+                err,
+                RemoteError::TimedOut {
+                    during: "Property Get CAP",
+                    ms: 300
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the target did not answer Property Get CAP within 300 ms"
+        );
+        target.join().expect("the fake target");
+    }
 
     #[test]
     fn host_identity_from_nvme_cli_files_or_the_machine_id() {

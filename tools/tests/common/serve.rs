@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
-use usnvme_engine::fabric::host::{HostOptions, Queue};
+use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
 
 /// The host NQN the tests connect as (`HostOptions::default()`'s).
 pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-686f73743031";
@@ -99,9 +99,9 @@ impl Serve {
     }
 
     /// An admin queue to `subnqn`, enabled (CC.EN, then CSTS.RDY).
-    pub fn admin(&self, subnqn: &str, opts: &HostOptions) -> (Queue, u16) {
+    pub fn admin(&self, subnqn: &str, opts: &HostOptions) -> (CommandQueue, u16) {
         let (mut q, cntlid) =
-            Queue::connect(self.addr, subnqn, 0, 32, 0xffff, opts).expect("admin connect");
+            CommandQueue::connect(self.addr, subnqn, 0, 32, 0xffff, opts).expect("admin connect");
         q.property_set(0x14, false, 1 | 6 << 16 | 4 << 20)
             .expect("CC.EN");
         let csts = q.property_get(0x1c, false).expect("CSTS");

@@ -23,7 +23,7 @@ pub mod server;
 pub mod wire;
 
 /// The well-known NQN of the discovery subsystem.
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
 
 /// The subsystem NQN `usnvme serve` takes when none is given, from the files under `root`
 /// (`/`): `nqn.2024-01.io.usnvme:HOSTNAME` when the host name is one (letters, digits, `.`,

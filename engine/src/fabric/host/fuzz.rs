@@ -1,158 +1,146 @@
 //! The body of the fuzz target `nvme_tcp_host`: arbitrary bytes from a target, fed to the host
-//! side's own checks (ICResp, then CapsuleResp, C2HData, R2T and C2HTermReq for a run of
-//! commands). Only the socket is replaced: the bytes are framed into PDUs as
-//! `Connection::receive` frames them, and go through the same `decode`, `check_ic_resp` and
-//! `Exchange` the blocking client uses. Must never panic; every PDU consumes input, so it ends.
+//! side's one PDU engine ([`Session`]) on an admin queue: ICResp, the Connect response, then
+//! CapsuleResp, C2HData, R2T and C2HTermReq for up to four commands in flight. Only the socket
+//! is replaced (bytes in memory, handed over in pieces as a socket would). Must never panic;
+//! every command must complete exactly once.
 
-use super::*;
+use usnvme_driver::spec::fabrics::CNTLID_DYNAMIC;
+use usnvme_driver::spec::{PropertySize, Sqe};
+use usnvme_driver::IoBuffer;
+use usnvme_hugepages::IovaMemory;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::fabric::initiator::session::{Completion, Data, QueueParams, Session, ADMIN_IN_CAPSULE};
+use crate::fabric::initiator::HostOptions;
+use crate::fabric::pdu::Digests;
 use crate::fabric::remote::parse_discovery_log;
 
-/// Why the host stops reading: the bytes ran out (a closed socket), or it sent a TermReq.
-#[derive(Debug)]
-struct Stop;
+/// Where command `k`'s buffer is: 16 KiB each.
+const BASE: u64 = 0x10_0000;
+const SPAN: u64 = 0x4000;
+/// The most bytes the target's side hands over at once.
+const PIECE: usize = 700;
 
-/// The target's bytes, as the socket would hand them over.
-#[derive(Debug)]
-struct Wire<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Wire<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Stop> {
-        if n > self.bytes.len() {
-            return Err(Stop);
-        }
-        let (taken, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Ok(taken)
+/// Command `kind`: Property Get, a 4 KiB read, a 512-byte write in the capsule, a 16 KiB
+/// write by R2T.
+fn command(kind: u8, slot: u64) -> (Sqe, Data) {
+    let at = |len| IoBuffer {
+        iova: BASE + slot * SPAN,
+        len,
+    };
+    match kind {
+        0 => (Sqe::property_get(0, PropertySize::Eight), Data::None),
+        1 => (Sqe::new(0x02), Data::FromController(at(4096))),
+        2 => (Sqe::write(1, 0, 1), Data::ToController(at(512))),
+        _ => (Sqe::write(1, 0, 32), Data::ToController(at(16384))),
     }
-
-    /// One PDU of a type in `allowed` with at most `max_data` bytes of data, framed as
-    /// `Connection::receive` frames it; a bad layout is answered with an H2CTermReq.
-    fn receive(
-        &mut self,
-        digests: Option<Digests>,
-        allowed: &[PduType],
-        max_data: u32,
-    ) -> Result<Pdu, Stop> {
-        let mut common = [0u8; COMMON_HEADER];
-        common.copy_from_slice(self.take(COMMON_HEADER)?);
-        let limits = Limits {
-            digests,
-            max_data,
-            alignment: HPDA,
-        };
-        let checked =
-            CommonHeader::parse(&common, allowed).and_then(|c| Ok((c, c.layout(&limits)?)));
-        let (parsed, layout) = checked.map_err(|e| abort(&e, &common))?;
-        let mut pdu = Pdu {
-            common: parsed,
-            layout,
-            header: [0; MAX_HEADER],
-            body: Vec::new(),
-        };
-        pdu.header[..COMMON_HEADER].copy_from_slice(&common);
-        let Some(rest) = pdu.header.get_mut(COMMON_HEADER..layout.header_bytes) else {
-            return Err(abort(&field(2, "HLEN"), &common));
-        };
-        rest.copy_from_slice(self.take(rest.len())?);
-        pdu.body = self.take(layout.rest())?.to_vec();
-        Ok(pdu)
-    }
-}
-
-/// The H2CTermReq the host would send (built, to run that code too), and the end.
-fn abort(error: &FatalError, offending: &[u8]) -> Stop {
-    let req = term_req(PduType::H2CTermReq, error, offending);
-    debug_assert!(req.len() >= SHORT_HEADER);
-    Stop
 }
 
 /// Runs the fuzz input: byte 0 chooses the digests asked for, byte 1 the commands (two bits
-/// each: Property Get, a 4 KiB read, a 512-byte write in the capsule, a 16 KiB write by R2T),
-/// the rest is what the target sends. Returns how many commands completed.
+/// each), the rest is what the target sends. Returns how many commands succeeded.
 pub fn fuzz_host(bytes: &[u8]) -> usize {
     let (&[digests, kinds], stream) = bytes.split_at(bytes.len().min(2)) else {
         return 0;
     };
-    let asked = Digests {
-        header: digests & 1 != 0,
-        data: digests & 2 != 0,
+    let host = HostOptions {
+        digests: Digests {
+            header: digests & 1 != 0,
+            data: digests & 2 != 0,
+        },
+        ..HostOptions::default()
     };
-    let mut wire = Wire { bytes: stream };
-    let Ok(link) = setup(&mut wire, asked) else {
+    let params = QueueParams {
+        subnqn: "nqn.2024-01.dev.usnvme:fuzz".into(),
+        qid: 0,
+        cntlid: CNTLID_DYNAMIC,
+        entries: 4,
+        nsid: 1,
+        block_size: 512,
+        in_capsule: ADMIN_IN_CAPSULE,
+        max_transfer: SPAN as u32,
+        timeout_ns: u64::MAX,
+    };
+    let (Ok(mut s), Ok(mem)) = (
+        Session::new(params, &host),
+        IovaMemory::from_ranges(&[(GuestAddress(BASE), 4 * SPAN as usize)]),
+    ) else {
         return 0;
     };
-    let mut completed = 0;
-    let mut cid = 0u16;
-    while !wire.bytes.is_empty() {
-        let kind = (kinds >> (2 * (completed % 4))) & 3;
-        if command(&mut wire, link, kind, cid).is_err() {
+    let mut results = [None; 4];
+    let mut on_done = |c: Completion| {
+        if let Some(r) = results.get_mut(c.token as usize) {
+            assert!(r.is_none(), "command {} completed twice", c.token);
+            *r = Some(c.result.is_ok());
+        }
+    };
+    let mut submitted = false;
+    let mut rest = stream;
+    loop {
+        // what the host sends goes nowhere
+        if s.transmit(&mut Vec::new(), &mem).is_err() {
             break;
         }
-        cid = cid.wrapping_add(1);
-        completed += 1;
-    }
-    completed
-}
-
-/// ICResp in, checked against what was asked.
-fn setup(wire: &mut Wire<'_>, asked: Digests) -> Result<Negotiated, Stop> {
-    let pdu = wire.receive(None, SETUP, 0)?;
-    match decode(&pdu) {
-        Ok(Incoming::IcResp(resp)) => {
-            check_ic_resp(&resp, asked).map_err(|e| abort(&e, pdu.header()))
+        if s.ready() && !submitted {
+            submitted = true;
+            for k in 0..4u8 {
+                let (sqe, data) = command((kinds >> (2 * k)) & 3, u64::from(k));
+                assert!(s.submit_command(sqe, data, u64::from(k), &mem).is_ok());
+            }
+            continue;
         }
-        Ok(_) => Err(Stop), // a C2HTermReq
-        Err(e) => Err(abort(&e, pdu.header())),
+        s.deliver(&mut on_done);
+        if rest.is_empty() || s.ended().is_some() {
+            break;
+        }
+        // until the commands are out, a byte at a time: what follows the Connect response
+        // answers them
+        let most = if submitted { PIECE } else { 1 };
+        let (piece, after) = rest.split_at(rest.len().min(most));
+        let mut wire = Gated(piece);
+        s.receive_from(&mut wire, &mem, &mut on_done);
+        rest = after;
     }
-}
-
-/// One command of `kind`, fed the target's PDUs until it completes.
-fn command(wire: &mut Wire<'_>, link: Negotiated, kind: u8, cid: u16) -> Result<(), Stop> {
+    s.close();
+    s.deliver(&mut on_done);
+    if submitted {
+        assert!(results.iter().all(Option::is_some), "{results:?}");
+        assert_eq!(s.in_flight(), 0);
+    }
+    // what a read returned goes through the log parser the remote controller uses
     let mut read = vec![0u8; 4096];
-    let write = vec![0x5au8; if kind == 2 { 512 } else { 16384 }];
-    let (sqe, payload, in_capsule) = match kind {
-        0 => (fabrics(FCTYPE_PROPERTY_GET), Payload::None, 0),
-        1 => (Sqe::new(0x02), Payload::FromController(&mut read), 0),
-        2 => (Sqe::write(1, 0, 1), Payload::ToController(&write), 8192),
-        _ => (Sqe::write(1, 0, 32), Payload::ToController(&write), 0),
-    };
-    let mut out = Vec::new();
-    let Ok(mut exchange) =
-        Exchange::start(sqe, cid, 1, payload, in_capsule, link.digests, &mut out)
-    else {
-        return Err(Stop);
-    };
-    loop {
-        let pdu = wire.receive(Some(link.digests), READY, exchange.max_data())?;
-        let incoming = decode(&pdu).map_err(|e| abort(&e, pdu.header()))?;
-        if let Incoming::TermReq { .. } = incoming {
-            return Err(Stop);
-        }
-        out.clear();
-        match exchange.on_pdu(incoming, link, &mut out) {
-            Err(e) => return Err(abort(&e, pdu.header())),
-            Ok(Progress::Pending) => {}
-            // a data digest mismatch fails only the command: the queue goes on
-            Ok(Progress::Done(_)) => break,
-        }
-    }
-    if kind == 1 {
-        // what a read returned goes through the log parser the remote controller uses
+    if mem.read_slice(&mut read, GuestAddress(BASE + SPAN)).is_ok() {
         let _ = parse_discovery_log(&read);
     }
-    Ok(())
+    results.iter().filter(|r| **r == Some(true)).count()
+}
+
+/// Bytes in memory that, once taken, would block (as a quiet socket), not end.
+struct Gated<'a>(&'a [u8]);
+
+impl crate::fabric::export::wire::ReadWire for Gated<'_> {
+    fn read_parts(&mut self, parts: &[vm_memory::VolatileSlice<'_>]) -> std::io::Result<usize> {
+        if self.0.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        self.0.read_parts(parts)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use usnvme_driver::spec::{Cqe, Status};
+
     use super::*;
+    use crate::fabric::pdu::{flags, term_req, DataHeader, FatalError, IcResp, OutHeader, PduType};
 
     const BOTH: Digests = Digests {
         header: true,
         data: true,
     };
+    /// Command `k`'s ID: slot `k` in its first generation.
+    const fn cid(k: u16) -> u16 {
+        k | 1 << 10
+    }
 
     fn ic_resp(digests: Digests) -> Vec<u8> {
         IcResp {
@@ -165,9 +153,18 @@ mod tests {
         .to_vec()
     }
 
+    fn append(out: &mut Vec<u8>, h: &OutHeader, data: &[u8], digests: Digests) {
+        out.extend_from_slice(h.as_slice());
+        out.resize(out.len() + h.pad(), 0);
+        out.extend_from_slice(data);
+        if digests.data && !data.is_empty() {
+            out.extend_from_slice(&crate::fabric::pdu::crc32c(data).to_le_bytes());
+        }
+    }
+
     fn resp(out: &mut Vec<u8>, cid: u16, digests: Digests) {
-        let cqe = Cqe::new(0, 1, 1, cid, Status::SUCCESS, false);
-        append_pdu(out, &OutHeader::capsule_resp(&cqe, digests), &[], digests);
+        let cqe = Cqe::new(1, 1, 0, cid, Status::SUCCESS, false);
+        append(out, &OutHeader::capsule_resp(&cqe, digests), &[], digests);
     }
 
     fn c2h(out: &mut Vec<u8>, cid: u16, offset: u32, data: &[u8], f: u8, digests: Digests) {
@@ -178,7 +175,7 @@ mod tests {
             length: data.len() as u32,
         };
         let h = OutHeader::data(PduType::C2HData, &d, f, digests, 0);
-        append_pdu(out, &h, data, digests);
+        append(out, &h, data, digests);
     }
 
     fn r2t(out: &mut Vec<u8>, cid: u16, offset: u32, length: u32, digests: Digests) {
@@ -188,29 +185,30 @@ mod tests {
             offset,
             length,
         };
-        append_pdu(out, &OutHeader::r2t(&d, digests), &[], digests);
+        append(out, &OutHeader::r2t(&d, digests), &[], digests);
+    }
+
+    /// The set-up answered (ICResp, the Connect response) as a good target would.
+    fn connected(selector: u8, kinds: u8, digests: Digests) -> Vec<u8> {
+        let mut b = vec![selector, kinds];
+        b.extend_from_slice(&ic_resp(digests));
+        resp(&mut b, 0, digests);
+        b
     }
 
     /// Every command kind once (0b11_10_01_00: Property Get, read, small write, R2T write),
     /// answered as a good target would.
     fn good_session(digests: Digests) -> Vec<u8> {
         let selector = u8::from(digests.header) | u8::from(digests.data) << 1;
-        let mut b = vec![selector, 0b11_10_01_00];
-        b.extend_from_slice(&ic_resp(digests));
-        resp(&mut b, 0, digests);
-        c2h(&mut b, 1, 0, &[7u8; 2048], 0, digests);
-        c2h(
-            &mut b,
-            1,
-            2048,
-            &[7u8; 2048],
-            flags::LAST_PDU | flags::SUCCESS,
-            digests,
-        );
-        resp(&mut b, 2, digests);
-        r2t(&mut b, 3, 0, 8192, digests);
-        r2t(&mut b, 3, 8192, 8192, digests);
-        resp(&mut b, 3, digests);
+        let mut b = connected(selector, 0b11_10_01_00, digests);
+        resp(&mut b, cid(0), digests);
+        c2h(&mut b, cid(1), 0, &[7u8; 2048], 0, digests);
+        let last = flags::LAST_PDU | flags::SUCCESS;
+        c2h(&mut b, cid(1), 2048, &[7u8; 2048], last, digests);
+        resp(&mut b, cid(2), digests);
+        // one R2T at a time (MAXR2T 0): all of it, sent as two H2CData of MAXH2CDATA
+        r2t(&mut b, cid(3), 0, 16384, digests);
+        resp(&mut b, cid(3), digests);
         b
     }
 
@@ -222,10 +220,10 @@ mod tests {
     }
 
     #[test]
-    fn bad_pdus_stop_the_session_where_they_are() {
-        let good = good_session(Digests::default());
-        let ic_end = 2 + 128;
-        // cut anywhere: the commands before the cut complete, nothing panics
+    fn bad_pdus_end_the_session_where_they_are() {
+        let plain = Digests::default();
+        let good = good_session(plain);
+        // cut anywhere: what was answered before the cut completes, nothing panics
         for cut in 0..good.len() {
             assert!(fuzz_host(&good[..cut]) <= 4);
         }
@@ -233,14 +231,15 @@ mod tests {
         let mut b = good.clone();
         b[0] = 3;
         assert_eq!(fuzz_host(&b), 0);
-        // a CapsuleResp for another command, a wrong HLEN, a C2HTermReq
+        // a response for a command not in flight, a wrong HLEN, a C2HTermReq
+        let first = connected(0, 0, plain).len();
         let mut b = good.clone();
-        b[ic_end + 8 + 12] ^= 0xff; // CID of the first CapsuleResp (CQE byte 12)
+        b[first + 8 + 12] ^= 0x7f; // CID of the first CapsuleResp (CQE byte 12)
         assert_eq!(fuzz_host(&b), 0);
         let mut b = good.clone();
-        b[ic_end + 2] = 23;
+        b[first + 2] = 23;
         assert_eq!(fuzz_host(&b), 0);
-        let mut b = good[..ic_end].to_vec();
+        let mut b = good[..first].to_vec();
         let e = FatalError::InvalidHeaderField {
             offset: 0,
             field: "PDU-Type",
@@ -248,20 +247,11 @@ mod tests {
         b.extend_from_slice(&term_req(PduType::C2HTermReq, &e, &[0u8; 8]));
         assert_eq!(fuzz_host(&b), 0);
         // a C2HData far beyond the read, an R2T beyond the write
-        let mut b = vec![0, 0b01];
-        b.extend_from_slice(&ic_resp(Digests::default()));
-        c2h(
-            &mut b,
-            0,
-            8192,
-            &[0u8; 64],
-            flags::LAST_PDU,
-            Digests::default(),
-        );
+        let mut b = connected(0, 0b01_01_01_01, plain);
+        c2h(&mut b, cid(0), 8192, &[0u8; 64], flags::LAST_PDU, plain);
         assert_eq!(fuzz_host(&b), 0);
-        let mut b = vec![0, 0b11];
-        b.extend_from_slice(&ic_resp(Digests::default()));
-        r2t(&mut b, 0, 16000, 8192, Digests::default());
+        let mut b = connected(0, 0b11_11_11_11, plain);
+        r2t(&mut b, cid(0), 16000, 8192, plain);
         assert_eq!(fuzz_host(&b), 0);
     }
 
@@ -275,10 +265,10 @@ mod tests {
             } else {
                 let len = rng.usize(0..600);
                 let mut b: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
-                // often a valid ICResp, so the fuzz reaches the commands
+                // often a valid set-up, so the fuzz reaches the commands
                 if rng.bool() && b.len() >= 2 {
-                    b[0] &= !3;
-                    b.splice(2..2, ic_resp(Digests::default()));
+                    let head = connected(b[0] & !3, b[1], Digests::default());
+                    b.splice(..2, head);
                 }
                 b
             };

@@ -1,12 +1,20 @@
-//! The polled NVMe/TCP initiator: I/O queues a reactor owns, next to its drives' queue pairs.
+//! The polled NVMe/TCP initiator: the host side's one protocol engine, for the I/O queues a
+//! reactor owns next to its drives' queue pairs and for the admin queue of a remote controller.
 //!
-//! - [`session`]: one I/O queue's protocol (set-up, commands, data, completions) without a
+//! - [`session`]: one queue's protocol (set-up, commands, data, completions) without a
 //!   socket, so tests drive it in memory against the target's connection state machine.
 //! - [`queue`]: that protocol on a non-blocking socket: `submit` queues, `poll` sends what is
 //!   queued in one `writev` and receives in `readv`s, read data straight into DMA buffers.
+//! - [`command`]: one command at a time on such a queue, polled to completion within a
+//!   deadline (the admin queue; tests).
+//! - [`options`]: who the host is, and why a connection or a command failed.
 
+pub mod command;
+pub mod options;
 pub mod queue;
 pub mod session;
 
+pub use command::{CommandQueue, Payload};
+pub use options::{HostError, HostOptions};
 pub use queue::IoQueue;
-pub use session::{Completion, Failure, IoNamespace, QueueParams, Session};
+pub use session::{Completion, Data, Failure, IoNamespace, QueueParams, Session};

@@ -1,22 +1,25 @@
-//! An NVMe/TCP I/O queue on a socket, owned by one reactor thread: [`IoQueue::connect`] sets
-//! it up (TCP, ICReq/ICResp, Fabrics Connect to an existing controller; the only part that
-//! waits), then the socket is polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
+//! An NVMe/TCP queue on a socket, owned by one reactor thread: [`IoQueue::connect`] sets
+//! it up (TCP, ICReq/ICResp, Fabrics Connect; the only part that waits), then the socket is
+//! polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
 //! sends everything queued in one `writev` (headers and write data gathered straight from the
 //! DMA buffers), receives what came (many responses per `readv`, read data straight into the
 //! DMA buffers) and hands completions to the caller. No allocation, lock or system call per
-//! I/O beyond those.
+//! I/O beyond those. [`IoQueue::wait`] sleeps until the socket has something for `poll`: the
+//! admin queue's client ([`super::command::CommandQueue`]) waits on it for one command.
 
 use std::io::ErrorKind;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use usnvme_driver::spec::Sqe;
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaMemory, IovaSpace};
 
-use super::session::{Completion, Failure, IoNamespace, QueueParams, Receive, Session};
+use super::options::{HostError, HostOptions};
+use super::session::{Completion, Data, Failure, IoNamespace, QueueParams, Receive, Session};
 use crate::block::Op;
-use crate::fabric::host::{HostError, HostOptions};
 
 /// Where the queue's I/O buffers live.
 #[derive(Debug, Clone)]
@@ -49,11 +52,14 @@ pub struct IoQueue {
     owner_clock: bool,
     /// The socket was shut down (the queue ended and its I/Os were failed).
     closed: bool,
+    /// For [`IoQueue::wait`], made on its first call, and whether it watches for room to send.
+    waiter: Option<(Epoll, bool)>,
 }
 
 impl IoQueue {
-    /// Connects I/O queue `params.qid` of controller `params.cntlid` at `addr`. Waits (at most
-    /// `host.timeout`) until the Connect is answered; the socket is non-blocking from then on.
+    /// Connects queue `params.qid` of controller `params.cntlid` at `addr` (QID 0: an admin
+    /// queue, the controller is the target's choice). Waits (at most `host.timeout`) until the
+    /// Connect is answered; the socket is non-blocking from then on.
     pub fn connect(
         addr: SocketAddr,
         params: QueueParams,
@@ -85,6 +91,7 @@ impl IoQueue {
             epoch: Instant::now(),
             owner_clock: false,
             closed: false,
+            waiter: None,
         };
         let mut none = |_: Completion| {};
         while !q.session.ready() {
@@ -96,15 +103,67 @@ impl IoQueue {
                 let _ = q.stream.shutdown(Shutdown::Both);
                 return Err(setup_error(why));
             }
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(HostError::Timeout);
             }
             if !q.session.ready() {
-                // set-up is the one part that waits; a short nap, not a spin
-                std::thread::sleep(Duration::from_micros(200));
+                // set-up is the one part that waits
+                q.wait(left)?;
             }
         }
         Ok(q)
+    }
+
+    /// Queues any command with `data` in the queue's buffers (see [`Session::submit_command`]).
+    pub fn submit_command(&mut self, sqe: Sqe, data: Data, token: u64) -> Result<(), SubmitError> {
+        if !self.owner_clock {
+            // stamped now, not at the last poll (a queue may idle long between commands)
+            self.session.set_now(self.epoch.elapsed().as_nanos() as u64);
+        }
+        self.session.submit_command(sqe, data, token, &self.memory)
+    }
+
+    /// Sleeps until the socket has something to read (or, while something waits to be sent,
+    /// room to send it), at most `timeout`; then [`IoQueue::poll`] has work.
+    pub fn wait(&mut self, timeout: Duration) -> Result<(), HostError> {
+        if self.closed {
+            return Ok(());
+        }
+        let sending = self.session.has_outgoing();
+        let mut interest = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
+        if sending {
+            interest |= EpollFlags::EPOLLOUT;
+        }
+        let mut event = EpollEvent::new(interest, 0);
+        match &mut self.waiter {
+            Some((epoll, watched)) => {
+                if *watched != sending {
+                    epoll
+                        .modify(&self.stream, &mut event)
+                        .map_err(std::io::Error::from)?;
+                    *watched = sending;
+                }
+            }
+            None => {
+                let epoll =
+                    Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(std::io::Error::from)?;
+                epoll
+                    .add(&self.stream, event)
+                    .map_err(std::io::Error::from)?;
+                self.waiter = Some((epoll, sending));
+            }
+        }
+        let Some((epoll, _)) = &self.waiter else {
+            return Ok(());
+        };
+        // epoll takes milliseconds: round up, so that a short wait is not a spin
+        let ms = timeout.as_micros().div_ceil(1000);
+        let timeout = EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX);
+        match epoll.wait(&mut [EpollEvent::empty()], timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(std::io::Error::from(e).into()),
+        }
     }
 
     /// Queues `op` on `blocks` blocks from `slba` (`buf` for reads and writes), all or
@@ -222,6 +281,11 @@ impl IoQueue {
         &self.session
     }
 
+    /// The protocol state, for settings made between commands.
+    pub(crate) fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     /// Ends the queue: what is in flight fails as aborted (handed to `on_done`).
     pub fn close(&mut self, on_done: impl FnMut(Completion)) -> usize {
         self.session.close();
@@ -239,10 +303,8 @@ impl Drop for IoQueue {
 fn setup_error(why: Failure) -> HostError {
     match why {
         Failure::Status(status) => HostError::status("Connect", status, true),
-        Failure::Protocol(what) => HostError::Protocol { what },
-        Failure::Terminated { fes, fei } => HostError::Terminated { fes, fei },
-        Failure::Closed | Failure::Aborted | Failure::DataDigest => HostError::Closed,
         Failure::TimedOut => HostError::Timeout,
+        other => HostError::from(other),
     }
 }
 
@@ -260,7 +322,7 @@ pub(crate) mod tests {
     use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::export::registry::Registry;
     use crate::fabric::export::SubsystemInfo;
-    use crate::fabric::host::Queue;
+    use crate::fabric::initiator::CommandQueue;
     use crate::fabric::pdu::{self, Digests, IcResp, OutHeader};
 
     const BASE: u64 = 0x10_0000;
@@ -377,7 +439,7 @@ pub(crate) mod tests {
                 ..HostOptions::default()
             };
             let (mut admin, cntlid) =
-                Queue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+                CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
             admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
             let mem = memory();
             let mut q = IoQueue::connect(

@@ -1,11 +1,16 @@
-//! One NVMe/TCP I/O queue's protocol, without a socket: commands in ([`Session::submit`]),
+//! One NVMe/TCP queue's protocol, without a socket: commands in ([`Session::submit`]),
 //! PDUs out ([`Session::transmit`] to a [`WriteWire`]), PDUs in ([`Session::receive_from`] a
 //! [`ReadWire`]), completions out through the caller's handler. The socket's queue
 //! ([`super::queue::IoQueue`]) and the tests (against the target's `Connection`, in memory)
 //! drive the very same code.
 //!
 //! Set-up is part of it: ICReq out, ICResp in (checked: the digests asked for, no data
-//! alignment), Fabrics Connect of the I/O queue to an existing controller, its response.
+//! alignment), Fabrics Connect of the queue, its response. An I/O queue joins an existing
+//! controller; an admin queue (QID 0) gets one from the target.
+//!
+//! This is the host's one PDU engine: the block layer's I/O ([`Session::submit`], no
+//! allocation per command) and any other command, admin and Fabrics ones included
+//! ([`Session::submit_command`], data in a buffer of the caller's), go through it.
 //!
 //! Data moves with no copy: a write's data goes from its DMA buffer (in the capsule, or in
 //! H2CData PDUs when the target sends an R2T, MAXH2CDATA at most each), a read's C2HData is
@@ -22,14 +27,17 @@
 use std::collections::VecDeque;
 use std::io;
 
-use usnvme_driver::spec::{Cqe, SglDescriptor, Sqe, Status};
+use usnvme_driver::spec::fabrics::{CATTR_DISABLE_SQ_FLOW, CONNECT_DATA};
+use usnvme_driver::spec::{
+    ConnectData, ConnectResponse, Cqe, DsmRange, SglDescriptor, Sqe, Status,
+};
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 
+use super::options::{HostError, HostOptions};
 use crate::block::Op;
 use crate::fabric::export::wire::{self, ReadWire, WriteWire};
-use crate::fabric::host::{self, HostOptions, Negotiated};
 use crate::fabric::pdu::{
     self, flags, CommonHeader, DataHeader, FatalError, IcReq, IcResp, Limits, OutHeader, PduType,
     COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
@@ -47,15 +55,58 @@ const RX_BATCH: usize = 4096;
 /// Most bytes one [`Session::receive_from`] takes before it lets the caller do other work.
 const READ_BUDGET: usize = 1 << 20;
 /// Bytes one Dataset Management range takes (attributes, block count, starting LBA).
-const DSM_RANGE: usize = 16;
+const DSM_RANGE: usize = DsmRange::SIZE;
+
+/// In-capsule data an admin queue takes (fixed by the NVMe/TCP transport, 8 KiB). I/O queues
+/// take IOCCSZ * 16 - 64 bytes, which the caller learns from Identify Controller.
+pub const ADMIN_IN_CAPSULE: u32 = 8192;
+
+/// Our data alignment (HPDA): none, so the target puts data right after the header.
+const HPDA: u8 = 0;
+
+/// PDU types the host receives before and after ICResp.
+const SETUP: &[PduType] = &[PduType::IcResp, PduType::C2HTermReq];
+const READY: &[PduType] = &[
+    PduType::C2HTermReq,
+    PduType::CapsuleResp,
+    PduType::C2HData,
+    PduType::R2T,
+];
+
+/// What ICReq/ICResp settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Negotiated {
+    digests: pdu::Digests,
+    maxh2cdata: u32,
+}
+
+/// Checks an ICResp against what we asked for.
+fn check_ic_resp(resp: &IcResp, asked: pdu::Digests) -> Result<Negotiated, FatalError> {
+    if resp.digests != asked {
+        return Err(field(11, "DGST"));
+    }
+    // capsules carry their data right after the header; like Linux, refuse a target that
+    // wants it aligned
+    if resp.cpda != 0 {
+        return Err(FatalError::UnsupportedParameter {
+            offset: 10,
+            field: "CPDA",
+        });
+    }
+    Ok(Negotiated {
+        digests: resp.digests,
+        maxh2cdata: resp.maxh2cdata,
+    })
+}
 
 /// What the owner knows of the queue before connecting it.
 #[derive(Debug, Clone)]
 pub struct QueueParams {
     pub subnqn: String,
-    /// Queue ID, 1 or more.
+    /// Queue ID: 0 for the admin queue.
     pub qid: u16,
-    /// The admin queue's controller.
+    /// The admin queue's controller; on an admin queue, the one asked for (usually
+    /// [`usnvme_driver::spec::fabrics::CNTLID_DYNAMIC`]).
     pub cntlid: u16,
     /// Commands in flight at most (SQSIZE is one less), 2 ..= [`MAX_ENTRIES`].
     pub entries: u16,
@@ -114,6 +165,30 @@ pub struct Completion {
     pub submitted_ns: u64,
     /// Bytes it moved (0 without data).
     pub bytes: u32,
+    /// The response's command specific DW0 and DW1 (zero when the target ended a read with
+    /// its data and sent no response).
+    pub dw0: u32,
+    pub dw1: u32,
+}
+
+/// A command's data for [`Session::submit_command`]: a buffer in the session's memory and
+/// the way it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Data {
+    None,
+    /// In the capsule when it fits the in-capsule size, else when the target asks (R2T).
+    ToController(IoBuffer),
+    /// Filled by the target's C2HData PDUs.
+    FromController(IoBuffer),
+}
+
+/// Which way a command's data moves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Dir {
+    #[default]
+    None,
+    ToController,
+    FromController,
 }
 
 /// How a [`Session::receive_from`] ended.
@@ -138,7 +213,7 @@ enum Phase {
 struct Slot {
     busy: bool,
     generation: u16,
-    op: Option<Op>,
+    dir: Dir,
     token: u64,
     nsid: u32,
     iova: u64,
@@ -155,6 +230,8 @@ struct Slot {
     corrupt: bool,
     timed_out: bool,
     submitted_ns: u64,
+    /// The response's DW0 and DW1.
+    dw: [u32; 2],
 }
 
 /// A C2HData's data being received into its command's buffer.
@@ -218,7 +295,9 @@ pub struct Session {
     next_timeout_check: u64,
     ended: Option<Failure>,
     /// The Connect data, until it is sent (after ICResp).
-    connect: Option<Box<[u8; host::CONNECT_DATA]>>,
+    connect: Option<Box<ConnectData>>,
+    /// Keep Alive Timeout asked for in the Connect of an admin queue, ms.
+    kato_ms: u32,
 }
 
 fn field(offset: u32, name: &'static str) -> FatalError {
@@ -235,18 +314,17 @@ fn slice(mem: &IovaMemory, iova: u64, offset: u32, len: usize) -> Option<Volatil
 
 impl Session {
     /// A session that starts with ICReq (queued to be sent), for `host`.
-    pub fn new(params: QueueParams, host: &HostOptions) -> Result<Session, host::HostError> {
-        if params.qid == 0 || !(2..=MAX_ENTRIES).contains(&params.entries) {
-            return Err(host::HostError::InvalidArgument(
-                "an I/O queue has a QID of 1 or more and 2 to 1024 entries",
-            ));
+    pub fn new(params: QueueParams, host: &HostOptions) -> Result<Session, HostError> {
+        if !(2..=MAX_ENTRIES).contains(&params.entries) {
+            return Err(HostError::InvalidArgument("a queue has 2 to 1024 entries"));
         }
         if params.block_size == 0 || !params.block_size.is_power_of_two() {
-            return Err(host::HostError::InvalidArgument(
+            return Err(HostError::InvalidArgument(
                 "the block size is a power of two",
             ));
         }
-        let connect = host::connect_data(host, params.cntlid, &params.subnqn)?;
+        let connect = ConnectData::new(host.host_id, params.cntlid, &params.subnqn, &host.host_nqn)
+            .map_err(|_| HostError::InvalidArgument("an NQN is at most 255 bytes, with no NUL"))?;
         let entries = params.entries as usize;
         let mut s = Session {
             asked: host.digests,
@@ -273,11 +351,13 @@ impl Session {
             next_timeout_check: 0,
             ended: None,
             connect: Some(Box::new(connect)),
+            // only an admin queue has a keep-alive timer
+            kato_ms: if params.qid == 0 { host.kato_ms } else { 0 },
             params,
         };
         let req = IcReq {
             pfv: PFV_1_0,
-            hpda: host::HPDA,
+            hpda: HPDA,
             digests: host.digests,
             maxr2t: 0, // one R2T at a time per command
         };
@@ -288,6 +368,26 @@ impl Session {
     /// Whether the queue is connected and takes commands.
     pub fn ready(&self) -> bool {
         self.phase == Phase::Ready
+    }
+
+    /// The controller: on an admin queue, the one the target granted in its Connect response.
+    pub fn cntlid(&self) -> u16 {
+        self.params.cntlid
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.params.qid
+    }
+
+    /// Write data up to `bytes` goes in the command capsule from now on (IOCCSZ * 16 - 64
+    /// from Identify Controller).
+    pub fn set_in_capsule(&mut self, bytes: u32) {
+        self.params.in_capsule = bytes;
+    }
+
+    /// A command not completed within `ns` nanoseconds from now on ends the queue.
+    pub fn set_timeout(&mut self, ns: u64) {
+        self.params.timeout_ns = ns;
     }
 
     /// Why the queue ended, once it has.
@@ -401,74 +501,124 @@ impl Session {
             None if op.has_data() => return Err(SubmitError::Misaligned { iova: 0 }),
             _ => 0,
         };
-        let Some(&index) = self.free.last() else {
-            return Err(SubmitError::QueueFull {
-                in_flight: self.in_flight as u16,
-            });
-        };
-        let (nsid, in_capsule_limit) = (ns.nsid, p.in_capsule);
-        let mut sqe = match op {
+        let nsid = ns.nsid;
+        let sqe = match op {
             Op::Read => Sqe::read(nsid, slba, blocks),
             Op::Write => Sqe::write(nsid, slba, blocks),
             Op::Flush => Sqe::flush(nsid),
             Op::WriteZeroes => Sqe::write_zeroes(nsid, slba, blocks),
             Op::Deallocate => Sqe::dataset_management(nsid, 1, true),
         };
-        self.free.pop();
-        let slot = &mut self.slots[index as usize];
-        // (generation 0 never: the Connect's CID is 0)
-        let generation = (slot.generation % ((1 << (16 - SLOT_BITS)) - 1)) + 1;
-        let cid = index | (generation << SLOT_BITS);
-        let in_capsule = op == Op::Write && len <= in_capsule_limit;
-        *slot = Slot {
-            busy: true,
-            generation,
-            op: Some(op),
+        let dir = match op {
+            Op::Read => Dir::FromController,
+            Op::Write => Dir::ToController,
+            _ => Dir::None,
+        };
+        let command = Slot {
+            dir,
             token,
             nsid,
             iova,
             len,
-            in_capsule,
-            submitted_ns: self.now_ns,
             ..Slot::default()
         };
+        if op == Op::Deallocate {
+            let range = DsmRange::new(slba, blocks);
+            return self.start(sqe, command, Some(range.as_bytes()), mem);
+        }
+        self.start(sqe, command, None, mem)
+    }
+
+    /// Queues any command (admin and Fabrics ones included) with `data` in `mem`: all or
+    /// nothing; its CID and SGL are filled in here. It completes like an I/O, with `token`
+    /// and the response's DW0 and DW1.
+    pub fn submit_command(
+        &mut self,
+        sqe: Sqe,
+        data: Data,
+        token: u64,
+        mem: &IovaMemory,
+    ) -> Result<(), SubmitError> {
+        if self.phase != Phase::Ready {
+            return Err(SubmitError::Dead);
+        }
+        let (dir, buf) = match data {
+            Data::ToController(b) if b.len > 0 => (Dir::ToController, b),
+            Data::FromController(b) if b.len > 0 => (Dir::FromController, b),
+            _ => (Dir::None, IoBuffer { iova: 0, len: 0 }),
+        };
+        if buf.len > self.params.max_transfer {
+            return Err(SubmitError::ExceedsMdts {
+                bytes: u64::from(buf.len),
+                max: u64::from(self.params.max_transfer),
+            });
+        }
+        if dir != Dir::None && slice(mem, buf.iova, 0, buf.len as usize).is_none() {
+            return Err(SubmitError::Misaligned { iova: buf.iova });
+        }
+        let command = Slot {
+            dir,
+            token,
+            nsid: sqe.nsid,
+            iova: buf.iova,
+            len: buf.len,
+            ..Slot::default()
+        };
+        self.start(sqe, command, None, mem)
+    }
+
+    /// Takes a free slot for `command` (its direction, buffer and token) and queues its
+    /// capsule: the data in it when it is a write that fits the in-capsule size, or `range`
+    /// (Dataset Management's) when given.
+    fn start(
+        &mut self,
+        mut sqe: Sqe,
+        command: Slot,
+        range: Option<&[u8; DSM_RANGE]>,
+        mem: &IovaMemory,
+    ) -> Result<(), SubmitError> {
+        let Some(index) = self.free.pop() else {
+            return Err(SubmitError::QueueFull {
+                in_flight: self.in_flight as u16,
+            });
+        };
+        let slot = &mut self.slots[index as usize];
+        // (generation 0 never: the Connect's CID is 0)
+        let generation = (slot.generation % ((1 << (16 - SLOT_BITS)) - 1)) + 1;
+        let cid = index | (generation << SLOT_BITS);
+        let len = command.len;
+        let in_capsule = command.dir == Dir::ToController && len <= self.params.in_capsule;
+        *slot = Slot {
+            busy: true,
+            generation,
+            in_capsule,
+            submitted_ns: self.now_ns,
+            ..command
+        };
         self.in_flight += 1;
-        if op == Op::Read {
+        if command.dir == Dir::FromController {
             self.reads += 1;
         }
         sqe.set_cid(cid);
         let digests = self.link.digests;
-        match op {
-            Op::Write if in_capsule => {
-                let mut sgl = SglDescriptor::data_block(0, len);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
-                let header = OutHeader::capsule_cmd(&sqe, len as usize, digests);
-                self.push_bytes(header.as_slice());
-                self.push_data(index, 0, len, mem);
+        if let Some(range) = range {
+            sqe.set_sgl(SglDescriptor::in_capsule(DSM_RANGE as u32));
+            let header = OutHeader::capsule_cmd(&sqe, DSM_RANGE, digests);
+            self.push_bytes(header.as_slice());
+            self.push_bytes(range);
+            if digests.data {
+                self.push_bytes(&pdu::crc32c(range).to_le_bytes());
             }
-            Op::Deallocate => {
-                let mut sgl = SglDescriptor::data_block(0, DSM_RANGE as u32);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
-                let mut range = [0u8; DSM_RANGE];
-                range[4..8].copy_from_slice(&blocks.to_le_bytes());
-                range[8..16].copy_from_slice(&slba.to_le_bytes());
-                let header = OutHeader::capsule_cmd(&sqe, DSM_RANGE, digests);
-                self.push_bytes(header.as_slice());
-                self.push_bytes(&range);
-                if digests.data {
-                    self.push_bytes(&pdu::crc32c(&range).to_le_bytes());
-                }
-            }
-            _ => {
-                // reads, R2T writes: the data moves in data PDUs; others carry none
-                let mut sgl = SglDescriptor::data_block(0, len);
-                sgl.identifier = host::SGL_TRANSPORT;
-                sqe.set_sgl(sgl);
-                let header = OutHeader::capsule_cmd(&sqe, 0, digests);
-                self.push_bytes(header.as_slice());
-            }
+        } else if in_capsule {
+            sqe.set_sgl(SglDescriptor::in_capsule(len));
+            let header = OutHeader::capsule_cmd(&sqe, len as usize, digests);
+            self.push_bytes(header.as_slice());
+            self.push_data(index, 0, len, mem);
+        } else {
+            // reads, R2T writes: the data moves in data PDUs; others carry none
+            sqe.set_sgl(SglDescriptor::transport(len));
+            let header = OutHeader::capsule_cmd(&sqe, 0, digests);
+            self.push_bytes(header.as_slice());
         }
         Ok(())
     }
@@ -630,7 +780,7 @@ impl Session {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Receive::Drained,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    log::warn!("NVMe/TCP queue {}: {e}", self.params.qid);
+                    log::log!(self.log_level(), "NVMe/TCP queue {}: {e}", self.params.qid);
                     self.end(Failure::Closed);
                 }
             }
@@ -705,12 +855,12 @@ impl Session {
                     .try_into()
                     .map_err(|_| FatalError::Sequence("short header"))?;
                 let setup = self.phase == Phase::AwaitIcResp;
-                let allowed = if setup { host::SETUP } else { host::READY };
+                let allowed = if setup { SETUP } else { READY };
                 let header = CommonHeader::parse(common, allowed)?;
                 let limits = Limits {
                     digests: (!setup).then_some(self.link.digests),
                     max_data: self.params.max_transfer,
-                    alignment: host::HPDA,
+                    alignment: HPDA,
                 };
                 let layout = header.layout(&limits)?;
                 let head = layout.header_bytes + layout.pad;
@@ -784,7 +934,7 @@ impl Session {
                 s.corrupt |= corrupt;
                 if t.flags & flags::SUCCESS != 0 {
                     // the target skipped the CapsuleResp: this is the command's completion
-                    self.complete(t.slot, Status::SUCCESS, on_done);
+                    self.complete(t.slot, Status::SUCCESS, [0, 0], on_done);
                 }
                 Ok(None)
             }
@@ -803,7 +953,7 @@ impl Session {
         let d = DataHeader::parse(header)?;
         let index = self.slot_of(d.cccid).ok_or(field(8, "CCCID"))?;
         let s = &self.slots[index as usize];
-        if s.op != Some(Op::Read) {
+        if s.dir != Dir::FromController {
             return Err(FatalError::Sequence(
                 "C2HData for a command that reads nothing",
             ));
@@ -853,33 +1003,39 @@ impl Session {
         match t {
             PduType::IcResp => {
                 let resp = IcResp::parse(&self.rx[b..b + plen])?;
-                self.link = host::check_ic_resp(&resp, self.asked)?;
+                self.link = check_ic_resp(&resp, self.asked)?;
                 self.size_tx();
                 let data = self
                     .connect
                     .take()
                     .ok_or(FatalError::Sequence("a second ICResp"))?;
-                let mut sqe = host::connect_command(self.params.qid, self.params.entries, 0);
                 // a slot frees only on its command's completion: the SQ head is not needed,
-                // and a read may then end with its data, one PDU less
-                sqe.cdw11 |= u32::from(host::CATTR_DISABLE_SQ_FLOW) << 16;
+                // and a read may then end with its data, one PDU less (an admin queue keeps
+                // SQ flow control, as Linux does: a target need not let it go there)
+                let cattr = if self.params.qid == 0 {
+                    0
+                } else {
+                    CATTR_DISABLE_SQ_FLOW
+                };
+                let (qid, entries) = (self.params.qid, self.params.entries);
+                let mut sqe = Sqe::connect(qid, entries, cattr, self.kato_ms);
                 sqe.set_cid(CONNECT_CID);
-                let mut sgl = SglDescriptor::data_block(0, host::CONNECT_DATA as u32);
-                sgl.identifier = host::SGL_IN_CAPSULE;
-                sqe.set_sgl(sgl);
+                sqe.set_sgl(SglDescriptor::in_capsule(CONNECT_DATA as u32));
                 let digests = self.link.digests;
-                let header = OutHeader::capsule_cmd(&sqe, data.len(), digests);
+                let bytes = data.as_bytes();
+                let header = OutHeader::capsule_cmd(&sqe, bytes.len(), digests);
                 self.push_bytes(header.as_slice());
-                self.push_bytes(&data[..]);
+                self.push_bytes(bytes);
                 if digests.data {
-                    self.push_bytes(&pdu::crc32c(&data[..]).to_le_bytes());
+                    self.push_bytes(&pdu::crc32c(bytes).to_le_bytes());
                 }
                 self.phase = Phase::AwaitConnect;
                 Ok(())
             }
             PduType::C2HTermReq => {
                 let (fes, fei) = pdu::parse_term_req(&self.rx[b..b + plen]).unwrap_or((0, 0));
-                log::warn!(
+                log::log!(
+                    self.log_level(),
                     "NVMe/TCP queue {}: the target ended the connection (FES {fes}, FEI {fei})",
                     self.params.qid
                 );
@@ -897,6 +1053,9 @@ impl Session {
                         return Err(field(20, "CID"));
                     }
                     if cqe.status().is_success() {
+                        if self.params.qid == 0 {
+                            self.params.cntlid = ConnectResponse::from_cqe(&cqe).cntlid;
+                        }
                         self.phase = Phase::Ready;
                     } else {
                         self.end(Failure::Status(cqe.status()));
@@ -907,10 +1066,10 @@ impl Session {
                 let s = self.slots[index as usize];
                 let status = cqe.status();
                 if status.is_success() {
-                    let missing = match s.op {
-                        Some(Op::Read) => s.received < s.len,
-                        Some(Op::Write) => !s.in_capsule && s.requested < s.len,
-                        _ => false,
+                    let missing = match s.dir {
+                        Dir::FromController => s.received < s.len,
+                        Dir::ToController => !s.in_capsule && s.requested < s.len,
+                        Dir::None => false,
                     };
                     if missing {
                         return Err(FatalError::DataOutOfRange(
@@ -918,7 +1077,7 @@ impl Session {
                         ));
                     }
                 }
-                self.complete(index, status, on_done);
+                self.complete(index, status, [cqe.dw0, cqe.dw1], on_done);
                 Ok(())
             }
             PduType::R2T => {
@@ -933,7 +1092,7 @@ impl Session {
     fn on_r2t(&mut self, d: &DataHeader, mem: &IovaMemory) -> Result<(), FatalError> {
         let index = self.slot_of(d.cccid).ok_or(field(8, "CCCID"))?;
         let s = self.slots[index as usize];
-        if s.op != Some(Op::Write) {
+        if s.dir != Dir::ToController {
             return Err(FatalError::Sequence(
                 "R2T for a command that writes nothing",
             ));
@@ -988,7 +1147,7 @@ impl Session {
             pdu::CAPSULE_CMD_HEADER + 2 * DIGEST + chunks * (SHORT_HEADER + 2 * DIGEST);
         let bytes = entries * per_command
             + pdu::CAPSULE_CMD_HEADER
-            + host::CONNECT_DATA
+            + CONNECT_DATA
             + 2 * DIGEST
             + SHORT_HEADER
             + pdu::TERM_REQ_MAX_DATA;
@@ -1000,8 +1159,15 @@ impl Session {
 
     /// Command `index` completed with `status`: to the handler, unless its data is still
     /// being sent (then once it is).
-    fn complete(&mut self, index: u16, status: Status, on_done: &mut impl FnMut(Completion)) {
+    fn complete(
+        &mut self,
+        index: u16,
+        status: Status,
+        dw: [u32; 2],
+        on_done: &mut impl FnMut(Completion),
+    ) {
         let s = &mut self.slots[index as usize];
+        s.dw = dw;
         let result = if !status.is_success() {
             Err(Failure::Status(status))
         } else if s.corrupt {
@@ -1032,7 +1198,7 @@ impl Session {
         };
         self.free.push(index);
         self.in_flight -= 1;
-        if s.op == Some(Op::Read) {
+        if s.dir == Dir::FromController {
             self.reads -= 1;
         }
         on_done(Completion {
@@ -1040,11 +1206,9 @@ impl Session {
             nsid: s.nsid,
             result,
             submitted_ns: s.submitted_ns,
-            bytes: if s.op.is_some_and(Op::has_data) {
-                s.len
-            } else {
-                0
-            },
+            bytes: if s.dir == Dir::None { 0 } else { s.len },
+            dw0: s.dw[0],
+            dw1: s.dw[1],
         });
     }
 
@@ -1097,7 +1261,8 @@ impl Session {
             }
         }
         if late {
-            log::warn!(
+            log::log!(
+                self.log_level(),
                 "NVMe/TCP queue {}: a command timed out: closing the queue",
                 self.params.qid
             );
@@ -1116,6 +1281,16 @@ impl Session {
         self.end(Failure::Closed);
     }
 
+    /// How loud the queue's own failures are: an I/O queue's go to many I/Os and are logged;
+    /// an admin queue's client reports each to its caller, so they are only debug output.
+    fn log_level(&self) -> log::Level {
+        if self.params.qid == 0 {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        }
+    }
+
     fn end(&mut self, reason: Failure) {
         if self.ended.is_none() {
             self.ended = Some(reason);
@@ -1125,7 +1300,8 @@ impl Session {
 
     /// A malformed PDU: an H2CTermReq naming the field (after what is queued), then the end.
     fn protocol_error(&mut self, error: FatalError) {
-        log::warn!(
+        log::log!(
+            self.log_level(),
             "NVMe/TCP queue {}: the target broke the protocol: {error} (FES {}, FEI {})",
             self.params.qid,
             error.fes(),
@@ -1148,6 +1324,8 @@ mod tests {
     use crate::fabric::export::connection::{Connection, ConnectionLimits};
     use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::export::registry::Registry;
+    use usnvme_driver::spec::fabrics::CNTLID_DYNAMIC;
+    use usnvme_driver::spec::PropertySize;
 
     const BASE: u64 = 0x10_0000;
     const BOTH: pdu::Digests = pdu::Digests {
@@ -1193,14 +1371,14 @@ mod tests {
             maxr2t: 0,
         };
         a.receive(&ic.encode(), &mut backend);
-        let mut sqe = host::connect_command(0, 32, 0);
-        let mut sgl = SglDescriptor::data_block(0, host::CONNECT_DATA as u32);
-        sgl.identifier = host::SGL_IN_CAPSULE;
-        sqe.set_sgl(sgl);
-        let data = host::connect_data(&HostOptions::default(), 0xffff, &sub.nqn).expect("data");
-        a.receive(&capsule(&sqe, &data, pdu::Digests::default()), &mut backend);
-        let mut cc = host::fabrics(host::FCTYPE_PROPERTY_SET);
-        (cc.cdw11, cc.cdw12) = (0x14, 0x46_0001);
+        let mut sqe = Sqe::connect(0, 32, 0, 0);
+        sqe.set_sgl(SglDescriptor::in_capsule(CONNECT_DATA as u32));
+        let host = HostOptions::default();
+        let data =
+            ConnectData::new(host.host_id, CNTLID_DYNAMIC, &sub.nqn, &host.host_nqn).expect("data");
+        let data = data.as_bytes();
+        a.receive(&capsule(&sqe, data, pdu::Digests::default()), &mut backend);
+        let mut cc = Sqe::property_set(0x14, PropertySize::Four, 0x46_0001);
         cc.set_cid(1);
         a.receive(&capsule(&cc, &[], pdu::Digests::default()), &mut backend);
         let mut out = Vec::new();
