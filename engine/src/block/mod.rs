@@ -361,8 +361,23 @@ impl Channel {
             Channel::Stripe(c) => c.abandon(on_finished),
             Channel::Gone(_) => 0,
         };
+        match self {
+            Channel::Namespace(c) => c.leave(),
+            Channel::Stripe(c) => c.leave(),
+            Channel::Gone(_) => {}
+        }
         *self = Channel::Gone(name);
         failed
+    }
+
+    /// Every channel of the reactor is set up and its [`Queues`] released: each queue that
+    /// only this channel uses becomes its own (no shared cell on its I/O path).
+    pub fn settle(self) -> Channel {
+        match self {
+            Channel::Namespace(c) => Channel::Namespace(c.settle()),
+            Channel::Stripe(c) => Channel::Stripe(c.settle()),
+            gone => gone,
+        }
     }
 
     /// Why a queue under the channel ended, once one has (a remote target gone or lost: it

@@ -13,8 +13,7 @@ use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
     IoError, Op, NAMESPACE_PARENT,
 };
-use crate::fabric::initiator::IoNamespace;
-use crate::transport::{QueueSource, Queues, RemoteQueues, SharedQueue};
+use crate::transport::{ChannelQueue, QueueNamespace, QueueSource, Queues, RemoteQueues};
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
 const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
@@ -22,7 +21,7 @@ const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
 #[derive(Debug)]
 pub struct NamespaceDevice {
     source: QueueSource,
-    ns: IoNamespace,
+    ns: QueueNamespace,
     info: BlockInfo,
     name: Arc<str>,
     dma: DmaTarget,
@@ -101,7 +100,11 @@ impl NamespaceDevice {
         };
         NamespaceDevice {
             source,
-            ns: IoNamespace { nsid, block_size },
+            ns: QueueNamespace {
+                nsid,
+                block_size,
+                blocks,
+            },
             info,
             name: Arc::from(name),
             dma,
@@ -158,8 +161,8 @@ impl BlockDevice for NamespaceDevice {
 /// A reactor's channel to one namespace, on the reactor's queue to its controller.
 #[derive(Debug)]
 pub struct NamespaceChannel {
-    queue: SharedQueue,
-    ns: IoNamespace,
+    queue: ChannelQueue,
+    ns: QueueNamespace,
     block_shift: u32,
     info: BlockInfo,
     name: Arc<str>,
@@ -170,13 +173,15 @@ pub struct NamespaceChannel {
     now_ns: u64,
 }
 
-impl Drop for NamespaceChannel {
-    fn drop(&mut self) {
-        self.queue.remove_route(self.ns.nsid);
-    }
-}
-
 impl NamespaceChannel {
+    /// Its queue as its own when no other channel shares it (see [`ChannelQueue::settle`]).
+    pub(crate) fn settle(self) -> NamespaceChannel {
+        NamespaceChannel {
+            queue: self.queue.settle(),
+            ..self
+        }
+    }
+
     /// Bytes per command for `op`.
     fn part_bytes(&self, op: Op) -> u64 {
         match op {
@@ -208,8 +213,9 @@ impl NamespaceChannel {
     }
 
     /// A read or write of one command goes straight to the queue with the caller's token:
-    /// a local queue pair checks it against the namespace (the layer that owns those facts).
-    /// Everything else is checked here and split into commands that complete as one I/O.
+    /// the transport checks it against the namespace (whole blocks, within its size); only
+    /// what the byte-to-block translation would hide is checked here. Everything else is
+    /// checked here and split into commands that complete as one I/O.
     #[inline]
     pub(crate) fn submit(
         &mut self,
@@ -222,23 +228,12 @@ impl NamespaceChannel {
         if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
             if len <= self.info.max_io && b.len as u64 >= len {
                 let mask = (1u64 << self.block_shift) - 1;
-                if offset & mask != 0 || len & mask != 0 || len == 0 {
+                if offset & mask != 0 {
                     return Err(BlockError::Misaligned {
                         device: self.name.clone(),
                         offset,
                         len,
                         block_size: self.info.block_size,
-                    });
-                }
-                if offset
-                    .checked_add(len)
-                    .is_none_or(|end| end > self.info.size_bytes)
-                {
-                    return Err(BlockError::OutOfRange {
-                        device: self.name.clone(),
-                        offset,
-                        len,
-                        size: self.info.size_bytes,
                     });
                 }
                 let b = IoBuffer {
@@ -361,6 +356,11 @@ impl NamespaceChannel {
     #[inline]
     pub(crate) fn busy(&self) -> bool {
         self.in_flight > 0
+    }
+
+    /// The channel is going: a shared queue no longer keeps its completions.
+    pub(crate) fn leave(&self) {
+        self.queue.remove_route(self.ns.nsid);
     }
 
     pub(crate) fn commands_needed(&self, op: Op, len: u64) -> usize {

@@ -337,6 +337,23 @@ impl StripeChannel {
         self.members.iter_mut().for_each(|m| m.set_now(now_ns));
     }
 
+    /// The members' queues as their own where no other channel shares them.
+    pub(crate) fn settle(self) -> StripeChannel {
+        StripeChannel {
+            members: self
+                .members
+                .into_iter()
+                .map(NamespaceChannel::settle)
+                .collect(),
+            ..self
+        }
+    }
+
+    /// The channel is going: the shared queues under it no longer keep its completions.
+    pub(crate) fn leave(&self) {
+        self.members.iter().for_each(NamespaceChannel::leave);
+    }
+
     /// Why a member's queue ended, once one has.
     pub(crate) fn ended(&self) -> Option<String> {
         self.members.iter().find_map(NamespaceChannel::ended)

@@ -8,8 +8,8 @@ pub struct ReactorContext {
     pub info: ReactorInfo,
     /// One per device this reactor serves, in `info.devices` order.
     pub devices: Vec<DeviceChannel>,
-    /// The I/O queues under the channels: one per controller (dropped after them).
-    queues: Queues,
+    /// How many I/O queues the channels use: one per controller.
+    queue_count: usize,
     started: Instant,
     clock: ReactorClock,
     /// The clock this turn, in nanoseconds since the reactor was set up.
@@ -40,7 +40,7 @@ impl ReactorClock {
 impl ReactorContext {
     /// How many I/O queues the reactor holds: one per controller it reaches.
     pub fn queue_count(&self) -> usize {
-        self.queues.len()
+        self.queue_count
     }
 
     /// Time since the reactor started its job.
@@ -120,17 +120,24 @@ pub(super) fn reactor<J: Job>(
     let clock = ReactorClock::new();
     // the reactor's I/O queues, one per controller: its channels share them
     let mut queues = Queues::new();
-    let mut devices = Vec::new();
+    let mut channels = Vec::with_capacity(setup.info.devices.len());
     for &i in &setup.info.devices {
         let device = &setup.devices[i];
-        let channel = match device.channel(&mut queues, &setup.channel) {
-            Ok(c) => c,
+        match device.channel(&mut queues, &setup.channel) {
+            Ok(c) => channels.push(c),
             Err(e) => {
                 let what = format!("{}: {e}", device.info().name);
                 let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
                 return None;
             }
-        };
+        }
+    }
+    let queue_count = queues.len();
+    queues.release();
+    let mut devices = Vec::with_capacity(channels.len());
+    for (&i, channel) in setup.info.devices.iter().zip(channels) {
+        let device = &setup.devices[i];
+        let channel = channel.settle();
         let controllers = device
             .drives()
             .iter()
@@ -158,7 +165,7 @@ pub(super) fn reactor<J: Job>(
     let mut ctx = ReactorContext {
         info: setup.info,
         devices,
-        queues,
+        queue_count,
         started: Instant::now(),
         clock,
         now_ns: 0,

@@ -8,6 +8,14 @@ use super::remote::RemoteQueue;
 use crate::block::Op;
 use crate::fabric::initiator::{Failure, IoNamespace};
 
+/// The namespace a command goes to: its ID and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueNamespace {
+    pub nsid: u32,
+    pub block_size: u32,
+    pub blocks: u64,
+}
+
 /// A polled I/O queue of one controller: commands for any of its namespaces go in with a
 /// token and come back with it, the namespace and the status.
 // The PCIe variant is large (its queue pair) and kept inline: no pointer to chase per I/O.
@@ -22,11 +30,12 @@ pub enum IoQueue {
 
 impl IoQueue {
     /// Queues `op` on `blocks` blocks of namespace `ns` from `lba` (`buf` for reads and
-    /// writes, exactly `blocks` long); it goes out on the next flush or poll.
+    /// writes, exactly `blocks` long); it goes out on the next flush or poll. Each transport
+    /// checks the command against the namespace (a local queue pair knows its geometry).
     #[inline]
     pub fn submit(
         &mut self,
-        ns: IoNamespace,
+        ns: QueueNamespace,
         op: Op,
         lba: u64,
         blocks: u32,
@@ -44,7 +53,23 @@ impl IoQueue {
                     what: "a read or write without a buffer",
                 }),
             },
-            IoQueue::Tcp(q) => q.queue.submit_to(ns, op, lba, blocks, buf, token),
+            IoQueue::Tcp(q) => {
+                check_remote(ns, op, lba, blocks, buf)?;
+                let to = IoNamespace {
+                    nsid: ns.nsid,
+                    block_size: ns.block_size,
+                };
+                q.queue.submit_to(to, op, lba, blocks, buf, token)
+            }
+        }
+    }
+
+    /// Commands in flight.
+    #[inline]
+    pub fn in_flight(&self) -> usize {
+        match self {
+            IoQueue::Pcie(qp) => usize::from(qp.in_flight()),
+            IoQueue::Tcp(q) => q.queue.in_flight(),
         }
     }
 
@@ -118,6 +143,37 @@ impl IoQueue {
             },
         }
     }
+}
+
+/// What a local queue pair checks itself: the data is whole blocks, within the namespace.
+#[inline]
+fn check_remote(
+    ns: QueueNamespace,
+    op: Op,
+    lba: u64,
+    blocks: u32,
+    buf: Option<IoBuffer>,
+) -> Result<(), SubmitError> {
+    if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
+        if u64::from(b.len) != u64::from(blocks) * u64::from(ns.block_size) || blocks == 0 {
+            return Err(SubmitError::NotBlockMultiple {
+                bytes: u64::from(b.len),
+                block_size: ns.block_size,
+            });
+        }
+    }
+    if op != Op::Flush
+        && lba
+            .checked_add(u64::from(blocks))
+            .is_none_or(|end| end > ns.blocks)
+    {
+        return Err(SubmitError::LbaRange {
+            slba: lba,
+            blocks: u64::from(blocks),
+            capacity: ns.blocks,
+        });
+    }
+    Ok(())
 }
 
 /// An NVMe/TCP completion in the driver's terms: a queue that ended fails its commands as

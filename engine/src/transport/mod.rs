@@ -13,6 +13,6 @@ mod io_queue;
 mod queues;
 mod remote;
 
-pub use io_queue::IoQueue;
-pub use queues::{QueueSource, Queues, SharedQueue};
+pub use io_queue::{IoQueue, QueueNamespace};
+pub use queues::{ChannelQueue, QueueSource, Queues, SharedQueue};
 pub use remote::{QueueIds, RemoteQueues};

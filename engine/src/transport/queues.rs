@@ -1,8 +1,9 @@
 //! A reactor's I/O queues: one per controller, shared by the channels of that controller's
 //! namespaces on the reactor (a drive with four namespaces served from two cores uses two
-//! queues, not eight). The reactor owns them ([`Queues`]) and hands each channel a
-//! [`SharedQueue`]; a completion that comes for another namespace while one channel polls
-//! waits in that namespace's inbox until its channel polls.
+//! queues, not eight). The reactor makes them ([`Queues`]) as it sets up its channels; each
+//! channel holds its queue as a [`ChannelQueue`]: its own when no other channel uses it (the
+//! I/O path then reaches it directly), else shared, where a completion that comes for
+//! another namespace while one channel polls waits in that namespace's inbox.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -11,9 +12,8 @@ use std::sync::Arc;
 
 use usnvme_driver::{Completion, Controller, IoBuffer, QueuePairOptions, SubmitError};
 
-use super::{IoQueue, RemoteQueues};
+use super::{IoQueue, QueueNamespace, RemoteQueues};
 use crate::block::{ChannelOptions, Op};
-use crate::fabric::initiator::IoNamespace;
 
 /// Where a controller's I/O queues come from.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ impl QueueSource {
     /// namespaces the run may use; `ns` is the namespace asking for it.
     fn create(
         &self,
-        ns: IoNamespace,
+        ns: QueueNamespace,
         options: &ChannelOptions,
     ) -> Result<IoQueue, usnvme_driver::Error> {
         match self {
@@ -72,8 +72,7 @@ impl QueueSource {
     }
 }
 
-/// A reactor's queues, by controller. Lives on the reactor's thread; the channels of its
-/// devices hold the queues they use.
+/// A reactor's queues, by controller, while its channels are set up.
 #[derive(Debug, Default)]
 pub struct Queues {
     queues: Vec<(QueueSource, SharedQueue)>,
@@ -89,9 +88,9 @@ impl Queues {
     pub fn queue_for(
         &mut self,
         source: &QueueSource,
-        ns: IoNamespace,
+        ns: QueueNamespace,
         options: &ChannelOptions,
-    ) -> Result<SharedQueue, usnvme_driver::Error> {
+    ) -> Result<ChannelQueue, usnvme_driver::Error> {
         let found = self
             .queues
             .iter()
@@ -105,16 +104,120 @@ impl Queues {
             }
         };
         queue.add_route(ns.nsid);
-        Ok(queue)
+        Ok(ChannelQueue::Shared(queue))
     }
 
-    /// How many queues the reactor has.
+    /// How many queues the reactor made.
     pub fn len(&self) -> usize {
         self.queues.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.queues.is_empty()
+    }
+
+    /// Every channel is set up: the reactor lets go of the queues (the channels hold them),
+    /// so that a queue used by one channel only can become that channel's own.
+    pub fn release(&mut self) {
+        self.queues.clear();
+    }
+}
+
+/// A channel's queue: its own, or shared with the channels of the controller's other
+/// namespaces on the reactor.
+// The own queue is kept inline, as in `IoQueue`: no pointer to chase per I/O.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum ChannelQueue {
+    Own(IoQueue),
+    Shared(SharedQueue),
+}
+
+impl ChannelQueue {
+    /// The queue as the channel's own when nothing else holds it (after [`Queues::release`]).
+    pub fn settle(self) -> ChannelQueue {
+        match self {
+            ChannelQueue::Shared(SharedQueue(rc)) => match Rc::try_unwrap(rc) {
+                Ok(cell) => ChannelQueue::Own(cell.into_inner().queue),
+                Err(rc) => ChannelQueue::Shared(SharedQueue(rc)),
+            },
+            own => own,
+        }
+    }
+
+    /// Queues a command (see [`IoQueue::submit`]).
+    #[inline]
+    pub fn submit(
+        &mut self,
+        ns: QueueNamespace,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match self {
+            ChannelQueue::Own(q) => q.submit(ns, op, lba, blocks, buf, token),
+            ChannelQueue::Shared(q) => q.submit(ns, op, lba, blocks, buf, token),
+        }
+    }
+
+    /// Polls the queue; hands namespace `nsid`'s completions to `on_done`.
+    #[inline]
+    pub fn poll(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
+        match self {
+            ChannelQueue::Own(q) => q.poll(on_done),
+            ChannelQueue::Shared(q) => q.poll(nsid, on_done),
+        }
+    }
+
+    #[inline]
+    pub fn flush(&mut self) {
+        match self {
+            ChannelQueue::Own(q) => q.flush(),
+            ChannelQueue::Shared(q) => q.flush(),
+        }
+    }
+
+    #[inline]
+    pub fn set_now(&mut self, now_ns: u64) {
+        match self {
+            ChannelQueue::Own(q) => q.set_now(now_ns),
+            ChannelQueue::Shared(q) => q.set_now(now_ns),
+        }
+    }
+
+    /// Commands that can be queued now.
+    #[inline]
+    pub fn free(&self) -> usize {
+        match self {
+            ChannelQueue::Own(q) => q.free(),
+            ChannelQueue::Shared(q) => q.free(),
+        }
+    }
+
+    /// The controller is gone: namespace `nsid`'s commands in flight fail with "Host Pathing
+    /// Error" (a shared queue's other namespaces' at their next poll).
+    pub fn abandon(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
+        match self {
+            ChannelQueue::Own(q) => q.abandon(on_done),
+            ChannelQueue::Shared(q) => q.abandon(nsid, on_done),
+        }
+    }
+
+    /// Why the queue ended, once it has (a remote target gone or lost).
+    pub fn ended(&self) -> Option<String> {
+        match self {
+            ChannelQueue::Own(q) => q.ended(),
+            ChannelQueue::Shared(q) => q.ended(),
+        }
+    }
+
+    /// Namespace `nsid`'s channel is gone: a shared queue no longer keeps its completions.
+    pub fn remove_route(&self, nsid: u32) {
+        if let ChannelQueue::Shared(q) = self {
+            q.remove_route(nsid);
+        }
     }
 }
 
@@ -158,7 +261,7 @@ impl SharedQueue {
     }
 
     /// Namespace `nsid`'s channel is gone: its completions are no longer kept.
-    pub fn remove_route(&self, nsid: u32) {
+    fn remove_route(&self, nsid: u32) {
         if let Ok(mut s) = self.0.try_borrow_mut() {
             s.routes.retain(|r| r.nsid != nsid);
         }
@@ -169,7 +272,7 @@ impl SharedQueue {
     #[inline]
     pub fn submit(
         &self,
-        ns: IoNamespace,
+        ns: QueueNamespace,
         op: Op,
         lba: u64,
         blocks: u32,

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::QueueNamespace;
 use crate::block::{ChannelOptions, DmaTarget};
 use crate::fabric::host::HostOptions;
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
-use crate::fabric::initiator::{IoNamespace, IoQueue, QueueParams};
+use crate::fabric::initiator::{IoQueue, QueueParams};
 
 /// What the owner learned from a remote controller (its admin queue), shared by the devices
 /// of its namespaces: enough to connect I/O queues to it.
@@ -100,7 +101,7 @@ impl RemoteQueues {
     /// namespace its Connect names (any of those it carries).
     pub fn connect(
         self: &Arc<Self>,
-        ns: IoNamespace,
+        ns: QueueNamespace,
         entries: u16,
         options: &ChannelOptions,
     ) -> Result<RemoteQueue, usnvme_driver::Error> {
