@@ -58,7 +58,7 @@ pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         Some(_) => args.target.clone(),
         None => args.target.with_subnqn(DISCOVERY_NQN),
     };
-    let log = with_controller(&target, &opts, |c| c.discovery_log())?;
+    let log = with_controller(&target, &opts, |c| Ok(c.discovery_log()?))?;
     let text = if args.json {
         let report = Report {
             target: args.target.to_string(),

@@ -9,9 +9,7 @@ use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::log::CriticalWarning;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::vfio::PcieLink;
-use usnvme_driver::Controller;
-use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
+use usnvme_engine::transport::{Controller, ControllerError, Reach};
 
 use crate::format::{names_or_none, si_bytes, Fields};
 use crate::open;
@@ -20,7 +18,7 @@ use crate::open;
 pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, args, out, report, &remote_report, render)
+    open::report(sysfs, args, out, report, render)
 }
 
 /// One controller's health, as `--json` prints it. Counters are the log's, unscaled, except
@@ -96,36 +94,26 @@ impl LinkReport {
     }
 }
 
-/// Reads the SMART / Health log of `ctrl`.
-pub fn report(ctrl: &Controller) -> Result<HealthReport> {
+/// Reads the SMART / Health log of `ctrl` (a remote one's: the target's, for the whole
+/// subsystem).
+pub fn report(ctrl: &mut Controller<'_>) -> Result<HealthReport, ControllerError> {
     let smart = ctrl.smart_log()?;
-    let id = ctrl.identify();
-    Ok(HealthReport::new(
-        ctrl.name(),
-        &id.model(),
-        &id.serial(),
-        &smart,
-        (id.wctemp, id.cctemp),
-        ctrl.pcie_link(),
-    ))
-}
-
-/// The SMART / Health log of a remote controller (the target's, for the whole subsystem).
-pub fn remote_report(
-    ctrl: &mut RemoteController,
-    target: &TcpAddress,
-) -> Result<HealthReport, RemoteError> {
-    let smart = ctrl.smart_log()?;
-    let id = ctrl.identify_controller()?;
+    let id = ctrl.identify()?;
+    let link = match ctrl.reach() {
+        Reach::Pcie { link, .. } => link,
+        Reach::Tcp { .. } => None,
+    };
     let mut report = HealthReport::new(
-        &target.to_string(),
+        &ctrl.name(),
         &id.model(),
         &id.serial(),
         &smart,
         (id.wctemp, id.cctemp),
-        None,
+        link,
     );
-    report.transport = "tcp";
+    if let Controller::Tcp { .. } = ctrl {
+        report.transport = "tcp";
+    }
     Ok(report)
 }
 

@@ -7,9 +7,8 @@ use anyhow::Result;
 use serde::Serialize;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
-use usnvme_driver::{Controller, Namespace};
-use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
+use usnvme_driver::Namespace;
+use usnvme_engine::transport::{Controller, ControllerError, Reach};
 
 use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
 use crate::open;
@@ -18,7 +17,7 @@ use crate::open;
 pub type Args = open::Targets;
 
 pub fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    open::report(sysfs, args, out, report, &remote_report, render)
+    open::report(sysfs, args, out, report, render)
 }
 
 /// One controller, as `--json` prints it.
@@ -103,44 +102,37 @@ pub struct LbaFormatReport {
     pub in_use: bool,
 }
 
-/// The facts of `ctrl`.
-pub fn report(ctrl: &Controller) -> Result<ControllerReport> {
-    let id = ctrl.identify();
-    Ok(ControllerReport {
-        address: ctrl.name().to_owned(),
-        model: id.model(),
-        serial: id.serial(),
-        firmware: id.firmware(),
-        vendor_id: id.vid,
-        subsystem_vendor_id: id.ssvid,
-        controller_id: id.cntlid,
-        nvme_version: ctrl.version().to_string(),
-        mdts_bytes: id.mdts_bytes(ctrl.cap().min_page_size()),
-        max_transfer_bytes: ctrl.max_transfer(),
-        number_of_namespaces: id.nn,
-        oacs: id.oacs().names().collect(),
-        oncs: id.oncs().names().collect(),
-        sgl_support: sgl_name(id.sgl_support()),
-        volatile_write_cache: id.vwc_present(),
-        io_queue_pairs: ctrl.io_queues_granted(),
-        shadow_doorbells: ctrl.shadow_doorbells(),
-        subsystem_nqn: id.subnqn(),
-        namespaces: ctrl.namespaces().iter().map(namespace).collect(),
-        fabric: None,
-    })
-}
-
-/// The facts of a remote controller (no I/O queues are created: those lines are left out).
-pub fn remote_report(
-    ctrl: &mut RemoteController,
-    target: &TcpAddress,
-) -> Result<ControllerReport, RemoteError> {
-    let id = ctrl.identify_controller()?;
-    let namespaces = ctrl.namespaces(id.nn)?;
+/// The facts of `ctrl`, local or remote (a remote one has no I/O queues here: those lines are
+/// left out, and its transport is shown).
+pub fn report(ctrl: &mut Controller<'_>) -> Result<ControllerReport, ControllerError> {
+    let id = ctrl.identify()?;
+    let namespaces = ctrl.namespaces(&id)?;
     let mdts_bytes = id.mdts_bytes(ctrl.cap().min_page_size());
-    let digests = ctrl.digests();
+    let (max_transfer_bytes, io_queue_pairs, shadow_doorbells, fabric) = match ctrl.reach() {
+        Reach::Pcie {
+            io_queue_pairs,
+            max_transfer,
+            shadow_doorbells,
+            ..
+        } => (max_transfer, io_queue_pairs, shadow_doorbells, None),
+        Reach::Tcp {
+            target,
+            digests,
+            maxh2cdata,
+        } => {
+            let fabric = FabricReport {
+                transport: "tcp",
+                target,
+                header_digest: digests.header,
+                data_digest: digests.data,
+                in_capsule_bytes: (u64::from(id.ioccsz) * 16).saturating_sub(64),
+                maxh2cdata_bytes: maxh2cdata,
+            };
+            (mdts_bytes.unwrap_or(0), 0, false, Some(fabric))
+        }
+    };
     Ok(ControllerReport {
-        address: target.to_string(),
+        address: ctrl.name(),
         model: id.model(),
         serial: id.serial(),
         firmware: id.firmware(),
@@ -149,24 +141,17 @@ pub fn remote_report(
         controller_id: id.cntlid,
         nvme_version: ctrl.version().to_string(),
         mdts_bytes,
-        max_transfer_bytes: mdts_bytes.unwrap_or(0),
+        max_transfer_bytes,
         number_of_namespaces: id.nn,
         oacs: id.oacs().names().collect(),
         oncs: id.oncs().names().collect(),
         sgl_support: sgl_name(id.sgl_support()),
         volatile_write_cache: id.vwc_present(),
-        io_queue_pairs: 0,
-        shadow_doorbells: false,
+        io_queue_pairs,
+        shadow_doorbells,
         subsystem_nqn: id.subnqn(),
         namespaces: namespaces.iter().map(namespace).collect(),
-        fabric: Some(FabricReport {
-            transport: "tcp",
-            target: ctrl.addr().to_string(),
-            header_digest: digests.header,
-            data_digest: digests.data,
-            in_capsule_bytes: (u64::from(id.ioccsz) * 16).saturating_sub(64),
-            maxh2cdata_bytes: ctrl.maxh2cdata(),
-        }),
+        fabric,
     })
 }
 

@@ -13,7 +13,7 @@ use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::engine::AttachError;
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::host::HostOptions;
-use usnvme_engine::fabric::remote::{RemoteController, RemoteError};
+use usnvme_engine::transport::{Controller as AnyController, ControllerError};
 use usnvme_engine::Drive;
 
 use crate::remote::{with_controller, RemoteArgs, Target};
@@ -143,20 +143,15 @@ pub fn all_targets(sysfs: &Sysfs, given: &[Target]) -> Result<Vec<Target>> {
     Ok(all)
 }
 
-/// The job on a remote controller: its report, from the controller and its address.
-pub type RemoteJob<'a, T> =
-    dyn Fn(&mut RemoteController, &TcpAddress) -> Result<T, RemoteError> + Sync + 'a;
-
-/// The whole of `identify` and `health`: a report from every target controller, local (`job`)
-/// or remote (`remote`, each on its own connection, shut down after), printed on `out` as text
+/// The whole of `identify` and `health`: a report (`job`) from every target controller, local
+/// or remote (each on its own connection, shut down after), printed on `out` as text
 /// (`render`, one block per controller, a blank line between) or as a JSON array, in the order
 /// the targets were given.
 pub fn report<T: Serialize + Send>(
     sysfs: &Sysfs,
     args: &Targets,
     out: &mut dyn Write,
-    job: impl Fn(&Controller) -> Result<T> + Sync,
-    remote: &RemoteJob<'_, T>,
+    job: impl Fn(&mut AnyController<'_>) -> Result<T, ControllerError> + Sync,
     render: impl Fn(&T) -> String,
 ) -> Result<()> {
     let json = args.json;
@@ -192,6 +187,7 @@ pub fn report<T: Serialize + Send>(
     } else {
         args.remote.host_options(sysfs.root())?
     };
+    let job = &job;
     let (mut local_results, mut remote_results) = std::thread::scope(|scope| {
         let threads: Vec<_> = remotes
             .iter()
@@ -200,14 +196,19 @@ pub fn report<T: Serialize + Send>(
                 std::thread::Builder::new()
                     .name(format!("usnvme {addr}"))
                     .spawn_scoped(scope, move || {
-                        with_controller(addr, opts, |c| remote(c, addr))
+                        with_controller(addr, opts, |ctrl| {
+                            job(&mut AnyController::Tcp {
+                                ctrl,
+                                address: addr,
+                            })
+                        })
                     })
             })
             .collect();
         let local_results = if local.is_empty() {
             Ok(Vec::new())
         } else {
-            each(sysfs, &local, &job)
+            each(sysfs, &local, |c| Ok(job(&mut AnyController::Pcie(c))?))
         };
         let remote_results: Vec<Result<T>> = threads
             .into_iter()
@@ -305,29 +306,22 @@ mod tests {
         fake.add_pci_device("0000:02:00.0", 0x010802, 0x1b36, 0x0010)
             .bind("nvme");
         let mut out = Vec::new();
-        let job = |_: &Controller| -> Result<u32> { unreachable!("nothing to open") };
-        let remote = |_: &mut RemoteController, _: &TcpAddress| -> Result<u32, RemoteError> {
-            unreachable!("nothing to connect to")
+        let job = |_: &mut AnyController<'_>| -> Result<u32, ControllerError> {
+            unreachable!("nothing to open")
         };
         let mut args = Targets {
             devices: Vec::new(),
             json: false,
             remote: RemoteArgs::default(),
         };
-        report(&fake.sysfs(), &args, &mut out, job, &remote, |_| {
-            String::new()
-        })
-        .expect("no error");
+        report(&fake.sysfs(), &args, &mut out, job, |_| String::new()).expect("no error");
         let text = String::from_utf8(out).expect("UTF-8");
         assert!(text.contains("usnvme setup bind"), "{text}");
         assert!(text.contains("usnvme list"), "{text}");
 
         let mut out = Vec::new();
         args.json = true;
-        report(&fake.sysfs(), &args, &mut out, job, &remote, |_| {
-            String::new()
-        })
-        .expect("no error");
+        report(&fake.sysfs(), &args, &mut out, job, |_| String::new()).expect("no error");
         assert_eq!(out, b"[]\n");
     }
 

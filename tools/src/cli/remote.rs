@@ -12,6 +12,7 @@ use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
 use usnvme_engine::fabric::host::HostOptions;
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::remote::{host_id_for, host_identity, RemoteController, RemoteError};
+use usnvme_engine::transport::ControllerError;
 
 /// How this host reaches remote targets.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -152,11 +153,14 @@ pub fn explain(e: RemoteError, target: &TcpAddress) -> anyhow::Error {
 pub fn with_controller<T>(
     target: &TcpAddress,
     opts: &HostOptions,
-    job: impl FnOnce(&mut RemoteController) -> Result<T, RemoteError>,
+    job: impl FnOnce(&mut RemoteController) -> Result<T, ControllerError>,
 ) -> anyhow::Result<T> {
     let subnqn = target.subnqn.as_deref().unwrap_or_default();
     let mut ctrl = connect(target, subnqn, opts)?;
-    let result = job(&mut ctrl).map_err(|e| explain(e, target))?;
+    let result = job(&mut ctrl).map_err(|e| match e {
+        ControllerError::Tcp(e) => explain(e, target),
+        other => anyhow::Error::new(other),
+    })?;
     if let Err(e) = ctrl.shutdown() {
         log::warn!("{target}: {e}");
     }
