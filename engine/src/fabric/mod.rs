@@ -6,6 +6,7 @@
 
 pub mod address;
 pub mod export;
+pub mod framing;
 pub mod host;
 pub mod initiator;
 pub mod pdu;
