@@ -114,10 +114,17 @@ impl<D: Copy> Transmitter<D> {
         self.segments.push_back(Segment::Bytes { at, len });
     }
 
-    /// Makes room for `n` more bytes without growing the buffer where the bytes already sent
+    /// Makes room for `n` more bytes without growing the buffer, where the bytes already sent
     /// at its start can go; where they will start.
     fn room(&mut self, n: usize) -> usize {
         if self.bytes.len() + n > self.bytes.capacity() {
+            // the sent part of a partly sent front segment goes too (a run of responses
+            // merged into one segment would otherwise never give any space back)
+            if let Some(Segment::Bytes { at, len }) = self.segments.front_mut() {
+                *at += self.front_sent;
+                *len -= self.front_sent;
+                self.front_sent = 0;
+            }
             let first = self.segments.iter().find_map(|s| match *s {
                 Segment::Bytes { at, .. } => Some(at),
                 Segment::Data { .. } => None,

@@ -191,6 +191,14 @@ impl Buffers<Chunk> for Sending<'_> {
     }
 }
 
+/// The `len` bytes of its command's buffer a C2HData fills.
+fn destination<'m>(
+    mem: &'m IovaMemory,
+    slots: &'m [Slot],
+) -> impl Fn(&Transfer, usize) -> Option<VolatileSlice<'m>> {
+    move |t, len| slice(mem, slots.get(t.slot as usize)?.iova, t.offset, len)
+}
+
 /// The state machine of one I/O queue.
 #[derive(Debug)]
 pub struct Session {
@@ -521,8 +529,7 @@ impl Session {
                 peek: 2 * (SHORT_HEADER + hdgst),
                 batch: if batch { RX_BATCH } else { 0 },
             };
-            let slots = &self.slots;
-            let dest = |t: &Transfer, len| slice(mem, slots[t.slot as usize].iova, t.offset, len);
+            let dest = destination(mem, &self.slots);
             match self.rx.read(src, need, ahead, &mut budget, dest) {
                 Ok(Read::Got(_)) => {}
                 Ok(Read::Drained) => return Receive::Drained,
@@ -554,9 +561,7 @@ impl Session {
                 alignment: host::HPDA,
             },
         };
-        let slots = &self.slots;
-        let dest = |t: &Transfer, len| slice(mem, slots[t.slot as usize].iova, t.offset, len);
-        match self.rx.step(&rules, dest)? {
+        match self.rx.step(&rules, destination(mem, &self.slots))? {
             Step::Need(need) => return Ok(Some(need)),
             Step::Header(header, layout) if header.pdu_type == PduType::C2HData => {
                 let head = &self.rx.pending()[..layout.header_bytes + layout.pad];

@@ -22,8 +22,8 @@
 //! [`Connection::copied`].)
 //!
 //! The connection's state is here; what it does is in one file per concern: `receive` (PDUs
-//! in: the receive buffer, transfers into the commands' buffers, dispatch), `transmit`
-//! (responses, R2Ts, C2HData out: the transmit buffer and its back pressure), `fabrics` (ICReq,
+//! in through the shared [`framing`](crate::fabric::framing): where data goes, dispatch),
+//! `transmit` (responses, R2Ts, C2HData out through it), `fabrics` (ICReq,
 //! Connect, properties, Disconnect), `admin_queue` (Keep Alive, events, SMART from the drives),
 //! `io_queue` (the NVM commands and their data), `shutdown` (CC.SHN, the timers, and how a
 //! connection ends).
@@ -196,7 +196,7 @@ pub struct Connection {
     limits: ConnectionLimits,
     /// PDUs in: headers and what the connection keeps whole, write data into the commands'
     /// buffers.
-    rx: Receiver<receive::Into>,
+    rx: Receiver<receive::DataInto>,
     /// PDUs in a row without data for the drives (saturating): headers are read ahead in
     /// batches from [`QUIET_BEFORE_READ_AHEAD`] on.
     quiet: u16,

@@ -32,7 +32,7 @@ const AFTER_FIRST: &[PduType] = &[PduType::H2CTermReq, PduType::CapsuleCmd, PduT
 
 /// Where the data of the PDU being received goes: command `token`'s buffer from `offset`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Into {
+pub(super) struct DataInto {
     token: u16,
     offset: usize,
     /// H2CData: whether it is the transfer's last PDU; None for in-capsule data.
@@ -40,7 +40,9 @@ pub(super) struct Into {
 }
 
 /// The `len` bytes of `backend`'s buffers a transfer fills.
-fn destination<'b>(backend: &'b dyn Backend) -> impl Fn(&Into, usize) -> Option<VolatileSlice<'b>> {
+fn destination<'b>(
+    backend: &'b dyn Backend,
+) -> impl Fn(&DataInto, usize) -> Option<VolatileSlice<'b>> {
     move |t, len| {
         backend
             .buffer(t.token)
@@ -180,11 +182,11 @@ impl Connection {
         header: &CommonHeader,
         layout: &Layout,
         backend: &mut dyn Backend,
-    ) -> Result<Option<Into>, FatalError> {
+    ) -> Result<Option<DataInto>, FatalError> {
         match header.pdu_type {
             PduType::H2CData => {
                 let (d, last) = self.check_h2c_data(layout.data)?;
-                Ok(Some(Into {
+                Ok(Some(DataInto {
                     token: d.ttag,
                     offset: d.offset as usize,
                     last: Some(last),
@@ -206,7 +208,7 @@ impl Connection {
                     return Ok(None);
                 }
                 self.occupy(token, (sqe.cdw0 >> 16) as u16, ns, op, offset, len);
-                Ok(Some(Into {
+                Ok(Some(DataInto {
                     token,
                     offset: 0,
                     last: None,
@@ -217,7 +219,7 @@ impl Connection {
     }
 
     /// All `len` bytes of a transfer are in its command's buffer (and their digest checked).
-    fn transfer_done(&mut self, t: Into, len: usize, backend: &mut dyn Backend) {
+    fn transfer_done(&mut self, t: DataInto, len: usize, backend: &mut dyn Backend) {
         let Some(slot) = self.slots.get_mut(t.token as usize) else {
             return;
         };
