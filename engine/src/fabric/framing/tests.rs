@@ -231,7 +231,7 @@ fn data_read_ahead_with_its_header_is_copied_over_and_counted() {
 fn a_bad_data_digest_is_reported_and_the_stream_goes_on() {
     let mut stream = c2h(0, &pattern(64, 4), BOTH, true);
     stream.extend(resp(1, BOTH));
-    let mut buf = vec![0u8; 64];
+    let mut buf = [0u8; 64];
     let mut rx = Receiver::new(4096);
     let mut src = Trickle::new(&stream, 5, 30);
     let dst = VolatileSlice::from(&mut buf[..]);
