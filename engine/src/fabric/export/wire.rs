@@ -35,39 +35,6 @@ impl WriteWire for TcpStream {
     }
 }
 
-/// One read into a receive buffer, `rx`, whose bytes kept are `rx[*start..*end]`: makes room
-/// for `want` bytes after them (moving them to the front when they would not fit), then reads
-/// from `src` into `data` first (a command's buffer, when a transfer's data is due: no copy)
-/// and after it into that room. Returns the bytes read and how many of them went into `data`;
-/// the rest is added to `*end`. The initiator and the target receive through this one path.
-pub fn read_into<R: ReadWire + ?Sized>(
-    src: &mut R,
-    rx: &mut [u8],
-    (start, end): (&mut usize, &mut usize),
-    want: usize,
-    data: Option<VolatileSlice<'_>>,
-) -> io::Result<(usize, usize)> {
-    if *start == *end {
-        (*start, *end) = (0, 0);
-    } else if rx.len() - *end < want && *start > 0 {
-        rx.copy_within(*start..*end, 0);
-        *end -= *start;
-        *start = 0;
-    }
-    let stop = (*end + want).min(rx.len());
-    let tail = VolatileSlice::from(&mut rx[*end..stop]);
-    let (n, into_data) = match data {
-        None if tail.is_empty() => return Err(io::Error::other("the receive buffer is full")),
-        None => (src.read_parts(&[tail])?, 0),
-        Some(data) => {
-            let n = src.read_parts(&[data, tail])?;
-            (n, n.min(data.len()))
-        }
-    };
-    *end += n - into_data;
-    Ok((n, into_data))
-}
-
 fn volatile_error(e: vm_memory::VolatileMemoryError) -> io::Error {
     match e {
         vm_memory::VolatileMemoryError::IOError(e) => e,

@@ -24,7 +24,6 @@
 //! allocated per command: the slots, the receive buffer and the transmit queue are sized when
 //! the queue is set up.
 
-use std::collections::VecDeque;
 use std::io;
 
 use usnvme_driver::spec::fabrics::{CATTR_DISABLE_SQ_FLOW, CONNECT_DATA};
@@ -37,10 +36,11 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 
 use super::options::{HostError, HostOptions};
 use crate::block::Op;
-use crate::fabric::export::wire::{self, ReadWire, WriteWire};
+use crate::fabric::export::wire::{ReadWire, WriteWire};
+use crate::fabric::framing::{Ahead, Buffers, Need, Read, Receiver, Rules, Step, Transmitter};
 use crate::fabric::pdu::{
-    self, flags, CommonHeader, DataHeader, FatalError, IcReq, IcResp, Limits, OutHeader, PduType,
-    COMMON_HEADER, DIGEST, PFV_1_0, SHORT_HEADER,
+    self, flags, DataHeader, FatalError, IcReq, IcResp, Limits, OutHeader, PduType, DIGEST,
+    PFV_1_0, SHORT_HEADER,
 };
 
 /// Slots are the low bits of a command ID; the bits above are a generation, so that a
@@ -234,38 +234,46 @@ struct Slot {
     dw: [u32; 2],
 }
 
-/// A C2HData's data being received into its command's buffer.
+/// Where a C2HData's data goes: its command's buffer from `offset`.
 #[derive(Debug, Clone, Copy)]
 struct Transfer {
     slot: u16,
     offset: u32,
-    len: u32,
-    done: u32,
-    /// The PDU's header and padding, at `rx_start`.
-    head: usize,
-    digest: bool,
     flags: u8,
 }
 
+/// Where a data segment's bytes come from: slot `slot`'s buffer from `offset`.
 #[derive(Debug, Clone, Copy)]
-enum RxState {
-    Header,
-    Data(Transfer),
+struct Chunk {
+    slot: u16,
+    offset: u32,
 }
 
-/// What the receive side needs before it can go on.
-#[derive(Debug, Clone, Copy)]
-enum Need {
-    Header,
-    Exact(usize),
-    ThenHeader(usize),
+/// The slots' buffers, as the transmitter sees them.
+struct Sending<'a> {
+    slots: &'a mut [Slot],
+    mem: &'a IovaMemory,
 }
 
-/// A piece of what is to be sent: bytes of `tx`, or data from a command's buffer.
-#[derive(Debug, Clone, Copy)]
-enum Segment {
-    Bytes { at: usize, len: usize },
-    Data { slot: u16, offset: u32, len: u32 },
+impl Buffers<Chunk> for Sending<'_> {
+    fn data(&self, c: Chunk, len: usize) -> Option<VolatileSlice<'_>> {
+        let iova = self.slots.get(c.slot as usize)?.iova;
+        slice(self.mem, iova, c.offset, len)
+    }
+
+    fn sent(&mut self, c: Chunk) {
+        if let Some(s) = self.slots.get_mut(c.slot as usize) {
+            s.unsent = s.unsent.saturating_sub(1);
+        }
+    }
+}
+
+/// The `len` bytes of its command's buffer a C2HData fills.
+fn destination<'m>(
+    mem: &'m IovaMemory,
+    slots: &'m [Slot],
+) -> impl Fn(&Transfer, usize) -> Option<VolatileSlice<'m>> {
+    move |t, len| slice(mem, slots.get(t.slot as usize)?.iova, t.offset, len)
 }
 
 /// The state machine of one I/O queue.
@@ -282,15 +290,8 @@ pub struct Session {
     /// that C2HData lands in the DMA buffers and not in the header buffer.
     reads: usize,
     deferred: usize,
-    rx: Box<[u8]>,
-    rx_start: usize,
-    rx_end: usize,
-    rx_state: RxState,
-    /// Data bytes read ahead with a header and copied into a DMA buffer.
-    copied: u64,
-    tx: Vec<u8>,
-    segments: VecDeque<Segment>,
-    segment_sent: usize,
+    rx: Receiver<Transfer>,
+    tx: Transmitter<Chunk>,
     now_ns: u64,
     next_timeout_check: u64,
     ended: Option<Failure>,
@@ -338,15 +339,9 @@ impl Session {
             in_flight: 0,
             reads: 0,
             deferred: 0,
-            rx: vec![0; RX_BATCH + pdu::MAX_HEADER + 256].into_boxed_slice(),
-            rx_start: 0,
-            rx_end: 0,
-            rx_state: RxState::Header,
-            copied: 0,
+            rx: Receiver::new(RX_BATCH + pdu::MAX_HEADER + 256),
             // sized for real once ICResp tells MAXH2CDATA
-            tx: Vec::with_capacity(2048),
-            segments: VecDeque::with_capacity(8),
-            segment_sent: 0,
+            tx: Transmitter::new(2048, 8),
             now_ns: 0,
             next_timeout_check: 0,
             ended: None,
@@ -419,12 +414,12 @@ impl Session {
 
     /// Whether anything waits to be sent.
     pub fn has_outgoing(&self) -> bool {
-        !self.segments.is_empty()
+        !self.tx.is_empty()
     }
 
     /// Data bytes that were read ahead with a header and copied into a DMA buffer.
     pub fn copied(&self) -> u64 {
-        self.copied
+        self.rx.copied()
     }
 
     /// What the target granted: the digests and MAXH2CDATA.
@@ -434,7 +429,7 @@ impl Session {
 
     /// The transmit buffer's and segment queue's capacities (they must not grow; tests check).
     pub fn tx_capacity(&self) -> (usize, usize) {
-        (self.tx.capacity(), self.segments.capacity())
+        self.tx.capacity()
     }
 
     /// The owner's clock (nanoseconds), once per turn: the submission stamp of what follows,
@@ -627,53 +622,18 @@ impl Session {
     fn push_data(&mut self, index: u16, offset: u32, len: u32, mem: &IovaMemory) {
         let slot = &mut self.slots[index as usize];
         slot.unsent += 1;
-        let iova = slot.iova;
-        self.segments.push_back(Segment::Data {
+        let data = slice(mem, slot.iova, offset, len as usize);
+        let chunk = Chunk {
             slot: index,
             offset,
-            len,
-        });
-        if self.link.digests.data {
-            let digest =
-                slice(mem, iova, offset, len as usize).map_or(0, |d| pdu::crc32c_volatile(&d));
-            self.push_bytes(&digest.to_le_bytes());
-        }
+        };
+        self.tx
+            .push_data(chunk, len as usize, data, self.link.digests.data);
     }
 
     /// Queues `bytes` to be sent.
     fn push_bytes(&mut self, bytes: &[u8]) {
-        self.make_room(bytes.len());
-        let at = self.tx.len();
-        self.tx.extend_from_slice(bytes);
-        if let Some(Segment::Bytes { at: a, len: l }) = self.segments.back_mut() {
-            if *a + *l == at {
-                *l += bytes.len();
-                return;
-            }
-        }
-        self.segments.push_back(Segment::Bytes {
-            at,
-            len: bytes.len(),
-        });
-    }
-
-    /// Makes room for `n` more bytes in `tx` without growing it: the bytes already sent at its
-    /// start go.
-    fn make_room(&mut self, n: usize) {
-        if self.tx.len() + n <= self.tx.capacity() {
-            return;
-        }
-        let first = self.segments.iter().find_map(|s| match *s {
-            Segment::Bytes { at, .. } => Some(at),
-            Segment::Data { .. } => None,
-        });
-        let first = first.unwrap_or(self.tx.len());
-        self.tx.drain(..first);
-        for s in self.segments.iter_mut() {
-            if let Segment::Bytes { at, .. } = s {
-                *at -= first;
-            }
-        }
+        self.tx.push(bytes);
     }
 
     /// Sends what `dst` takes now: headers and write data gathered in one write (the data
@@ -683,71 +643,11 @@ impl Session {
         dst: &mut W,
         mem: &IovaMemory,
     ) -> io::Result<usize> {
-        let mut total = 0;
-        while !self.segments.is_empty() {
-            let written = {
-                let tx = VolatileSlice::from(&mut self.tx[..]);
-                let mut parts = [VolatileSlice::from(&mut [][..]); usnvme_hugepages::MAX_PARTS];
-                let mut n = 0;
-                let mut skip = self.segment_sent;
-                for segment in self.segments.iter().take(parts.len()) {
-                    let part = match *segment {
-                        Segment::Bytes { at, len } => tx.subslice(at + skip, len - skip).ok(),
-                        Segment::Data { slot, offset, len } => {
-                            let iova = self.slots[slot as usize].iova;
-                            slice(mem, iova, offset, len as usize)
-                                .and_then(|d| d.subslice(skip, len as usize - skip).ok())
-                        }
-                    };
-                    parts[n] =
-                        part.ok_or_else(|| io::Error::other("a segment outside its buffer"))?;
-                    n += 1;
-                    skip = 0;
-                }
-                match dst.write_parts(&parts[..n]) {
-                    Ok(0) => break,
-                    Ok(w) => w,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            total += written;
-            self.sent(written);
-        }
-        Ok(total)
-    }
-
-    /// `n` more bytes of the queued segments were sent.
-    fn sent(&mut self, mut n: usize) {
-        while n > 0 {
-            let Some(&front) = self.segments.front() else {
-                break;
-            };
-            let len = match front {
-                Segment::Bytes { len, .. } => len,
-                Segment::Data { len, .. } => len as usize,
-            };
-            let k = n.min(len - self.segment_sent);
-            self.segment_sent += k;
-            n -= k;
-            if self.segment_sent < len {
-                break;
-            }
-            self.segments.pop_front();
-            self.segment_sent = 0;
-            if let Segment::Data { slot, .. } = front {
-                let s = &mut self.slots[slot as usize];
-                s.unsent = s.unsent.saturating_sub(1);
-            }
-        }
-        if !self
-            .segments
-            .iter()
-            .any(|s| matches!(s, Segment::Bytes { .. }))
-        {
-            self.tx.clear();
-        }
+        let mut sending = Sending {
+            slots: &mut self.slots,
+            mem,
+        };
+        self.tx.transmit(dst, &mut sending)
     }
 
     /// Reads from `src` and acts on what came, until it has nothing more now or the queue
@@ -758,7 +658,7 @@ impl Session {
         mem: &IovaMemory,
         on_done: &mut impl FnMut(Completion),
     ) -> Receive {
-        let mut taken = 0;
+        let mut budget = READ_BUDGET;
         loop {
             if self.phase == Phase::Ended {
                 return Receive::Ended;
@@ -771,70 +671,25 @@ impl Session {
                     continue;
                 }
             };
-            if taken >= READ_BUDGET {
-                return Receive::Drained;
-            }
-            match self.read(src, need, mem) {
-                Ok(0) => self.end(Failure::Closed),
-                Ok(n) => taken += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Receive::Drained,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            let hdgst = if self.link.digests.header { DIGEST } else { 0 };
+            let batch = self.reads == 0 && self.phase == Phase::Ready;
+            let ahead = Ahead {
+                // every PDU a host receives in I/O has a 24-byte header: a response and the
+                // header after it
+                peek: 2 * (SHORT_HEADER + hdgst),
+                batch: if batch { RX_BATCH } else { 0 },
+            };
+            let dest = destination(mem, &self.slots);
+            match self.rx.read(src, need, ahead, &mut budget, dest) {
+                Ok(Read::Got(_)) => {}
+                Ok(Read::Drained) => return Receive::Drained,
+                Ok(Read::Ended) => self.end(Failure::Closed),
                 Err(e) => {
                     log::log!(self.log_level(), "NVMe/TCP queue {}: {e}", self.params.qid);
                     self.end(Failure::Closed);
                 }
             }
         }
-    }
-
-    /// One read from `src`: into the receive buffer or, receiving C2HData, into the command's
-    /// buffer and, after it, the data digest and the next headers into the receive buffer.
-    fn read<R: ReadWire + ?Sized>(
-        &mut self,
-        src: &mut R,
-        need: Need,
-        mem: &IovaMemory,
-    ) -> io::Result<usize> {
-        let hdgst = if self.link.digests.header { DIGEST } else { 0 };
-        // every PDU a host receives in I/O has a 24-byte header: a response and the header
-        // after it
-        let peek = 2 * (SHORT_HEADER + hdgst);
-        let have = self.rx_end - self.rx_start;
-        let batch = self.reads == 0 && self.phase == Phase::Ready;
-        let mut want = match need {
-            Need::Header if batch => RX_BATCH,
-            Need::Header => peek.saturating_sub(have).max(1),
-            Need::Exact(n) => n,
-            Need::ThenHeader(n) => n + peek,
-        };
-        if let RxState::Data(t) = self.rx_state {
-            want = if t.digest { DIGEST } else { 0 } + peek;
-        }
-        let transfer = match self.rx_state {
-            RxState::Data(t) if t.done < t.len => Some(t),
-            _ => None,
-        };
-        let data = match transfer {
-            None => None,
-            Some(t) => {
-                let iova = self.slots[t.slot as usize].iova;
-                Some(
-                    slice(mem, iova, t.offset + t.done, (t.len - t.done) as usize)
-                        .ok_or_else(|| io::Error::other("a transfer without its buffer"))?,
-                )
-            }
-        };
-        let (n, into_data) = wire::read_into(
-            src,
-            &mut self.rx,
-            (&mut self.rx_start, &mut self.rx_end),
-            want,
-            data,
-        )?;
-        if let RxState::Data(t) = &mut self.rx_state {
-            t.done += into_data as u32;
-        }
-        Ok(n)
     }
 
     /// Acts on what the receive buffer holds: None when something was done (call again), else
@@ -844,101 +699,49 @@ impl Session {
         mem: &IovaMemory,
         on_done: &mut impl FnMut(Completion),
     ) -> Result<Option<Need>, FatalError> {
-        let have = self.rx_end - self.rx_start;
-        let b = self.rx_start;
-        match self.rx_state {
-            RxState::Header => {
-                if have < COMMON_HEADER {
-                    return Ok(Some(Need::Header));
-                }
-                let common: &[u8; COMMON_HEADER] = self.rx[b..b + COMMON_HEADER]
-                    .try_into()
-                    .map_err(|_| FatalError::Sequence("short header"))?;
-                let setup = self.phase == Phase::AwaitIcResp;
-                let allowed = if setup { SETUP } else { READY };
-                let header = CommonHeader::parse(common, allowed)?;
-                let limits = Limits {
-                    digests: (!setup).then_some(self.link.digests),
-                    max_data: self.params.max_transfer,
-                    alignment: HPDA,
-                };
-                let layout = header.layout(&limits)?;
-                let head = layout.header_bytes + layout.pad;
-                if have < head {
-                    return Ok(Some(Need::Exact(head - have)));
-                }
-                let hlen = header.pdu_type.header_len();
-                if layout.header_bytes > hlen {
-                    pdu::check_header_digest(&self.rx[b..b + layout.header_bytes], hlen)?;
-                }
-                if header.pdu_type == PduType::C2HData {
-                    let t = self.c2h_data(&self.rx[b..b + head], layout.data, header.flags)?;
-                    self.rx_state = RxState::Data(Transfer {
-                        head,
-                        digest: layout.data_digest,
-                        ..t
-                    });
-                    return Ok(None);
-                }
-                // the rest is kept whole: at most a TermReq's 152 bytes
-                let plen = header.plen as usize;
-                if have < plen {
-                    return Ok(Some(Need::Exact(plen - have)));
-                }
-                self.on_pdu(header.pdu_type, b, plen, mem, on_done)?;
-                if self.phase != Phase::Ended {
-                    self.rx_start += plen;
-                }
-                Ok(None)
+        let setup = self.phase == Phase::AwaitIcResp;
+        let allowed = if setup { SETUP } else { READY };
+        let rules = Rules {
+            known: allowed,
+            now: allowed,
+            out_of_sequence: "",
+            limits: Limits {
+                digests: (!setup).then_some(self.link.digests),
+                max_data: self.params.max_transfer,
+                alignment: HPDA,
+            },
+        };
+        match self.rx.step(&rules, destination(mem, &self.slots))? {
+            Step::Need(need) => return Ok(Some(need)),
+            Step::Header(header, layout) if header.pdu_type == PduType::C2HData => {
+                let head = &self.rx.pending()[..layout.header_bytes + layout.pad];
+                let t = self.c2h_data(head, layout.data, header.flags)?;
+                self.rx.receive_data(t, &layout);
             }
-            RxState::Data(mut t) => {
-                let own = b + t.head;
-                let iova = self.slots[t.slot as usize].iova;
-                if t.done < t.len {
-                    let ahead = self.rx_end - own;
-                    if ahead == 0 {
-                        return Ok(Some(Need::Exact((t.len - t.done) as usize)));
-                    }
-                    // data read ahead with the header: copy it over
-                    let k = ahead.min((t.len - t.done) as usize);
-                    let into = slice(mem, iova, t.offset + t.done, k)
-                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
-                    into.copy_from(&self.rx[own..own + k]);
-                    self.rx.copy_within(own + k..self.rx_end, own);
-                    self.rx_end -= k;
-                    t.done += k as u32;
-                    self.copied += k as u64;
-                    self.rx_state = RxState::Data(t);
-                    return Ok(None);
+            // the rest is kept whole: at most a TermReq's 152 bytes
+            Step::Header(header, layout) => self.rx.keep_whole(header, layout)?,
+            Step::Whole(header, _) => {
+                self.on_pdu(header.pdu_type, header.plen as usize, mem, on_done)?;
+                if self.phase != Phase::Ended {
+                    self.rx.next_pdu();
                 }
-                let digest = if t.digest { DIGEST } else { 0 };
-                if self.rx_end - own < digest {
-                    return Ok(Some(Need::ThenHeader(digest - (self.rx_end - own))));
-                }
-                let mut corrupt = false;
-                if t.digest {
-                    let got = u32::from_le_bytes([
-                        self.rx[own],
-                        self.rx[own + 1],
-                        self.rx[own + 2],
-                        self.rx[own + 3],
-                    ]);
-                    let data = slice(mem, iova, t.offset, t.len as usize)
-                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
-                    corrupt = pdu::crc32c_volatile(&data) != got;
-                }
-                self.rx_start = own + digest;
-                self.rx_state = RxState::Header;
+            }
+            Step::Data {
+                tag: t,
+                len,
+                digest_ok,
+            } => {
+                self.rx.next_pdu();
                 let s = &mut self.slots[t.slot as usize];
-                s.received = t.offset + t.len;
-                s.corrupt |= corrupt;
+                s.received = t.offset + len as u32;
+                s.corrupt |= !digest_ok;
                 if t.flags & flags::SUCCESS != 0 {
                     // the target skipped the CapsuleResp: this is the command's completion
                     self.complete(t.slot, Status::SUCCESS, [0, 0], on_done);
                 }
-                Ok(None)
             }
         }
+        Ok(None)
     }
 
     /// The slot of command `cid`, if it is in flight.
@@ -983,26 +786,21 @@ impl Session {
         Ok(Transfer {
             slot: index,
             offset: d.offset,
-            len: d.length,
-            done: 0,
-            head: 0,
-            digest: false,
             flags: f,
         })
     }
 
-    /// A whole PDU (not C2HData) at `b` in the receive buffer, `plen` bytes.
+    /// A whole PDU (not C2HData) in the receive buffer, `plen` bytes.
     fn on_pdu(
         &mut self,
         t: PduType,
-        b: usize,
         plen: usize,
         mem: &IovaMemory,
         on_done: &mut impl FnMut(Completion),
     ) -> Result<(), FatalError> {
         match t {
             PduType::IcResp => {
-                let resp = IcResp::parse(&self.rx[b..b + plen])?;
+                let resp = IcResp::parse(&self.rx.pending()[..plen])?;
                 self.link = check_ic_resp(&resp, self.asked)?;
                 self.size_tx();
                 let data = self
@@ -1033,7 +831,7 @@ impl Session {
                 Ok(())
             }
             PduType::C2HTermReq => {
-                let (fes, fei) = pdu::parse_term_req(&self.rx[b..b + plen]).unwrap_or((0, 0));
+                let (fes, fei) = pdu::parse_term_req(&self.rx.pending()[..plen]).unwrap_or((0, 0));
                 log::log!(
                     self.log_level(),
                     "NVMe/TCP queue {}: the target ended the connection (FES {fes}, FEI {fei})",
@@ -1045,7 +843,8 @@ impl Session {
             PduType::CapsuleResp => {
                 let cqe = self
                     .rx
-                    .get(b + 8..b + SHORT_HEADER)
+                    .pending()
+                    .get(8..SHORT_HEADER)
                     .and_then(Cqe::from_slice)
                     .ok_or(field(2, "HLEN"))?;
                 if self.phase == Phase::AwaitConnect {
@@ -1081,7 +880,7 @@ impl Session {
                 Ok(())
             }
             PduType::R2T => {
-                let d = DataHeader::parse(&self.rx[b..b + plen])?;
+                let d = DataHeader::parse(&self.rx.pending()[..plen])?;
                 self.on_r2t(&d, mem)
             }
             _ => Err(field(0, "PDU-Type")),
@@ -1151,10 +950,8 @@ impl Session {
             + 2 * DIGEST
             + SHORT_HEADER
             + pdu::TERM_REQ_MAX_DATA;
-        self.tx.reserve_exact(bytes.saturating_sub(self.tx.len()));
         let segments = entries * (2 + 2 * chunks) + 8;
-        self.segments
-            .reserve_exact(segments.saturating_sub(self.segments.len()));
+        self.tx.reserve(bytes, segments);
     }
 
     /// Command `index` completed with `status`: to the handler, unless its data is still
@@ -1216,9 +1013,8 @@ impl Session {
     /// ended, fails everything in flight (nothing is sent from the buffers any more).
     pub fn deliver(&mut self, on_done: &mut impl FnMut(Completion)) {
         if let Some(reason) = self.ended {
-            self.segments.clear();
-            self.tx.clear();
-            self.segment_sent = 0;
+            // (the slots' `unsent` go with the slots, just below)
+            self.tx.clear(|_| {});
             self.deferred = 0;
             for index in 0..self.slots.len() as u16 {
                 let s = self.slots[index as usize];
@@ -1307,7 +1103,7 @@ impl Session {
             error.fes(),
             error.fei()
         );
-        let bad = pdu::offending(&self.rx[self.rx_start..self.rx_end]);
+        let bad = pdu::offending(self.rx.pending());
         let term = pdu::TermReq::new(PduType::H2CTermReq, &error, bad);
         self.push_bytes(term.as_slice());
         self.end(Failure::Protocol(error));

@@ -12,7 +12,7 @@ use crate::fabric::pdu::{FatalError, IcReq, IcResp, PFV_1_0};
 
 impl Connection {
     pub(super) fn on_ic_req(&mut self) -> Result<(), FatalError> {
-        let req = IcReq::parse(&self.rx[self.rx_start..self.rx_end])?;
+        let req = IcReq::parse(self.rx.pending())?;
         self.digests = req.digests;
         self.host_alignment = req.hpda;
         self.phase = Phase::Ready;
@@ -22,7 +22,7 @@ impl Connection {
             digests: req.digests,
             maxh2cdata: self.limits.maxh2cdata,
         };
-        self.push_bytes(&resp.encode());
+        self.tx.push(&resp.encode());
         Ok(())
     }
 
@@ -42,7 +42,7 @@ impl Connection {
         };
         match command {
             FabricsCommand::Connect(connect) => {
-                let parsed = ConnectData::parse(&self.rx[data]);
+                let parsed = ConnectData::parse(&self.rx.pending()[data]);
                 let result = match parsed {
                     Ok(d) => self.connect(&connect, &d),
                     Err(status) => Err(status),

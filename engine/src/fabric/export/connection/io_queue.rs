@@ -50,7 +50,7 @@ impl Connection {
                     offset: 0,
                     length: len,
                 };
-                self.push_bytes(OutHeader::r2t(&r2t, self.digests).as_slice());
+                self.tx.push(OutHeader::r2t(&r2t, self.digests).as_slice());
                 self.r2t_open += 1;
                 return Ok(());
             }
@@ -59,7 +59,7 @@ impl Connection {
             let copied = backend
                 .buffer(token)
                 .and_then(|b| b.subslice(0, data.len()).ok())
-                .map(|b| b.copy_from(&self.rx[data.clone()]));
+                .map(|b| b.copy_from(&self.rx.pending()[data.clone()]));
             if copied.is_none() {
                 self.finish(token, Status::INTERNAL_ERROR, backend);
                 return Ok(());
@@ -187,7 +187,7 @@ impl Connection {
             (slba, blocks)
         };
         let mut count = 0u16;
-        for r in self.rx[data.clone()].chunks_exact(16) {
+        for r in self.rx.pending()[data.clone()].chunks_exact(16) {
             let (slba, blocks) = range(r);
             if slba.checked_add(blocks).is_none_or(|end| end > size) {
                 self.respond(cid, 0, Status::LBA_OUT_OF_RANGE);
@@ -211,7 +211,7 @@ impl Connection {
         self.in_flight += 1;
         let mut left = count;
         for at in (data.start..data.end).step_by(16) {
-            let (slba, blocks) = range(&self.rx[at..at + 16]);
+            let (slba, blocks) = range(&self.rx.pending()[at..at + 16]);
             if blocks == 0 {
                 continue;
             }
@@ -240,11 +240,11 @@ impl Connection {
         }
     }
 
-    /// Checks an H2CData header (at `rx_start`) against the transfer it belongs to: the
+    /// Checks the H2CData header being received against the transfer it belongs to: the
     /// header and whether it is the transfer's last PDU.
     pub(super) fn check_h2c_data(&self, data_len: usize) -> Result<(DataHeader, bool), FatalError> {
-        let b = self.rx_start;
-        let d = DataHeader::parse(&self.rx[b..self.rx_end])?;
+        let header = self.rx.pending();
+        let d = DataHeader::parse(header)?;
         let slot = self
             .slots
             .get(d.ttag as usize)
@@ -261,7 +261,7 @@ impl Connection {
         let Some(end) = end else {
             return Err(FatalError::DataOutOfRange("H2CData beyond the transfer"));
         };
-        let last = self.rx[b + 1] & flags::LAST_PDU != 0;
+        let last = header[1] & flags::LAST_PDU != 0;
         if last != (end == slot.len) {
             return Err(FatalError::field(1, "FLAGS (LAST_PDU)"));
         }
@@ -321,15 +321,6 @@ impl Connection {
         }
         if self.closed.is_none() {
             self.respond(slot.cid, 0, status);
-        }
-    }
-
-    /// A read's data was sent (or will never be): its buffer and slot are free.
-    pub(super) fn data_sent(&mut self, token: u16, backend: &mut dyn Backend) {
-        if self.slots.get(token as usize).is_some_and(|s| s.sending) {
-            backend.release(token);
-            self.slots[token as usize] = Slot::default();
-            self.in_flight -= 1;
         }
     }
 }

@@ -22,8 +22,8 @@
 //! [`Connection::copied`].)
 //!
 //! The connection's state is here; what it does is in one file per concern: `receive` (PDUs
-//! in: the receive buffer, transfers into the commands' buffers, dispatch), `transmit`
-//! (responses, R2Ts, C2HData out: the transmit buffer and its back pressure), `fabrics` (ICReq,
+//! in through the shared [`framing`](crate::fabric::framing): where data goes, dispatch),
+//! `transmit` (responses, R2Ts, C2HData out through it), `fabrics` (ICReq,
 //! Connect, properties, Disconnect), `admin_queue` (Keep Alive, events, SMART from the drives),
 //! `io_queue` (the NVM commands and their data), `shutdown` (CC.SHN, the timers, and how a
 //! connection ends).
@@ -35,7 +35,6 @@ mod receive;
 mod shutdown;
 mod transmit;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,10 +45,9 @@ use super::admin::{self, Features};
 use super::registry::{Controller, Registry};
 use super::{Listener, SubsystemInfo};
 use crate::block::Op;
+use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
-use receive::RxState;
 pub use shutdown::{ICREQ_TIMEOUT, STALL_TIMEOUT};
-use transmit::Segment;
 
 /// NVM command set opcodes served on I/O queues.
 const FLUSH: u8 = 0x00;
@@ -196,25 +194,20 @@ pub struct Connection {
     subsystem: Arc<SubsystemInfo>,
     registry: Arc<Registry>,
     limits: ConnectionLimits,
-    /// Received bytes: the PDU being received starts at `rx_start`; `rx_end` is the end of
-    /// what was read (headers read ahead may follow it).
-    rx: Box<[u8]>,
-    rx_start: usize,
-    rx_end: usize,
-    rx_state: RxState,
+    /// PDUs in: headers and what the connection keeps whole, write data into the commands'
+    /// buffers.
+    rx: Receiver<receive::DataInto>,
     /// PDUs in a row without data for the drives (saturating): headers are read ahead in
     /// batches from [`QUIET_BEFORE_READ_AHEAD`] on.
     quiet: u16,
     /// R2Ts whose data has not all come: the next PDU may be an H2CData (a short header).
     r2t_open: u16,
-    /// Data bytes that were read ahead into the header buffer and copied into a DMA buffer.
+    /// In-capsule write data copied from the receive buffer into a DMA buffer (the buffer
+    /// could not be had when its header came).
     copied: u64,
-    /// What is to be sent, in order; bytes in `tx`, `tx_pending` of them not yet sent.
-    tx: Vec<u8>,
-    segments: VecDeque<Segment>,
-    /// Bytes of the first segment already sent.
-    segment_sent: usize,
-    tx_pending: usize,
+    /// PDUs out: headers and the connection's own data, read data from the commands' buffers
+    /// (data segments name the command's token).
+    tx: Transmitter<u16>,
     slots: Box<[Slot]>,
     in_flight: usize,
     /// Where an admin command's answer (Identify, a log page) is built, then copied to `tx`.
@@ -224,9 +217,9 @@ pub struct Connection {
     peer: String,
     /// The port the host reached (the discovery log describes it).
     port: Listener,
-    /// Bytes received so far, and when `tick` last saw that count change (or the connection
-    /// open): a host that leaves a PDU half sent, or never sends its ICReq, is found by it.
-    received: u64,
+    /// Bytes received so far ([`Receiver::received`]), when `tick` last saw that count change
+    /// (or the connection open): a host that leaves a PDU half sent, or never sends its ICReq,
+    /// is found by it.
     progress: Option<(u64, Instant)>,
     /// When `tick` first saw the connection.
     opened: Option<Instant>,
@@ -273,23 +266,16 @@ impl Connection {
             subsystem,
             registry,
             limits,
-            rx: vec![0; rx_capacity].into_boxed_slice(),
-            rx_start: 0,
-            rx_end: 0,
-            rx_state: RxState::Header,
+            rx: Receiver::new(rx_capacity),
             quiet: 0,
             r2t_open: 0,
             copied: 0,
-            tx: Vec::with_capacity(tx_capacity),
             // a data segment and the bytes after it per command, and a few more
-            segments: VecDeque::with_capacity(2 * entries + 8),
-            segment_sent: 0,
-            tx_pending: 0,
+            tx: Transmitter::new(tx_capacity, 2 * entries + 8),
             in_flight: 0,
             admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
             closed: None,
             peer,
-            received: 0,
             progress: None,
             opened: None,
         }
@@ -303,25 +289,25 @@ impl Connection {
 
     /// Whether anything waits to be sent.
     pub fn has_outgoing(&self) -> bool {
-        !self.segments.is_empty()
+        !self.tx.is_empty()
     }
 
     /// The transmit buffer's capacity and its segment queue's: preallocated, and they must
     /// not grow (tests check).
     pub fn tx_capacity(&self) -> (usize, usize) {
-        (self.tx.capacity(), self.segments.capacity())
+        self.tx.capacity()
     }
 
     /// Data bytes that were copied from the header buffer into a DMA buffer because they had
     /// been read ahead with a header (0 while the host sends only data PDUs).
     pub fn copied(&self) -> u64 {
-        self.copied
+        self.copied + self.rx.copied()
     }
 
     /// Why the connection is over, once it is and everything queued was sent and every
     /// command drained: the caller then closes the socket and drops the connection.
     pub fn finished(&self) -> Option<&str> {
-        let drained = self.in_flight_submitted() == 0 && self.segments.is_empty();
+        let drained = self.in_flight_submitted() == 0 && self.tx.is_empty();
         match &self.closed {
             Some(why) if drained => Some(why),
             _ => None,

@@ -6,14 +6,17 @@ use std::io;
 
 use usnvme_driver::spec::{Sqe, Status};
 
-use super::super::wire::{self, ReadWire};
+use vm_memory::VolatileSlice;
+
+use super::super::wire::ReadWire;
 use super::{
     Backend, Connection, Phase, Receive, Role, FABRICS, QUIET_BEFORE_READ_AHEAD, READ_BUDGET,
     SGL_IN_CAPSULE, TX_HIGH_WATER, WRITE,
 };
+use crate::fabric::framing::{Ahead, Need, Read, Rules, Step};
 use crate::fabric::pdu::{
-    self, CommonHeader, FatalError, Layout, Limits, PduType, CAPSULE_CMD_HEADER, COMMON_HEADER,
-    DIGEST, SHORT_HEADER,
+    self, CommonHeader, FatalError, Layout, Limits, PduType, CAPSULE_CMD_HEADER, DIGEST,
+    SHORT_HEADER,
 };
 
 /// PDU types a target receives.
@@ -23,42 +26,28 @@ const RECEIVED: &[PduType] = &[
     PduType::CapsuleCmd,
     PduType::H2CData,
 ];
+/// What comes first, and only first.
+const FIRST: &[PduType] = &[PduType::IcReq];
+const AFTER_FIRST: &[PduType] = &[PduType::H2CTermReq, PduType::CapsuleCmd, PduType::H2CData];
 
-/// Data of the PDU being received that goes straight into a command's buffer.
+/// Where the data of the PDU being received goes: command `token`'s buffer from `offset`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Transfer {
+pub(super) struct DataInto {
     token: u16,
-    /// Where the PDU's data starts in the buffer, its length and how much has arrived.
     offset: usize,
-    len: usize,
-    done: usize,
-    /// The PDU's header and padding, at the start of the receive buffer.
-    head: usize,
-    digest: bool,
     /// H2CData: whether it is the transfer's last PDU; None for in-capsule data.
     last: Option<bool>,
 }
 
-/// Where the PDU being received stands.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum RxState {
-    /// Its header is being read (from `rx_start`).
-    Header,
-    /// It is kept whole in the receive buffer (its data is the connection's own).
-    Whole(CommonHeader, Layout),
-    /// Its data goes into a command's buffer.
-    Data(Transfer),
-}
-
-/// What the receive side needs before it can go on.
-#[derive(Debug, Clone, Copy)]
-enum Need {
-    /// The start of a PDU: read a header's worth ahead.
-    Header,
-    /// Exactly this many more bytes (data of the drives may follow them).
-    Exact(usize),
-    /// This many more bytes, after which a new PDU starts (its header may be read ahead).
-    ThenHeader(usize),
+/// The `len` bytes of `backend`'s buffers a transfer fills.
+fn destination<'b>(
+    backend: &'b dyn Backend,
+) -> impl Fn(&DataInto, usize) -> Option<VolatileSlice<'b>> {
+    move |t, len| {
+        backend
+            .buffer(t.token)
+            .and_then(|b| b.subslice(t.offset, len).ok())
+    }
 }
 
 impl Connection {
@@ -83,9 +72,9 @@ impl Connection {
         src: &mut R,
         backend: &mut dyn Backend,
     ) -> io::Result<Receive> {
-        let mut taken = 0;
+        let mut budget = READ_BUDGET;
         loop {
-            if self.phase == Phase::Closing || self.tx_pending > TX_HIGH_WATER {
+            if self.phase == Phase::Closing || self.tx.pending() > TX_HIGH_WATER {
                 return Ok(Receive::Paused);
             }
             let need = match self.step(backend) {
@@ -96,184 +85,80 @@ impl Connection {
                     continue;
                 }
             };
-            if taken >= READ_BUDGET {
-                return Ok(Receive::Drained);
+            let hdgst = if self.digests.header { DIGEST } else { 0 };
+            // one header ahead: a short one while R2T data is expected, else a command capsule's
+            let peek = hdgst
+                + if self.r2t_open > 0 {
+                    SHORT_HEADER
+                } else {
+                    CAPSULE_CMD_HEADER
+                };
+            let batch = self.quiet >= QUIET_BEFORE_READ_AHEAD && self.r2t_open == 0;
+            let ahead = Ahead {
+                peek,
+                // as much as fits: reads only, lately
+                batch: if batch { self.rx.capacity() } else { 0 },
+            };
+            match self
+                .rx
+                .read(src, need, ahead, &mut budget, destination(backend))?
+            {
+                Read::Got(_) => {}
+                Read::Drained => return Ok(Receive::Drained),
+                Read::Ended => return Ok(Receive::Ended),
             }
-            let read = match self.read(src, need, backend) {
-                Ok(0) => return Ok(Receive::Ended),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Receive::Drained),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            taken += read;
-            self.received += read as u64;
         }
-    }
-
-    /// One read from `src`: into the receive buffer, or (receiving a transfer) into the
-    /// command's buffer and, after it, into the receive buffer the data digest and the next
-    /// header. Counts what went where.
-    fn read<R: ReadWire + ?Sized>(
-        &mut self,
-        src: &mut R,
-        need: Need,
-        backend: &mut dyn Backend,
-    ) -> io::Result<usize> {
-        let hdgst = if self.digests.header { DIGEST } else { 0 };
-        // one header ahead: a short one while R2T data is expected, else a command capsule's
-        let peek = hdgst
-            + if self.r2t_open > 0 {
-                SHORT_HEADER
-            } else {
-                CAPSULE_CMD_HEADER
-            };
-        let have = self.rx_end - self.rx_start;
-        let mut want = match need {
-            Need::Header => peek.saturating_sub(have).max(1),
-            Need::Exact(n) => n,
-            Need::ThenHeader(n) => n + peek,
-        };
-        if let RxState::Data(t) = self.rx_state {
-            want = if t.digest { DIGEST } else { 0 } + peek;
-        } else if self.quiet >= QUIET_BEFORE_READ_AHEAD && self.r2t_open == 0 {
-            want = self.rx.len(); // as much as fits: reads only, lately
-        }
-        let transfer = match self.rx_state {
-            RxState::Data(t) if t.done < t.len => Some(t),
-            _ => None,
-        };
-        let data = match transfer {
-            None => None,
-            Some(t) => Some(
-                backend
-                    .buffer(t.token)
-                    .and_then(|b| b.subslice(t.offset + t.done, t.len - t.done).ok())
-                    .ok_or_else(|| io::Error::other("a transfer without its buffer"))?,
-            ),
-        };
-        let (n, into_data) = wire::read_into(
-            src,
-            &mut self.rx,
-            (&mut self.rx_start, &mut self.rx_end),
-            want,
-            data,
-        )?;
-        if let RxState::Data(t) = &mut self.rx_state {
-            t.done += into_data;
-        }
-        Ok(n)
     }
 
     /// Acts on what the receive buffer holds: None when something was done (call again),
     /// else what is needed to go on.
     fn step(&mut self, backend: &mut dyn Backend) -> Result<Option<Need>, FatalError> {
-        let have = self.rx_end - self.rx_start;
-        match self.rx_state {
-            RxState::Header => {
-                if have < COMMON_HEADER {
-                    return Ok(Some(Need::Header));
+        let rules = Rules {
+            known: RECEIVED,
+            now: if self.phase == Phase::AwaitIcReq {
+                FIRST
+            } else {
+                AFTER_FIRST
+            },
+            out_of_sequence: if self.phase == Phase::AwaitIcReq {
+                "ICReq expected first"
+            } else {
+                "a second ICReq"
+            },
+            limits: self.limits_now(),
+        };
+        match self.rx.step(&rules, destination(backend))? {
+            Step::Need(need) => return Ok(Some(need)),
+            Step::Header(header, layout) => match self.transfer(&header, &layout, backend)? {
+                Some(into) => {
+                    self.quiet = 0;
+                    self.rx.receive_data(into, &layout);
                 }
-                let b = self.rx_start;
-                let common: &[u8; COMMON_HEADER] = self.rx[b..b + COMMON_HEADER]
-                    .try_into()
-                    .map_err(|_| FatalError::Sequence("short header"))?;
-                let header = CommonHeader::parse(common, RECEIVED)?;
-                let layout = header.layout(&self.limits_now())?;
-                match (self.phase, header.pdu_type) {
-                    (Phase::AwaitIcReq, PduType::IcReq) => {}
-                    (Phase::AwaitIcReq, _) => {
-                        return Err(FatalError::Sequence("ICReq expected first"))
-                    }
-                    (_, PduType::IcReq) => return Err(FatalError::Sequence("a second ICReq")),
-                    _ => {}
-                }
-                let head = layout.header_bytes + layout.pad;
-                if have < head {
-                    return Ok(Some(Need::Exact(head - have)));
-                }
-                let hlen = header.pdu_type.header_len();
-                if layout.header_bytes > hlen {
-                    pdu::check_header_digest(&self.rx[b..b + layout.header_bytes], hlen)?;
-                }
-                self.rx_state = match self.transfer(&header, &layout, backend)? {
-                    Some(t) => {
-                        self.quiet = 0;
-                        RxState::Data(t)
-                    }
-                    None => {
-                        if header.plen as usize > self.rx.len() {
-                            return Err(FatalError::DataLimitExceeded(
-                                "PDU longer than advertised",
-                            ));
-                        }
-                        RxState::Whole(header, layout)
-                    }
-                };
-                Ok(None)
-            }
-            RxState::Whole(header, layout) => {
-                let plen = header.plen as usize;
-                if have < plen {
-                    return Ok(Some(Need::ThenHeader(plen - have)));
-                }
+                None => self.rx.keep_whole(header, layout)?,
+            },
+            Step::Whole(header, layout) => {
                 self.on_pdu(&header, &layout, backend)?;
                 if self.phase != Phase::Closing {
-                    self.rx_start += plen;
-                    self.rx_state = RxState::Header;
+                    self.rx.next_pdu();
                     self.quiet = self.quiet.saturating_add(1);
                 }
-                Ok(None)
             }
-            RxState::Data(mut t) => {
-                let own = self.rx_start + t.head; // the receive buffer past the header
-                if t.done < t.len {
-                    let ahead = self.rx_end - own;
-                    if ahead == 0 {
-                        return Ok(Some(Need::Exact(t.len - t.done)));
-                    }
-                    // data read ahead with the header: copy it over
-                    let k = ahead.min(t.len - t.done);
-                    let into = backend
-                        .buffer(t.token)
-                        .and_then(|b| b.subslice(t.offset + t.done, k).ok())
-                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
-                    into.copy_from(&self.rx[own..own + k]);
-                    self.rx.copy_within(own + k..self.rx_end, own);
-                    self.rx_end -= k;
-                    t.done += k;
-                    self.copied += k as u64;
-                    self.rx_state = RxState::Data(t);
-                    return Ok(None);
+            Step::Data {
+                tag,
+                len,
+                digest_ok,
+            } => {
+                if !digest_ok {
+                    // A data digest error fails the command, not the connection (NVMe/TCP
+                    // 3.6.1.3): here it ends the connection too, which the host recovers
+                    // from by reconnecting.
+                    return Err(FatalError::field(0, "data digest"));
                 }
-                let digest = if t.digest { DIGEST } else { 0 };
-                if self.rx_end - own < digest {
-                    return Ok(Some(Need::ThenHeader(digest - (self.rx_end - own))));
-                }
-                if t.digest {
-                    let got = u32::from_le_bytes([
-                        self.rx[own],
-                        self.rx[own + 1],
-                        self.rx[own + 2],
-                        self.rx[own + 3],
-                    ]);
-                    let data = backend
-                        .buffer(t.token)
-                        .and_then(|b| b.subslice(t.offset, t.len).ok())
-                        .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
-                    if pdu::crc32c_volatile(&data) != got {
-                        // A data digest error fails the command, not the connection (NVMe/TCP
-                        // 3.6.1.3): here it ends the connection too, which the host recovers
-                        // from by reconnecting.
-                        return Err(FatalError::field(0, "data digest"));
-                    }
-                }
-                self.rx_start = own + digest;
-                self.rx_state = RxState::Header;
-                self.transfer_done(t, backend);
-                Ok(None)
+                self.rx.next_pdu();
+                self.transfer_done(tag, len, backend);
             }
         }
+        Ok(None)
     }
 
     fn limits_now(&self) -> Limits {
@@ -297,24 +182,18 @@ impl Connection {
         header: &CommonHeader,
         layout: &Layout,
         backend: &mut dyn Backend,
-    ) -> Result<Option<Transfer>, FatalError> {
-        let b = self.rx_start;
-        let head = layout.header_bytes + layout.pad;
+    ) -> Result<Option<DataInto>, FatalError> {
         match header.pdu_type {
             PduType::H2CData => {
                 let (d, last) = self.check_h2c_data(layout.data)?;
-                Ok(Some(Transfer {
+                Ok(Some(DataInto {
                     token: d.ttag,
                     offset: d.offset as usize,
-                    len: layout.data,
-                    done: 0,
-                    head,
-                    digest: layout.data_digest,
                     last: Some(last),
                 }))
             }
             PduType::CapsuleCmd if layout.data > 0 && matches!(self.role, Role::Io { .. }) => {
-                let sqe = self.sqe_at(b)?;
+                let sqe = self.sqe()?;
                 let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
                 if sqe.cdw0 as u8 != WRITE {
                     return Ok(None);
@@ -329,13 +208,9 @@ impl Connection {
                     return Ok(None);
                 }
                 self.occupy(token, (sqe.cdw0 >> 16) as u16, ns, op, offset, len);
-                Ok(Some(Transfer {
+                Ok(Some(DataInto {
                     token,
                     offset: 0,
-                    len: layout.data,
-                    done: 0,
-                    head,
-                    digest: layout.data_digest,
                     last: None,
                 }))
             }
@@ -343,12 +218,12 @@ impl Connection {
         }
     }
 
-    /// All of a transfer's data is in its command's buffer (and its digest checked).
-    fn transfer_done(&mut self, t: Transfer, backend: &mut dyn Backend) {
+    /// All `len` bytes of a transfer are in its command's buffer (and their digest checked).
+    fn transfer_done(&mut self, t: DataInto, len: usize, backend: &mut dyn Backend) {
         let Some(slot) = self.slots.get_mut(t.token as usize) else {
             return;
         };
-        slot.received = (t.offset + t.len) as u32;
+        slot.received = (t.offset + len) as u32;
         match t.last {
             Some(false) => {}
             Some(true) => {
@@ -359,10 +234,14 @@ impl Connection {
         }
     }
 
-    fn sqe_at(&self, b: usize) -> Result<Sqe, FatalError> {
-        let sqe_bytes: &[u8; 64] = self.rx[b + 8..b + 72]
-            .try_into()
-            .map_err(|_| FatalError::field(2, "HLEN"))?;
+    /// The SQE of the command capsule being received.
+    fn sqe(&self) -> Result<Sqe, FatalError> {
+        let sqe_bytes: &[u8; 64] = self
+            .rx
+            .pending()
+            .get(8..72)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(FatalError::field(2, "HLEN"))?;
         Ok(Sqe::from_bytes(sqe_bytes))
     }
 
@@ -387,31 +266,20 @@ impl Connection {
         Ok(())
     }
 
-    /// A whole PDU kept in the receive buffer (from `rx_start`).
+    /// A whole PDU kept in the receive buffer (its data digest checked).
     fn on_pdu(
         &mut self,
         header: &CommonHeader,
         layout: &Layout,
         backend: &mut dyn Backend,
     ) -> Result<(), FatalError> {
-        let b = self.rx_start;
-        let data_at = b + layout.header_bytes + layout.pad;
+        let data_at = layout.header_bytes + layout.pad;
         let data_end = data_at + layout.data;
-        if layout.data_digest {
-            let want = pdu::crc32c(&self.rx[data_at..data_end]);
-            let got = self.rx[data_end..data_end + DIGEST]
-                .try_into()
-                .map(u32::from_le_bytes)
-                .map_err(|_| FatalError::Sequence("short data digest"))?;
-            if want != got {
-                return Err(FatalError::field(0, "data digest"));
-            }
-        }
         match header.pdu_type {
             PduType::IcReq => self.on_ic_req(),
             PduType::H2CTermReq => {
                 let plen = header.plen as usize;
-                let (fes, fei) = pdu::parse_term_req(&self.rx[b..b + plen]).unwrap_or((0, 0));
+                let (fes, fei) = pdu::parse_term_req(&self.rx.pending()[..plen]).unwrap_or((0, 0));
                 self.close(
                     format!("the host terminated the connection (FES {fes}, FEI {fei})"),
                     backend,
@@ -423,13 +291,13 @@ impl Connection {
         }
     }
 
-    /// A command capsule whose in-capsule data (if any) is at `data` in the receive buffer.
+    /// A command capsule whose in-capsule data (if any) is at `data` in the PDU.
     fn on_capsule(
         &mut self,
         data: std::ops::Range<usize>,
         backend: &mut dyn Backend,
     ) -> Result<(), FatalError> {
-        let sqe = self.sqe_at(self.rx_start)?;
+        let sqe = self.sqe()?;
         self.sq_taken = self.sq_taken.wrapping_add(1);
         let cid = (sqe.cdw0 >> 16) as u16;
         let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);

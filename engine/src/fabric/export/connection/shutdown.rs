@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::Status;
 
-use super::receive::RxState;
-use super::transmit::Segment;
+use super::transmit::Sending;
 use super::{Backend, Connection, Phase, Role, Slot};
 use crate::block::Op;
+use crate::fabric::framing::Buffers;
 use crate::fabric::pdu::{self, FatalError, PduType};
 
 /// A connection that has not sent its ICReq this long after it opened is closed (a port
@@ -63,13 +63,14 @@ impl Connection {
         {
             return Some(format!("no ICReq within {} s", ICREQ_TIMEOUT.as_secs()));
         }
-        let (count, since) = *self.progress.get_or_insert((self.received, now));
-        if count != self.received {
-            self.progress = Some((self.received, now));
+        let received = self.rx.received();
+        let (count, since) = *self.progress.get_or_insert((received, now));
+        if count != received {
+            self.progress = Some((received, now));
             return None;
         }
         let quiet = now.saturating_duration_since(since);
-        let mid_pdu = self.rx_end > self.rx_start || !matches!(self.rx_state, RxState::Header);
+        let mid_pdu = self.rx.mid_pdu();
         let limit = match &self.role {
             Role::Admin { features, .. } if features.keep_alive_ms() > 0 => {
                 Duration::from_millis(features.keep_alive_ms().into())
@@ -168,11 +169,10 @@ impl Connection {
             error.fes(),
             error.fei()
         );
-        let bad = pdu::offending(&self.rx[self.rx_start..self.rx_end]);
+        let bad = pdu::offending(self.rx.pending());
         let term = pdu::TermReq::new(PduType::C2HTermReq, &error, bad);
-        self.push_bytes(term.as_slice());
-        (self.rx_start, self.rx_end) = (0, 0);
-        self.rx_state = RxState::Header;
+        self.tx.push(term.as_slice());
+        self.rx.reset();
         self.close(format!("protocol error: {error}"), backend);
     }
 
@@ -180,13 +180,11 @@ impl Connection {
     /// holds is drained as it completes.
     pub fn peer_gone(&mut self, why: &str, backend: &mut dyn Backend) {
         self.close(why.to_string(), backend);
-        while let Some(segment) = self.segments.pop_front() {
-            if let Segment::Data { token, .. } = segment {
-                self.data_sent(token, backend);
-            }
-        }
-        self.tx.clear();
-        self.segment_sent = 0;
-        self.tx_pending = 0;
+        let mut sending = Sending {
+            slots: &mut self.slots,
+            in_flight: &mut self.in_flight,
+            backend,
+        };
+        self.tx.clear(|token| sending.sent(token));
     }
 }

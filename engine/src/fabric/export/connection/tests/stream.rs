@@ -95,7 +95,7 @@ fn write_data_is_received_into_the_buffer_and_read_data_sent_from_it() {
                 let len = want.len() as u32;
                 let sqe = io.io(READ, slba, len / 512, len);
                 io.capsule_whole(&sqe, &[]);
-                assert!(io.conn.tx_pending < want.len(), "headers only are queued");
+                assert!(io.conn.tx.pending() < want.len(), "headers only are queued");
                 assert_eq!(io.backend.buffers_held(), 1, "held until sent");
                 match &io.take()[..] {
                     [Got::Data(d, data), Got::Resp(c)] => {

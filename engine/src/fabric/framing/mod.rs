@@ -1,0 +1,37 @@
+//! NVMe/TCP PDU framing, one for both ends: the target's connections
+//! ([`export`](super::export)) and the initiator's queues ([`initiator`](super::initiator))
+//! receive and send PDUs through it, and only decide what the PDUs mean.
+//!
+//! [`Receiver`]: bytes in. A PDU's common header is read into a receive buffer and checked
+//! (its type against what this end takes now, its layout against the limits agreed), then the
+//! rest of its header and its header digest. The owner then says where the data goes: kept
+//! whole in the receive buffer (headers, small data the owner consumes), or straight into a
+//! destination buffer (a command's DMA buffer: one `readv` of the data and the header after
+//! it), the data digest checked over it. Reads may stop anywhere; a turn has a byte budget.
+//!
+//! [`Transmitter`]: bytes out. A queue of segments: header bytes copied into a byte buffer of
+//! fixed capacity, and data segments sent in place from the owner's buffers. One `writev`
+//! gathers them; a partial write resumes where it stopped; the buffer's sent bytes are
+//! reclaimed, and the owner stops reading while too many wait ([`Transmitter::pending`]).
+//!
+//! Nothing is allocated per PDU: both buffers are sized when the owner is made.
+
+mod receive;
+mod transmit;
+
+pub use receive::{Ahead, Read, Receiver, Rules, Step};
+pub use transmit::{Buffers, Transmitter};
+
+/// What a [`Receiver`] needs before it can go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The start of a PDU: a header's worth ahead.
+    Header,
+    /// Exactly this many more bytes (a destination's data may follow them).
+    Exact(usize),
+    /// This many more bytes, after which a new PDU starts (its header may be read ahead).
+    ThenHeader(usize),
+}
+
+#[cfg(test)]
+mod tests;
