@@ -152,7 +152,6 @@ impl BlockDevice for NamespaceDevice {
             info: self.info.clone(),
             name: self.name.clone(),
             splits: SplitIos::new(capacity),
-            in_flight: 0,
             now_ns: 0,
         }))
     }
@@ -168,8 +167,6 @@ pub struct NamespaceChannel {
     name: Arc<str>,
     /// Parents of the I/Os split into several commands (only those).
     splits: SplitIos,
-    /// Commands of this namespace in flight (the queue may carry others').
-    in_flight: usize,
     now_ns: u64,
 }
 
@@ -207,9 +204,7 @@ impl NamespaceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), usnvme_driver::SubmitError> {
-        self.queue.submit(self.ns, op, lba, blocks, buf, token)?;
-        self.in_flight += 1;
-        Ok(())
+        self.queue.submit(self.ns, op, lba, blocks, buf, token)
     }
 
     /// A read or write of one command goes straight to the queue with the caller's token:
@@ -316,10 +311,9 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (splits, name, in_flight) = (&mut self.splits, &self.name, &mut self.in_flight);
+        let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.queue.poll(self.ns.nsid, |c: Completion| {
-            *in_flight = in_flight.saturating_sub(1);
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -330,10 +324,9 @@ impl NamespaceChannel {
 
     /// The controller is gone: what is in flight fails with "Host Pathing Error".
     pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
-        let (splits, name, in_flight) = (&mut self.splits, &self.name, &mut self.in_flight);
+        let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.queue.abandon(self.ns.nsid, |c: Completion| {
-            *in_flight = in_flight.saturating_sub(1);
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -355,7 +348,7 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn busy(&self) -> bool {
-        self.in_flight > 0
+        self.queue.busy()
     }
 
     /// The channel is going: a shared queue no longer keeps its completions.

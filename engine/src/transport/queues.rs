@@ -104,7 +104,10 @@ impl Queues {
             }
         };
         queue.add_route(ns.nsid);
-        Ok(ChannelQueue::Shared(queue))
+        Ok(ChannelQueue::Shared {
+            queue,
+            in_flight: 0,
+        })
     }
 
     /// How many queues the reactor made.
@@ -130,23 +133,30 @@ impl Queues {
 #[derive(Debug)]
 pub enum ChannelQueue {
     Own(IoQueue),
-    Shared(SharedQueue),
+    /// With the channel's commands in flight (the queue carries the other namespaces' too).
+    Shared { queue: SharedQueue, in_flight: usize },
 }
 
 impl ChannelQueue {
     /// The queue as the channel's own when nothing else holds it (after [`Queues::release`]).
     pub fn settle(self) -> ChannelQueue {
         match self {
-            ChannelQueue::Shared(SharedQueue(rc)) => match Rc::try_unwrap(rc) {
+            ChannelQueue::Shared {
+                queue: SharedQueue(rc),
+                in_flight,
+            } => match Rc::try_unwrap(rc) {
                 Ok(cell) => ChannelQueue::Own(cell.into_inner().queue),
-                Err(rc) => ChannelQueue::Shared(SharedQueue(rc)),
+                Err(rc) => ChannelQueue::Shared {
+                    queue: SharedQueue(rc),
+                    in_flight,
+                },
             },
             own => own,
         }
     }
 
     /// Queues a command (see [`IoQueue::submit`]).
-    #[inline]
+    #[inline(always)]
     pub fn submit(
         &mut self,
         ns: QueueNamespace,
@@ -158,7 +168,11 @@ impl ChannelQueue {
     ) -> Result<(), SubmitError> {
         match self {
             ChannelQueue::Own(q) => q.submit(ns, op, lba, blocks, buf, token),
-            ChannelQueue::Shared(q) => q.submit(ns, op, lba, blocks, buf, token),
+            ChannelQueue::Shared { queue, in_flight } => {
+                queue.submit(ns, op, lba, blocks, buf, token)?;
+                *in_flight += 1;
+                Ok(())
+            }
         }
     }
 
@@ -167,7 +181,20 @@ impl ChannelQueue {
     pub fn poll(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
         match self {
             ChannelQueue::Own(q) => q.poll(on_done),
-            ChannelQueue::Shared(q) => q.poll(nsid, on_done),
+            ChannelQueue::Shared { queue, in_flight } => {
+                let done = queue.poll(nsid, on_done);
+                *in_flight = in_flight.saturating_sub(done);
+                done
+            }
+        }
+    }
+
+    /// Whether the channel has commands in flight.
+    #[inline]
+    pub fn busy(&self) -> bool {
+        match self {
+            ChannelQueue::Own(q) => q.in_flight() > 0,
+            ChannelQueue::Shared { in_flight, .. } => *in_flight > 0,
         }
     }
 
@@ -175,7 +202,7 @@ impl ChannelQueue {
     pub fn flush(&mut self) {
         match self {
             ChannelQueue::Own(q) => q.flush(),
-            ChannelQueue::Shared(q) => q.flush(),
+            ChannelQueue::Shared { queue, .. } => queue.flush(),
         }
     }
 
@@ -183,7 +210,7 @@ impl ChannelQueue {
     pub fn set_now(&mut self, now_ns: u64) {
         match self {
             ChannelQueue::Own(q) => q.set_now(now_ns),
-            ChannelQueue::Shared(q) => q.set_now(now_ns),
+            ChannelQueue::Shared { queue, .. } => queue.set_now(now_ns),
         }
     }
 
@@ -192,7 +219,7 @@ impl ChannelQueue {
     pub fn free(&self) -> usize {
         match self {
             ChannelQueue::Own(q) => q.free(),
-            ChannelQueue::Shared(q) => q.free(),
+            ChannelQueue::Shared { queue, .. } => queue.free(),
         }
     }
 
@@ -201,7 +228,10 @@ impl ChannelQueue {
     pub fn abandon(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
         match self {
             ChannelQueue::Own(q) => q.abandon(on_done),
-            ChannelQueue::Shared(q) => q.abandon(nsid, on_done),
+            ChannelQueue::Shared { queue, in_flight } => {
+                *in_flight = 0;
+                queue.abandon(nsid, on_done)
+            }
         }
     }
 
@@ -209,14 +239,14 @@ impl ChannelQueue {
     pub fn ended(&self) -> Option<String> {
         match self {
             ChannelQueue::Own(q) => q.ended(),
-            ChannelQueue::Shared(q) => q.ended(),
+            ChannelQueue::Shared { queue, .. } => queue.ended(),
         }
     }
 
     /// Namespace `nsid`'s channel is gone: a shared queue no longer keeps its completions.
     pub fn remove_route(&self, nsid: u32) {
-        if let ChannelQueue::Shared(q) = self {
-            q.remove_route(nsid);
+        if let ChannelQueue::Shared { queue, .. } = self {
+            queue.remove_route(nsid);
         }
     }
 }
