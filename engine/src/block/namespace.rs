@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, Controller, IoBuffer};
 
 use super::split::SplitIos;
@@ -265,48 +264,40 @@ impl NamespaceChannel {
                 .submit_command(op, offset >> shift, (len >> shift) as u32, b, token)
                 .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
         }
-        let bytes = if op.has_data() { len } else { 0 };
-        let parent = (parts <= self.free_commands())
-            .then(|| self.splits.start(token, parts as u32, bytes, self.now_ns))
-            .flatten();
-        let Some(parent) = parent else {
+        if parts > self.free_commands() {
             return Err(BlockError::busy(&self.name, parts));
-        };
-        let step = self.part_bytes(op);
-        let mut done = 0u64;
-        for part in 0..parts {
-            let (at, n) = (offset + done, (len - done).min(step));
-            let b = buf.map(|b| IoBuffer {
-                iova: b.iova + done,
-                len: n as u32,
-            });
-            let queued = self.submit_command(
-                op,
-                at >> shift,
-                (n >> shift) as u32,
-                b,
-                NAMESPACE_PARENT | parent,
-            );
-            if let Err(e) = queued {
-                // Parts already queued complete later; the rest never will.
-                let err = BlockError::from_driver(&self.name, offset, len, e, &self.info);
-                if part == 0 {
-                    let _ = self.splits.parts_done(parent, parts as u32, Ok(()));
-                    return Err(err);
-                }
-                let failed = IoError::Device {
-                    device: self.name.clone(),
-                    status: Status::INTERNAL_ERROR,
-                };
-                let _ = self
-                    .splits
-                    .parts_done(parent, (parts - part) as u32, Err(failed));
-                log::error!("{err}: I/O partly submitted; it will complete with an error");
-                return Ok(());
-            }
-            done += n;
         }
-        Ok(())
+        let bytes = if op.has_data() { len } else { 0 };
+        let step = self.part_bytes(op);
+        let NamespaceChannel {
+            queue,
+            ns,
+            info,
+            name,
+            splits,
+            now_ns,
+            ..
+        } = self;
+        splits.submit(
+            name,
+            token,
+            parts,
+            bytes,
+            *now_ns,
+            NAMESPACE_PARENT,
+            |i, part_token| {
+                let done = i as u64 * step;
+                let n = (len - done).min(step);
+                let b = buf.map(|b| IoBuffer {
+                    iova: b.iova + done,
+                    len: n as u32,
+                });
+                let (lba, blocks) = ((offset + done) >> shift, (n >> shift) as u32);
+                queue
+                    .submit(*ns, op, lba, blocks, b, part_token)
+                    .map_err(|e| BlockError::from_driver(name, offset, len, e, info))
+            },
+        )
     }
 
     #[inline]

@@ -2,7 +2,11 @@
 //! of its parts are done: a fixed slab of parent I/Os, indexed by the token the parts carry.
 //! Allocated up front; nothing on the I/O path allocates.
 
-use super::{Finished, IoError};
+use std::sync::Arc;
+
+use usnvme_driver::spec::Status;
+
+use super::{BlockError, Finished, IoError};
 
 #[derive(Debug, Clone, Default)]
 struct Parent {
@@ -44,6 +48,44 @@ impl SplitIos {
             bytes,
         };
         Some(index as u64)
+    }
+
+    /// Queues an I/O of `parts` commands that completes once, as `token`, when every part has:
+    /// `submit(i, part_token)` queues part `i` with the token its completion carries (`mark`
+    /// and the parent's index). The caller made sure there is room for every part. A part
+    /// the layer below refuses: the first refuses the whole I/O (nothing was queued); a later
+    /// one fails the parts left, and the I/O completes with an error once the queued ones have.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit(
+        &mut self,
+        device: &Arc<str>,
+        token: u64,
+        parts: usize,
+        bytes: u64,
+        now_ns: u64,
+        mark: u64,
+        mut submit: impl FnMut(usize, u64) -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        let Some(parent) = self.start(token, parts as u32, bytes, now_ns) else {
+            return Err(BlockError::busy(device, parts));
+        };
+        for part in 0..parts {
+            let Err(err) = submit(part, mark | parent) else {
+                continue;
+            };
+            if part == 0 {
+                let _ = self.parts_done(parent, parts as u32, Ok(()));
+                return Err(err);
+            }
+            let failed = IoError::Device {
+                device: device.clone(),
+                status: Status::INTERNAL_ERROR,
+            };
+            let _ = self.parts_done(parent, (parts - part) as u32, Err(failed));
+            log::error!("{err}: I/O partly submitted; it will complete with an error");
+            return Ok(());
+        }
+        Ok(())
     }
 
     /// One part finished; the whole I/O when it was the last. The first error wins.
@@ -128,6 +170,44 @@ mod tests {
             g.part_done(a, Ok(())),
             None,
             "a stray completion is ignored"
+        );
+    }
+
+    #[test]
+    fn a_refused_first_part_refuses_the_io_and_a_later_one_fails_it() {
+        let device: Arc<str> = Arc::from("d1");
+        let refused = || BlockError::busy(&Arc::from("d1"), 1);
+        let mut g = SplitIos::new(1);
+        // the first part refused: nothing queued, the I/O refused, its slot free again
+        let mut queued = Vec::new();
+        let r = g.submit(&device, 7, 4, 4096, 0, 1 << 61, |i, t| {
+            if i == 0 {
+                return Err(refused());
+            }
+            queued.push(t);
+            Ok(())
+        });
+        assert!(matches!(r, Err(BlockError::Busy { .. })), "{r:?}");
+        assert!(queued.is_empty());
+        assert!(g.has_room());
+        // the third of four refused: two queued, the I/O fails once they complete
+        let r = g.submit(&device, 8, 4, 4096, 3, 1 << 61, |i, t| {
+            if i == 2 {
+                return Err(refused());
+            }
+            queued.push(t);
+            Ok(())
+        });
+        assert_eq!(r, Ok(()));
+        assert_eq!(queued.len(), 2);
+        assert!(queued.iter().all(|t| t & (1 << 61) != 0), "{queued:?}");
+        let index = queued[0] & !(1 << 61);
+        assert_eq!(g.part_done(index, Ok(())), None);
+        let done = g.part_done(index, Ok(())).expect("the I/O completes");
+        assert_eq!((done.token, done.submitted_ns), (8, 3));
+        assert_eq!(
+            done.result.map_err(|e| e.status()),
+            Err(Status::INTERNAL_ERROR)
         );
     }
 }

@@ -6,12 +6,10 @@ use std::sync::Arc;
 
 use usnvme_driver::IoBuffer;
 
-use usnvme_driver::spec::Status;
-
 use super::split::SplitIos;
 use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
-    IoError, NamespaceChannel, Op, STRIPE_PARENT,
+    NamespaceChannel, Op, STRIPE_PARENT,
 };
 use crate::transport::Queues;
 
@@ -267,35 +265,29 @@ impl StripeChannel {
             count
         };
         let bytes = if op.has_data() { len } else { 0 };
-        let Some(parent) = self.splits.start(token, count, bytes, self.now_ns) else {
-            return Err(BlockError::busy(&self.name, count as usize));
-        };
-        let part_token = STRIPE_PARENT | parent;
-        if op == Op::Flush {
-            for member in self.members.iter_mut() {
-                if let Err(e) = member.submit(op, 0, 0, None, part_token) {
-                    log::error!("{}: flush of a member failed to queue: {e}", self.name);
-                    let _ = self.splits.part_done(parent, Ok(()));
+        let (chunk, members) = (self.chunk, &mut self.members);
+        let mut parts_of = parts(offset, len, chunk, width);
+        self.splits.submit(
+            &self.name,
+            token,
+            count as usize,
+            bytes,
+            self.now_ns,
+            STRIPE_PARENT,
+            |i, part_token| {
+                if op == Op::Flush {
+                    return members[i].submit(op, 0, 0, None, part_token);
                 }
-            }
-            return Ok(());
-        }
-        for p in parts(offset, len, self.chunk, width) {
-            let b = buf.map(|b| IoBuffer {
-                iova: b.iova + p.at,
-                len: p.len as u32,
-            });
-            if let Err(e) = self.members[p.member].submit(op, p.offset, p.len, b, part_token) {
-                // cannot happen after the room check; fail this part rather than lose the I/O
-                log::error!("{}: part of an I/O failed to queue: {e}", self.name);
-                let failed = IoError::Device {
-                    device: self.name.clone(),
-                    status: Status::INTERNAL_ERROR,
+                let Some(p) = parts_of.next() else {
+                    return Err(BlockError::busy(&self.name, 1));
                 };
-                let _ = self.splits.part_done(parent, Err(failed));
-            }
-        }
-        Ok(())
+                let b = buf.map(|b| IoBuffer {
+                    iova: b.iova + p.at,
+                    len: p.len as u32,
+                });
+                members[p.member].submit(op, p.offset, p.len, b, part_token)
+            },
+        )
     }
 
     /// Polls the members with something queued or in flight only.

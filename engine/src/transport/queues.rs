@@ -134,7 +134,10 @@ impl Queues {
 pub enum ChannelQueue {
     Own(IoQueue),
     /// With the channel's commands in flight (the queue carries the other namespaces' too).
-    Shared { queue: SharedQueue, in_flight: usize },
+    Shared {
+        queue: SharedQueue,
+        in_flight: usize,
+    },
 }
 
 impl ChannelQueue {
