@@ -321,13 +321,25 @@ impl SharedQueue {
     /// Polls the queue and hands namespace `nsid`'s completions to `on_done` (those for the
     /// other namespaces go to their inboxes); returns how many were handed on.
     #[inline]
-    pub fn poll(&self, nsid: u32, mut on_done: impl FnMut(Completion)) -> usize {
+    pub fn poll(&self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
+        self.reap(nsid, on_done, |queue, on_done| queue.poll(on_done))
+    }
+
+    /// Runs `reap` (a poll, or abandoning the queue) and hands namespace `nsid`'s completions
+    /// to `on_done`, those that waited in its inbox first; the other namespaces' go to their
+    /// inboxes. Returns how many were handed on.
+    fn reap(
+        &self,
+        nsid: u32,
+        mut on_done: impl FnMut(Completion),
+        reap: impl FnOnce(&mut IoQueue, &mut dyn FnMut(Completion)) -> usize,
+    ) -> usize {
         let Ok(mut s) = self.0.try_borrow_mut() else {
             return 0;
         };
         let Shared { queue, routes } = &mut *s;
         if routes.len() == 1 {
-            return queue.poll(on_done); // the queue is this namespace's alone
+            return reap(queue, &mut on_done); // the queue is this namespace's alone
         }
         let mut done = 0;
         for c in routes
@@ -338,7 +350,7 @@ impl SharedQueue {
             done += 1;
             on_done(c);
         }
-        queue.poll(|c| {
+        reap(queue, &mut |c: Completion| {
             if c.nsid == nsid {
                 done += 1;
                 on_done(c);
@@ -372,29 +384,8 @@ impl SharedQueue {
 
     /// The controller is gone: every command in flight on the queue fails with "Host Pathing
     /// Error"; namespace `nsid`'s go to `on_done` now, the others' at their next poll.
-    pub fn abandon(&self, nsid: u32, mut on_done: impl FnMut(Completion)) -> usize {
-        let Ok(mut s) = self.0.try_borrow_mut() else {
-            return 0;
-        };
-        let Shared { queue, routes } = &mut *s;
-        let mut done = 0;
-        for c in routes
-            .iter_mut()
-            .filter(|r| r.nsid == nsid)
-            .flat_map(|r| r.inbox.drain(..))
-        {
-            done += 1;
-            on_done(c);
-        }
-        queue.abandon(|c| {
-            if c.nsid == nsid {
-                done += 1;
-                on_done(c);
-            } else if let Some(r) = routes.iter_mut().find(|r| r.nsid == c.nsid) {
-                r.inbox.push_back(c);
-            }
-        });
-        done
+    pub fn abandon(&self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
+        self.reap(nsid, on_done, |queue, on_done| queue.abandon(on_done))
     }
 
     /// Why the queue ended, once it has (a remote target gone or lost).
