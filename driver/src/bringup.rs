@@ -24,8 +24,8 @@ use crate::spec::command::{num_queues_allocated, Cns};
 use crate::spec::log::LogPageId;
 use crate::spec::registers::{reg, ShutdownStatus};
 use crate::spec::{
-    AdminOpcode, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, SmartLog,
-    Sqe, Status, Vs,
+    AdminOpcode, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, SmartLog, Sqe,
+    Status, Vs,
 };
 
 /// What the shared logic found wrong, for the transport to word as its own error.
@@ -534,8 +534,7 @@ mod tests {
                     } else if self.ready_after.is_some_and(|after| n >= after) {
                         csts = csts.with_rdy(self.cc.en());
                     }
-                    if self.cc.shn() != 0 && self.shutdown_after.is_some_and(|after| n >= after)
-                    {
+                    if self.cc.shn() != 0 && self.shutdown_after.is_some_and(|after| n >= after) {
                         csts = csts.with_shst(ShutdownStatus::Complete);
                     }
                     self.csts = csts;
