@@ -9,8 +9,11 @@ use parking_lot::Mutex;
 use usnvme_hugepages::{DmaRegion, IovaSpace, Memory, PageSize};
 use vm_memory::Bytes;
 
+use crate::bringup::{
+    self, AdminCommand, AdminPath, Data, Failed, Fault, Faults, Reg, RegisterAccess,
+};
 use crate::error::{Error, SubmitError};
-use crate::namespaces::{self, IdentifyFailure, MAX_NSID};
+use crate::namespaces::MAX_NSID;
 use crate::pci::PciAddress;
 use crate::prp::PAGE;
 use crate::queue::{
@@ -18,10 +21,10 @@ use crate::queue::{
     Shadow, Ticket,
 };
 use crate::regs::Registers;
-use crate::spec::command::{num_queues_allocated, Cns, QueuePriority};
+use crate::spec::command::QueuePriority;
 use crate::spec::identify::{Oacs, SglSupport};
 use crate::spec::log::LogPageId;
-use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell, ShutdownStatus};
+use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell};
 use crate::spec::{
     Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, IdentifyNamespace,
     SmartLog, Sqe, Status, Vs,
@@ -226,11 +229,7 @@ impl Controller {
         link: Option<PcieLink>,
         options: ControllerOptions,
     ) -> Result<Controller, Error> {
-        let cap = Cap(regs.read64(reg::CAP));
-        if cap.0 == u64::MAX {
-            return Err(Error::Gone { device: name });
-        }
-        let version = Vs(regs.read32(reg::VS));
+        let (cap, version) = bringup::read_cap_vs(&mut Mmio::new(&name, &*regs))?;
         if !cap.css_nvm() {
             return Err(Error::Unsupported {
                 device: name,
@@ -247,7 +246,7 @@ impl Controller {
                 ),
             });
         }
-        let ready_timeout = Duration::from_millis(cap.to_ms().max(500));
+        let ready_timeout = bringup::ready_timeout(cap);
         disable(&name, &*regs, ready_timeout)?;
 
         // Admin queue.
@@ -285,18 +284,13 @@ impl Controller {
         enable(&name, &*regs, &admin_queue, ready_timeout)?;
         let mut admin = Admin::new(admin_queue, data);
 
-        // Identify.
-        let mut buf = vec![0u8; 4096];
-        admin.execute(
-            &name,
-            &*regs,
-            Sqe::identify(Cns::Controller, 0),
-            Some((&mut buf, false)),
-            options.admin_timeout,
-        )?;
-        let identify = Box::new(
-            IdentifyController::from_slice(&buf).ok_or_else(|| invalid(&name, "identify data"))?,
-        );
+        let mut path = AdminAccess {
+            name: &name,
+            regs: &*regs,
+            admin: &mut admin,
+            timeout: options.admin_timeout,
+        };
+        let identify = bringup::identify_controller(&mut path)?;
         let max_transfer = identify
             .mdts_bytes(PAGE)
             .unwrap_or(DRIVER_MAX_TRANSFER)
@@ -309,20 +303,11 @@ impl Controller {
         if options.sgl && !sgl {
             log::info!("{name}: no SGL support: PRP lists for transfers of more than two pages");
         }
-        let namespaces = identify_namespaces(&name, &*regs, &mut admin, &identify, &options)?;
+        let namespaces = bringup::namespaces(&mut path, &name, identify.nn)?;
         let geometry = geometry_table(&namespaces);
 
         // I/O queues: use what is granted.
-        let asked = options.io_queues.max(1) as u32;
-        let dw0 = admin.execute(
-            &name,
-            &*regs,
-            Sqe::set_num_queues(asked, asked),
-            None,
-            options.admin_timeout,
-        )?;
-        let (nsq, ncq) = num_queues_allocated(dw0);
-        let granted = nsq.min(ncq).min(asked).min(u16::MAX as u32 - 1) as u16;
+        let granted = bringup::set_number_of_queues(&mut path, options.io_queues)?.pairs;
 
         // Shadow doorbells: page 0 holds the doorbells, page 1 the EventIdx values.
         let mut shadow = None;
@@ -333,7 +318,10 @@ impl Controller {
         {
             let pages = map(&name, &space, 2 * PAGE as usize, &options, options.node)?;
             let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
-            match admin.execute(&name, &*regs, sqe, None, options.admin_timeout) {
+            match path
+                .admin
+                .execute(&name, &*regs, sqe, Data::None, options.admin_timeout)
+            {
                 Ok(_) => shadow = Some(Arc::new(pages)),
                 Err(e) => {
                     log::warn!("{name}: Doorbell Buffer Config failed, using MMIO doorbells: {e}")
@@ -710,20 +698,18 @@ impl Controller {
         admin.queue.fail_all(Status::ABORTED_BY_HOST, &mut |_| {});
         admin.queue.reset_rings();
         enable(&s.name, regs, &admin.queue, s.ready_timeout)?;
-        let asked = s.options.io_queues.max(1) as u32;
-        let dw0 = admin.execute(
-            &s.name,
+        let mut path = AdminAccess {
+            name: &s.name,
             regs,
-            Sqe::set_num_queues(asked, asked),
-            None,
-            s.options.admin_timeout,
-        )?;
-        let (nsq, ncq) = num_queues_allocated(dw0);
-        if nsq.min(ncq) < s.granted as u32 {
+            admin: &mut *admin,
+            timeout: s.options.admin_timeout,
+        };
+        let granted = bringup::set_number_of_queues(&mut path, s.options.io_queues)?;
+        let pairs = granted.submission.min(granted.completion);
+        if pairs < s.granted as u32 {
             log::warn!(
-                "{}: after the reset only {} I/O queues are granted",
-                s.name,
-                nsq.min(ncq)
+                "{}: after the reset only {pairs} I/O queues are granted",
+                s.name
             );
         }
         if let Some(pages) = &s.shadow {
@@ -733,7 +719,7 @@ impl Controller {
                 .and_then(|p| p.write_slice(&zeroes, 0))
                 .map_err(|_| invalid(&s.name, "shadow doorbells"))?;
             let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
-            admin.execute(&s.name, regs, sqe, None, s.options.admin_timeout)?;
+            admin.execute(&s.name, regs, sqe, Data::None, s.options.admin_timeout)?;
         }
         Ok(())
     }
@@ -742,7 +728,7 @@ impl Controller {
     pub fn admin(&self, sqe: Sqe) -> Result<u32, Error> {
         let s = &self.shared;
         let mut admin = s.admin.lock();
-        let result = admin.execute(&s.name, &*s.regs, sqe, None, s.options.admin_timeout);
+        let result = admin.execute(&s.name, &*s.regs, sqe, Data::None, s.options.admin_timeout);
         s.progress(&mut admin);
         result
     }
@@ -756,45 +742,54 @@ impl Controller {
             &s.name,
             &*s.regs,
             sqe,
-            Some((&mut buf, false)),
+            Data::FromController(&mut buf),
             s.options.admin_timeout,
         );
         s.progress(&mut admin);
         Ok((result?, buf))
     }
 
+    /// Runs `job` on the admin queue (as the shared controller logic sees it), then moves the
+    /// queue deletions on.
+    fn with_admin<T>(
+        &self,
+        job: impl FnOnce(&mut AdminAccess<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let s = &self.shared;
+        let mut admin = s.admin.lock();
+        let result = job(&mut AdminAccess {
+            name: &s.name,
+            regs: &*s.regs,
+            admin: &mut admin,
+            timeout: s.options.admin_timeout,
+        });
+        s.progress(&mut admin);
+        result
+    }
+
     /// A log page of `len` bytes (namespace 0xffffffff for controller-wide ones).
     pub fn log_page(&self, lid: LogPageId, nsid: u32, len: usize) -> Result<Vec<u8>, Error> {
-        Ok(self
-            .admin_read(Sqe::get_log_page(lid, nsid, len as u32, 0), len)?
-            .1)
+        self.with_admin(|a| bringup::log_page(a, "Get Log Page", lid, nsid, len))
     }
 
     /// SMART / Health Information, controller wide.
     pub fn smart_log(&self) -> Result<SmartLog, Error> {
-        let raw = self.log_page(LogPageId::SmartHealth, 0xffff_ffff, SmartLog::SIZE)?;
-        SmartLog::from_slice(&raw).ok_or_else(|| invalid(&self.shared.name, "SMART log"))
+        self.with_admin(|a| bringup::smart_log(a))
     }
 
     /// The newest `count` Error Information entries (fewer if the controller keeps fewer).
     pub fn error_log(&self, count: usize) -> Result<Vec<ErrorLogEntry>, Error> {
-        let entries = count.clamp(1, 1 + self.shared.identify.elpe as usize);
-        let raw = self.log_page(
-            LogPageId::ErrorInformation,
-            0xffff_ffff,
-            entries * ErrorLogEntry::SIZE,
-        )?;
-        Ok(raw
-            .chunks_exact(ErrorLogEntry::SIZE)
-            .filter_map(ErrorLogEntry::from_slice)
-            .filter(|e| !e.is_empty())
-            .collect())
+        let elpe = self.shared.identify.elpe;
+        self.with_admin(|a| bringup::error_log(a, elpe, count))
     }
 
     pub fn firmware_log(&self) -> Result<FirmwareSlotLog, Error> {
-        let raw = self.log_page(LogPageId::FirmwareSlot, 0xffff_ffff, FirmwareSlotLog::SIZE)?;
-        FirmwareSlotLog::from_slice(&raw)
-            .ok_or_else(|| invalid(&self.shared.name, "firmware slot log"))
+        self.with_admin(|a| bringup::firmware_log(a))
+    }
+
+    /// Keep Alive (a PCIe controller needs none; for a controller that sets KAS anyway).
+    pub fn keep_alive(&self) -> Result<(), Error> {
+        self.with_admin(|a| bringup::keep_alive(a))
     }
 
     /// Asks the controller to abort command `cid` on submission queue `sqid`. Returns whether it
@@ -1013,23 +1008,28 @@ impl Admin {
         name: &str,
         regs: &dyn Registers,
         sqe: Sqe,
-        data: Option<(&mut [u8], bool)>,
+        data: Data<'_>,
         timeout: Duration,
     ) -> Result<u32, Error> {
         let command = command_name(&sqe);
         let ticket = self.next_token;
         self.next_token += 1;
-        let submitted = match &data {
-            Some((buf, to_device)) => {
-                if *to_device {
-                    self.data
-                        .slice(0, buf.len())
-                        .and_then(|s| s.write_slice(buf, 0))
-                        .map_err(|_| invalid(name, "admin data"))?;
-                }
+        let len = match &data {
+            Data::None => None,
+            Data::FromController(buf) => Some(buf.len()),
+            Data::ToController(buf) => {
+                self.data
+                    .slice(0, buf.len())
+                    .and_then(|s| s.write_slice(buf, 0))
+                    .map_err(|_| invalid(name, "admin data"))?;
+                Some(buf.len())
+            }
+        };
+        let submitted = match len {
+            Some(len) => {
                 let buffer = IoBuffer {
                     iova: self.data.iova(),
-                    len: buf.len() as u32,
+                    len: len as u32,
                 };
                 self.queue.submit_data(sqe, buffer, ticket)
             }
@@ -1061,7 +1061,7 @@ impl Admin {
                 status,
             });
         }
-        if let Some((buf, false)) = data {
+        if let Data::FromController(buf) = data {
             let slice = self
                 .data
                 .slice(0, buf.len())
@@ -1126,9 +1126,7 @@ impl Admin {
 }
 
 fn command_name(sqe: &Sqe) -> &'static str {
-    crate::spec::AdminOpcode::from_raw(sqe.opcode())
-        .map(|o| o.name())
-        .unwrap_or("admin command")
+    bringup::opcode_name(sqe)
 }
 
 fn invalid(name: &str, what: &str) -> Error {
@@ -1155,8 +1153,8 @@ fn map(
     })
 }
 
-/// Programs the admin queue (AQA, ASQ, ACQ) and the configuration (4 KiB pages, NVM command
-/// set, 64-byte SQEs, 16-byte CQEs), sets CC.EN and waits for CSTS.RDY.
+/// Programs the admin queue (AQA, ASQ, ACQ), then enables the controller as every transport
+/// does ([`bringup::enable`]: the host's configuration, CC.EN, CSTS.RDY within CAP.TO).
 fn enable(
     name: &str,
     regs: &dyn Registers,
@@ -1166,87 +1164,118 @@ fn enable(
     regs.write32(reg::AQA, Aqa::new(admin.depth(), admin.depth()).0);
     regs.write64(reg::ASQ, admin.sq_iova());
     regs.write64(reg::ACQ, admin.cq_iova());
-    let cc = Cc::new()
-        .with_iocqes(4)
-        .with_iosqes(6)
-        .with_mps(0)
-        .with_css(Cc::CSS_NVM)
-        .with_ams(0)
-        .with_en(true);
-    regs.write32(reg::CC, cc.0);
-    wait_ready(name, regs, true, timeout, "enable")
+    bringup::enable(
+        &mut Mmio::new(name, regs),
+        bringup::host_configuration(),
+        timeout,
+    )
+    .map(|_| ())
 }
 
-/// CC.EN = 0 and wait for CSTS.RDY = 0 (after letting a controller that is still becoming ready
-/// finish, as the spec asks).
+/// CC.EN = 0 and wait for CSTS.RDY = 0 ([`bringup::disable`]).
 fn disable(name: &str, regs: &dyn Registers, timeout: Duration) -> Result<(), Error> {
-    let cc = Cc(regs.read32(reg::CC));
-    let csts = Csts(regs.read32(reg::CSTS));
-    if csts.removed() {
-        return Err(Error::Gone {
-            device: name.into(),
-        });
-    }
-    if cc.en() && !csts.rdy() && !csts.cfs() {
-        let _ = wait_ready(name, regs, true, timeout, "enable (before reset)");
-    }
-    if cc.en() || csts.rdy() {
-        regs.write32(reg::CC, Cc(cc.0).with_en(false).0);
-    }
-    wait_ready(name, regs, false, timeout, "disable")
+    bringup::disable(&mut Mmio::new(name, regs), timeout)
 }
 
-/// Waits for CSTS.RDY to become `ready`.
-fn wait_ready(
-    name: &str,
-    regs: &dyn Registers,
-    ready: bool,
+/// The shared controller logic's faults, as the driver's errors.
+fn pcie_fault(name: &str, fault: Fault) -> Error {
+    let device = name.to_owned();
+    match fault {
+        Fault::Gone => Error::Gone { device },
+        Fault::Fatal { during } => Error::Fatal {
+            device,
+            during: during.into(),
+        },
+        Fault::ReadyTimeout { during, after, .. } => Error::Timeout {
+            device,
+            what: format!("controller {during} (CSTS.RDY)"),
+            after,
+        },
+        Fault::ShutdownTimeout { after } => Error::Timeout {
+            device,
+            what: "shutdown (CSTS.SHST)".into(),
+            after,
+        },
+        Fault::Status { opcode, status, .. } => Error::Command {
+            device,
+            command: opcode,
+            status,
+        },
+        Fault::Malformed { data, .. } => invalid(name, data),
+    }
+}
+
+/// The controller's registers over MMIO, for the shared logic: they cannot fail, but a device
+/// that is gone reads all ones (the logic checks CAP and CSTS for it).
+struct Mmio<'a> {
+    name: &'a str,
+    regs: &'a dyn Registers,
+}
+
+impl<'a> Mmio<'a> {
+    fn new(name: &'a str, regs: &'a dyn Registers) -> Mmio<'a> {
+        Mmio { name, regs }
+    }
+}
+
+impl Faults for Mmio<'_> {
+    type Error = Error;
+    fn fault(&self, fault: Fault) -> Error {
+        pcie_fault(self.name, fault)
+    }
+}
+
+impl RegisterAccess for Mmio<'_> {
+    fn read(&mut self, reg: Reg, _during: &'static str) -> Result<u64, Error> {
+        Ok(match reg.eight_bytes() {
+            true => self.regs.read64(reg.offset()),
+            false => u64::from(self.regs.read32(reg.offset())),
+        })
+    }
+
+    fn write(&mut self, reg: Reg, value: u64, _during: &'static str) -> Result<(), Error> {
+        match reg.eight_bytes() {
+            true => self.regs.write64(reg.offset(), value),
+            false => self.regs.write32(reg.offset(), value as u32),
+        }
+        Ok(())
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_micros(200)
+    }
+}
+
+/// The admin queue in DMA memory, polled, for the shared logic (the lock held).
+struct AdminAccess<'a> {
+    name: &'a str,
+    regs: &'a dyn Registers,
+    admin: &'a mut Admin,
     timeout: Duration,
-    what: &str,
-) -> Result<(), Error> {
-    let started = Instant::now();
-    loop {
-        let csts = Csts(regs.read32(reg::CSTS));
-        if csts.removed() {
-            return Err(Error::Gone {
-                device: name.into(),
-            });
-        }
-        if ready && csts.cfs() {
-            return Err(Error::Fatal {
-                device: name.into(),
-                during: what.into(),
-            });
-        }
-        if csts.rdy() == ready {
-            return Ok(());
-        }
-        if started.elapsed() > timeout {
-            return Err(Error::Timeout {
-                device: name.into(),
-                what: format!("controller {what} (CSTS.RDY)"),
-                after: timeout,
-            });
-        }
-        std::thread::sleep(Duration::from_micros(200));
+}
+
+impl Faults for AdminAccess<'_> {
+    type Error = Error;
+    fn fault(&self, fault: Fault) -> Error {
+        pcie_fault(self.name, fault)
     }
 }
 
-/// The controller's namespaces, read over its admin queue.
-fn identify_namespaces(
-    name: &str,
-    regs: &dyn Registers,
-    admin: &mut Admin,
-    ctrl: &IdentifyController,
-    options: &ControllerOptions,
-) -> Result<Vec<Namespace>, Error> {
-    namespaces::scan(name, ctrl.nn, |sqe, buf| {
-        match admin.execute(name, regs, sqe, Some((buf, false)), options.admin_timeout) {
-            Ok(_) => Ok(()),
-            Err(Error::Command { .. }) => Err(IdentifyFailure::Status),
-            Err(e) => Err(IdentifyFailure::Transport(e)),
-        }
-    })
+impl AdminPath for AdminAccess<'_> {
+    fn admin(&mut self, command: AdminCommand<'_>) -> Result<u32, Failed<Error>> {
+        self.admin
+            .execute(
+                self.name,
+                self.regs,
+                command.sqe,
+                command.data,
+                self.timeout,
+            )
+            .map_err(|e| match e {
+                Error::Command { status, .. } => Failed::Status(status),
+                e => Failed::Transport(e),
+            })
+    }
 }
 
 /// Geometry indexed by nsid - 1, for O(1) checks on the I/O path.
@@ -1346,22 +1375,12 @@ impl Drop for Shared {
         if cc.en() && !csts.cfs() {
             // the queues of queue pairs dropped lately, before the controller shuts down
             self.finish_deletions();
-            regs.write32(reg::CC, cc.with_shn(Cc::SHN_NORMAL).0);
-            let started = Instant::now();
             let limit = Duration::from_millis(self.cap.to_ms().clamp(1000, 10_000));
-            while Csts(regs.read32(reg::CSTS)).shst() != ShutdownStatus::Complete {
-                if started.elapsed() > limit {
-                    log::warn!("{}: shutdown did not complete within {limit:?}", self.name);
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(500));
+            if let Err(e) = bringup::shutdown(&mut Mmio::new(&self.name, regs), cc, limit) {
+                log::warn!("{e}");
             }
         }
-        if let Err(e) = disable(
-            &self.name,
-            regs,
-            Duration::from_millis(self.cap.to_ms().max(500)),
-        ) {
+        if let Err(e) = disable(&self.name, regs, bringup::ready_timeout(self.cap)) {
             log::warn!("{}: disabling after shutdown: {e}", self.name);
         }
     }

@@ -3,6 +3,7 @@
 //! Layers, bottom up: `pci` (sysfs discovery), `vfio` (container, group, device, BAR0),
 //! `spec` (the NVMe data structures), then the controller and its queue pairs.
 
+pub mod bringup;
 pub mod controller;
 pub mod device;
 pub mod error;

@@ -4,36 +4,35 @@
 //! clean shutdown (CC.SHN, then CSTS.SHST complete) when done. `usnvme discover`, `identify`
 //! and `health` use it on remote targets.
 //!
+//! The controller logic is the driver's, the same the PCIe controller runs
+//! ([`usnvme_driver::bringup`]): this module gives it its register access (Property Get / Set)
+//! and its admin path (the connected admin queue, polled), and keeps what only NVMe/TCP has:
+//! the connection, ICReq, digests, the Discovery Log Page.
+//!
 //! Errors a user can act on come out by kind ([`RemoteError`]): refused connection, a host
 //! the target does not allow, an unknown subsystem, a digest mismatch, a target that goes
 //! away in the middle of a command.
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use usnvme_driver::namespaces::{self, IdentifyFailure};
-use usnvme_driver::spec::command::{num_queues_allocated, Cns};
+use usnvme_driver::bringup::{
+    self, AdminCommand, AdminPath, Data, Failed, Fault, Faults, Reg, RegisterAccess,
+};
 use usnvme_driver::spec::fabrics::{self as f, padded_text, CNTLID_DYNAMIC};
-use usnvme_driver::spec::registers::{reg, ShutdownStatus};
 use usnvme_driver::spec::{
-    AdminOpcode, Cap, Cc, Cqe, Csts, DiscoveryLogEntry, DiscoveryLogHeader, IdentifyController,
-    LogPageId, SmartLog, Sqe, Status, Vs,
+    Cap, Cc, DiscoveryLogEntry, DiscoveryLogHeader, ErrorLogEntry, FirmwareSlotLog,
+    IdentifyController, LogPageId, SmartLog, Status, Vs,
 };
 use usnvme_driver::Namespace;
 
 use uuid::Uuid;
 
-use super::initiator::{CommandQueue, HostError, HostOptions};
+use super::initiator::{CommandQueue, HostError, HostOptions, Payload};
 use super::pdu::Digests;
 
 pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
-
-/// Controller register offsets (the Fabrics properties).
-const CAP: u32 = reg::CAP as u32;
-const VS: u32 = reg::VS as u32;
-const CC: u32 = reg::CC as u32;
-const CSTS: u32 = reg::CSTS as u32;
 
 /// Admin queue entries asked for in Connect.
 const ADMIN_ENTRIES: u16 = 32;
@@ -74,6 +73,11 @@ pub enum RemoteError {
     TimedOut { during: &'static str, ms: u128 },
     #[error("the controller did not become ready within {ms} ms (CAP.TO)")]
     NotReady { ms: u64 },
+    #[error("the controller did not become disabled (CSTS.RDY = 0) within {ms} ms (CAP.TO)")]
+    NotDisabled { ms: u64 },
+    /// Its registers read all ones.
+    #[error("the controller's registers read all ones: it is gone")]
+    Gone,
     #[error("the controller did not report its shutdown complete (CSTS.SHST) within {ms} ms")]
     ShutdownTimeout { ms: u128 },
     #[error("the controller reports a fatal status (CSTS.CFS) during {during}")]
@@ -155,13 +159,7 @@ impl RemoteController {
         let (mut admin, cntlid) =
             CommandQueue::connect(addr, subnqn, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC, opts)
                 .map_err(|e| connect_error(e, addr, subnqn, opts))?;
-        let lost = |during| move |e| RemoteError::host(during, e, opts.timeout);
-        let cap = Cap(admin
-            .property_get(CAP, true)
-            .map_err(lost("Property Get CAP"))?);
-        let vs = Vs(admin
-            .property_get(VS, false)
-            .map_err(lost("Property Get VS"))? as u32);
+        let (cap, vs) = bringup::read_cap_vs(&mut Fabric::new(&mut admin, opts.timeout))?;
         let mut ctrl = RemoteController {
             admin,
             addr,
@@ -180,46 +178,25 @@ impl RemoteController {
         Ok(ctrl)
     }
 
-    /// CC.EN = 1 (NVM command set, 4 KiB pages, 64/16-byte entries), then CSTS.RDY.
+    /// The admin queue as the shared controller logic sees it.
+    fn fabric(&mut self) -> Fabric<'_> {
+        Fabric::new(&mut self.admin, self.command_timeout)
+    }
+
+    /// CC.EN = 1 (NVM command set, 4 KiB pages, 64/16-byte entries), then CSTS.RDY within
+    /// CAP.TO ([`bringup::enable`]).
     fn enable(&mut self) -> Result<(), RemoteError> {
-        let cc = Cc::new()
-            .with_css(Cc::CSS_NVM)
-            .with_iosqes(6)
-            .with_iocqes(4)
-            .with_en(true);
-        self.admin
-            .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| self.lost("Property Set CC.EN", e))?;
-        self.cc = cc;
-        self.shut_down = false;
-        // CAP.TO is in 500 ms units; 0 would give no time at all
-        let ms = self.cap.to_ms().max(500);
-        let deadline = Instant::now() + Duration::from_millis(ms);
-        loop {
-            let csts = self.csts("waiting for CSTS.RDY")?;
-            if csts.cfs() {
-                return Err(RemoteError::ControllerFatal { during: "enable" });
-            }
-            if csts.rdy() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(RemoteError::NotReady { ms });
-            }
-            std::thread::sleep(POLL_INTERVAL);
+        let timeout = bringup::ready_timeout(self.cap);
+        let mut fabric = self.fabric();
+        let result = bringup::enable(&mut fabric, bringup::host_configuration(), timeout);
+        // once CC.EN is set, the controller is shut down when done (also if it never
+        // becomes ready)
+        let written = fabric.cc;
+        if let Some(cc) = written {
+            self.cc = cc;
+            self.shut_down = false;
         }
-    }
-
-    fn csts(&mut self, during: &'static str) -> Result<Csts, RemoteError> {
-        match self.admin.property_get(CSTS, false) {
-            Ok(v) => Ok(Csts(v as u32)),
-            Err(e) => Err(self.lost(during, e)),
-        }
-    }
-
-    /// A host-side error of an admin command during `during`, by kind.
-    fn lost(&self, during: &'static str, e: HostError) -> RemoteError {
-        RemoteError::host(during, e, self.command_timeout)
+        result.map(|_| ())
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -251,52 +228,10 @@ impl RemoteController {
         self.admin.maxh2cdata()
     }
 
-    /// An admin command that returns `len` bytes; fails unless it succeeds.
-    fn admin_read(
-        &mut self,
-        during: &'static str,
-        sqe: Sqe,
-        len: usize,
-    ) -> Result<Vec<u8>, RemoteError> {
-        self.admin_command(during, sqe, len).map(|(_, data)| data)
-    }
-
-    /// An admin command (returning `len` bytes); its completion, unless it failed.
-    fn admin_command(
-        &mut self,
-        during: &'static str,
-        sqe: Sqe,
-        len: usize,
-    ) -> Result<(Cqe, Vec<u8>), RemoteError> {
-        let (cqe, data) = match self.admin.admin(sqe, len) {
-            Ok(done) => done,
-            Err(e) => return Err(self.lost(during, e)),
-        };
-        let status = cqe.status();
-        if !status.is_success() {
-            return Err(RemoteError::Host {
-                during,
-                source: HostError::Status {
-                    command: during,
-                    name: status.name(),
-                    status,
-                },
-            });
-        }
-        Ok((cqe, data))
-    }
-
     /// Set Features Number of Queues: asks for `wanted` I/O queues (submission and completion
-    /// alike); the number the controller grants.
+    /// alike); the number of pairs the controller grants (at most `wanted`).
     pub fn set_io_queues(&mut self, wanted: u16) -> Result<u16, RemoteError> {
-        let wanted = u32::from(wanted.clamp(1, u16::MAX - 1));
-        let (cqe, _) = self.admin_command(
-            "Set Features Number of Queues",
-            Sqe::set_num_queues(wanted, wanted),
-            0,
-        )?;
-        let (sq, cq) = num_queues_allocated(cqe.dw0);
-        Ok(sq.min(cq).min(u32::from(u16::MAX)) as u16)
+        Ok(bringup::set_number_of_queues(&mut self.fabric(), wanted)?.pairs)
     }
 
     /// The longest one admin command may take from now on (a Keep Alive answered later
@@ -310,67 +245,48 @@ impl RemoteController {
 
     /// Keep Alive: tells the controller the host is still there (within KATO).
     pub fn keep_alive(&mut self) -> Result<(), RemoteError> {
-        self.admin_command("Keep Alive", Sqe::new(AdminOpcode::KeepAlive as u8), 0)
-            .map(|_| ())
+        bringup::keep_alive(&mut self.fabric())
     }
 
     pub fn identify_controller(&mut self) -> Result<IdentifyController, RemoteError> {
-        let data = self.admin_read(
-            "Identify Controller",
-            Sqe::identify(Cns::Controller, 0),
-            IdentifyController::SIZE,
-        )?;
-        IdentifyController::from_slice(&data).ok_or(RemoteError::Malformed {
-            during: "Identify Controller",
-            what: "short data",
-        })
+        bringup::identify_controller(&mut self.fabric()).map(|id| *id)
     }
 
     /// The active namespaces with a usable LBA format, read as the local driver reads them.
     pub fn namespaces(&mut self, nn: u32) -> Result<Vec<Namespace>, RemoteError> {
         let name = self.addr.to_string();
-        namespaces::scan(&name, nn, |sqe, buf| {
-            match self.admin_command("Identify", sqe, buf.len()) {
-                Ok((_, data)) => {
-                    let n = data.len().min(buf.len());
-                    buf[..n].copy_from_slice(&data[..n]);
-                    Ok(())
-                }
-                Err(RemoteError::Host {
-                    source: HostError::Status { .. },
-                    ..
-                }) => Err(IdentifyFailure::Status),
-                Err(e) => Err(IdentifyFailure::Transport(e)),
-            }
-        })
+        bringup::namespaces(&mut self.fabric(), &name, nn)
     }
 
     /// SMART / Health Information of the whole controller (NSID FFFFFFFFh).
     pub fn smart_log(&mut self) -> Result<SmartLog, RemoteError> {
-        let sqe = Sqe::get_log_page(LogPageId::SmartHealth, u32::MAX, SmartLog::SIZE as u32, 0);
-        let data = self.admin_read("Get Log Page SMART / Health", sqe, SmartLog::SIZE)?;
-        SmartLog::from_slice(&data).ok_or(RemoteError::Malformed {
-            during: "Get Log Page SMART / Health",
-            what: "short data",
-        })
+        bringup::smart_log(&mut self.fabric())
+    }
+
+    /// The newest `count` Error Information entries (`elpe`: Identify Controller's ELPE).
+    pub fn error_log(&mut self, elpe: u8, count: usize) -> Result<Vec<ErrorLogEntry>, RemoteError> {
+        bringup::error_log(&mut self.fabric(), elpe, count)
+    }
+
+    pub fn firmware_log(&mut self) -> Result<FirmwareSlotLog, RemoteError> {
+        bringup::firmware_log(&mut self.fabric())
     }
 
     /// The Discovery Log Page (0x70): the header, then every record, read again while its
     /// generation counter changes under us.
     pub fn discovery_log(&mut self) -> Result<DiscoveryLog, RemoteError> {
         let during = "Get Log Page Discovery";
+        let mut fabric = self.fabric();
+        let mut read = |len| bringup::log_page(&mut fabric, during, LogPageId::Discovery, 0, len);
         for _ in 0..DISCOVERY_RETRIES {
-            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, DISCOVERY_RECORD as u32, 0);
-            let header = self.admin_read(during, sqe, DISCOVERY_RECORD)?;
+            let header = read(DISCOVERY_RECORD)?;
             let head = parse_discovery_log(&header)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
             let records = head.numrec.min(MAX_DISCOVERY_RECORDS);
             if records == 0 {
                 return Ok(head);
             }
-            let len = DISCOVERY_RECORD * (1 + records as usize);
-            let sqe = Sqe::get_log_page(LogPageId::Discovery, 0, len as u32, 0);
-            let full = self.admin_read(during, sqe, len)?;
+            let full = read(DISCOVERY_RECORD * (1 + records as usize))?;
             let log = parse_discovery_log(&full)
                 .map_err(|what| RemoteError::Malformed { during, what })?;
             if log.genctr == head.genctr {
@@ -394,23 +310,8 @@ impl RemoteController {
             return Ok(());
         }
         self.shut_down = true;
-        let cc = self.cc.with_shn(Cc::SHN_NORMAL);
-        self.admin
-            .property_set(CC, false, u64::from(cc.0))
-            .map_err(|e| self.lost("Property Set CC.SHN", e))?;
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let csts = self.csts("waiting for CSTS.SHST")?;
-            if csts.shst() == ShutdownStatus::Complete {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(RemoteError::ShutdownTimeout {
-                    ms: self.timeout.as_millis(),
-                });
-            }
-            std::thread::sleep(POLL_INTERVAL);
-        }
+        let (cc, limit) = (self.cc, self.timeout);
+        bringup::shutdown(&mut self.fabric(), cc, limit)
     }
 }
 
@@ -420,6 +321,129 @@ impl Drop for RemoteController {
     fn drop(&mut self) {
         if let Err(e) = self.shut_down_controller() {
             log::debug!("{}: shutdown: {e}", self.addr);
+        }
+    }
+}
+
+/// The admin queue of a remote controller as the shared controller logic
+/// ([`usnvme_driver::bringup`]) sees it: registers by Property Get / Set, admin commands run
+/// one at a time, polled to completion within the command timeout.
+struct Fabric<'a> {
+    admin: &'a mut CommandQueue,
+    /// The command timeout, for the errors that name it.
+    timeout: Duration,
+    /// CC as last written (Property Set succeeded).
+    cc: Option<Cc>,
+}
+
+impl<'a> Fabric<'a> {
+    fn new(admin: &'a mut CommandQueue, timeout: Duration) -> Fabric<'a> {
+        Fabric {
+            admin,
+            timeout,
+            cc: None,
+        }
+    }
+}
+
+/// What a Property Get (`set` false) or Set of the shared logic's step `during` is called in
+/// errors.
+fn property_step(set: bool, during: &'static str) -> &'static str {
+    match (set, during) {
+        (false, "CAP") => "Property Get CAP",
+        (false, "VS") => "Property Get VS",
+        (false, "CSTS.RDY") => "waiting for CSTS.RDY",
+        (false, "CSTS.SHST") => "waiting for CSTS.SHST",
+        (false, "CC") => "Property Get CC",
+        (false, _) => "Property Get CSTS",
+        (true, "CC.EN") => "Property Set CC.EN",
+        (true, "CC.SHN") => "Property Set CC.SHN",
+        (true, _) => "Property Set CC",
+    }
+}
+
+impl Faults for Fabric<'_> {
+    type Error = RemoteError;
+    fn fault(&self, fault: Fault) -> RemoteError {
+        match fault {
+            Fault::Gone => RemoteError::Gone,
+            Fault::Fatal { during } => RemoteError::ControllerFatal { during },
+            Fault::ReadyTimeout {
+                ready: true, after, ..
+            } => RemoteError::NotReady {
+                ms: after.as_millis() as u64,
+            },
+            Fault::ReadyTimeout {
+                ready: false,
+                after,
+                ..
+            } => RemoteError::NotDisabled {
+                ms: after.as_millis() as u64,
+            },
+            Fault::ShutdownTimeout { after } => RemoteError::ShutdownTimeout {
+                ms: after.as_millis(),
+            },
+            Fault::Status {
+                command, status, ..
+            } => RemoteError::Host {
+                during: command,
+                source: HostError::Status {
+                    command,
+                    name: status.name(),
+                    status,
+                },
+            },
+            Fault::Malformed { command, .. } => RemoteError::Malformed {
+                during: command,
+                what: "short data",
+            },
+        }
+    }
+}
+
+impl RegisterAccess for Fabric<'_> {
+    fn read(&mut self, reg: Reg, during: &'static str) -> Result<u64, RemoteError> {
+        let value = self
+            .admin
+            .property_get(reg.offset() as u32, reg.eight_bytes())
+            .map_err(|e| RemoteError::host(property_step(false, during), e, self.timeout))?;
+        Ok(match reg.eight_bytes() {
+            true => value,
+            false => value & u64::from(u32::MAX),
+        })
+    }
+
+    fn write(&mut self, reg: Reg, value: u64, during: &'static str) -> Result<(), RemoteError> {
+        self.admin
+            .property_set(reg.offset() as u32, reg.eight_bytes(), value)
+            .map_err(|e| RemoteError::host(property_step(true, during), e, self.timeout))?;
+        if reg == Reg::Cc {
+            self.cc = Some(Cc(value as u32));
+        }
+        Ok(())
+    }
+
+    /// The target answers at once: no need to spin.
+    fn poll_interval(&self) -> Duration {
+        POLL_INTERVAL
+    }
+}
+
+impl AdminPath for Fabric<'_> {
+    fn admin(&mut self, command: AdminCommand<'_>) -> Result<u32, Failed<RemoteError>> {
+        let payload = match command.data {
+            Data::None => Payload::None,
+            Data::FromController(buf) => Payload::FromController(buf),
+            Data::ToController(buf) => Payload::ToController(buf),
+        };
+        match self.admin.command(command.sqe, payload) {
+            Ok(cqe) if cqe.status().is_success() => Ok(cqe.dw0),
+            Ok(cqe) => Err(Failed::Status(cqe.status())),
+            Err(e) => Err(Failed::Transport(RemoteError::host(
+                command.name,
+                e,
+                self.timeout,
+            ))),
         }
     }
 }
@@ -673,6 +697,7 @@ mod tests {
     use std::net::TcpListener;
 
     use crate::fabric::pdu::{self, IcResp, OutHeader};
+    use usnvme_driver::spec::Cqe;
 
     #[test]
     fn an_admin_command_a_silent_target_does_not_answer_fails_as_timed_out() {
