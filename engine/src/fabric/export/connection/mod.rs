@@ -49,19 +49,6 @@ use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
 pub use shutdown::{ICREQ_TIMEOUT, STALL_TIMEOUT};
 
-/// NVM command set opcodes served on I/O queues.
-const FLUSH: u8 = 0x00;
-const WRITE: u8 = 0x01;
-const READ: u8 = 0x02;
-const WRITE_ZEROES: u8 = 0x08;
-const DATASET_MANAGEMENT: u8 = 0x09;
-const FABRICS: u8 = 0x7f;
-
-/// SGL descriptor types in a command capsule: data in the capsule at an offset, or data the
-/// transport moves (R2T/H2CData for writes, C2HData for reads).
-const SGL_IN_CAPSULE: u8 = 0x01;
-const SGL_TRANSPORT: u8 = 0x5a;
-
 /// SMART Get Log Page commands one admin queue may have waiting for the drives' answer.
 const SMART_WAITING: usize = 4;
 /// PDUs in a row without data for the drives after which headers are read ahead in batches
