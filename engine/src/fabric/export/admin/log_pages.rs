@@ -12,11 +12,6 @@ use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, S
 use super::super::{Listener, SubsystemInfo};
 use super::{ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
 
-const LID_ERROR_INFORMATION: u8 = LogPageId::ErrorInformation as u8;
-const LID_SMART: u8 = LogPageId::SmartHealth as u8;
-const LID_FIRMWARE_SLOT: u8 = LogPageId::FirmwareSlot as u8;
-const LID_DISCOVERY: u8 = LogPageId::Discovery as u8;
-
 // The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
 // per record. Every field is written as Linux's nvmet writes it
 // (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
@@ -66,17 +61,18 @@ pub fn log_page(
     if offset % 4 != 0 {
         return Err(INVALID_FIELD);
     }
-    let log_len = match (discovery, sqe.cdw10 as u8) {
-        (Some(asker), LID_DISCOVERY) => discovery_log_len(asker.records()),
+    let lid = LogPageId::from_raw(sqe.cdw10 as u8);
+    let log_len = match (discovery, lid) {
+        (Some(asker), Some(LogPageId::Discovery)) => discovery_log_len(asker.records()),
         (Some(_), _) => return Err(INVALID_LOG_PAGE),
-        (None, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
-        (None, LID_SMART) => {
+        (None, Some(LogPageId::ErrorInformation)) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
+        (None, Some(LogPageId::SmartHealth)) => {
             if sqe.nsid != 0 && sqe.nsid != u32::MAX {
                 return Err(INVALID_FIELD); // no per-namespace SMART (LPA bit 0 clear)
             }
             SmartLog::SIZE
         }
-        (None, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
+        (None, Some(LogPageId::FirmwareSlot)) => FirmwareSlotLog::SIZE,
         _ => return Err(INVALID_LOG_PAGE),
     };
     let offset = usize::try_from(offset)
@@ -86,8 +82,8 @@ pub fn log_page(
     // `out` shows the log from `offset`: zeroes, then each part of the log where it falls
     let out = &mut out[..len];
     out.fill(0);
-    match (sqe.cdw10 as u8, discovery) {
-        (LID_DISCOVERY, Some(asker)) => {
+    match (lid, discovery) {
+        (Some(LogPageId::Discovery), Some(asker)) => {
             // the current discovery subsystem first, as nvmet lists it (since NVMe-oF 1.1
             // hosts expect it: nvme-cli skips it when connecting)
             let header = DiscoveryLogHeader::new(DISCOVERY_GENCTR, asker.records() as u64);
@@ -101,8 +97,10 @@ pub fn log_page(
                 put_log_part(out, offset, discovery_log_len(i), entry.as_bytes());
             }
         }
-        (LID_SMART, _) => put_log_part(out, offset, 0, smart().as_bytes()),
-        (LID_FIRMWARE_SLOT, _) => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
+        (Some(LogPageId::SmartHealth), _) => put_log_part(out, offset, 0, smart().as_bytes()),
+        (Some(LogPageId::FirmwareSlot), _) => {
+            put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes())
+        }
         _ => {} // the error log: no errors recorded, all zero
     }
     Ok(len)

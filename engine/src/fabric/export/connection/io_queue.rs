@@ -5,7 +5,7 @@
 use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
-use super::{Backend, Connection, Role, Slot};
+use super::{Backend, Connection, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
 
@@ -214,7 +214,13 @@ impl Connection {
             if blocks == 0 {
                 continue;
             }
-            if let Err(status) = backend.submit(token, ns, Op::Deallocate, slba * bs, blocks * bs) {
+            let request = Request {
+                ns,
+                op: Op::Deallocate,
+                offset: slba * bs,
+                len: blocks * bs,
+            };
+            if let Err(status) = backend.submit(token, request) {
                 // the parts not submitted will not complete: count them as failed now
                 let s = &mut self.slots[token as usize];
                 s.failed = s.failed.or(Some(status));
@@ -233,7 +239,13 @@ impl Connection {
         let Some(op) = s.op else {
             return;
         };
-        match backend.submit(token, s.ns, op, s.offset, u64::from(s.len)) {
+        let request = Request {
+            ns: s.ns,
+            op,
+            offset: s.offset,
+            len: u64::from(s.len),
+        };
+        match backend.submit(token, request) {
             Ok(()) => self.slots[token as usize].submitted = true,
             Err(status) => self.finish(token, status, backend),
         }

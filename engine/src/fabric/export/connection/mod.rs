@@ -76,16 +76,9 @@ pub trait Backend {
     /// Command `token`'s buffer (at least the `len` bytes reserved): a write's data is received
     /// into it and a read's data sent from it, in place.
     fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>>;
-    /// Starts `op` on namespace index `ns` at byte `offset`, `len` bytes; the result comes
-    /// back through [`Connection::complete`].
-    fn submit(
-        &mut self,
-        token: u16,
-        ns: usize,
-        op: Op,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), Status>;
+    /// Starts `request` for command `token`; the result comes back through
+    /// [`Connection::complete`].
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status>;
     /// The command is done with its buffer.
     fn release(&mut self, token: u16);
     /// Starts reading SMART / Health of the drives under the subsystem (aggregated) where it
@@ -93,6 +86,16 @@ pub trait Backend {
     fn smart_request(&mut self) -> bool;
     /// The answer to the request, once it is there (taken once).
     fn smart_answer(&mut self) -> Option<SmartLog>;
+}
+
+/// What a command (or one part of it) asks of the drives: `op` on namespace index `ns`,
+/// `len` bytes at byte `offset` (0 and 0 for a Flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub ns: usize,
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// The limits this target advertises and enforces on every connection.
