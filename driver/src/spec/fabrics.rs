@@ -272,6 +272,15 @@ impl PropertyCommand {
             PropertySize::Eight => (cqe.dw1 as u64) << 32 | cqe.dw0 as u64,
         }
     }
+
+    /// Puts `value` in a Property Get response, as [`Self::value_of`] reads it: DW0, and DW1
+    /// for 8 bytes (DW1 of a 4-byte property is reserved and left as it is).
+    pub const fn put_value(cqe: &mut Cqe, size: PropertySize, value: u64) {
+        cqe.dw0 = value as u32;
+        if let PropertySize::Eight = size {
+            cqe.dw1 = (value >> 32) as u32;
+        }
+    }
 }
 
 /// Why an NQN cannot go in its field.
@@ -294,6 +303,15 @@ fn nqn_field(nqn: &str) -> Result<[u8; NQN_FIELD], NqnError> {
     let mut field = [0u8; NQN_FIELD];
     field[..nqn.len()].copy_from_slice(nqn.as_bytes());
     Ok(field)
+}
+
+/// Writes `nqn` NUL-padded into `field`, cut short if needed so that a NUL ends it (Linux
+/// takes a SUBNQN without one as absent): for a target's own NQN, which it must always answer
+/// with, where [`ConnectData::new`] refuses an NQN that does not fit.
+pub fn put_nqn(field: &mut [u8; NQN_FIELD], nqn: &str) {
+    field.fill(0);
+    let len = nqn.len().min(MAX_NQN);
+    field[..len].copy_from_slice(&nqn.as_bytes()[..len]);
 }
 
 /// The NQN in a NUL-padded field: None without a terminating NUL, or when it is not UTF-8.
@@ -596,6 +614,30 @@ mod tests {
             0x1234_5678
         );
         assert_eq!(PropertySize::Eight.bytes(), 8);
+
+        // a response carries what a Get read: DW0, DW1 only for 8 bytes
+        let mut resp = Cqe::new(0, 0, 0, 0, Status::SUCCESS, false);
+        PropertyCommand::put_value(&mut resp, PropertySize::Eight, 0x9_1234_5678);
+        assert_eq!((resp.dw0, resp.dw1), (0x1234_5678, 9));
+        let mut resp = Cqe::new(0, 0, 0, 0, Status::SUCCESS, false);
+        PropertyCommand::put_value(&mut resp, PropertySize::Four, 0x46_0001);
+        assert_eq!((resp.dw0, resp.dw1), (0x46_0001, 0));
+        assert_eq!(
+            PropertyCommand::value_of(&resp, PropertySize::Four),
+            0x46_0001
+        );
+    }
+
+    #[test]
+    fn put_nqn_pads_with_nul_and_keeps_one_at_the_end() {
+        let mut field = [0xee; NQN_FIELD];
+        put_nqn(&mut field, "nqn.x:sub");
+        assert_eq!(nqn_of(&field), Some("nqn.x:sub"));
+        assert!(field[9..].iter().all(|&b| b == 0));
+        // too long: cut to 255 bytes, the last byte stays NUL
+        put_nqn(&mut field, &"n".repeat(NQN_FIELD + 10));
+        assert_eq!(nqn_of(&field).map(str::len), Some(MAX_NQN));
+        assert_eq!(field[MAX_NQN], 0);
     }
 
     #[test]

@@ -10,6 +10,3 @@ pub mod fuzz;
 pub use super::initiator::command::{CommandQueue as Queue, Payload};
 pub use super::initiator::options::{HostError, HostOptions};
 pub use super::initiator::session::ADMIN_IN_CAPSULE;
-
-// The Fabrics constants live in the driver's spec; the target imports this one from here.
-pub(crate) use usnvme_driver::spec::fabrics::CATTR_DISABLE_SQ_FLOW;

@@ -10,7 +10,7 @@ use usnvme_driver::spec::{SmartLog, Status};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{VolatileMemory, VolatileSlice};
 
-use super::connection::{Backend, Connection, ConnectionLimits};
+use super::connection::{Backend, Connection, ConnectionLimits, Request};
 use super::registry::Registry;
 use super::{ExportedNamespace, Listener, SubsystemInfo};
 use crate::block::Op;
@@ -88,27 +88,21 @@ impl Backend for MemoryBackend {
         held_buffer(&self.buffers, &self.held, self.max_buffer, token)
     }
 
-    fn submit(
-        &mut self,
-        token: u16,
-        ns: usize,
-        op: Op,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), Status> {
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status> {
+        let ns = request.ns;
         let disk_len = self
             .namespaces
             .get(ns)
             .ok_or(Status::INVALID_NAMESPACE)?
             .len();
-        let range = offset as usize..(offset + len) as usize;
+        let range = request.offset as usize..(request.offset + request.len) as usize;
         if range.end > disk_len {
             return Err(Status::LBA_OUT_OF_RANGE);
         }
         let buffer = held_buffer(&self.buffers, &self.held, self.max_buffer, token)
             .and_then(|b| b.subslice(0, range.len()).ok());
         let disk = &mut self.namespaces[ns];
-        match (op, buffer) {
+        match (request.op, buffer) {
             (Op::Read, Some(b)) => b.copy_from(&disk[range]),
             (Op::Write, Some(b)) => {
                 b.copy_to(&mut disk[range]);

@@ -17,10 +17,10 @@ use usnvme_driver::IoBuffer;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
 use vm_memory::VolatileSlice;
 
-use super::connection::{Backend, Connection, ConnectionLimits, Receive};
+use super::connection::{Backend, Connection, ConnectionLimits, Receive, Request};
 use super::registry::Registry;
 use super::{Listener, SubsystemInfo};
-use crate::block::{IoError, Op};
+use crate::block::IoError;
 use crate::engine::{DeviceChannel, Job, ReactorContext};
 
 /// How long a stopping target waits for connections to drain and flush.
@@ -382,15 +382,12 @@ impl Backend for ReactorBackend<'_> {
             .map(DmaBuffer::as_volatile_slice)
     }
 
-    fn submit(
-        &mut self,
-        token: u16,
-        ns: usize,
-        op: Op,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), Status> {
-        let device = self.devices.get_mut(ns).ok_or(Status::INVALID_NAMESPACE)?;
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status> {
+        let Request { op, len, .. } = request;
+        let device = self
+            .devices
+            .get_mut(request.ns)
+            .ok_or(Status::INVALID_NAMESPACE)?;
         let buf = match self.buffers.get(token as usize) {
             Some(Some(b)) if op.has_data() => Some(IoBuffer {
                 iova: b.iova(),
@@ -400,7 +397,7 @@ impl Backend for ReactorBackend<'_> {
         };
         let engine_token = ((self.slot as u64) << TOKEN_BITS) | u64::from(token);
         device
-            .submit(op, offset, len, buf, engine_token)
+            .submit(op, request.offset, len, buf, engine_token)
             .map_err(|e| {
                 log::warn!("{e}");
                 Status::NAMESPACE_NOT_READY

@@ -2,12 +2,13 @@
 //! namespace list and the namespace identification descriptors.
 
 use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::fabrics::{put_nqn, DISCOVERY_NQN};
 use usnvme_driver::spec::identify::Oncs;
 use usnvme_driver::spec::{
     put_ascii, IdentifyController, IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status,
 };
 
-use super::super::{ExportedNamespace, SubsystemInfo, DISCOVERY_NQN};
+use super::super::{ExportedNamespace, SubsystemInfo};
 use super::properties::{IOCQES, IOSQES};
 use super::{
     ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD, INVALID_NAMESPACE, VERSION,
@@ -42,11 +43,8 @@ const OFCS_DISCONNECT: u16 = 1 << 0;
 /// Namespace Identifier Type of a Namespace Identification Descriptor: NGUID, 16 bytes.
 const NIDT_NGUID: u8 = 2;
 const NIDL_NGUID: u8 = 16;
-/// Identify CNS values served; 06h is the I/O command set's Identify Controller data.
-const CNS_NAMESPACE: u8 = Cns::Namespace as u8;
-const CNS_CONTROLLER: u8 = Cns::Controller as u8;
-const CNS_ACTIVE_NAMESPACES: u8 = Cns::ActiveNamespaceList as u8;
-const CNS_DESCRIPTORS: u8 = Cns::NamespaceDescriptorList as u8;
+/// Identify CNS 06h, the I/O command set's Identify Controller data (served besides the
+/// [`Cns`] values).
 const CNS_IO_COMMAND_SET_CONTROLLER: u8 = 0x06;
 /// Command Set Identifier of the NVM command set (CDW11 bits 31:24).
 const CSI_NVM: u8 = 0;
@@ -62,16 +60,6 @@ pub(super) fn mdts(max_transfer: u32) -> u8 {
 /// The largest namespace ID (NN: every ID up to it is valid, active or not).
 fn max_nsid(sub: &SubsystemInfo) -> u32 {
     sub.namespaces.iter().map(|ns| ns.nsid).max().unwrap_or(0)
-}
-
-/// Writes a NUL-padded UTF-8 string (an NQN), truncated so that a NUL ends it: Linux takes
-/// an Identify SUBNQN without one as absent.
-pub(super) fn put_nul_padded(field: &mut [u8], text: &str) {
-    field.fill(0);
-    let len = text.len().min(field.len().saturating_sub(1));
-    if let (Some(dst), Some(src)) = (field.get_mut(..len), text.as_bytes().get(..len)) {
-        dst.copy_from_slice(src);
-    }
 }
 
 /// Identify Controller (CNS 01h) of controller `cntlid`: an I/O controller of `sub`, or the
@@ -102,7 +90,7 @@ pub fn identify_controller(
     } else {
         sub.nqn.as_str()
     };
-    put_nul_padded(&mut id.subnqn, nqn);
+    put_nqn(&mut id.subnqn, nqn);
     // A command capsule is the 64-byte SQE and the in-capsule data; a response capsule the
     // 16-byte CQE only; data starts right after the SQE (ICDOFF 0, which Linux requires); one
     // SGL descriptor per command (NVMe/TCP).
@@ -182,26 +170,28 @@ pub fn identify(
     sqe: &Sqe,
 ) -> Result<[u8; IDENTIFY_BYTES], Status> {
     let cns = sqe.cdw10 as u8;
-    if discovery && cns != CNS_CONTROLLER {
+    if discovery && Cns::from_raw(cns) != Some(Cns::Controller) {
         return Err(INVALID_FIELD);
     }
     let nsid = sqe.nsid;
     let active = sub.namespaces.iter().find(|ns| ns.nsid == nsid);
-    match cns {
-        CNS_CONTROLLER => Ok(*identify_controller(sub, cntlid, discovery).as_bytes()),
-        CNS_NAMESPACE => match active {
+    match Cns::from_raw(cns) {
+        Some(Cns::Controller) => Ok(*identify_controller(sub, cntlid, discovery).as_bytes()),
+        Some(Cns::Namespace) => match active {
             Some(ns) => Ok(*identify_namespace(ns).as_bytes()),
             None if nsid != 0 && nsid <= max_nsid(sub) => Ok([0; IDENTIFY_BYTES]),
             None => Err(INVALID_NAMESPACE),
         },
-        CNS_ACTIVE_NAMESPACES => {
+        Some(Cns::ActiveNamespaceList) => {
             if nsid >= 0xffff_fffe {
                 return Err(INVALID_NAMESPACE);
             }
             Ok(*active_namespaces(sub, nsid).as_bytes())
         }
-        CNS_DESCRIPTORS => active.map(namespace_descriptors).ok_or(INVALID_NAMESPACE),
-        CNS_IO_COMMAND_SET_CONTROLLER => {
+        Some(Cns::NamespaceDescriptorList) => {
+            active.map(namespace_descriptors).ok_or(INVALID_NAMESPACE)
+        }
+        None if cns == CNS_IO_COMMAND_SET_CONTROLLER => {
             // All zero for the NVM command set: no Verify, Write Zeroes or Dataset Management
             // size limits beyond MDTS. Linux asks for it when VS is 1.2 or later.
             if (sqe.cdw11 >> 24) as u8 != CSI_NVM {
@@ -209,6 +199,6 @@ pub fn identify(
             }
             Ok([0; IDENTIFY_BYTES])
         }
-        _ => Err(INVALID_FIELD),
+        None => Err(INVALID_FIELD),
     }
 }

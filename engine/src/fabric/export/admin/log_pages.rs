@@ -1,47 +1,26 @@
 //! Get Log Page: Error Information (empty), SMART / Health (aggregated from the drives),
 //! Firmware Slot Information, and the discovery log.
 
+use usnvme_driver::spec::fabrics::{
+    put_nqn, DiscoveryLogEntry, DiscoveryLogHeader, ADRFAM_IPV4, ADRFAM_IPV6, CNTLID_DYNAMIC,
+    DISCOVERY_NQN, SUBTYPE_CURRENT_DISCOVERY, SUBTYPE_NVME, TREQ_SQ_FLOW_CONTROL_DISABLE,
+    TRTYPE_TCP,
+};
 use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, Sqe, Status};
 
 use super::super::{Listener, SubsystemInfo};
-use super::identify::put_nul_padded;
 use super::{ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
 
-const LID_ERROR_INFORMATION: u8 = LogPageId::ErrorInformation as u8;
-const LID_SMART: u8 = LogPageId::SmartHealth as u8;
-const LID_FIRMWARE_SLOT: u8 = LogPageId::FirmwareSlot as u8;
-const LID_DISCOVERY: u8 = LogPageId::Discovery as u8;
+// The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
+// per record. Every field is written as Linux's nvmet writes it
+// (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
 
-/// Discovery log layout (NVMe over Fabrics 1.1, Discovery Log Page): a 1024-byte header, then
-/// one 1024-byte entry per record. Every field is written as Linux's nvmet writes it
-/// (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
-pub(super) const DISCOVERY_HEADER: usize = 1024;
-pub(super) const DISCOVERY_ENTRY: usize = 1024;
 /// GENCTR: the log never changes while the target runs.
 const DISCOVERY_GENCTR: u64 = 1;
-/// TRTYPE 3: TCP.
-const TRTYPE_TCP: u8 = 3;
-/// ADRFAM: IPv4, IPv6.
-const ADRFAM_IPV4: u8 = 1;
-const ADRFAM_IPV6: u8 = 2;
-/// SUBTYPE 2: an NVM subsystem; 3: the current discovery subsystem, the one answering (nvmet
-/// lists it first, and since NVMe-oF 1.1 hosts expect it: nvme-cli skips it when connecting).
-const SUBTYPE_NVME: u8 = 2;
-const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
-/// TREQ: bits 1:0 00b, secure channel requirements not specified (we offer no TLS: 01b
-/// "required" or 10b "not required" both make libnvme 1.3 add `tls` to the connect options,
-/// which Linux 6.1 refuses), and bit 2, SQ flow control disable supported (we honour CATTR
-/// bit 2 in Connect). This is what nvmet writes for a TCP port.
-const TREQ_SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
-/// CNTLID FFFFh: the dynamic controller model (any controller ID).
-const CNTLID_DYNAMIC: u16 = 0xffff;
 /// ASQSZ: the admin queue entries a host may use: 32, nvmet's NVME_AQ_DEPTH (and the least
 /// the specification allows).
 const DISCOVERY_ASQSZ: u16 = 32;
-// EFLAGS (bytes 10..12) stay 0, as nvmet leaves them: no duplicate-information or explicit
-// persistent-connection claims. TSAS (768..1024) stays 0: for TCP its first byte is SECTYPE,
-// 0 = no security, as nvmet writes for a port without TLS.
 
 /// Who reads the discovery log: the port (listener) its connection came in on, as the host
 /// reached it (the address is the connection's local one, never a wildcard), and whether the
@@ -82,17 +61,18 @@ pub fn log_page(
     if offset % 4 != 0 {
         return Err(INVALID_FIELD);
     }
-    let log_len = match (discovery, sqe.cdw10 as u8) {
-        (Some(asker), LID_DISCOVERY) => DISCOVERY_HEADER + DISCOVERY_ENTRY * asker.records(),
+    let lid = LogPageId::from_raw(sqe.cdw10 as u8);
+    let log_len = match (discovery, lid) {
+        (Some(asker), Some(LogPageId::Discovery)) => discovery_log_len(asker.records()),
         (Some(_), _) => return Err(INVALID_LOG_PAGE),
-        (None, LID_ERROR_INFORMATION) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
-        (None, LID_SMART) => {
+        (None, Some(LogPageId::ErrorInformation)) => ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE,
+        (None, Some(LogPageId::SmartHealth)) => {
             if sqe.nsid != 0 && sqe.nsid != u32::MAX {
                 return Err(INVALID_FIELD); // no per-namespace SMART (LPA bit 0 clear)
             }
             SmartLog::SIZE
         }
-        (None, LID_FIRMWARE_SLOT) => FirmwareSlotLog::SIZE,
+        (None, Some(LogPageId::FirmwareSlot)) => FirmwareSlotLog::SIZE,
         _ => return Err(INVALID_LOG_PAGE),
     };
     let offset = usize::try_from(offset)
@@ -102,23 +82,25 @@ pub fn log_page(
     // `out` shows the log from `offset`: zeroes, then each part of the log where it falls
     let out = &mut out[..len];
     out.fill(0);
-    match (sqe.cdw10 as u8, discovery) {
-        (LID_DISCOVERY, Some(asker)) => {
-            let mut part = [0u8; DISCOVERY_ENTRY];
-            discovery_header(&mut part, asker.records());
-            put_log_part(out, offset, 0, &part);
+    match (lid, discovery) {
+        (Some(LogPageId::Discovery), Some(asker)) => {
+            // the current discovery subsystem first, as nvmet lists it (since NVMe-oF 1.1
+            // hosts expect it: nvme-cli skips it when connecting)
+            let header = DiscoveryLogHeader::new(DISCOVERY_GENCTR, asker.records() as u64);
+            put_log_part(out, offset, 0, header.as_bytes());
             let records = [
-                (SUBTYPE_CURRENT_DISCOVERY, super::super::DISCOVERY_NQN),
+                (SUBTYPE_CURRENT_DISCOVERY, DISCOVERY_NQN),
                 (SUBTYPE_NVME, sub.nqn.as_str()),
             ];
             for (i, (subtype, nqn)) in records.into_iter().take(asker.records()).enumerate() {
-                part.fill(0);
-                discovery_entry(&mut part, subtype, nqn, asker.port);
-                put_log_part(out, offset, DISCOVERY_HEADER + i * DISCOVERY_ENTRY, &part);
+                let entry = discovery_entry(subtype, nqn, asker.port);
+                put_log_part(out, offset, discovery_log_len(i), entry.as_bytes());
             }
         }
-        (LID_SMART, _) => put_log_part(out, offset, 0, smart().as_bytes()),
-        (LID_FIRMWARE_SLOT, _) => put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes()),
+        (Some(LogPageId::SmartHealth), _) => put_log_part(out, offset, 0, smart().as_bytes()),
+        (Some(LogPageId::FirmwareSlot), _) => {
+            put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes())
+        }
         _ => {} // the error log: no errors recorded, all zero
     }
     Ok(len)
@@ -147,30 +129,35 @@ fn firmware_slot_log(sub: &SubsystemInfo) -> FirmwareSlotLog {
     log
 }
 
-/// The discovery log's header (its first 1024 bytes).
-fn discovery_header(header: &mut [u8], records: usize) {
-    header[0..8].copy_from_slice(&DISCOVERY_GENCTR.to_le_bytes());
-    header[8..16].copy_from_slice(&(records as u64).to_le_bytes());
-    // RECFMT (16..18) 0
+/// Bytes of a discovery log of `records` entries (RECFMT 0), which is also where entry
+/// `records` starts.
+pub(super) fn discovery_log_len(records: usize) -> usize {
+    DiscoveryLogHeader::SIZE + records * DiscoveryLogEntry::SIZE
 }
 
-/// Fills one 1024-byte discovery log entry: `nqn`, of type `subtype`, at `port`.
-fn discovery_entry(entry: &mut [u8], subtype: u8, nqn: &str, port: &Listener) {
-    entry[0] = TRTYPE_TCP;
-    entry[1] = if port.address.is_ipv4() {
+/// One discovery log entry: `nqn`, of type `subtype`, at `port`.
+fn discovery_entry(subtype: u8, nqn: &str, port: &Listener) -> DiscoveryLogEntry {
+    let mut entry = DiscoveryLogEntry::zeroed();
+    entry.trtype = TRTYPE_TCP;
+    entry.adrfam = if port.address.is_ipv4() {
         ADRFAM_IPV4
     } else {
         ADRFAM_IPV6
     };
-    entry[2] = subtype;
-    entry[3] = TREQ_SQ_FLOW_CONTROL_DISABLE;
-    entry[4..6].copy_from_slice(&port.port_id.to_le_bytes());
-    entry[6..8].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
-    entry[8..10].copy_from_slice(&DISCOVERY_ASQSZ.to_le_bytes());
-    // TRSVCID and TRADDR are ASCII, space padded; SUBNQN is UTF-8, NUL padded
-    put_ascii(&mut entry[32..64], &port.address.port().to_string());
-    put_nul_padded(&mut entry[256..512], nqn);
-    put_ascii(&mut entry[512..768], &port.address.ip().to_string());
+    entry.subtype = subtype;
+    // TREQ: secure channel not specified (we offer no TLS: "required" or "not required" both
+    // make libnvme 1.3 add `tls` to the connect options, which Linux 6.1 refuses), and SQ flow
+    // control disable supported (we honour CATTR bit 2 in Connect), as nvmet writes for TCP
+    entry.treq = TREQ_SQ_FLOW_CONTROL_DISABLE;
+    entry.portid = port.port_id;
+    entry.cntlid = CNTLID_DYNAMIC;
+    entry.asqsz = DISCOVERY_ASQSZ;
+    // EFLAGS stay 0, as nvmet leaves them (no duplicate-information or explicit
+    // persistent-connection claims); TSAS stays 0: SECTYPE none, a port without TLS
+    entry.set_trsvcid(&port.address.port().to_string());
+    entry.set_traddr(&port.address.ip().to_string());
+    put_nqn(&mut entry.subnqn, nqn);
+    entry
 }
 
 /// The SMART / Health log of the subsystem from its drives': counters add up (saturating),

@@ -18,7 +18,8 @@
 //!
 //! One file per part: `properties` (CAP, VS, CC, CSTS), `identify`, `features`, `log_pages`
 //! (Error Information, SMART, Firmware Slot, the discovery log), `fabrics` (the Fabrics
-//! commands' fields and Connect's data); [`execute`], here, runs an admin command.
+//! commands the target serves, from the spec's typed views, and Connect's data checked);
+//! [`execute`], here, runs an admin command.
 
 mod fabrics;
 mod features;
@@ -31,9 +32,7 @@ use usnvme_driver::spec::registers::Vs;
 use usnvme_driver::spec::{SmartLog, Sqe, Status};
 
 use super::SubsystemInfo;
-pub use fabrics::{
-    fctype, ConnectCommand, ConnectData, FabricsCommand, CONNECT_DATA_BYTES, FABRICS_OPCODE,
-};
+pub use fabrics::{connect_data, connect_nqns, FabricsCommand};
 pub use features::Features;
 use features::{FID_ASYNC_EVENT_CONFIGURATION, FID_KEEP_ALIVE_TIMER};
 pub use identify::{

@@ -1,6 +1,7 @@
 //! The properties of a fabrics controller (CAP, VS, CC, CSTS), as Property Get/Set read and
 //! write them: CC.EN makes the controller ready, CC.SHN starts a shutdown.
 
+use usnvme_driver::spec::fabrics::PropertySize;
 use usnvme_driver::spec::registers::{reg, Cap, Cc, Csts, ShutdownStatus, Vs};
 use usnvme_driver::spec::Status;
 
@@ -52,12 +53,12 @@ impl ControllerRegisters {
 
     /// Property Get: CAP is 8 bytes, VS, CC and CSTS are 4; any other offset, or a size that is
     /// not the property's, is an invalid field.
-    pub fn property_get(&self, offset: u32, eight_bytes: bool) -> Result<u64, Status> {
-        match (offset, eight_bytes) {
-            (CAP, true) => Ok(self.cap.0),
-            (VS, false) => Ok(u64::from(self.vs.0)),
-            (CC, false) => Ok(u64::from(self.cc.0)),
-            (CSTS, false) => Ok(u64::from(self.csts.0)),
+    pub fn property_get(&self, offset: u32, size: PropertySize) -> Result<u64, Status> {
+        match (offset, size) {
+            (CAP, PropertySize::Eight) => Ok(self.cap.0),
+            (VS, PropertySize::Four) => Ok(u64::from(self.vs.0)),
+            (CC, PropertySize::Four) => Ok(u64::from(self.cc.0)),
+            (CSTS, PropertySize::Four) => Ok(u64::from(self.csts.0)),
             _ => Err(INVALID_FIELD),
         }
     }
@@ -69,10 +70,10 @@ impl ControllerRegisters {
     pub fn property_set(
         &mut self,
         offset: u32,
-        eight_bytes: bool,
+        size: PropertySize,
         value: u64,
     ) -> Result<(), Status> {
-        if offset != CC || eight_bytes {
+        if offset != CC || size != PropertySize::Four {
             return Err(INVALID_FIELD);
         }
         // a 4-byte property: the upper half of VALUE is reserved

@@ -3,11 +3,14 @@
 
 use std::time::Instant;
 
+use usnvme_driver::spec::fabrics::{
+    ConnectCommand, ConnectData, ConnectResponse, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+    DISCOVERY_NQN,
+};
 use usnvme_driver::spec::{Sqe, Status};
 
-use super::super::admin::{self, ConnectData, FabricsCommand, Features};
+use super::super::admin::{self, FabricsCommand, Features};
 use super::{Backend, Connection, Phase, Role, SMART_WAITING};
-use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
 use crate::fabric::pdu::{FatalError, IcReq, IcResp, PFV_1_0};
 
 impl Connection {
@@ -42,41 +45,33 @@ impl Connection {
         };
         match command {
             FabricsCommand::Connect(connect) => {
-                let parsed = ConnectData::parse(&self.rx.pending()[data]);
-                let result = match parsed {
-                    Ok(d) => self.connect(&connect, &d),
-                    Err(status) => Err(status),
-                };
-                match result {
-                    Ok(cntlid) => self.respond(cid, u32::from(cntlid), Status::SUCCESS),
+                let bytes = &self.rx.pending()[data];
+                match admin::connect_data(bytes).and_then(|d| self.connect(&connect, &d)) {
+                    Ok(cntlid) => {
+                        let response = ConnectResponse { cntlid, authreq: 0 };
+                        self.respond(cid, response.dw0(), Status::SUCCESS);
+                    }
                     Err(status) => self.respond(cid, 0, status),
                 }
             }
-            FabricsCommand::PropertyGet {
-                offset,
-                eight_bytes,
-            } => {
+            FabricsCommand::PropertyGet(get) => {
                 let value = match &self.role {
-                    Role::Admin { registers, .. } => registers.property_get(offset, eight_bytes),
+                    Role::Admin { registers, .. } => registers.property_get(get.offset, get.size),
                     _ => Err(Status::COMMAND_SEQUENCE_ERROR),
                 };
                 match value {
-                    Ok(v) => self.respond64(cid, v, Status::SUCCESS),
+                    Ok(v) => self.respond_property(cid, get.size, v),
                     Err(status) => self.respond(cid, 0, status),
                 }
             }
-            FabricsCommand::PropertySet {
-                offset,
-                eight_bytes,
-                value,
-            } => {
+            FabricsCommand::PropertySet(set) => {
                 let result = match &mut self.role {
                     Role::Admin {
                         registers,
                         controller,
                         ..
                     } => {
-                        let r = registers.property_set(offset, eight_bytes, value);
+                        let r = registers.property_set(set.offset, set.size, set.value);
                         controller.set_ready(registers.ready());
                         r
                     }
@@ -98,32 +93,27 @@ impl Connection {
     }
 
     /// Checks a Connect and makes this connection an admin or I/O queue; the controller ID.
-    fn connect(
-        &mut self,
-        connect: &admin::ConnectCommand,
-        data: &ConnectData,
-    ) -> Result<u16, Status> {
+    fn connect(&mut self, connect: &ConnectCommand, data: &ConnectData) -> Result<u16, Status> {
+        let (subnqn, hostnqn) = admin::connect_nqns(data)?;
         if !matches!(self.role, Role::None) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
-        let discovery = data.subnqn == super::super::DISCOVERY_NQN;
-        if !discovery && data.subnqn != self.subsystem.nqn {
+        let discovery = subnqn == DISCOVERY_NQN;
+        if !discovery && subnqn != self.subsystem.nqn {
             log::warn!(
-                "{}: Connect to unknown subsystem {:?} refused",
-                self.peer,
-                data.subnqn
+                "{}: Connect to unknown subsystem {subnqn:?} refused",
+                self.peer
             );
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
-        if !self.registry.host_allowed(&data.hostnqn) {
+        if !self.registry.host_allowed(hostnqn) {
             log::warn!(
-                "{}: host {} is not allowed (--allow-host): Connect refused",
-                self.peer,
-                data.hostnqn
+                "{}: host {hostnqn} is not allowed (--allow-host): Connect refused",
+                self.peer
             );
             return Err(Status::CONNECT_INVALID_HOST);
         }
-        let entries = u32::from(connect.sqsize) + 1;
+        let entries = connect.entries();
         if connect.sqsize == 0 || entries > u32::from(self.subsystem.queue_entries) {
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
@@ -131,10 +121,10 @@ impl Connection {
         self.sq_entries = entries;
         self.sq_flow = connect.cattr & CATTR_DISABLE_SQ_FLOW == 0;
         if connect.qid == 0 {
-            if data.cntlid != 0xffff {
+            if data.cntlid != CNTLID_DYNAMIC {
                 return Err(Status::CONNECT_INVALID_PARAMETERS);
             }
-            let controller = self.registry.create(&data.hostnqn, discovery)?;
+            let controller = self.registry.create(hostnqn, discovery)?;
             let cntlid = controller.cntlid();
             let mut features = Features::new(&self.subsystem);
             features.set_keep_alive_ms(connect.kato);
@@ -147,16 +137,15 @@ impl Connection {
                 last_keep_alive: Instant::now(),
             };
             log::info!(
-                "{}: host {} connected (controller {cntlid}{})",
+                "{}: host {hostnqn} connected (controller {cntlid}{})",
                 self.peer,
-                data.hostnqn,
                 if discovery { ", discovery" } else { "" }
             );
             return Ok(cntlid);
         }
         let controller = self
             .registry
-            .find(data.cntlid, &data.hostnqn)
+            .find(data.cntlid, hostnqn)
             .ok_or(Status::CONNECT_INVALID_PARAMETERS)?;
         if controller.discovery() || !controller.ready() || connect.qid > self.subsystem.io_queues {
             return Err(Status::CONNECT_INVALID_PARAMETERS);

@@ -2,12 +2,10 @@
 //! (write data in the capsule or by R2T and H2CData, Dataset Management ranges one by one),
 //! completed (read data by C2HData, from the buffer).
 
-use usnvme_driver::spec::{Sqe, Status};
+use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
+use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
-use super::{
-    Backend, Connection, Role, Slot, DATASET_MANAGEMENT, FLUSH, READ, SGL_IN_CAPSULE,
-    SGL_TRANSPORT, WRITE, WRITE_ZEROES,
-};
+use super::{Backend, Connection, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
 
@@ -32,7 +30,7 @@ impl Connection {
                 return Ok(());
             }
         };
-        if opcode == DATASET_MANAGEMENT {
+        if opcode == IoOpcode::DatasetManagement as u8 {
             self.deallocate(sqe, cid, token, ns, data, backend);
             return Ok(());
         }
@@ -125,12 +123,13 @@ impl Connection {
         let bs = u64::from(info.block_size);
         let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
         let blocks = u64::from(sqe.cdw12 & 0xffff) + 1;
-        let (op, moves_data) = match opcode {
-            READ => (Op::Read, true),
-            WRITE => (Op::Write, true),
-            FLUSH => return Ok((ns, Op::Flush, 0, 0)),
-            WRITE_ZEROES => (Op::WriteZeroes, false),
-            DATASET_MANAGEMENT => return Ok((ns, Op::Deallocate, 0, 0)), // see `deallocate`
+        let (op, moves_data) = match IoOpcode::from_raw(opcode) {
+            Some(IoOpcode::Read) => (Op::Read, true),
+            Some(IoOpcode::Write) => (Op::Write, true),
+            Some(IoOpcode::Flush) => return Ok((ns, Op::Flush, 0, 0)),
+            Some(IoOpcode::WriteZeroes) => (Op::WriteZeroes, false),
+            // see `deallocate`
+            Some(IoOpcode::DatasetManagement) => return Ok((ns, Op::Deallocate, 0, 0)),
             _ => return Err(Status::INVALID_OPCODE),
         };
         if slba.checked_add(blocks).is_none_or(|end| end > info.blocks) {
@@ -215,7 +214,13 @@ impl Connection {
             if blocks == 0 {
                 continue;
             }
-            if let Err(status) = backend.submit(token, ns, Op::Deallocate, slba * bs, blocks * bs) {
+            let request = Request {
+                ns,
+                op: Op::Deallocate,
+                offset: slba * bs,
+                len: blocks * bs,
+            };
+            if let Err(status) = backend.submit(token, request) {
                 // the parts not submitted will not complete: count them as failed now
                 let s = &mut self.slots[token as usize];
                 s.failed = s.failed.or(Some(status));
@@ -234,7 +239,13 @@ impl Connection {
         let Some(op) = s.op else {
             return;
         };
-        match backend.submit(token, s.ns, op, s.offset, u64::from(s.len)) {
+        let request = Request {
+            ns: s.ns,
+            op,
+            offset: s.offset,
+            len: u64::from(s.len),
+        };
+        match backend.submit(token, request) {
             Ok(()) => self.slots[token as usize].submitted = true,
             Err(status) => self.finish(token, status, backend),
         }

@@ -49,19 +49,6 @@ use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
 pub use shutdown::{ICREQ_TIMEOUT, STALL_TIMEOUT};
 
-/// NVM command set opcodes served on I/O queues.
-const FLUSH: u8 = 0x00;
-const WRITE: u8 = 0x01;
-const READ: u8 = 0x02;
-const WRITE_ZEROES: u8 = 0x08;
-const DATASET_MANAGEMENT: u8 = 0x09;
-const FABRICS: u8 = 0x7f;
-
-/// SGL descriptor types in a command capsule: data in the capsule at an offset, or data the
-/// transport moves (R2T/H2CData for writes, C2HData for reads).
-const SGL_IN_CAPSULE: u8 = 0x01;
-const SGL_TRANSPORT: u8 = 0x5a;
-
 /// SMART Get Log Page commands one admin queue may have waiting for the drives' answer.
 const SMART_WAITING: usize = 4;
 /// PDUs in a row without data for the drives after which headers are read ahead in batches
@@ -89,16 +76,9 @@ pub trait Backend {
     /// Command `token`'s buffer (at least the `len` bytes reserved): a write's data is received
     /// into it and a read's data sent from it, in place.
     fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>>;
-    /// Starts `op` on namespace index `ns` at byte `offset`, `len` bytes; the result comes
-    /// back through [`Connection::complete`].
-    fn submit(
-        &mut self,
-        token: u16,
-        ns: usize,
-        op: Op,
-        offset: u64,
-        len: u64,
-    ) -> Result<(), Status>;
+    /// Starts `request` for command `token`; the result comes back through
+    /// [`Connection::complete`].
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status>;
     /// The command is done with its buffer.
     fn release(&mut self, token: u16);
     /// Starts reading SMART / Health of the drives under the subsystem (aggregated) where it
@@ -106,6 +86,16 @@ pub trait Backend {
     fn smart_request(&mut self) -> bool;
     /// The answer to the request, once it is there (taken once).
     fn smart_answer(&mut self) -> Option<SmartLog>;
+}
+
+/// What a command (or one part of it) asks of the drives: `op` on namespace index `ns`,
+/// `len` bytes at byte `offset` (0 and 0 for a Flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub ns: usize,
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// The limits this target advertises and enforces on every connection.

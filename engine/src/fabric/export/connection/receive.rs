@@ -4,14 +4,14 @@
 
 use std::io;
 
-use usnvme_driver::spec::{Sqe, Status};
+use usnvme_driver::spec::fabrics::{FABRICS_OPCODE, SGL_IN_CAPSULE};
+use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
 use vm_memory::VolatileSlice;
 
 use super::super::wire::ReadWire;
 use super::{
-    Backend, Connection, Phase, Receive, Role, FABRICS, QUIET_BEFORE_READ_AHEAD, READ_BUDGET,
-    SGL_IN_CAPSULE, TX_HIGH_WATER, WRITE,
+    Backend, Connection, Phase, Receive, Role, QUIET_BEFORE_READ_AHEAD, READ_BUDGET, TX_HIGH_WATER,
 };
 use crate::fabric::framing::{Ahead, Need, Read, Rules, Step};
 use crate::fabric::pdu::{
@@ -195,7 +195,7 @@ impl Connection {
             PduType::CapsuleCmd if layout.data > 0 && matches!(self.role, Role::Io { .. }) => {
                 let sqe = self.sqe()?;
                 let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
-                if sqe.cdw0 as u8 != WRITE {
+                if opcode != IoOpcode::Write as u8 {
                     return Ok(None);
                 }
                 self.check_in_capsule(opcode, sgl_type, sgl_len, layout.data)?;
@@ -258,7 +258,7 @@ impl Connection {
                 "in-capsule data does not match the SGL",
             ));
         }
-        if data_len > self.subsystem.in_capsule_bytes as usize && opcode != FABRICS {
+        if data_len > self.subsystem.in_capsule_bytes as usize && opcode != FABRICS_OPCODE {
             return Err(FatalError::DataLimitExceeded(
                 "in-capsule data beyond IOCCSZ",
             ));
@@ -302,7 +302,7 @@ impl Connection {
         let cid = (sqe.cdw0 >> 16) as u16;
         let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
         self.check_in_capsule(opcode, sgl_type, sgl_len, data.len())?;
-        if opcode == FABRICS {
+        if opcode == FABRICS_OPCODE {
             return self.on_fabrics(&sqe, cid, data, backend);
         }
         match &self.role {
@@ -319,7 +319,8 @@ impl Connection {
     }
 }
 
-/// A command capsule's opcode, SGL descriptor type and SGL length (dword 8 of the SGL).
+/// A command capsule's opcode, SGL identifier and SGL length.
 fn capsule_fields(sqe: &Sqe) -> (u8, u8, u32) {
-    (sqe.cdw0 as u8, sqe.as_bytes()[39], sqe.prp2 as u32)
+    let sgl = sqe.sgl();
+    (sqe.opcode(), sgl.identifier, sgl.length)
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use usnvme_driver::spec::Status;
 
 use super::transmit::Sending;
-use super::{Backend, Connection, Phase, Role, Slot};
+use super::{Backend, Connection, Phase, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::framing::Buffers;
 use crate::fabric::pdu::{self, FatalError, PduType};
@@ -121,7 +121,13 @@ impl Connection {
         };
         self.in_flight += 1;
         for ns in 0..count {
-            if let Err(status) = backend.submit(token as u16, ns, Op::Flush, 0, 0) {
+            let flush = Request {
+                ns,
+                op: Op::Flush,
+                offset: 0,
+                len: 0,
+            };
+            if let Err(status) = backend.submit(token as u16, flush) {
                 // the parts not submitted will not complete: count them now
                 let s = &mut self.slots[token];
                 s.failed = s.failed.or(Some(status));

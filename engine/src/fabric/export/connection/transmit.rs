@@ -4,6 +4,7 @@
 
 use std::io;
 
+use usnvme_driver::spec::fabrics::{PropertyCommand, PropertySize};
 use usnvme_driver::spec::{Cqe, Status};
 use vm_memory::VolatileSlice;
 
@@ -45,9 +46,10 @@ impl Connection {
             .push(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }
 
-    pub(super) fn respond64(&mut self, cid: u16, value: u64, status: Status) {
-        let mut cqe = Cqe::new(value as u32, self.sq_head(), 0, cid, status, false);
-        cqe.dw1 = (value >> 32) as u32;
+    /// A successful Property Get's response (on the admin queue, SQID 0), carrying `value`.
+    pub(super) fn respond_property(&mut self, cid: u16, size: PropertySize, value: u64) {
+        let mut cqe = Cqe::new(0, self.sq_head(), 0, cid, Status::SUCCESS, false);
+        PropertyCommand::put_value(&mut cqe, size, value);
         self.tx
             .push(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
     }

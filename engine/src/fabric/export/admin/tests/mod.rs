@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use usnvme_driver::spec::command::{Cns, FeatureId, FeatureSelect};
 
 use super::super::{ExportedNamespace, Listener};
-use super::log_pages::{DISCOVERY_ENTRY, DISCOVERY_HEADER};
+use super::log_pages::discovery_log_len;
 use super::*;
 
 mod fabrics;
@@ -59,12 +59,12 @@ fn discovery_log(sub: &SubsystemInfo) -> Vec<u8> {
 }
 
 fn discovery_log_for(sub: &SubsystemInfo, asker: DiscoveryAsker) -> Vec<u8> {
-    let len = DISCOVERY_HEADER + DISCOVERY_ENTRY * 2;
+    let len = discovery_log_len(2);
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
     let sqe = get_log(0x70, 0, len as u32, 0);
     let n = super::log_page(sub, Some(asker), &sqe, &mut no_smart, &mut out).expect("log");
     let records = le64(&out, 8) as usize;
-    out[..n.min(DISCOVERY_HEADER + DISCOVERY_ENTRY * records)].to_vec()
+    out[..n.min(discovery_log_len(records))].to_vec()
 }
 
 fn namespace(nsid: u32, block_size: u32, blocks: u64) -> ExportedNamespace {

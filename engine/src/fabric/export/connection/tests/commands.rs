@@ -2,8 +2,10 @@
 //! capsule and by R2T, reads, bad commands, Dataset Management, SMART from the drives, a
 //! shutdown's flushes.
 
+use usnvme_driver::spec::fabrics::CATTR_DISABLE_SQ_FLOW;
+use usnvme_driver::spec::log::LogPageId;
+
 use super::*;
-use crate::fabric::host::CATTR_DISABLE_SQ_FLOW;
 
 #[test]
 fn responses_report_the_sq_head_and_without_sq_flow_control_a_read_ends_with_its_data() {
@@ -15,7 +17,7 @@ fn responses_report_the_sq_head_and_without_sq_flow_control_a_read_ends_with_its
     let cntlid = connected.dw0 as u16;
     admin.enable();
     let read_of = |io: &mut Bed, cid: u16| {
-        let mut sqe = io.io(READ, 0, 8, 4096);
+        let mut sqe = io.io(IoOpcode::Read, 0, 8, 4096);
         sqe.set_cid(cid);
         io.capsule(&sqe, &[]);
         io.take()
@@ -50,7 +52,7 @@ fn responses_report_the_sq_head_and_without_sq_flow_control_a_read_ends_with_its
         "the read's buffer is back once sent"
     );
     // a failed read still gets its response
-    let mut sqe = io.io(READ, 1 << 40, 8, 4096);
+    let mut sqe = io.io(IoOpcode::Read, 1 << 40, 8, 4096);
     sqe.set_cid(6);
     io.capsule(&sqe, &[]);
     match &io.take()[..] {
@@ -65,12 +67,12 @@ fn writes_in_capsule_and_by_r2t_read_back_with_and_without_digests() {
         let mut io = Bed::io_queue(digests);
         // in-capsule: 4 KiB at LBA 8
         let small: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
-        let sqe = io.io(WRITE, 8, 8, 0);
+        let sqe = io.io(IoOpcode::Write, 8, 8, 0);
         io.capsule(&sqe, &small);
         assert_eq!(io.status(), Status::SUCCESS);
         // R2T: 12 KiB at LBA 100, sent in three H2CData PDUs of MAXH2CDATA (4 KiB)
         let big: Vec<u8> = (0..12288u32).map(|i| (i / 7) as u8).collect();
-        let mut sqe = io.io(WRITE, 100, 24, 12288);
+        let mut sqe = io.io(IoOpcode::Write, 100, 24, 12288);
         sqe.set_cid(9);
         io.capsule(&sqe, &[]);
         let got = io.take();
@@ -103,7 +105,7 @@ fn writes_in_capsule_and_by_r2t_read_back_with_and_without_digests() {
         // read both back
         for (slba, want) in [(8u64, &small), (100, &big)] {
             let len = want.len() as u32;
-            let sqe = io.io(READ, slba, len / 512, len);
+            let sqe = io.io(IoOpcode::Read, slba, len / 512, len);
             io.capsule(&sqe, &[]);
             let got = io.take();
             match &got[..] {
@@ -122,20 +124,20 @@ fn writes_in_capsule_and_by_r2t_read_back_with_and_without_digests() {
 #[test]
 fn bad_commands_fail_by_status_and_the_connection_goes_on() {
     let mut io = Bed::io_queue(Digests::default());
-    let sqe = io.io(READ, 2047, 2, 1024); // past the end (2048 blocks)
+    let sqe = io.io(IoOpcode::Read, 2047, 2, 1024); // past the end (2048 blocks)
     io.capsule(&sqe, &[]);
     assert_eq!(io.status(), Status::LBA_OUT_OF_RANGE);
-    let mut sqe = io.io(READ, 0, 1, 512);
+    let mut sqe = io.io(IoOpcode::Read, 0, 1, 512);
     sqe.nsid = 9;
     io.capsule(&sqe, &[]);
     assert_eq!(io.status(), Status::INVALID_NAMESPACE);
-    let sqe = io.io(READ, 0, 2, 512); // SGL says 512 bytes, the command 1024
+    let sqe = io.io(IoOpcode::Read, 0, 2, 512); // SGL says 512 bytes, the command 1024
     io.capsule(&sqe, &[]);
     assert_eq!(io.status(), Status::DATA_SGL_LENGTH_INVALID);
-    let sqe = io.io(0x55, 0, 1, 512);
+    let sqe = io.io(0x55u8, 0, 1, 512);
     io.capsule(&sqe, &[]);
     assert_eq!(io.status(), Status::INVALID_OPCODE);
-    let sqe = io.io(FLUSH, 0, 1, 0);
+    let sqe = io.io(IoOpcode::Flush, 0, 1, 0);
     io.capsule(&sqe, &[]);
     assert_eq!(io.status(), Status::SUCCESS);
 }
@@ -144,13 +146,10 @@ fn bad_commands_fail_by_status_and_the_connection_goes_on() {
 fn deallocate_zeroes_each_range() {
     let mut io = Bed::io_queue(Digests::default());
     io.backend.namespaces[0].fill(0xEE);
-    let mut sqe = io.io(DATASET_MANAGEMENT, 0, 1, 0);
+    let mut sqe = io.io(IoOpcode::DatasetManagement, 0, 1, 0);
     sqe.cdw10 = 1; // two ranges
     sqe.cdw11 = usnvme_driver::spec::command::DSM_DEALLOCATE;
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-        .try_into()
-        .unwrap();
-    b[32..36].copy_from_slice(&32u32.to_le_bytes());
+    sqe.set_sgl(SglDescriptor::in_capsule(32));
     let mut ranges = [0u8; 32];
     ranges[4..8].copy_from_slice(&4u32.to_le_bytes()); // 4 blocks at LBA 0
     ranges[20..24].copy_from_slice(&2u32.to_le_bytes()); // 2 blocks at LBA 10
@@ -178,16 +177,10 @@ fn refusals_by_name() {
     // admin commands before the controller is enabled
     let c = bed.connect(0, 0xffff, &nqn, HOST);
     assert_eq!(c.status(), Status::SUCCESS);
-    let mut identify = Sqe::new(0x06);
-    identify.cdw10 = 1;
+    let identify = identify_controller();
     bed.capsule(&identify, &[]);
     assert_eq!(bed.status(), Status::COMMAND_SEQUENCE_ERROR);
     bed.enable();
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut identify)
-        .try_into()
-        .unwrap();
-    b[39] = SGL_TRANSPORT;
-    b[32..36].copy_from_slice(&4096u32.to_le_bytes());
     bed.capsule(&identify, &[]);
     match &bed.take()[..] {
         [Got::Data(d, data), Got::Resp(c)] => {
@@ -202,21 +195,13 @@ fn refusals_by_name() {
 
 #[test]
 fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
-    let mut admin = Bed::new(None, Digests::default());
+    let (mut admin, cntlid) = Bed::admin_queue(Digests::default());
     let nqn = admin.sub.nqn.clone();
-    let cntlid = admin.connect(0, 0xffff, &nqn, HOST).dw0 as u16;
-    admin.enable();
     admin.backend.smart_held = true; // the drives are slow to answer
     admin.backend.smart.temperature_sensors[0] = 321;
-    let mut smart = Sqe::new(0x02);
-    smart.nsid = u32::MAX;
-    smart.cdw10 = 0x02 | ((512 / 4 - 1) << 16);
+    let mut smart = Sqe::get_log_page(LogPageId::SmartHealth, u32::MAX, 512, 0);
     smart.set_cid(40);
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut smart)
-        .try_into()
-        .unwrap();
-    b[39] = SGL_TRANSPORT;
-    b[32..36].copy_from_slice(&512u32.to_le_bytes());
+    smart.set_sgl(SglDescriptor::transport(512));
     admin.capsule(&smart, &[]);
     admin.conn.tick(Instant::now(), &mut admin.backend);
     assert!(
@@ -225,14 +210,12 @@ fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
     );
     assert_eq!(admin.backend.smart_asked, 1);
     // meanwhile: an Identify on the same queue, and I/O on a queue of the controller
-    let mut identify = Sqe::new(0x06);
-    identify.cdw10 = 1;
-    admin.capsule(&identify, &[]);
+    admin.capsule(&Sqe::identify(Cns::Controller, 0), &[]);
     assert_eq!(admin.status(), Status::SUCCESS);
     let mut io = Bed::new(None, Digests::default());
     io.conn.registry = admin.conn.registry.clone();
     assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
-    let sqe = io.io(WRITE, 0, 8, 0);
+    let sqe = io.io(IoOpcode::Write, 0, 8, 0);
     io.capsule(&sqe, &[9; 4096]);
     assert_eq!(io.status(), Status::SUCCESS);
     // the drives answer: the command completes with their log
@@ -253,22 +236,13 @@ fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
 
 #[test]
 fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
-    let mut admin = Bed::new(None, Digests::default());
-    let nqn = admin.sub.nqn.clone();
-    assert_eq!(
-        admin.connect(0, 0xffff, &nqn, HOST).status(),
-        Status::SUCCESS
-    );
-    admin.enable();
+    let (mut admin, _) = Bed::admin_queue(Digests::default());
+    // CC written, or CSTS read
     let property = |set: Option<u64>| {
-        let mut sqe = Sqe::new(FABRICS);
-        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-            .try_into()
-            .unwrap();
-        b[4] = if set.is_some() { 0x00 } else { 0x04 };
-        let offset: u32 = if set.is_some() { 0x14 } else { 0x1c };
-        b[44..48].copy_from_slice(&offset.to_le_bytes());
-        b[48..56].copy_from_slice(&set.unwrap_or(0).to_le_bytes());
+        let sqe = match set {
+            Some(cc) => Sqe::property_set(0x14, PropertySize::Four, cc),
+            None => Sqe::property_get(0x1c, PropertySize::Four),
+        };
         OutHeader::capsule_cmd(&sqe, 0, Digests::default()).bytes[..72].to_vec()
     };
     let csts = |bed: &mut Bed| {

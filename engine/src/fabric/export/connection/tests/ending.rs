@@ -64,7 +64,7 @@ fn a_connection_without_an_icreq_is_closed_after_the_limit_and_a_half_sent_pdu_a
 #[test]
 fn a_host_that_vanishes_mid_write_gives_every_buffer_back() {
     let mut io = Bed::io_queue(Digests::default());
-    let sqe = io.io(WRITE, 0, 16, 8192);
+    let sqe = io.io(IoOpcode::Write, 0, 16, 8192);
     io.capsule(&sqe, &[]);
     assert!(matches!(io.take()[..], [Got::R2T(_)]));
     assert_eq!(io.backend.buffers_held(), 1);
@@ -110,18 +110,18 @@ fn mutated_io_streams_never_panic_and_give_every_buffer_back() {
             };
             match rng.u8(0..3) {
                 0 => {
-                    let mut sqe = io.io(WRITE, slba, blocks, 0);
+                    let mut sqe = io.io(IoOpcode::Write, slba, blocks, 0);
                     sqe.set_cid(cid);
                     push_capsule(&sqe, &data);
                 }
                 1 => {
-                    let mut sqe = io.io(WRITE, slba, blocks, len);
+                    let mut sqe = io.io(IoOpcode::Write, slba, blocks, len);
                     sqe.set_cid(cid);
                     push_capsule(&sqe, &[]);
                     stream.extend(h2c_pdu(cid, 0, 0, &data, true, digests));
                 }
                 _ => {
-                    let mut sqe = io.io(READ, slba, blocks, len);
+                    let mut sqe = io.io(IoOpcode::Read, slba, blocks, len);
                     sqe.set_cid(cid);
                     push_capsule(&sqe, &[]);
                 }

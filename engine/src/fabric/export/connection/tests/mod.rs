@@ -1,7 +1,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use usnvme_driver::spec::{Cqe, Sqe, Status};
+use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::fabrics::{ConnectData, PropertySize, CNTLID_DYNAMIC};
+use usnvme_driver::spec::{Cqe, IoOpcode, SglDescriptor, Sqe, Status};
 
 use super::super::memory::{test_subsystem, MemoryBackend};
 use super::*;
@@ -87,7 +89,8 @@ impl Bed {
         self.backend.complete_all(&mut self.conn);
     }
 
-    fn capsule_whole(&mut self, sqe: &Sqe, data: &[u8]) {
+    /// A command capsule with `data` in it, as this bed's host sends it (its digests).
+    fn capsule_pdu(&self, sqe: &Sqe, data: &[u8]) -> Vec<u8> {
         let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
         let mut pdu = h.as_slice().to_vec();
         pdu.resize(pdu.len() + h.pad(), 0);
@@ -95,17 +98,16 @@ impl Bed {
         if self.digests.data && !data.is_empty() {
             pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
         }
+        pdu
+    }
+
+    fn capsule_whole(&mut self, sqe: &Sqe, data: &[u8]) {
+        let pdu = self.capsule_pdu(sqe, data);
         self.send_whole(&pdu);
     }
 
     fn capsule(&mut self, sqe: &Sqe, data: &[u8]) {
-        let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
-        let mut pdu = h.as_slice().to_vec();
-        pdu.resize(pdu.len() + h.pad(), 0);
-        pdu.extend_from_slice(data);
-        if self.digests.data && !data.is_empty() {
-            pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
-        }
+        let pdu = self.capsule_pdu(sqe, data);
         self.send(&pdu);
     }
 
@@ -171,76 +173,67 @@ impl Bed {
 
     /// A Connect with connect attributes `cattr`.
     fn connect_with(&mut self, qid: u16, cntlid: u16, subnqn: &str, host: &str, cattr: u8) -> Cqe {
-        let mut sqe = Sqe::new(FABRICS);
-        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-            .try_into()
-            .unwrap();
-        b[4] = 0x01;
-        b[42..44].copy_from_slice(&qid.to_le_bytes());
-        b[44..46].copy_from_slice(&15u16.to_le_bytes());
-        b[46] = cattr;
-        b[48..52].copy_from_slice(&0u32.to_le_bytes());
-        b[39] = SGL_IN_CAPSULE;
-        b[32..36].copy_from_slice(&1024u32.to_le_bytes());
-        let mut data = [0u8; 1024];
-        data[16..18].copy_from_slice(&cntlid.to_le_bytes());
-        data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
-        data[512..512 + host.len()].copy_from_slice(host.as_bytes());
-        self.capsule(&sqe, &data);
+        // 16 entries, no Keep Alive
+        let mut sqe = Sqe::connect(qid, 16, cattr, 0);
+        sqe.set_sgl(SglDescriptor::in_capsule(ConnectData::SIZE as u32));
+        let data = ConnectData::new([0; 16], cntlid, subnqn, host).expect("NQNs that fit");
+        self.capsule(&sqe, data.as_bytes());
         match self.take().last() {
             Some(Got::Resp(c)) => *c,
             other => panic!("no response: {other:?}"),
         }
     }
 
+    /// CC.EN with the NVM command set and 64/16-byte queue entries.
     fn enable(&mut self) {
-        let mut sqe = Sqe::new(FABRICS);
-        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-            .try_into()
-            .unwrap();
-        b[4] = 0x00; // Property Set
-        b[44..48].copy_from_slice(&0x14u32.to_le_bytes()); // CC
-        b[48..56].copy_from_slice(&(1u64 | 6 << 16 | 4 << 20).to_le_bytes());
+        let cc = 1u64 | 6 << 16 | 4 << 20;
+        let sqe = Sqe::property_set(0x14, PropertySize::Four, cc);
         self.capsule(&sqe, &[]);
         assert_eq!(self.status(), Status::SUCCESS);
     }
 
-    fn io(&mut self, opcode: u8, slba: u64, blocks: u32, transport: u32) -> Sqe {
-        let mut sqe = Sqe::new(opcode);
+    /// An I/O command on namespace 1: its data in the capsule (`transport` 0, the SGL as
+    /// long as the blocks) or `transport` bytes moved by the transport.
+    fn io(&mut self, opcode: impl Into<u8>, slba: u64, blocks: u32, transport: u32) -> Sqe {
+        let mut sqe = Sqe::new(opcode.into());
         sqe.nsid = 1;
         sqe.cdw10 = slba as u32;
         sqe.cdw11 = (slba >> 32) as u32;
         sqe.cdw12 = blocks - 1;
-        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-            .try_into()
-            .unwrap();
-        b[39] = if transport > 0 {
-            SGL_TRANSPORT
+        sqe.set_sgl(if transport > 0 {
+            SglDescriptor::transport(transport)
         } else {
-            SGL_IN_CAPSULE
-        };
-        b[32..36].copy_from_slice(
-            &(if transport > 0 {
-                transport
-            } else {
-                blocks * 512
-            })
-            .to_le_bytes(),
-        );
+            SglDescriptor::in_capsule(blocks * 512)
+        });
         sqe
+    }
+
+    /// A connection whose admin queue is connected and enabled; the controller's ID.
+    fn admin_queue(digests: Digests) -> (Bed, u16) {
+        let mut admin = Bed::new(None, digests);
+        let nqn = admin.sub.nqn.clone();
+        let connected = admin.connect(0, CNTLID_DYNAMIC, &nqn, HOST);
+        assert_eq!(connected.status(), Status::SUCCESS);
+        admin.enable();
+        (admin, connected.dw0 as u16)
     }
 
     /// An admin queue connected and enabled, then an I/O queue on a second connection.
     fn io_queue(digests: Digests) -> Bed {
-        let mut admin = Bed::new(None, digests);
-        let cntlid = admin.connect(0, 0xffff, &admin.sub.nqn.clone(), HOST).dw0 as u16;
-        admin.enable();
+        let (admin, cntlid) = Bed::admin_queue(digests);
         let mut io = Bed::new(None, digests);
         io.conn.registry = admin.conn.registry.clone();
         let cqe = io.connect(1, cntlid, &io.sub.nqn.clone(), HOST);
         assert_eq!(cqe.status(), Status::SUCCESS);
         io
     }
+}
+
+/// Identify Controller, its 4 KiB sent by C2HData.
+fn identify_controller() -> Sqe {
+    let mut sqe = Sqe::identify(Cns::Controller, 0);
+    sqe.set_sgl(SglDescriptor::transport(4096));
+    sqe
 }
 
 fn both() -> Digests {

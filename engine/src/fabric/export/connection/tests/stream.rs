@@ -71,12 +71,12 @@ fn write_data_is_received_into_the_buffer_and_read_data_sent_from_it() {
         for round in 0..4u32 {
             // in-capsule, 8 KiB at LBA 16
             let small: Vec<u8> = (0..8192u32).map(|i| (i * 3 + round) as u8).collect();
-            let sqe = io.io(WRITE, 16, 16, 0);
+            let sqe = io.io(IoOpcode::Write, 16, 16, 0);
             io.capsule_whole(&sqe, &small);
             assert_eq!(io.status(), Status::SUCCESS);
             // R2T: 12 KiB at LBA 200 in three H2CData PDUs, all sent at once
             let big: Vec<u8> = (0..12288u32).map(|i| (i / 5 + round) as u8).collect();
-            let mut sqe = io.io(WRITE, 200, 24, 12288);
+            let mut sqe = io.io(IoOpcode::Write, 200, 24, 12288);
             sqe.set_cid(4);
             io.capsule_whole(&sqe, &[]);
             let Some(Got::R2T(r2t)) = io.take().first().map(|g| g.clone_r2t()) else {
@@ -93,7 +93,7 @@ fn write_data_is_received_into_the_buffer_and_read_data_sent_from_it() {
             // read both back: the data waits in the buffer, not in the transmit queue
             for (slba, want) in [(16u64, &small), (200, &big)] {
                 let len = want.len() as u32;
-                let sqe = io.io(READ, slba, len / 512, len);
+                let sqe = io.io(IoOpcode::Read, slba, len / 512, len);
                 io.capsule_whole(&sqe, &[]);
                 assert!(io.conn.tx.pending() < want.len(), "headers only are queued");
                 assert_eq!(io.backend.buffers_held(), 1, "held until sent");
@@ -117,22 +117,9 @@ fn write_data_is_received_into_the_buffer_and_read_data_sent_from_it() {
 
 #[test]
 fn a_host_that_does_not_read_its_responses_is_paused_and_the_transmit_buffer_never_grows() {
-    let mut admin = Bed::new(None, Digests::default());
-    let nqn = admin.sub.nqn.clone();
-    assert_eq!(
-        admin.connect(0, 0xffff, &nqn, HOST).status(),
-        Status::SUCCESS
-    );
-    admin.enable();
+    let (mut admin, _) = Bed::admin_queue(Digests::default());
     let capacity = admin.conn.tx_capacity();
-    let mut identify = Sqe::new(0x06);
-    identify.cdw10 = 1;
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut identify)
-        .try_into()
-        .unwrap();
-    b[39] = SGL_TRANSPORT;
-    b[32..36].copy_from_slice(&4096u32.to_le_bytes());
-    let one = OutHeader::capsule_cmd(&identify, 0, Digests::default());
+    let one = OutHeader::capsule_cmd(&identify_controller(), 0, Digests::default());
     let many: Vec<u8> = (0..100).flat_map(|_| one.as_slice().to_vec()).collect();
     // 100 Identify answers are 400 KiB: reading stops once 16 KiB wait to be sent
     let taken = admin.conn.receive(&many, &mut admin.backend);
@@ -171,7 +158,7 @@ fn a_full_queue_of_reads_is_sent_from_the_buffers_in_order() {
     // (header, data, response) than one writev takes
     let mut pdus = Vec::new();
     for i in 0..32u16 {
-        let mut sqe = io.io(READ, u64::from(i) * 3, 1, 512);
+        let mut sqe = io.io(IoOpcode::Read, u64::from(i) * 3, 1, 512);
         sqe.set_cid(100 + i);
         let h = OutHeader::capsule_cmd(&sqe, 0, both());
         pdus.extend_from_slice(h.as_slice());
@@ -200,7 +187,7 @@ fn a_full_queue_of_reads_is_sent_from_the_buffers_in_order() {
 #[test]
 fn a_bad_data_digest_on_data_for_the_drives_ends_the_connection() {
     let mut io = Bed::io_queue(both());
-    let sqe = io.io(WRITE, 0, 8, 4096);
+    let sqe = io.io(IoOpcode::Write, 0, 8, 4096);
     io.capsule_whole(&sqe, &[]);
     let Some(Got::R2T(r2t)) = io.take().first().map(|g| g.clone_r2t()) else {
         panic!("an R2T");
