@@ -45,6 +45,24 @@ pub(super) struct Transfer {
     flags: u8,
 }
 
+/// The end of a C2HData's or R2T's range: it starts at `next`, where the last one ended (else
+/// the error `not_next`), and stays within the command's `len` bytes (else `beyond`).
+pub(super) fn range_end(
+    d: &DataHeader,
+    next: u32,
+    len: u32,
+    not_next: &'static str,
+    beyond: &'static str,
+) -> Result<u32, FatalError> {
+    if d.offset != next {
+        return Err(FatalError::DataOutOfRange(not_next));
+    }
+    d.offset
+        .checked_add(d.length)
+        .filter(|&e| e <= len)
+        .ok_or(FatalError::DataOutOfRange(beyond))
+}
+
 /// The `len` bytes of its command's buffer a C2HData fills.
 fn destination<'m>(
     mem: &'m IovaMemory,
@@ -155,29 +173,40 @@ impl Session {
         (s.busy && s.generation == cid >> SLOT_BITS).then_some(index)
     }
 
+    /// The slot of a C2HData's or R2T's command `cccid`: in flight, and moving its data `dir`
+    /// (else the error `wrong`).
+    pub(super) fn data_slot(
+        &self,
+        cccid: u16,
+        dir: Dir,
+        wrong: &'static str,
+    ) -> Result<u16, FatalError> {
+        let index = self.slot_of(cccid).ok_or(field(8, "CCCID"))?;
+        if self.slots[index as usize].dir != dir {
+            return Err(FatalError::Sequence(wrong));
+        }
+        Ok(index)
+    }
+
     /// Checks a C2HData header against its command: where its data goes.
     fn c2h_data(&self, header: &[u8], data: usize, f: u8) -> Result<Transfer, FatalError> {
         let d = DataHeader::parse(header)?;
-        let index = self.slot_of(d.cccid).ok_or(field(8, "CCCID"))?;
+        let index = self.data_slot(
+            d.cccid,
+            Dir::FromController,
+            "C2HData for a command that reads nothing",
+        )?;
         let s = &self.slots[index as usize];
-        if s.dir != Dir::FromController {
-            return Err(FatalError::Sequence(
-                "C2HData for a command that reads nothing",
-            ));
-        }
         if d.length as usize != data {
             return Err(field(16, "DATAL"));
         }
-        if d.offset != s.received {
-            return Err(FatalError::DataOutOfRange("C2HData not at the next offset"));
-        }
-        let end = d
-            .offset
-            .checked_add(d.length)
-            .filter(|&e| e <= s.len)
-            .ok_or(FatalError::DataOutOfRange(
-                "C2HData beyond the command's data",
-            ))?;
+        let end = range_end(
+            &d,
+            s.received,
+            s.len,
+            "C2HData not at the next offset",
+            "C2HData beyond the command's data",
+        )?;
         let last = f & flags::LAST_PDU != 0;
         if last && end != s.len {
             return Err(FatalError::DataOutOfRange(

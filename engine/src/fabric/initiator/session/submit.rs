@@ -8,6 +8,7 @@ use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::VolatileSlice;
 
+use super::receive::range_end;
 use super::{field, slice, Data, Dir, IoNamespace, Phase, Session, Slot, DSM_RANGE, SLOT_BITS};
 use crate::block::Op;
 use crate::fabric::export::wire::WriteWire;
@@ -255,27 +256,25 @@ impl Session {
 
     /// Answers an R2T with H2CData PDUs of at most MAXH2CDATA bytes, straight from the buffer.
     pub(super) fn on_r2t(&mut self, d: &DataHeader, mem: &IovaMemory) -> Result<(), FatalError> {
-        let index = self.slot_of(d.cccid).ok_or(field(8, "CCCID"))?;
+        let index = self.data_slot(
+            d.cccid,
+            Dir::ToController,
+            "R2T for a command that writes nothing",
+        )?;
         let s = self.slots[index as usize];
-        if s.dir != Dir::ToController {
-            return Err(FatalError::Sequence(
-                "R2T for a command that writes nothing",
-            ));
-        }
         if s.in_capsule {
             return Err(FatalError::Sequence("R2T for data sent in the capsule"));
         }
         if d.length == 0 {
             return Err(field(16, "R2TL"));
         }
-        if d.offset != s.requested {
-            return Err(FatalError::DataOutOfRange("R2T not at the next offset"));
-        }
-        let end = d
-            .offset
-            .checked_add(d.length)
-            .filter(|&e| e <= s.len)
-            .ok_or(FatalError::DataOutOfRange("R2T beyond the command's data"))?;
+        let end = range_end(
+            d,
+            s.requested,
+            s.len,
+            "R2T not at the next offset",
+            "R2T beyond the command's data",
+        )?;
         if s.unsent > 0 {
             // we asked for one R2T at a time (MAXR2T 0): the transmit queue stays bounded
             return Err(FatalError::Sequence(

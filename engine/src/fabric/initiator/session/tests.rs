@@ -1,17 +1,17 @@
-use std::io;
 use std::sync::Arc;
 
 use usnvme_driver::spec::fabrics::CONNECT_DATA;
 use usnvme_driver::spec::{Cqe, SglDescriptor, Sqe};
 use usnvme_driver::SubmitError;
-use vm_memory::{Bytes, VolatileSlice};
+use vm_memory::Bytes;
 
 use super::*;
 use crate::block::Op;
 use crate::fabric::export::connection::{Connection, ConnectionLimits};
 use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
 use crate::fabric::export::registry::Registry;
-use crate::fabric::export::wire::ReadWire;
+use crate::fabric::initiator::testing::{append_pdu, pattern};
+use crate::fabric::initiator::Gated;
 use crate::fabric::pdu::{flags, DataHeader, IcResp, OutHeader, PduType};
 use usnvme_driver::spec::fabrics::CNTLID_DYNAMIC;
 use usnvme_driver::spec::PropertySize;
@@ -22,26 +22,15 @@ const BOTH: pdu::Digests = pdu::Digests {
     data: true,
 };
 
-/// Bytes in memory; `WouldBlock` once they are consumed (as a quiet socket).
-struct Pipe<'a>(&'a [u8]);
-
-impl ReadWire for Pipe<'_> {
-    fn read_parts(&mut self, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
-        if self.0.is_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.0.read_parts(parts)
-    }
-}
-
 /// A capsule of `sqe` with `data` in it.
-pub(crate) fn capsule(sqe: &Sqe, data: &[u8], digests: pdu::Digests) -> Vec<u8> {
-    let h = OutHeader::capsule_cmd(sqe, data.len(), digests);
-    let mut out = h.as_slice().to_vec();
-    out.extend_from_slice(data);
-    if digests.data && !data.is_empty() {
-        out.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
-    }
+fn capsule(sqe: &Sqe, data: &[u8], digests: pdu::Digests) -> Vec<u8> {
+    let mut out = Vec::new();
+    append_pdu(
+        &mut out,
+        &OutHeader::capsule_cmd(sqe, data.len(), digests),
+        data,
+        digests,
+    );
     out
 }
 
@@ -144,7 +133,7 @@ impl Bed {
             let done = &mut self.done;
             let mut on_done = |c| done.push(c);
             self.session
-                .receive_from(&mut Pipe(&back), &self.mem, &mut on_done);
+                .receive_from(&mut Gated(&back), &self.mem, &mut on_done);
             self.session.deliver(&mut on_done);
             if wire.is_empty() && back.is_empty() {
                 return;
@@ -168,12 +157,6 @@ impl Bed {
         r.sort_by_key(|x| x.0);
         r
     }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
-        .collect()
 }
 
 #[test]
@@ -309,10 +292,10 @@ fn scripted(digests: pdu::Digests) -> (Session, IovaMemory) {
     };
     let mut none = |_| {};
     s.transmit(&mut Vec::new(), &mem).expect("memory");
-    s.receive_from(&mut Pipe(&resp.encode()), &mem, &mut none);
+    s.receive_from(&mut Gated(&resp.encode()), &mem, &mut none);
     let cqe = Cqe::new(0, 0, 1, CONNECT_CID, Status::SUCCESS, false);
     let h = OutHeader::capsule_resp(&cqe, digests);
-    s.receive_from(&mut Pipe(h.as_slice()), &mem, &mut none);
+    s.receive_from(&mut Gated(h.as_slice()), &mem, &mut none);
     assert!(s.ready(), "{:?}", s.ended());
     (s, mem)
 }
@@ -334,7 +317,7 @@ fn a_malformed_pdu_ends_the_queue_with_a_term_req_and_fails_what_is_in_flight() 
     let mut done = Vec::new();
     let mut on_done = |c: Completion| done.push((c.token, c.result));
     assert_eq!(
-        s.receive_from(&mut Pipe(h.as_slice()), &mem, &mut on_done),
+        s.receive_from(&mut Gated(h.as_slice()), &mem, &mut on_done),
         Receive::Ended
     );
     let mut term = Vec::new();
@@ -382,7 +365,7 @@ fn c2h_data_is_checked_against_its_command() {
         bytes.resize(bytes.len() + length as usize, 0xaa);
         let mut done = Vec::new();
         let mut on_done = |c: Completion| done.push(c.result);
-        s.receive_from(&mut Pipe(&bytes), &mem, &mut on_done);
+        s.receive_from(&mut Gated(&bytes), &mem, &mut on_done);
         s.deliver(&mut on_done);
         let [Err(Failure::Protocol(e))] = done[..] else {
             panic!("{done:?}");
@@ -417,7 +400,7 @@ fn a_data_digest_mismatch_fails_only_its_command() {
     bytes.extend_from_slice(&(pdu::crc32c(&[7u8; 512]) ^ 1).to_le_bytes());
     let mut done = Vec::new();
     let mut on_done = |c: Completion| done.push(c.result);
-    s.receive_from(&mut Pipe(&bytes), &mem, &mut on_done);
+    s.receive_from(&mut Gated(&bytes), &mem, &mut on_done);
     assert_eq!(done, [Err(Failure::DataDigest)]);
     assert!(s.ready());
 }
@@ -451,14 +434,7 @@ fn a_command_past_its_timeout_ends_the_queue() {
 fn good_answers(digests: pdu::Digests) -> Vec<u8> {
     let g = 1 << SLOT_BITS;
     let mut out = Vec::new();
-    let mut pdu_with = |h: OutHeader, data: &[u8]| {
-        out.extend_from_slice(h.as_slice());
-        out.resize(out.len() + h.pad(), 0);
-        out.extend_from_slice(data);
-        if digests.data && !data.is_empty() {
-            out.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
-        }
-    };
+    let mut pdu_with = |h: OutHeader, data: &[u8]| append_pdu(&mut out, &h, data, digests);
     let d = |cccid, offset, length| DataHeader {
         cccid,
         ttag: 5,
@@ -519,7 +495,7 @@ fn mutated_target_streams_never_panic_and_every_io_completes_once() {
         let mut rest = &stream[..];
         while !rest.is_empty() && s.ended().is_none() {
             let n = rng.usize(1..=rest.len().min(700));
-            s.receive_from(&mut Pipe(&rest[..n]), &mem, &mut on_done);
+            s.receive_from(&mut Gated(&rest[..n]), &mem, &mut on_done);
             s.transmit(&mut Vec::new(), &mem).expect("memory");
             s.deliver(&mut on_done);
             rest = &rest[n..];
