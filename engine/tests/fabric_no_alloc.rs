@@ -10,48 +10,14 @@ use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::pdu::{
-    self, flags, DataHeader, Digests, IcReq, OutHeader, PduType, SHORT_HEADER,
+    self, flags, DataHeader, IcReq, OutHeader, PduType, SHORT_HEADER,
 };
 
 mod common;
-use common::allocations;
+use common::pdus::{capsule, connect, enable, sgl, DIGESTS};
+use common::{allocations, assert_counting};
 
 const HOST: &str = "nqn.2024-01.io.usnvme:host-a";
-
-fn capsule(sqe: &Sqe, data: &[u8], digests: Digests) -> Vec<u8> {
-    let h = OutHeader::capsule_cmd(sqe, data.len(), digests);
-    let mut pdu = h.as_slice().to_vec();
-    pdu.resize(pdu.len() + h.pad(), 0);
-    pdu.extend_from_slice(data);
-    if digests.data && !data.is_empty() {
-        pdu.extend_from_slice(&pdu::crc32c(data).to_le_bytes());
-    }
-    pdu
-}
-
-fn sgl(sqe: &mut Sqe, kind: u8, len: u32) {
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(sqe)
-        .try_into()
-        .expect("64 bytes");
-    b[39] = kind;
-    b[32..36].copy_from_slice(&len.to_le_bytes());
-}
-
-fn connect(qid: u16, cntlid: u16, subnqn: &str, digests: Digests) -> Vec<u8> {
-    let mut sqe = Sqe::new(0x7f);
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-        .try_into()
-        .expect("64 bytes");
-    b[4] = 0x01;
-    b[42..44].copy_from_slice(&qid.to_le_bytes());
-    b[44..46].copy_from_slice(&31u16.to_le_bytes());
-    sgl(&mut sqe, 0x01, 1024);
-    let mut data = [0u8; 1024];
-    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
-    data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
-    data[512..512 + HOST.len()].copy_from_slice(HOST.as_bytes());
-    capsule(&sqe, &data, digests)
-}
 
 /// The responses' statuses in `out` (CapsuleResp PDUs only), and the C2HData bytes seen.
 fn statuses(out: &[u8], into: &mut Vec<Status>) -> usize {
@@ -73,16 +39,8 @@ fn statuses(out: &[u8], into: &mut Vec<Status>) -> usize {
 
 #[test]
 fn commands_allocate_nothing_once_warm() {
-    let before = allocations();
-    drop(std::hint::black_box(Box::new(7u64)));
-    assert_eq!(allocations(), before + 1, "the counter counts");
-    for digests in [
-        Digests::default(),
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    assert_counting();
+    for digests in DIGESTS {
         let sub = Arc::new(test_subsystem(1));
         let registry = Arc::new(Registry::new(None));
         let limits = ConnectionLimits { maxh2cdata: 16384 };
@@ -100,19 +58,13 @@ fn commands_allocate_nothing_once_warm() {
         // an admin queue, enabled
         let mut admin = Connection::new(sub.clone(), registry.clone(), limits, "a".into());
         admin.receive(&ic, &mut backend);
-        admin.receive(&connect(0, 0xffff, &sub.nqn, digests), &mut backend);
-        let mut cc = Sqe::new(0x7f);
-        let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut cc)
-            .try_into()
-            .expect("64 bytes");
-        b[44..48].copy_from_slice(&0x14u32.to_le_bytes());
-        b[48..56].copy_from_slice(&(1u64 | 6 << 16 | 4 << 20).to_le_bytes());
-        admin.receive(&capsule(&cc, &[], digests), &mut backend);
+        admin.receive(&connect(0, 0xffff, &sub.nqn, HOST, digests), &mut backend);
+        admin.receive(&capsule(&enable(), &[], digests), &mut backend);
         admin.transmit(&mut out, &mut backend).expect("memory");
         // (the controller ID of the first controller is 1)
         let mut io = Connection::new(sub.clone(), registry.clone(), limits, "i".into());
         io.receive(&ic, &mut backend);
-        io.receive(&connect(1, 1, &sub.nqn, digests), &mut backend);
+        io.receive(&connect(1, 1, &sub.nqn, HOST, digests), &mut backend);
         out.clear();
         io.transmit(&mut out, &mut backend).expect("memory");
         seen.clear();

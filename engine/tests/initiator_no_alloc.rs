@@ -3,98 +3,48 @@
 //! session (against the target's connection state machine, in memory) with no heap allocation
 //! on this thread, counted by a global allocator that only this test binary has.
 
-use std::io;
 use std::sync::Arc;
 
-use usnvme_driver::spec::Sqe;
 use usnvme_driver::IoBuffer;
 use usnvme_engine::block::Op;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
-use usnvme_engine::fabric::export::wire::ReadWire;
 use usnvme_engine::fabric::initiator::session::{Completion, QueueParams, Session};
-use usnvme_engine::fabric::initiator::HostOptions;
-use usnvme_engine::fabric::pdu::{Digests, IcReq, OutHeader};
+use usnvme_engine::fabric::initiator::{Gated, HostOptions};
+use usnvme_engine::fabric::pdu::{Digests, IcReq};
 use usnvme_hugepages::IovaMemory;
-use vm_memory::{GuestAddress, VolatileSlice};
+use vm_memory::GuestAddress;
 
 mod common;
-use common::allocations;
+use common::pdus::{capsule, connect, enable, DIGESTS};
+use common::{allocations, assert_counting};
 
 const BASE: u64 = 0x10_0000;
 
-/// Bytes in memory; `WouldBlock` once consumed (a quiet socket).
-struct Pipe<'a>(&'a [u8]);
-
-impl ReadWire for Pipe<'_> {
-    fn read_parts(&mut self, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
-        if self.0.is_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.0.read_parts(parts)
-    }
-}
-
-fn capsule(sqe: &Sqe, data: &[u8]) -> Vec<u8> {
-    let h = OutHeader::capsule_cmd(sqe, data.len(), Digests::default());
-    let mut pdu = h.as_slice().to_vec();
-    pdu.extend_from_slice(data);
-    pdu
-}
-
-fn sgl(sqe: &mut Sqe, kind: u8, len: u32) {
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(sqe)
-        .try_into()
-        .expect("64 bytes");
-    b[39] = kind;
-    b[32..36].copy_from_slice(&len.to_le_bytes());
-}
-
 /// An admin queue's Connect (controller 0xFFFF: a new one) and CC.EN, as raw PDUs.
 fn admin_pdus(subnqn: &str) -> [Vec<u8>; 3] {
+    let plain = Digests::default();
     let ic = IcReq {
         pfv: 0,
         hpda: 0,
-        digests: Digests::default(),
+        digests: plain,
         maxr2t: 0,
     }
     .encode()
     .to_vec();
-    let mut sqe = Sqe::new(0x7f);
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
-        .try_into()
-        .expect("64 bytes");
-    b[4] = 0x01;
-    b[44..46].copy_from_slice(&31u16.to_le_bytes());
-    sgl(&mut sqe, 0x01, 1024);
-    let mut data = [0u8; 1024];
-    data[16..18].copy_from_slice(&0xffffu16.to_le_bytes());
-    data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
     let host = HostOptions::default().host_nqn;
-    data[512..512 + host.len()].copy_from_slice(host.as_bytes());
-    let connect = capsule(&sqe, &data);
-    let mut cc = Sqe::new(0x7f);
-    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut cc)
-        .try_into()
-        .expect("64 bytes");
-    b[44..48].copy_from_slice(&0x14u32.to_le_bytes());
-    b[48..56].copy_from_slice(&(1u64 | 6 << 16 | 4 << 20).to_le_bytes());
-    [ic, connect, capsule(&cc, &[])]
+    [
+        ic,
+        connect(0, 0xffff, subnqn, &host, plain),
+        capsule(&enable(), &[], plain),
+    ]
 }
 
 #[test]
 fn submit_and_poll_allocate_nothing_once_warm() {
-    let before = allocations();
-    drop(std::hint::black_box(Box::new(7u64)));
-    assert_eq!(allocations(), before + 1, "the counter counts");
-    for digests in [
-        Digests::default(),
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    assert_counting();
+    for digests in DIGESTS {
         let sub = Arc::new(test_subsystem(1));
         let registry = Arc::new(Registry::new(None));
         let limits = ConnectionLimits { maxh2cdata: 16384 };
@@ -144,7 +94,7 @@ fn submit_and_poll_allocate_nothing_once_warm() {
                 backend.complete_all(conn);
                 conn.transmit(&mut back, backend).expect("memory");
                 let mut on_done = |c| done.push(c);
-                session.receive_from(&mut Pipe(&back), &mem, &mut on_done);
+                session.receive_from(&mut Gated(&back), &mem, &mut on_done);
                 session.deliver(&mut on_done);
                 if wire.is_empty() && back.is_empty() {
                     break;

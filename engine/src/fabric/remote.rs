@@ -693,32 +693,14 @@ const HOST_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_9a3e_5b8d_5c27_9e41_0d2b_7a6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
-    use std::net::TcpListener;
+    use std::io::Read;
 
-    use crate::fabric::pdu::{self, IcResp, OutHeader};
-    use usnvme_driver::spec::Cqe;
+    use crate::fabric::initiator::testing::connected_target;
+    use crate::fabric::pdu;
 
     #[test]
     fn an_admin_command_a_silent_target_does_not_answer_fails_as_timed_out() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let target = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().expect("accept");
-            let mut ic = [0u8; pdu::IC_HEADER];
-            s.read_exact(&mut ic).expect("ICReq");
-            let resp = IcResp {
-                pfv: 0,
-                cpda: 0,
-                digests: Digests::default(),
-                maxh2cdata: 8192,
-            };
-            s.write_all(&resp.encode()).expect("ICResp");
-            let mut connect = vec![0u8; pdu::CAPSULE_CMD_HEADER + 1024];
-            s.read_exact(&mut connect).expect("Connect");
-            let cqe = Cqe::new(1, 0, 0, 0, Status::SUCCESS, false);
-            let h = OutHeader::capsule_resp(&cqe, Digests::default());
-            s.write_all(h.as_slice()).expect("the response");
+        let (addr, target) = connected_target(|mut s| {
             // Property Get CAP comes, and no answer; until the host gives up and closes
             let mut get = [0u8; pdu::CAPSULE_CMD_HEADER];
             s.read_exact(&mut get).expect("Property Get");

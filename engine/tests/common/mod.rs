@@ -1,8 +1,11 @@
 //! What the engine's allocation tests share: a global allocator that counts the allocations
-//! of each thread (a test binary that includes this module has it).
+//! of each thread (a test binary that includes this module has it), and host PDUs built by
+//! hand ([`pdus`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+
+pub mod pdus;
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -34,6 +37,13 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// Checks that this binary's allocator counts: one allocation, one more.
+pub fn assert_counting() {
+    let before = allocations();
+    drop(std::hint::black_box(Box::new(7u64)));
+    assert_eq!(allocations(), before + 1, "the counter counts");
+}
 
 /// The allocations (and reallocations) of the calling thread so far.
 pub fn allocations() -> u64 {

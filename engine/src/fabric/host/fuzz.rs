@@ -11,7 +11,7 @@ use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::fabric::initiator::session::{Completion, Data, QueueParams, Session, ADMIN_IN_CAPSULE};
-use crate::fabric::initiator::HostOptions;
+use crate::fabric::initiator::{Gated, HostOptions};
 use crate::fabric::pdu::Digests;
 use crate::fabric::remote::parse_discovery_log;
 
@@ -114,23 +114,12 @@ pub fn fuzz_host(bytes: &[u8]) -> usize {
     results.iter().filter(|r| **r == Some(true)).count()
 }
 
-/// Bytes in memory that, once taken, would block (as a quiet socket), not end.
-struct Gated<'a>(&'a [u8]);
-
-impl crate::fabric::export::wire::ReadWire for Gated<'_> {
-    fn read_parts(&mut self, parts: &[vm_memory::VolatileSlice<'_>]) -> std::io::Result<usize> {
-        if self.0.is_empty() {
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        self.0.read_parts(parts)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use usnvme_driver::spec::{Cqe, Status};
 
     use super::*;
+    use crate::fabric::initiator::testing::append_pdu;
     use crate::fabric::pdu::{flags, term_req, DataHeader, FatalError, IcResp, OutHeader, PduType};
 
     const BOTH: Digests = Digests {
@@ -153,18 +142,9 @@ mod tests {
         .to_vec()
     }
 
-    fn append(out: &mut Vec<u8>, h: &OutHeader, data: &[u8], digests: Digests) {
-        out.extend_from_slice(h.as_slice());
-        out.resize(out.len() + h.pad(), 0);
-        out.extend_from_slice(data);
-        if digests.data && !data.is_empty() {
-            out.extend_from_slice(&crate::fabric::pdu::crc32c(data).to_le_bytes());
-        }
-    }
-
     fn resp(out: &mut Vec<u8>, cid: u16, digests: Digests) {
         let cqe = Cqe::new(1, 1, 0, cid, Status::SUCCESS, false);
-        append(out, &OutHeader::capsule_resp(&cqe, digests), &[], digests);
+        append_pdu(out, &OutHeader::capsule_resp(&cqe, digests), &[], digests);
     }
 
     fn c2h(out: &mut Vec<u8>, cid: u16, offset: u32, data: &[u8], f: u8, digests: Digests) {
@@ -175,7 +155,7 @@ mod tests {
             length: data.len() as u32,
         };
         let h = OutHeader::data(PduType::C2HData, &d, f, digests, 0);
-        append(out, &h, data, digests);
+        append_pdu(out, &h, data, digests);
     }
 
     fn r2t(out: &mut Vec<u8>, cid: u16, offset: u32, length: u32, digests: Digests) {
@@ -185,7 +165,7 @@ mod tests {
             offset,
             length,
         };
-        append(out, &OutHeader::r2t(&d, digests), &[], digests);
+        append_pdu(out, &OutHeader::r2t(&d, digests), &[], digests);
     }
 
     /// The set-up answered (ICResp, the Connect response) as a good target would.

@@ -282,6 +282,7 @@ fn property_size(eight_bytes: bool) -> PropertySize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::initiator::testing::{append_pdu, pattern};
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::thread::JoinHandle;
@@ -308,16 +309,6 @@ mod tests {
         header: true,
         data: true,
     };
-
-    /// Appends one PDU to `out`: header, padding up to PDO, data, data digest.
-    fn append_pdu(out: &mut Vec<u8>, header: &OutHeader, data: &[u8], digests: Digests) {
-        out.extend_from_slice(header.as_slice());
-        out.resize(out.len() + header.pad(), 0);
-        out.extend_from_slice(data);
-        if digests.data && !data.is_empty() {
-            out.extend_from_slice(&crc32c(data).to_le_bytes());
-        }
-    }
 
     /// A PDU the fake target received, digests already checked.
     struct Rx {
@@ -488,12 +479,6 @@ mod tests {
             CommandQueue::connect(addr, SUBNQN, 0, 32, 0xffff, &options(digests)).expect("connect");
         assert_eq!(cntlid, 1);
         (queue, handle)
-    }
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
     }
 
     #[test]

@@ -8,13 +8,18 @@
 //! - [`command`]: one command at a time on such a queue, polled to completion within a
 //!   deadline (the admin queue; tests).
 //! - [`options`]: who the host is, and why a connection or a command failed.
+//! - [`Gated`]: bytes in memory read as a quiet socket, to drive a session without one.
 
 pub mod command;
+mod gated;
 pub mod options;
 pub mod queue;
 pub mod session;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use command::{CommandQueue, Payload};
+pub use gated::Gated;
 pub use options::{HostError, HostOptions};
 pub use queue::IoQueue;
 pub use session::{Completion, Data, Failure, IoNamespace, QueueParams, Session};

@@ -310,11 +310,10 @@ fn setup_error(why: Failure) -> HostError {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::io::{Read, Write};
+    use std::io::Read;
     use std::net::TcpListener;
     use std::thread::JoinHandle;
 
-    use usnvme_driver::spec::{Cqe, Status};
     use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
@@ -322,8 +321,9 @@ pub(crate) mod tests {
     use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::export::registry::Registry;
     use crate::fabric::export::SubsystemInfo;
+    use crate::fabric::initiator::testing::{connected_target, pattern};
     use crate::fabric::initiator::CommandQueue;
-    use crate::fabric::pdu::{self, Digests, IcResp, OutHeader};
+    use crate::fabric::pdu::{self, Digests};
 
     const BASE: u64 = 0x10_0000;
 
@@ -410,12 +410,6 @@ pub(crate) mod tests {
         done
     }
 
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
-            .collect()
-    }
-
     fn buf(at: u64, len: u32) -> Option<IoBuffer> {
         Some(IoBuffer {
             iova: BASE + at,
@@ -486,24 +480,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_target_that_closes_mid_io_fails_what_is_in_flight_as_closed() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let target = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().expect("accept");
-            let mut ic = [0u8; pdu::IC_HEADER];
-            s.read_exact(&mut ic).expect("ICReq");
-            let resp = IcResp {
-                pfv: 0,
-                cpda: 0,
-                digests: Digests::default(),
-                maxh2cdata: 8192,
-            };
-            s.write_all(&resp.encode()).expect("ICResp");
-            let mut connect = vec![0u8; pdu::CAPSULE_CMD_HEADER + 1024];
-            s.read_exact(&mut connect).expect("Connect");
-            let cqe = Cqe::new(0, 0, 1, 0, Status::SUCCESS, false);
-            let h = OutHeader::capsule_resp(&cqe, Digests::default());
-            s.write_all(h.as_slice()).expect("the response");
+        let (addr, target) = connected_target(|mut s| {
             // two reads come; the target goes away without answering
             let mut cmds = [0u8; 2 * pdu::CAPSULE_CMD_HEADER];
             s.read_exact(&mut cmds).expect("the commands");

@@ -1,0 +1,148 @@
+//! Completions (held back while a command's data is still being sent), the command timeout,
+//! and the end of the queue: what is in flight then fails with the reason.
+
+use usnvme_driver::spec::Status;
+
+use super::{Completion, Dir, Failure, Phase, Session, Slot};
+
+impl Session {
+    /// Command `index` completed with `status`: to the handler, unless its data is still
+    /// being sent (then once it is).
+    pub(super) fn complete(
+        &mut self,
+        index: u16,
+        status: Status,
+        dw: [u32; 2],
+        on_done: &mut impl FnMut(Completion),
+    ) {
+        let s = &mut self.slots[index as usize];
+        s.dw = dw;
+        let result = if !status.is_success() {
+            Err(Failure::Status(status))
+        } else if s.corrupt {
+            Err(Failure::DataDigest)
+        } else {
+            Ok(())
+        };
+        if s.unsent > 0 {
+            if s.deferred.is_none() {
+                s.deferred = Some(result);
+                self.deferred += 1;
+            }
+            return;
+        }
+        self.finish(index, result, on_done);
+    }
+
+    fn finish(
+        &mut self,
+        index: u16,
+        result: Result<(), Failure>,
+        on_done: &mut impl FnMut(Completion),
+    ) {
+        let s = self.slots[index as usize];
+        self.slots[index as usize] = Slot {
+            generation: s.generation,
+            ..Slot::default()
+        };
+        self.free.push(index);
+        self.in_flight -= 1;
+        if s.dir == Dir::FromController {
+            self.reads -= 1;
+        }
+        on_done(Completion {
+            token: s.token,
+            nsid: s.nsid,
+            result,
+            submitted_ns: s.submitted_ns,
+            bytes: if s.dir == Dir::None { 0 } else { s.len },
+            dw0: s.dw[0],
+            dw1: s.dw[1],
+        });
+    }
+
+    /// Delivers the completions that waited for their data to be sent, and once the queue
+    /// ended, fails everything in flight (nothing is sent from the buffers any more).
+    pub fn deliver(&mut self, on_done: &mut impl FnMut(Completion)) {
+        if let Some(reason) = self.ended {
+            // (the slots' `unsent` go with the slots, just below)
+            self.tx.clear(|_| {});
+            self.deferred = 0;
+            for index in 0..self.slots.len() as u16 {
+                let s = self.slots[index as usize];
+                if s.busy {
+                    let result = match s.deferred {
+                        Some(r) => r,
+                        None if s.timed_out => Err(Failure::TimedOut),
+                        None => Err(reason),
+                    };
+                    self.finish(index, result, on_done);
+                }
+            }
+            return;
+        }
+        if self.deferred == 0 {
+            return;
+        }
+        for index in 0..self.slots.len() as u16 {
+            let s = self.slots[index as usize];
+            if let (true, 0, Some(result)) = (s.busy, s.unsent, s.deferred) {
+                self.deferred -= 1;
+                self.finish(index, result, on_done);
+            }
+        }
+    }
+
+    /// Ends the queue if a command outlived the timeout (checked a few times per timeout).
+    pub fn check_timeouts(&mut self) {
+        let now = self.now_ns;
+        if self.in_flight == 0 || now < self.next_timeout_check || self.ended.is_some() {
+            return;
+        }
+        let timeout = self.params.timeout_ns.max(1);
+        self.next_timeout_check = now.saturating_add((timeout / 4).max(1_000_000));
+        let mut late = false;
+        for s in self.slots.iter_mut() {
+            if s.busy && s.deferred.is_none() && now.saturating_sub(s.submitted_ns) > timeout {
+                s.timed_out = true;
+                late = true;
+            }
+        }
+        if late {
+            log::log!(
+                self.log_level(),
+                "NVMe/TCP queue {}: a command timed out: closing the queue",
+                self.params.qid
+            );
+            self.end(Failure::Aborted);
+        }
+    }
+
+    /// The owner closes the queue: what is in flight fails as aborted on the next
+    /// [`Session::deliver`].
+    pub fn close(&mut self) {
+        self.end(Failure::Aborted);
+    }
+
+    /// The connection is gone (a socket error).
+    pub fn peer_gone(&mut self) {
+        self.end(Failure::Closed);
+    }
+
+    /// How loud the queue's own failures are: an I/O queue's go to many I/Os and are logged;
+    /// an admin queue's client reports each to its caller, so they are only debug output.
+    pub(super) fn log_level(&self) -> log::Level {
+        if self.params.qid == 0 {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        }
+    }
+
+    pub(super) fn end(&mut self, reason: Failure) {
+        if self.ended.is_none() {
+            self.ended = Some(reason);
+            self.phase = Phase::Ended;
+        }
+    }
+}
