@@ -334,7 +334,11 @@ pub fn namespaces<A: AdminPath + ?Sized>(
         };
         match a.admin(command) {
             Ok(_) => Ok(()),
-            Err(Failed::Status(_)) => Err(IdentifyFailure::Status),
+            Err(Failed::Status(status)) => Err(IdentifyFailure::Status(a.fault(Fault::Status {
+                command: "Identify",
+                opcode: "Identify",
+                status,
+            }))),
             Err(Failed::Transport(e)) => Err(IdentifyFailure::Transport(e)),
         }
     })

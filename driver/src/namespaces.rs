@@ -15,8 +15,8 @@ pub const IDENTIFY_BYTES: usize = 4096;
 /// Why an Identify command gave no data.
 #[derive(Debug)]
 pub enum IdentifyFailure<E> {
-    /// The controller completed it with an error status.
-    Status,
+    /// The controller completed it with an error status (in the transport's words).
+    Status(E),
     /// It did not complete: the transport's error, which ends the scan.
     Transport(E),
 }
@@ -33,7 +33,7 @@ pub fn scan<E>(
         Ok(()) => NamespaceList::from_slice(&buf)
             .map(|l| l.iter().collect())
             .unwrap_or_default(),
-        Err(IdentifyFailure::Status) => (1..=nn.min(1024)).collect(),
+        Err(IdentifyFailure::Status(_)) => (1..=nn.min(1024)).collect(),
         Err(IdentifyFailure::Transport(e)) => return Err(e),
     };
     // The list is ascending by the spec; a broken one must not make a namespace appear twice.
@@ -46,13 +46,10 @@ pub fn scan<E>(
             continue;
         }
         buf.fill(0);
+        // a namespace the controller lists but will not describe: an error, not a guess
         match identify(Sqe::identify(Cns::Namespace, nsid), &mut buf) {
             Ok(()) => {}
-            Err(IdentifyFailure::Status) => {
-                log::warn!("{name}: namespace {nsid}: Identify Namespace failed; skipped");
-                continue;
-            }
-            Err(IdentifyFailure::Transport(e)) => return Err(e),
+            Err(IdentifyFailure::Status(e) | IdentifyFailure::Transport(e)) => return Err(e),
         }
         let Some(id) = IdentifyNamespace::from_slice(&buf) else {
             continue;
