@@ -1,5 +1,5 @@
 //! `usnvme serve` on `sim:` drives over 127.0.0.1, reached with the project's NVMe/TCP host
-//! side (`usnvme_engine::fabric::host`): discovery, connect, identify, data written and read
+//! side (`usnvme_engine::fabric::initiator`): discovery, connect, identify, data written and read
 //! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM,
 //! SMART reads that do not hold I/O up, shutdowns that flush, and no memory kept per connection.
 

@@ -397,8 +397,8 @@ mod tests {
     use super::*;
     use crate::block::StripeDevice;
     use crate::fabric::address::TcpAddress;
-    use crate::fabric::host::HostOptions;
     use crate::fabric::initiator::queue::tests::target_of;
+    use crate::fabric::initiator::HostOptions;
     use crate::fabric::subsystem::RemoteSubsystem;
 
     /// A remote subsystem of `namespaces` namespaces served on `connections` connections.

@@ -1,14 +1,14 @@
-//! NVMe over Fabrics on TCP (NVMe/TCP): the wire format ([`pdu`]) shared by the target that
-//! exports the engine's block devices ([`export`], behind `usnvme serve`) and the host side
-//! that reaches such targets ([`host`], one blocking queue; [`remote`], a controller on top of
-//! it; [`initiator`], the polled I/O queues; [`subsystem`], a remote subsystem's namespaces as
-//! block devices), and the addresses users give ([`address`]). Both ends frame PDUs through
-//! one [`framing`].
+//! NVMe over Fabrics on TCP (NVMe/TCP): the wire format ([`pdu`]) and its one [`framing`]
+//! (receive and transmit), shared by the target that exports the engine's block devices
+//! ([`export`], behind `usnvme serve`) and the host side that reaches such targets
+//! ([`initiator`], the polled queues, admin and I/O alike; [`remote`], a remote controller on
+//! its admin queue; [`subsystem`], a remote subsystem's namespaces as block devices), and the
+//! addresses users give ([`address`]). The Fabrics structures themselves (Connect, Property
+//! Get/Set, the discovery log) are the driver's (`usnvme_driver::spec::fabrics`).
 
 pub mod address;
 pub mod export;
 pub mod framing;
-pub mod host;
 pub mod initiator;
 pub mod pdu;
 pub mod remote;

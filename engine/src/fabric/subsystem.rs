@@ -17,7 +17,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::address::TcpAddress;
-use super::host::HostOptions;
+use super::initiator::HostOptions;
 use super::remote::{RemoteController, RemoteError};
 use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
 use crate::transport::{QueueIds, RemoteQueues};

@@ -10,9 +10,9 @@ use parking_lot::Mutex;
 
 use super::QueueNamespace;
 use crate::block::{ChannelOptions, DmaTarget};
-use crate::fabric::host::HostOptions;
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
+use crate::fabric::initiator::HostOptions;
 use crate::fabric::initiator::{IoQueue, QueueParams};
 
 /// What the owner learned from a remote controller (its admin queue), shared by the devices

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use usnvme_driver::DeviceSpec;
 use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
-use usnvme_engine::fabric::host::HostOptions;
+use usnvme_engine::fabric::initiator::HostOptions;
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::fabric::remote::{host_id_for, host_identity, RemoteController, RemoteError};
 use usnvme_engine::transport::ControllerError;

@@ -9,8 +9,10 @@
 //!   deadline (the admin queue; tests).
 //! - [`options`]: who the host is, and why a connection or a command failed.
 //! - [`Gated`]: bytes in memory read as a quiet socket, to drive a session without one.
+//! - [`fuzz`]: the fuzz target's entry point: a target's bytes through a session.
 
 pub mod command;
+pub mod fuzz;
 mod gated;
 pub mod options;
 pub mod queue;
