@@ -83,6 +83,29 @@ fn target_of(
     (addr, sub, handle)
 }
 
+/// An engine (it is built on drives: a simulated one stands by) whose reactors run on the first
+/// `cores` CPUs this process may use, without NUMA memory placement.
+fn sim_engine(cores: usize, options: EngineOptions) -> Engine {
+    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
+    let drives = attach(
+        &Opener::new("/sys"),
+        &Sysfs::new(),
+        &specs,
+        &ControllerOptions::default(),
+    )
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .expect("the sim drive");
+    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+    let cores = topology.allowed.iter().copied().take(cores).collect();
+    let options = EngineOptions {
+        cores,
+        numa_memory: false,
+        ..options
+    };
+    Engine::new(topology, drives, options).expect("an engine")
+}
+
 const BLOCKS: u64 = 64;
 const IO: usize = 4096;
 
@@ -172,28 +195,7 @@ impl Job for WriteVerify {
 #[test]
 fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     // the engine is built on drives; a simulated one stands by
-    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
-    let drives = attach(
-        &Opener::new("/sys"),
-        &Sysfs::new(),
-        &specs,
-        &ControllerOptions::default(),
-    )
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()
-    .expect("the sim drive");
-    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
-    let core = *topology.allowed.first().expect("a core");
-    let engine = Engine::new(
-        topology,
-        drives,
-        EngineOptions {
-            cores: vec![core],
-            numa_memory: false,
-            ..EngineOptions::default()
-        },
-    )
-    .expect("an engine");
+    let engine = sim_engine(1, EngineOptions::default());
 
     let (addr, sub, server) = target(2);
     let host = HostOptions {
@@ -262,32 +264,15 @@ fn serve_sim() -> (
     Arc<std::sync::atomic::AtomicBool>,
     usnvme_engine::Run<()>,
 ) {
-    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
-    let drives = attach(
-        &Opener::new("/sys"),
-        &Sysfs::new(),
-        &specs,
-        &ControllerOptions::default(),
-    )
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()
-    .expect("the sim drive");
-    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
-    let core = *topology.allowed.first().expect("a core");
-    let engine = Engine::new(
-        topology,
-        drives,
-        EngineOptions {
-            cores: vec![core],
-            policy: Policy::AllToAll,
-            channel: ChannelOptions {
-                depth: 64,
-                ..ChannelOptions::default()
-            },
-            numa_memory: false,
+    let options = EngineOptions {
+        policy: Policy::AllToAll,
+        channel: ChannelOptions {
+            depth: 64,
+            ..ChannelOptions::default()
         },
-    )
-    .expect("an engine");
+        ..EngineOptions::default()
+    };
+    let engine = sim_engine(1, options);
     let devices = engine.namespaces();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
@@ -544,32 +529,15 @@ impl Job for StampEvery {
 
 #[test]
 fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
-    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
-    let drives = attach(
-        &Opener::new("/sys"),
-        &Sysfs::new(),
-        &specs,
-        &ControllerOptions::default(),
-    )
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()
-    .expect("the sim drive");
-    let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
-    let cores: Vec<usize> = topology.allowed.iter().copied().take(2).collect();
-    let engine = Engine::new(
-        topology,
-        drives,
-        EngineOptions {
-            cores: cores.clone(),
-            policy: Policy::AllToAll,
-            numa_memory: false,
-            ..EngineOptions::default()
-        },
-    )
-    .expect("an engine");
+    let options = EngineOptions {
+        policy: Policy::AllToAll,
+        ..EngineOptions::default()
+    };
+    let engine = sim_engine(2, options);
+    let reactors = engine.placement().reactors.len();
     // the target serves the admin queue and one I/O queue per core, and no more: a third I/O
     // queue would never be answered and the run would fail
-    let connections = 1 + cores.len();
+    let connections = 1 + reactors;
     let (addr, sub, server) = target_of(connections, 4);
     let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
         .parse()
@@ -596,7 +564,7 @@ fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
         })
         .expect("started");
     let results = run.wait().expect("the run");
-    assert_eq!(results.len(), cores.len());
+    assert_eq!(results.len(), reactors);
     for r in &results {
         assert_eq!(r.info.devices, [0, 1, 2, 3], "core {}", r.info.cpu);
         let (bad, failed, queues) = r.output;
