@@ -18,9 +18,9 @@ use parking_lot::Mutex;
 
 use super::address::TcpAddress;
 use super::initiator::HostOptions;
-use super::remote::{RemoteController, RemoteError};
 use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
 use crate::transport::{QueueIds, RemoteQueues};
+use crate::transport::{RemoteController, RemoteError};
 
 /// The largest transfer when the controller sets no limit (MDTS 0): I/Os beyond it are split.
 const NO_LIMIT_TRANSFER: u32 = 1 << 20;

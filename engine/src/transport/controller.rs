@@ -8,9 +8,9 @@ use usnvme_driver::spec::{Cap, IdentifyController, SmartLog, Vs};
 use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Namespace;
 
+use super::tcp::{RemoteController, RemoteError};
 use crate::fabric::address::TcpAddress;
 use crate::fabric::pdu::Digests;
-use crate::fabric::remote::{RemoteController, RemoteError};
 
 /// A controller, borrowed from whoever opened it (the engine's attach, or a remote connect).
 #[derive(Debug)]

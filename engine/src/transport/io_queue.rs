@@ -4,7 +4,7 @@
 use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, QueuePair, SubmitError};
 
-use super::remote::RemoteQueue;
+use super::tcp::RemoteQueue;
 use crate::block::Op;
 use crate::fabric::initiator::{Failure, IoNamespace};
 

@@ -8,6 +8,8 @@
 //!   completions (token and namespace back, the status by name), flush, abandon.
 //! - [`QueueSource`]: where a controller's I/O queues come from (a local controller, or a
 //!   remote one's queue IDs and connection parameters, [`RemoteQueues`]).
+//! - [`tcp`]: the NVMe/TCP transport: a remote controller ([`RemoteController`]) and its I/O
+//!   queues.
 //! - [`Queues`]: a reactor's I/O queues, one per controller, shared by the channels of that
 //!   controller's namespaces ([`SharedQueue`]); a queue only one channel uses becomes that
 //!   channel's own ([`ChannelQueue`]).
@@ -15,9 +17,9 @@
 mod controller;
 mod io_queue;
 mod queues;
-mod remote;
+pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};
 pub use io_queue::{IoQueue, QueueNamespace};
 pub use queues::{ChannelQueue, QueueSource, Queues, SharedQueue};
-pub use remote::{QueueIds, RemoteQueues};
+pub use tcp::{QueueIds, RemoteController, RemoteError, RemoteQueues};

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use usnvme_driver::pci::Sysfs;
 use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::remote::{DiscoveryEntry, DiscoveryLog, DISCOVERY_NQN};
+use usnvme_engine::fabric::discovery::{DiscoveryEntry, DiscoveryLog, DISCOVERY_NQN};
 
 use crate::remote::{with_controller, RemoteArgs};
 

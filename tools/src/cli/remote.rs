@@ -9,10 +9,11 @@ use std::str::FromStr;
 
 use usnvme_driver::DeviceSpec;
 use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
+use usnvme_engine::fabric::identity::{host_id_for, host_identity};
 use usnvme_engine::fabric::initiator::HostOptions;
 use usnvme_engine::fabric::pdu::Digests;
-use usnvme_engine::fabric::remote::{host_id_for, host_identity, RemoteController, RemoteError};
 use usnvme_engine::transport::ControllerError;
+use usnvme_engine::transport::{RemoteController, RemoteError};
 
 /// How this host reaches remote targets.
 #[derive(Debug, Clone, Default, clap::Args)]

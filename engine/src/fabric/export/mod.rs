@@ -32,7 +32,7 @@ pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
 /// (stable on this machine, and not the machine ID itself), as the host NQN is; else
 /// `nqn.2024-01.io.usnvme:localhost`.
 pub fn default_nqn(root: &std::path::Path) -> String {
-    let read = |path: &str| super::remote::read_setting(root, path);
+    let read = |path: &str| super::identity::read_setting(root, path);
     let hostname = read("proc/sys/kernel/hostname").filter(|h| {
         h.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
@@ -41,7 +41,7 @@ pub fn default_nqn(root: &std::path::Path) -> String {
     if let Some(host) = hostname {
         return format!("{NQN_PREFIX}:{host}");
     }
-    match read(super::remote::MACHINE_ID_FILE) {
+    match read(super::identity::MACHINE_ID_FILE) {
         Some(machine) => {
             let uuid = uuid::Uuid::new_v5(&SUBSYSTEM_NAMESPACE, machine.as_bytes());
             format!("{NQN_PREFIX}:uuid:{}", uuid.hyphenated())
@@ -134,7 +134,7 @@ mod tests {
             "not the machine ID itself"
         );
         // and not this machine's host NQN
-        let host = super::super::remote::host_identity(&root)
+        let host = super::super::identity::host_identity(&root)
             .expect("host NQN")
             .0;
         assert!(!host.ends_with(uuid), "{host} / {from_machine}");

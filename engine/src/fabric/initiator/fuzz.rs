@@ -10,10 +10,10 @@ use usnvme_driver::IoBuffer;
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::fabric::discovery::parse_discovery_log;
 use crate::fabric::initiator::session::{Completion, Data, QueueParams, Session, ADMIN_IN_CAPSULE};
 use crate::fabric::initiator::{Gated, HostOptions};
 use crate::fabric::pdu::Digests;
-use crate::fabric::remote::parse_discovery_log;
 
 /// Where command `k`'s buffer is: 16 KiB each.
 const BASE: u64 = 0x10_0000;

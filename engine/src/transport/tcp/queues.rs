@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::QueueNamespace;
 use crate::block::{ChannelOptions, DmaTarget};
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
 use crate::fabric::initiator::HostOptions;
 use crate::fabric::initiator::{IoQueue, QueueParams};
+use crate::transport::QueueNamespace;
 
 /// What the owner learned from a remote controller (its admin queue), shared by the devices
 /// of its namespaces: enough to connect I/O queues to it.
@@ -75,8 +75,8 @@ impl QueueIds {
 /// A reactor's NVMe/TCP I/O queue to a remote controller; gives its queue ID back when it goes.
 #[derive(Debug)]
 pub struct RemoteQueue {
-    pub(super) queue: IoQueue,
-    pub(super) lost: Arc<OnceLock<String>>,
+    pub(crate) queue: IoQueue,
+    pub(crate) lost: Arc<OnceLock<String>>,
     qid: u16,
     source: Arc<RemoteQueues>,
 }
