@@ -737,6 +737,7 @@ impl QueuePair {
             let t = *tracker;
             self.free_cids.push(cid);
             self.in_flight -= 1;
+            self.stats.completed += 1;
             done += 1;
             on_completion(Completion {
                 token: t.token,
@@ -747,7 +748,6 @@ impl QueuePair {
                 bytes: t.bytes,
             });
         }
-        self.stats.completed += done as u64; // once per batch, not per completion
         if self.in_flight == 0 {
             // every command written has completed, so the controller fetched them all
             (self.sq_head, self.sq_fetched) = (self.sq_tail, self.sq_written);
