@@ -12,7 +12,7 @@ use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
     IoError, Op, NAMESPACE_PARENT,
 };
-use crate::transport::{ChannelQueue, QueueNamespace, QueueSource, Queues, RemoteQueues};
+use crate::transport::{IoQueue, QueueNamespace, QueueSource, Queues, RemoteQueues};
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
 const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
@@ -159,7 +159,7 @@ impl BlockDevice for NamespaceDevice {
 /// A reactor's channel to one namespace, on the reactor's queue to its controller.
 #[derive(Debug)]
 pub struct NamespaceChannel {
-    queue: ChannelQueue,
+    queue: IoQueue,
     ns: QueueNamespace,
     block_shift: u32,
     info: BlockInfo,
@@ -170,7 +170,7 @@ pub struct NamespaceChannel {
 }
 
 impl NamespaceChannel {
-    /// Its queue as its own when no other channel shares it (see [`ChannelQueue::settle`]).
+    /// Its queue as its own when no other channel shares it (see [`IoQueue::settle`]).
     pub(crate) fn settle(self) -> NamespaceChannel {
         NamespaceChannel {
             queue: self.queue.settle(),
@@ -304,7 +304,7 @@ impl NamespaceChannel {
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
         let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
-        self.queue.poll(self.ns.nsid, |c: Completion| {
+        self.queue.poll(|c: Completion| {
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -317,7 +317,7 @@ impl NamespaceChannel {
     pub(crate) fn abandon(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
         let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
-        self.queue.abandon(self.ns.nsid, |c: Completion| {
+        self.queue.abandon(|c: Completion| {
             if let Some(f) = finish(splits, name, c) {
                 finished += 1;
                 on_finished(f);
@@ -339,12 +339,12 @@ impl NamespaceChannel {
 
     #[inline]
     pub(crate) fn busy(&self) -> bool {
-        self.queue.busy()
+        self.queue.in_flight() > 0
     }
 
     /// The channel is going: a shared queue no longer keeps its completions.
     pub(crate) fn leave(&self) {
-        self.queue.remove_route(self.ns.nsid);
+        self.queue.leave();
     }
 
     pub(crate) fn commands_needed(&self, op: Op, len: u64) -> usize {

@@ -5,6 +5,7 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, QueuePair, SubmitError};
 
 use super::tcp::RemoteQueue;
+use super::SharedQueue;
 use crate::block::Op;
 use crate::fabric::initiator::{Failure, IoNamespace};
 
@@ -26,6 +27,13 @@ pub enum IoQueue {
     Pcie(QueuePair),
     /// An NVMe/TCP I/O queue of a remote controller.
     Tcp(RemoteQueue),
+    /// One of those, shared with the channels of the controller's other namespaces on the
+    /// reactor: this handle is namespace `nsid`'s channel's, with its commands in flight.
+    Shared {
+        queue: SharedQueue,
+        nsid: u32,
+        in_flight: usize,
+    },
 }
 
 impl IoQueue {
@@ -63,6 +71,13 @@ impl IoQueue {
                 };
                 q.queue.submit_to(to, op, lba, blocks, buf, token)
             }
+            IoQueue::Shared {
+                queue, in_flight, ..
+            } => {
+                queue.submit(ns, op, lba, blocks, buf, token)?;
+                *in_flight += 1;
+                Ok(())
+            }
         }
     }
 
@@ -72,6 +87,7 @@ impl IoQueue {
         match self {
             IoQueue::Pcie(qp) => usize::from(qp.in_flight()),
             IoQueue::Tcp(q) => q.queue.in_flight(),
+            IoQueue::Shared { in_flight, .. } => *in_flight,
         }
     }
 
@@ -88,6 +104,15 @@ impl IoQueue {
                 }
                 q.queue.poll(|c| on_done(tcp_completion(c, false)))
             }
+            IoQueue::Shared {
+                queue,
+                nsid,
+                in_flight,
+            } => {
+                let done = queue.poll(*nsid, on_done);
+                *in_flight = in_flight.saturating_sub(done);
+                done
+            }
         }
     }
 
@@ -97,6 +122,7 @@ impl IoQueue {
         match self {
             IoQueue::Pcie(qp) => qp.flush(),
             IoQueue::Tcp(q) => q.queue.flush(),
+            IoQueue::Shared { queue, .. } => queue.flush(),
         }
     }
 
@@ -106,6 +132,7 @@ impl IoQueue {
         match self {
             IoQueue::Pcie(qp) => qp.set_now(now_ns),
             IoQueue::Tcp(q) => q.queue.set_now(now_ns),
+            IoQueue::Shared { queue, .. } => queue.set_now(now_ns),
         }
     }
 
@@ -115,6 +142,7 @@ impl IoQueue {
         match self {
             IoQueue::Pcie(qp) => (qp.depth() as usize - 1).saturating_sub(qp.in_flight() as usize),
             IoQueue::Tcp(q) => q.queue.free(),
+            IoQueue::Shared { queue, .. } => queue.free(),
         }
     }
 
@@ -131,6 +159,14 @@ impl IoQueue {
                 n
             }
             IoQueue::Tcp(q) => q.queue.close(|c| on_done(tcp_completion(c, true))),
+            IoQueue::Shared {
+                queue,
+                nsid,
+                in_flight,
+            } => {
+                *in_flight = 0;
+                queue.abandon(*nsid, on_done)
+            }
         }
     }
 
@@ -143,6 +179,31 @@ impl IoQueue {
                 (Some(why), _) => Some(why.clone()),
                 (None, ended) => ended.map(|f| f.to_string()),
             },
+            IoQueue::Shared { queue, .. } => queue.ended(),
+        }
+    }
+
+    /// Every channel of the reactor is set up and its queues released: a shared queue that
+    /// only this handle still holds becomes its own (no shared cell on its I/O path).
+    pub fn settle(self) -> IoQueue {
+        match self {
+            IoQueue::Shared {
+                queue,
+                nsid,
+                in_flight,
+            } => queue.into_own().unwrap_or_else(|queue| IoQueue::Shared {
+                queue,
+                nsid,
+                in_flight,
+            }),
+            own => own,
+        }
+    }
+
+    /// The channel is going: a shared queue no longer keeps its namespace's completions.
+    pub fn leave(&self) {
+        if let IoQueue::Shared { queue, nsid, .. } = self {
+            queue.remove_route(*nsid);
         }
     }
 }

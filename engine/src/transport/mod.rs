@@ -12,7 +12,7 @@
 //!   queues.
 //! - [`Queues`]: a reactor's I/O queues, one per controller, shared by the channels of that
 //!   controller's namespaces ([`SharedQueue`]); a queue only one channel uses becomes that
-//!   channel's own ([`ChannelQueue`]).
+//!   channel's own.
 
 mod controller;
 mod io_queue;
@@ -21,5 +21,5 @@ pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};
 pub use io_queue::{IoQueue, QueueNamespace};
-pub use queues::{ChannelQueue, QueueSource, Queues, SharedQueue};
+pub use queues::{QueueSource, Queues, SharedQueue};
 pub use tcp::{QueueIds, RemoteController, RemoteError, RemoteQueues};

@@ -1,8 +1,8 @@
 //! A reactor's I/O queues: one per controller, shared by the channels of that controller's
 //! namespaces on the reactor (a drive with four namespaces served from two cores uses two
 //! queues, not eight). The reactor makes them ([`Queues`]) as it sets up its channels; each
-//! channel holds its queue as a [`ChannelQueue`]: its own when no other channel uses it (the
-//! I/O path then reaches it directly), else shared, where a completion that comes for
+//! channel holds its queue as an [`IoQueue`]: its own when no other channel uses it (the I/O
+//! path then reaches it directly), else [`IoQueue::Shared`], where a completion that comes for
 //! another namespace while one channel polls waits in that namespace's inbox.
 
 use std::cell::RefCell;
@@ -90,7 +90,7 @@ impl Queues {
         source: &QueueSource,
         ns: QueueNamespace,
         options: &ChannelOptions,
-    ) -> Result<ChannelQueue, usnvme_driver::Error> {
+    ) -> Result<IoQueue, usnvme_driver::Error> {
         let found = self
             .queues
             .iter()
@@ -104,8 +104,9 @@ impl Queues {
             }
         };
         queue.add_route(ns.nsid);
-        Ok(ChannelQueue::Shared {
+        Ok(IoQueue::Shared {
             queue,
+            nsid: ns.nsid,
             in_flight: 0,
         })
     }
@@ -126,137 +127,18 @@ impl Queues {
     }
 }
 
-/// A channel's queue: its own, or shared with the channels of the controller's other
-/// namespaces on the reactor.
-// The own queue is kept inline, as in `IoQueue`: no pointer to chase per I/O.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum ChannelQueue {
-    Own(IoQueue),
-    /// With the channel's commands in flight (the queue carries the other namespaces' too).
-    Shared {
-        queue: SharedQueue,
-        in_flight: usize,
-    },
-}
-
-impl ChannelQueue {
-    /// The queue as the channel's own when nothing else holds it (after [`Queues::release`]).
-    pub fn settle(self) -> ChannelQueue {
-        match self {
-            ChannelQueue::Shared {
-                queue: SharedQueue(rc),
-                in_flight,
-            } => match Rc::try_unwrap(rc) {
-                Ok(cell) => ChannelQueue::Own(cell.into_inner().queue),
-                Err(rc) => ChannelQueue::Shared {
-                    queue: SharedQueue(rc),
-                    in_flight,
-                },
-            },
-            own => own,
-        }
-    }
-
-    /// Queues a command (see [`IoQueue::submit`]).
-    #[inline(always)]
-    pub fn submit(
-        &mut self,
-        ns: QueueNamespace,
-        op: Op,
-        lba: u64,
-        blocks: u32,
-        buf: Option<IoBuffer>,
-        token: u64,
-    ) -> Result<(), SubmitError> {
-        match self {
-            ChannelQueue::Own(q) => q.submit(ns, op, lba, blocks, buf, token),
-            ChannelQueue::Shared { queue, in_flight } => {
-                queue.submit(ns, op, lba, blocks, buf, token)?;
-                *in_flight += 1;
-                Ok(())
-            }
-        }
-    }
-
-    /// Polls the queue; hands namespace `nsid`'s completions to `on_done`.
-    #[inline]
-    pub fn poll(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
-        match self {
-            ChannelQueue::Own(q) => q.poll(on_done),
-            ChannelQueue::Shared { queue, in_flight } => {
-                let done = queue.poll(nsid, on_done);
-                *in_flight = in_flight.saturating_sub(done);
-                done
-            }
-        }
-    }
-
-    /// Whether the channel has commands in flight.
-    #[inline]
-    pub fn busy(&self) -> bool {
-        match self {
-            ChannelQueue::Own(q) => q.in_flight() > 0,
-            ChannelQueue::Shared { in_flight, .. } => *in_flight > 0,
-        }
-    }
-
-    #[inline]
-    pub fn flush(&mut self) {
-        match self {
-            ChannelQueue::Own(q) => q.flush(),
-            ChannelQueue::Shared { queue, .. } => queue.flush(),
-        }
-    }
-
-    #[inline]
-    pub fn set_now(&mut self, now_ns: u64) {
-        match self {
-            ChannelQueue::Own(q) => q.set_now(now_ns),
-            ChannelQueue::Shared { queue, .. } => queue.set_now(now_ns),
-        }
-    }
-
-    /// Commands that can be queued now.
-    #[inline]
-    pub fn free(&self) -> usize {
-        match self {
-            ChannelQueue::Own(q) => q.free(),
-            ChannelQueue::Shared { queue, .. } => queue.free(),
-        }
-    }
-
-    /// The controller is gone: namespace `nsid`'s commands in flight fail with "Host Pathing
-    /// Error" (a shared queue's other namespaces' at their next poll).
-    pub fn abandon(&mut self, nsid: u32, on_done: impl FnMut(Completion)) -> usize {
-        match self {
-            ChannelQueue::Own(q) => q.abandon(on_done),
-            ChannelQueue::Shared { queue, in_flight } => {
-                *in_flight = 0;
-                queue.abandon(nsid, on_done)
-            }
-        }
-    }
-
-    /// Why the queue ended, once it has (a remote target gone or lost).
-    pub fn ended(&self) -> Option<String> {
-        match self {
-            ChannelQueue::Own(q) => q.ended(),
-            ChannelQueue::Shared { queue, .. } => queue.ended(),
-        }
-    }
-
-    /// Namespace `nsid`'s channel is gone: a shared queue no longer keeps its completions.
-    pub fn remove_route(&self, nsid: u32) {
-        if let ChannelQueue::Shared { queue, .. } = self {
-            queue.remove_route(nsid);
-        }
-    }
-}
-
 /// One queue of a controller on a reactor, shared by the channels of its namespaces.
 #[derive(Debug, Clone)]
 pub struct SharedQueue(Rc<RefCell<Shared>>);
+
+impl SharedQueue {
+    /// The queue itself when no other channel holds it any more (after [`Queues::release`]).
+    pub(super) fn into_own(self) -> Result<IoQueue, SharedQueue> {
+        Rc::try_unwrap(self.0)
+            .map(|cell| cell.into_inner().queue)
+            .map_err(SharedQueue)
+    }
+}
 
 #[derive(Debug)]
 struct Shared {
@@ -294,7 +176,7 @@ impl SharedQueue {
     }
 
     /// Namespace `nsid`'s channel is gone: its completions are no longer kept.
-    fn remove_route(&self, nsid: u32) {
+    pub(super) fn remove_route(&self, nsid: u32) {
         if let Ok(mut s) = self.0.try_borrow_mut() {
             s.routes.retain(|r| r.nsid != nsid);
         }
