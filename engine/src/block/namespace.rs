@@ -234,9 +234,9 @@ impl NamespaceChannel {
                     len: len as u32,
                     ..b
                 };
-                let (lba, blocks) = (offset >> self.block_shift, (len >> self.block_shift) as u32);
+                // the buffer's length gives the blocks of a read or write
                 return self
-                    .submit_command(op, lba, blocks, Some(b), token)
+                    .submit_command(op, offset >> self.block_shift, 0, Some(b), token)
                     .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
             }
         }
@@ -490,6 +490,14 @@ mod tests {
         assert!(matches!(
             channel.submit(Op::Read, 2048 * 512, 512, io, 9),
             Err(BlockError::OutOfRange { .. })
+        ));
+        let part_block = Some(IoBuffer {
+            iova: back.iova(),
+            len: 700,
+        });
+        assert!(matches!(
+            channel.submit(Op::Write, 0, 700, part_block, 9),
+            Err(BlockError::Misaligned { .. })
         ));
         drop((channel, queues, device, remote));
         server.join().expect("the target");

@@ -37,9 +37,10 @@ pub enum IoQueue {
 }
 
 impl IoQueue {
-    /// Queues `op` on `blocks` blocks of namespace `ns` from `lba` (`buf` for reads and
-    /// writes, exactly `blocks` long); it goes out on the next flush or poll. Each transport
-    /// checks the command against the namespace (a local queue pair knows its geometry).
+    /// Queues `op` on namespace `ns` from block `lba`: a read or write of `buf` (its length in
+    /// whole blocks), Write Zeroes or Deallocate of `blocks` blocks, a flush; it goes out on
+    /// the next flush or poll. Each transport checks the command against the namespace (a
+    /// local queue pair knows its geometry).
     // Always inlined: a call here costs more than the match (the arguments and the error go
     // through memory), once per I/O.
     #[inline(always)]
@@ -64,6 +65,10 @@ impl IoQueue {
                 }),
             },
             IoQueue::Tcp(q) => {
+                let blocks = match (op, buf) {
+                    (Op::Read | Op::Write, Some(b)) => b.len >> ns.block_size.trailing_zeros(),
+                    _ => blocks,
+                };
                 check_remote(ns, op, lba, blocks, buf)?;
                 let to = IoNamespace {
                     nsid: ns.nsid,
