@@ -43,9 +43,6 @@ pub struct IoBuffer {
 pub struct Completion {
     /// The caller's token, as given at submission.
     pub token: u64,
-    /// The namespace the command went to (0: none), so that queues shared by the namespaces
-    /// of a controller can hand each completion to its namespace.
-    pub nsid: u32,
     pub status: Status,
     /// Command specific result (CQE dword 0).
     pub dw0: u32,
@@ -85,12 +82,11 @@ struct Tracker {
     /// Where the command went in the SQ, counted from the queue's creation (wrapping).
     sq_position: u32,
     bytes: u32,
-    nsid: u32,
     busy: bool,
     abort_sent: bool,
 }
 
-// Two trackers per cache line: the namespace fits in the padding.
+// Two trackers per cache line.
 const _: () = assert!(std::mem::size_of::<Tracker>() == 32);
 
 /// Where the doorbells of this queue are: the MMIO registers, and the shadow doorbell /
@@ -652,7 +648,6 @@ impl QueuePair {
             started_ns: self.now_ns,
             sq_position: self.sq_written,
             bytes,
-            nsid: sqe.nsid,
             busy: true,
             abort_sent: false,
         };
@@ -741,7 +736,6 @@ impl QueuePair {
             done += 1;
             on_completion(Completion {
                 token: t.token,
-                nsid: t.nsid,
                 status: cqe.status(),
                 dw0: cqe.dw0,
                 submitted_ns: t.started_ns,

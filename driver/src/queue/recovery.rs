@@ -54,7 +54,6 @@ impl QueuePair {
                 self.in_flight -= 1;
                 on_completion(Completion {
                     token: t.token,
-                    nsid: t.nsid,
                     status,
                     dw0: 0,
                     submitted_ns: t.started_ns,

@@ -18,7 +18,7 @@ pub struct QueueNamespace {
 }
 
 /// A polled I/O queue of one controller: commands for any of its namespaces go in with a
-/// token and come back with it, the namespace and the status.
+/// token and come back with it and their status.
 // The PCIe variant is large (its queue pair) and kept inline: no pointer to chase per I/O.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
@@ -261,7 +261,6 @@ fn tcp_completion(c: crate::fabric::initiator::Completion, removed: bool) -> Com
     };
     Completion {
         token: c.token,
-        nsid: c.nsid,
         status,
         dw0: 0,
         submitted_ns: c.submitted_ns,

@@ -5,7 +5,7 @@
 //! - [`Controller`]: one controller API over both (Identify, namespaces, SMART, how it is
 //!   reached), for `identify` and `health`.
 //! - [`IoQueue`]: one I/O queue API over both: submit a command (namespace, token), poll
-//!   completions (token and namespace back, the status by name), flush, abandon.
+//!   completions (the token back, the status by name), flush, abandon.
 //! - [`QueueSource`]: where a controller's I/O queues come from (a local controller, or a
 //!   remote one's queue IDs and connection parameters, [`RemoteQueues`]).
 //! - [`tcp`]: the NVMe/TCP transport: a remote controller ([`RemoteController`]) and its I/O

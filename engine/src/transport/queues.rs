@@ -146,6 +146,11 @@ struct Shared {
     /// The namespaces whose channels use the queue, each with the completions that came for
     /// it while another channel polled (sized for the whole queue: pushing never allocates).
     routes: Vec<Route>,
+    /// Each command in flight: its namespace and its channel's token. The queue carries the
+    /// index here as the command's token, so that a completion finds its namespace without
+    /// the queue below keeping one (only a shared queue pays for sharing).
+    slots: Vec<(u32, u64)>,
+    free: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -156,9 +161,12 @@ struct Route {
 
 impl SharedQueue {
     fn new(queue: IoQueue) -> SharedQueue {
+        let capacity = queue.free() + 1;
         SharedQueue(Rc::new(RefCell::new(Shared {
             queue,
             routes: Vec::new(),
+            slots: vec![(0, 0); capacity],
+            free: (0..capacity as u32).rev().collect(),
         })))
     }
 
@@ -168,7 +176,7 @@ impl SharedQueue {
 
     fn add_route(&self, nsid: u32) {
         let mut s = self.0.borrow_mut();
-        let room = s.queue.free() + 1;
+        let room = s.slots.len();
         s.routes.push(Route {
             nsid,
             inbox: VecDeque::with_capacity(room),
@@ -194,9 +202,24 @@ impl SharedQueue {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        match self.0.try_borrow_mut() {
-            Ok(mut s) => s.queue.submit(ns, op, lba, blocks, buf, token),
-            Err(_) => Err(SubmitError::QueueFull { in_flight: 0 }),
+        let Ok(mut s) = self.0.try_borrow_mut() else {
+            return Err(SubmitError::QueueFull { in_flight: 0 });
+        };
+        let Shared {
+            queue, slots, free, ..
+        } = &mut *s;
+        let Some(slot) = free.pop() else {
+            return Err(SubmitError::QueueFull { in_flight: 0 });
+        };
+        match queue.submit(ns, op, lba, blocks, buf, u64::from(slot)) {
+            Ok(()) => {
+                slots[slot as usize] = (ns.nsid, token);
+                Ok(())
+            }
+            Err(e) => {
+                free.push(slot);
+                Err(e)
+            }
         }
     }
 
@@ -219,10 +242,12 @@ impl SharedQueue {
         let Ok(mut s) = self.0.try_borrow_mut() else {
             return 0;
         };
-        let Shared { queue, routes } = &mut *s;
-        if routes.len() == 1 {
-            return reap(queue, &mut on_done); // the queue is this namespace's alone
-        }
+        let Shared {
+            queue,
+            routes,
+            slots,
+            free,
+        } = &mut *s;
         let mut done = 0;
         for c in routes
             .iter_mut()
@@ -232,11 +257,21 @@ impl SharedQueue {
             done += 1;
             on_done(c);
         }
-        reap(queue, &mut |c: Completion| {
-            if c.nsid == nsid {
+        reap(queue, &mut |mut c: Completion| {
+            // the slot gives the namespace and the channel's token back
+            let Some(&(owner, token)) = slots.get(c.token as usize) else {
+                log::error!(
+                    "shared queue: completion for slot {} that is not in flight: ignored",
+                    c.token
+                );
+                return;
+            };
+            free.push(c.token as u32);
+            c.token = token;
+            if owner == nsid {
                 done += 1;
                 on_done(c);
-            } else if let Some(r) = routes.iter_mut().find(|r| r.nsid == c.nsid) {
+            } else if let Some(r) = routes.iter_mut().find(|r| r.nsid == owner) {
                 r.inbox.push_back(c);
             }
         });
