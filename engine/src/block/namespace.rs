@@ -193,8 +193,8 @@ impl NamespaceChannel {
         &self.name
     }
 
-    /// One command of this namespace on the queue.
-    #[inline]
+    /// One command of this namespace on the queue (inlined: it is the I/O path).
+    #[inline(always)]
     fn submit_command(
         &mut self,
         op: Op,

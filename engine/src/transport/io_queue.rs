@@ -41,10 +41,29 @@ impl IoQueue {
     /// whole blocks), Write Zeroes or Deallocate of `blocks` blocks, a flush; it goes out on
     /// the next flush or poll. Each transport checks the command against the namespace (a
     /// local queue pair knows its geometry).
-    // Always inlined: a call here costs more than the match (the arguments and the error go
-    // through memory), once per I/O.
+    // A local read or write, the I/O path, is inlined down to the queue pair; the rest goes
+    // out of line, so that what is inlined stays small enough for the queue pair's own code to
+    // be inlined too.
     #[inline(always)]
     pub fn submit(
+        &mut self,
+        ns: QueueNamespace,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match (self, op, buf) {
+            (IoQueue::Pcie(qp), Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
+            (IoQueue::Pcie(qp), Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
+            (queue, op, buf) => queue.submit_other(ns, op, lba, blocks, buf, token),
+        }
+    }
+
+    /// Everything but a local read or write (see [`IoQueue::submit`]).
+    #[inline(never)]
+    fn submit_other(
         &mut self,
         ns: QueueNamespace,
         op: Op,
