@@ -187,9 +187,10 @@ fn rate_warm_up_mix_and_histograms_work_over_tcp() {
     assert!(out.status.success(), "{}", text(&out));
     let total = &doc["total"];
     let (reads, writes) = (ios(total, "read"), ios(total, "write"));
-    // 2 s at 1000 IOPS after the warm-up (which would add 1000), about 70 % reads; the lower
-    // bound is loose: a loaded machine may fall short of the rate, never above it
-    assert!((500..=2100).contains(&(reads + writes)), "{doc:#}");
+    // 2 s at 1000 IOPS after the warm-up (which would add 1000), about 70 % reads. Only the
+    // upper bound is the limiter's: a loaded machine may fall short of the rate (how far is
+    // not this test's to say), never above it.
+    assert!(reads + writes <= 2100, "{doc:#}");
     assert!(
         reads > writes && writes > 0,
         "{reads} reads, {writes} writes"
