@@ -526,6 +526,13 @@ impl Controller {
         Ok(())
     }
 
+    /// Sees the I/O queue deletions under way through (at most the admin timeout): what a
+    /// thread that dropped its queue pairs does when its run is over, so that none is left
+    /// for the next admin user (a deletion parked while another thread held the admin queue).
+    pub fn finish_deletions(&self) {
+        self.shared.finish_deletions();
+    }
+
     /// A queue pair is done with `qid`: its queues are deleted as `release` says, without
     /// waiting (see `Deletion`); the id is free again once they are gone.
     pub(crate) fn release_queue(&self, qid: u16, release: Release) {

@@ -216,5 +216,16 @@ pub(super) fn reactor<J: Job>(
     ctx.drain(limit);
     let snapshot = ctx.snapshot();
     let output = job.finish(&mut ctx);
+    // The channels go: their queue pairs hand their queues to the controllers to delete. The
+    // run is over, so the reactor may wait for that now (none is left behind for later).
+    let served = std::mem::take(&mut ctx.info.devices);
+    drop(ctx);
+    for i in served {
+        for d in setup.devices[i].drives() {
+            if let Some(c) = setup.controllers.get(d) {
+                c.finish_deletions();
+            }
+        }
+    }
     Some((output, snapshot))
 }
