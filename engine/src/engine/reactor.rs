@@ -218,14 +218,17 @@ pub(super) fn reactor<J: Job>(
     let output = job.finish(&mut ctx);
     // The channels go: their queue pairs hand their queues to the controllers to delete. The
     // run is over, so the reactor may wait for that now (none is left behind for later).
-    let served = std::mem::take(&mut ctx.info.devices);
+    let mut drives: Vec<usize> = ctx
+        .info
+        .devices
+        .iter()
+        .flat_map(|&i| setup.devices[i].drives())
+        .collect();
+    drives.sort_unstable();
+    drives.dedup(); // a drive's namespaces share its queue: once each
     drop(ctx);
-    for i in served {
-        for d in setup.devices[i].drives() {
-            if let Some(c) = setup.controllers.get(d) {
-                c.finish_deletions();
-            }
-        }
+    for c in drives.iter().filter_map(|&d| setup.controllers.get(d)) {
+        c.finish_deletions();
     }
     Some((output, snapshot))
 }
