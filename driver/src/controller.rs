@@ -17,8 +17,8 @@ use crate::namespaces::MAX_NSID;
 use crate::pci::PciAddress;
 use crate::prp::PAGE;
 use crate::queue::{
-    Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair, QueueSetup, Release,
-    Shadow, Ticket,
+    ring_entries, Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair,
+    QueueSetup, Release, Shadow, Ticket,
 };
 use crate::regs::Registers;
 use crate::spec::command::QueuePriority;
@@ -79,7 +79,8 @@ impl Default for ControllerOptions {
 /// Options of one I/O queue pair.
 #[derive(Debug, Clone, Copy)]
 pub struct QueuePairOptions {
-    /// Ring entries (capped at CAP.MQES + 1); at most depth - 1 commands are in flight.
+    /// Queue depth: at most depth - 1 commands in flight (capped by CAP.MQES). The rings are
+    /// larger where the controller allows (see `ring_entries` in `queue`).
     pub depth: u16,
     /// NUMA node of the rings and PRP lists (None: the controller's default).
     pub node: Option<u32>,
@@ -254,7 +255,8 @@ impl Controller {
             2,
             cap.max_queue_entries().min(Aqa::MAX_ENTRIES as u32) as u16,
         );
-        let layout = Layout::new(depth, 2);
+        // the admin queue tells the controller its CQ head after every poll (no spare entries)
+        let layout = Layout::new(depth, depth - 1, 2);
         let memory = map(&name, &space, layout.bytes, &options, options.node)?;
         let data = map(&name, &space, ADMIN_DATA, &options, options.node)?;
         let admin_queue = QueuePair::new(QueueSetup {
@@ -449,7 +451,12 @@ impl Controller {
             }
         };
         let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
-        let layout = Layout::new(depth, s.max_transfer / PAGE + 1);
+        let max_entries = s.cap.max_queue_entries().min(u16::MAX as u32) as u16;
+        let layout = Layout::new(
+            ring_entries(depth, max_entries),
+            depth - 1,
+            s.max_transfer / PAGE + 1,
+        );
         let node = opts.node.or(s.options.node);
         let memory = match map(&s.name, &s.space, layout.bytes, &s.options, node) {
             Ok(m) => m,
@@ -478,7 +485,7 @@ impl Controller {
         // The generation before creating: a reset racing with us makes the queue pair reconnect.
         let generation = self.generation();
         let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
-        if let Err(e) = self.create_queues(qid, depth, sq_iova, cq_iova) {
+        if let Err(e) = self.create_queues(qid, layout.depth, sq_iova, cq_iova) {
             release(s);
             return Err(e);
         }

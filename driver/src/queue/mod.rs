@@ -138,10 +138,27 @@ pub(crate) struct Shadow {
     pub always_mmio: bool,
 }
 
+/// Completions between two writes of an I/O queue's CQ head doorbell, at least, where the
+/// controller allows rings that large (see [`ring_entries`]).
+const CQ_HEAD_BATCH: u16 = 64;
+
+/// Ring entries for an I/O queue pair that keeps up to `depth - 1` commands in flight: as many
+/// again, and at least [`CQ_HEAD_BATCH`] more, within `max_entries` (CAP.MQES + 1). A controller
+/// needs the CQ head only to know where it may post: with spare entries beyond what can be in
+/// flight, the driver writes the CQ head doorbell once per that many completions instead of
+/// after every poll (at queue depth 1, half the doorbell writes).
+pub(crate) fn ring_entries(depth: u16, max_entries: u16) -> u16 {
+    let spare = depth.max(CQ_HEAD_BATCH);
+    (u32::from(depth) + u32::from(spare)).min(u32::from(max_entries)) as u16
+}
+
 /// The memory layout of one queue pair: SQ ring, CQ ring, then one PRP-list slot per command id.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Layout {
+    /// Entries of each ring.
     pub depth: u16,
+    /// Command ids: at most this many commands in flight, fewer than `depth`.
+    pub commands: u16,
     pub sq: usize,
     pub cq: usize,
     pub prp: usize,
@@ -150,8 +167,10 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Rings of `depth` entries for up to `commands` (at most `depth - 1`) commands in flight;
     /// `max_pages`: PRP entries the biggest transfer needs (MDTS / page + 1).
-    pub fn new(depth: u16, max_pages: u64) -> Layout {
+    pub fn new(depth: u16, commands: u16, max_pages: u64) -> Layout {
+        let commands = commands.clamp(1, depth.saturating_sub(1).max(1));
         let round = |n: usize| n.div_ceil(PAGE as usize) * PAGE as usize;
         let sq = 0;
         let cq = round(depth as usize * SQE_BYTES);
@@ -159,9 +178,10 @@ impl Layout {
         // a slot holds the PRP list (or the DSM ranges) of one command and never crosses a page
         let entries = (max_pages as usize).max(2); // at least one 16-byte DSM range
         let prp_slot = (entries * 8).next_power_of_two().clamp(64, PAGE as usize);
-        let bytes = prp + depth as usize * prp_slot;
+        let bytes = prp + commands as usize * prp_slot;
         Layout {
             depth,
+            commands,
             sq,
             cq,
             prp,
@@ -192,6 +212,10 @@ pub struct QueuePair {
     sq_fetched: u32,
     sq_tail_rung: u16,
     cq_head: u16,
+    /// The CQ head the controller was last told (see `ring_entries`), and how far the head may
+    /// run ahead of it: ring entries beyond what can be in flight.
+    cq_head_rung: u16,
+    cq_slack: u16,
     cq_phase: bool,
     depth: u16,
     in_flight: u16,
@@ -292,9 +316,9 @@ pub(crate) struct QueueSetup {
 
 impl QueuePair {
     pub(crate) fn new(setup: QueueSetup) -> QueuePair {
-        let depth = setup.layout.depth;
-        // One slot stays empty so that a full SQ differs from an empty one.
-        let free_cids: Vec<u16> = (0..depth - 1).rev().collect();
+        let (depth, commands) = (setup.layout.depth, setup.layout.commands);
+        // At most depth - 1: one slot stays empty so that a full SQ differs from an empty one.
+        let free_cids: Vec<u16> = (0..commands).rev().collect();
         let rings = Rings::new(&setup.memory, setup.layout.sq, setup.layout.cq, depth);
         QueuePair {
             sq_tail: 0,
@@ -303,13 +327,15 @@ impl QueuePair {
             sq_fetched: 0,
             sq_tail_rung: 0,
             cq_head: 0,
+            cq_head_rung: 0,
+            cq_slack: depth - 1 - commands,
             cq_phase: true,
             depth,
             in_flight: 0,
             // cannot happen: the controller sizes the region for the rings
             unusable: !rings.is_valid(),
             free_cids,
-            trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
+            trackers: vec![Tracker::default(); commands as usize].into_boxed_slice(),
             rings,
             namespaces: setup.namespaces,
             max_transfer: setup.max_transfer,
@@ -339,9 +365,14 @@ impl QueuePair {
         self.qid
     }
 
-    /// Ring entries; at most `depth - 1` commands are in flight.
+    /// Ring entries.
     pub fn depth(&self) -> u16 {
         self.depth
+    }
+
+    /// Most commands in flight at once (fewer than the ring entries).
+    pub fn capacity(&self) -> u16 {
+        self.trackers.len() as u16
     }
 
     pub fn in_flight(&self) -> u16 {
@@ -616,6 +647,16 @@ impl QueuePair {
         (self.sq_written.wrapping_sub(fetched) as i32 >= 0).then_some(fetched)
     }
 
+    /// CQ entries consumed since the controller was last told the head.
+    #[inline]
+    fn cq_unacknowledged(&self) -> u16 {
+        if self.cq_head >= self.cq_head_rung {
+            self.cq_head - self.cq_head_rung
+        } else {
+            self.cq_head + self.depth - self.cq_head_rung
+        }
+    }
+
     /// The ring index after `index` (no division on the hot path).
     #[inline]
     fn next(&self, index: u16) -> u16 {
@@ -688,7 +729,6 @@ impl QueuePair {
         self.flush();
         let mut done = 0usize;
         let mut consumed = false;
-        let old_head = self.cq_head;
         // Never more than one ring's worth per poll, so the head cannot lap the controller.
         for _ in 0..self.depth {
             // Phase first; the rest of the entry only after it is known to be new.
@@ -746,15 +786,24 @@ impl QueuePair {
             // every command written has completed, so the controller fetched them all
             (self.sq_head, self.sq_fetched) = (self.sq_tail, self.sq_written);
         }
-        if consumed {
+        // The controller is told the head once it ran `cq_slack` entries ahead of what it was
+        // told: until then the controller still has room for every command that can be in
+        // flight (see `ring_entries`).
+        if consumed && self.cq_unacknowledged() >= self.cq_slack {
             let shadow = self
                 .doorbells
                 .shadow
                 .as_ref()
                 .map(|s| (&s.cq_head, s.always_mmio));
-            if ring(&self.doorbells.cq_head, shadow, old_head, self.cq_head) {
+            if ring(
+                &self.doorbells.cq_head,
+                shadow,
+                self.cq_head_rung,
+                self.cq_head,
+            ) {
                 self.stats.cq_doorbells += 1;
             }
+            self.cq_head_rung = self.cq_head;
         }
         if self.timeout_ns > 0 {
             self.polls += 1;
@@ -826,15 +875,18 @@ mod tests {
 
     #[test]
     fn layout_keeps_rings_page_aligned_and_slots_inside_a_page() {
-        let l = Layout::new(256, 129);
+        let l = Layout::new(256, 255, 129);
         assert_eq!(l.sq, 0);
         assert_eq!(l.cq, 256 * 64);
         assert_eq!(l.prp, 256 * 64 + 4096);
         assert_eq!(l.prp_slot, 2048);
         assert_eq!(l.slot_entries(), 256);
         assert_eq!(PAGE as usize % l.prp_slot, 0);
-        let small = Layout::new(2, 2);
+        let small = Layout::new(2, 1, 2);
         assert_eq!(small.prp_slot, 64);
-        assert_eq!(Layout::new(64, 100_000).prp_slot, 4096);
+        assert_eq!(Layout::new(64, 63, 100_000).prp_slot, 4096);
+        // PRP-list slots for the command ids only, not for every ring entry
+        let spare = Layout::new(128, 63, 129);
+        assert_eq!(spare.bytes, spare.prp + 63 * spare.prp_slot);
     }
 }

@@ -79,8 +79,9 @@ impl QueuePair {
             self.sq_head,
             self.sq_tail_rung,
             self.cq_head,
+            self.cq_head_rung,
             self.cq_phase,
-        ) = (0, 0, 0, 0, true);
+        ) = (0, 0, 0, 0, 0, true);
     }
 
     /// After a controller reset: the commands in flight were lost with the old queues; they come

@@ -164,7 +164,7 @@ impl IoQueue {
     #[inline]
     pub fn free(&self) -> usize {
         match self {
-            IoQueue::Pcie(qp) => (qp.depth() as usize - 1).saturating_sub(qp.in_flight() as usize),
+            IoQueue::Pcie(qp) => (qp.capacity() as usize).saturating_sub(qp.in_flight() as usize),
             IoQueue::Tcp(q) => q.queue.free(),
             IoQueue::Shared { queue, .. } => queue.free(),
         }
