@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 
 use crate::cmd::sh_quote;
 use crate::vm::run::{self, RunArgs};
+use crate::vm::trace::{self, Counts};
 
 /// One workload, run by both tools with these flags.
 #[derive(Debug, Clone, Copy)]
@@ -133,10 +134,19 @@ impl Run {
     }
 }
 
+/// The round of the counted runs: after the timed ones, each workload once per tool with QEMU's
+/// nvme trace events on (see [`trace`]), which slow the device: counted, not timed.
+const COUNTED: u32 = 0;
+
+/// Seconds of each counted run.
+const COUNTED_SECONDS: u32 = 2;
+
 /// Everything the boot measured.
 #[derive(Debug)]
 pub struct SpdkResults {
     pub runs: Vec<Run>,
+    /// What each counted run made the devices do, by `{workload}-{tool}`.
+    pub device_ops: Counts,
     pub seconds: u32,
     pub rounds: u32,
     pub binary: PathBuf,
@@ -147,10 +157,11 @@ pub struct SpdkResults {
     pub script: String,
 }
 
-/// The runs in order: round by round, every workload, the first tool alternating by round.
+/// The runs in order: round by round, every workload, the first tool alternating by round;
+/// then the counted runs.
 fn plan(rounds: u32) -> Vec<Run> {
     let mut runs = Vec::new();
-    for round in 1..=rounds {
+    for round in (1..=rounds).chain([COUNTED]) {
         let order = if round % 2 == 1 {
             [Tool::Usnvme, Tool::Spdk]
         } else {
@@ -196,18 +207,30 @@ fn script(runs: &[Run], usnvme: &str, spdk: &str, out: &str, seconds: u32) -> St
          # hugepage files DPDK may leave behind would keep their pages from usnvme\n  \
          rm -f /dev/hugepages/spdk*map_* /dev/hugepages/rtemap_*\n}}\n"
     );
+    s.push_str(&format!(
+        "# the counted runs ask the host to count QEMU's nvme trace events\nTRACE_DIR={}\n{}",
+        sh_quote(out),
+        trace::GUEST_FUNCTION
+    ));
     for r in runs {
         let w = &WORKLOADS[r.workload];
         let file = sh_quote(&format!("{out}/{}", r.file()));
-        s.push_str(&format!(
-            "echo 'round {}: {} {}'; run_{} {file} {} {}\n",
-            r.round,
-            w.key,
-            r.tool.key(),
-            r.tool.key(),
-            w.drives,
-            w.flags(seconds)
-        ));
+        let (tool, drives) = (r.tool.key(), w.drives);
+        if r.round == COUNTED {
+            s.push_str(&format!(
+                "echo 'counted: {key} {tool}'; count_device_ops {key}-{tool}; \
+                 run_{tool} {file} {drives} {}; count_device_ops off\n",
+                w.flags(COUNTED_SECONDS),
+                key = w.key,
+            ));
+        } else {
+            s.push_str(&format!(
+                "echo 'round {}: {} {tool}'; run_{tool} {file} {drives} {}\n",
+                r.round,
+                w.key,
+                w.flags(seconds)
+            ));
+        }
     }
     s
 }
@@ -236,8 +259,17 @@ pub fn same_boot(usnvme: &Path, spdk: &Path, seconds: u32, rounds: u32) -> Resul
         out.join("bench.sh").display().to_string(),
     ]);
     args.timeout = 600 + runs.len() as u64 * (u64::from(seconds) * 2 + 30);
+    let qmp = std::env::temp_dir().join(format!("usnvme-bench-spdk-{}.qmp", std::process::id()));
+    args.qmp = Some(qmp.clone());
+    args.trace_log = Some(out.join("qemu-trace.log"));
+    let counter = trace::Counter::start(out.clone(), qmp.clone(), out.join("qemu-trace.log"));
     // Whatever finished counts, also when the guest did not end cleanly.
     let exit_code = run::run(&args)?;
+    let _ = std::fs::remove_file(&qmp);
+    let device_ops = counter.finish().unwrap_or_else(|e| {
+        eprintln!("bench: counting the devices' work: {e:#}");
+        Counts::new()
+    });
     let mut version = None;
     for r in &mut runs {
         let file = out.join(r.file());
@@ -260,6 +292,7 @@ pub fn same_boot(usnvme: &Path, spdk: &Path, seconds: u32, rounds: u32) -> Resul
     }
     Ok(SpdkResults {
         runs,
+        device_ops,
         seconds,
         rounds,
         binary: spdk.to_path_buf(),
@@ -385,6 +418,63 @@ fn med(f: &[Figures], field: impl Fn(&Figures) -> f64) -> Option<f64> {
     median(f.iter().map(field).collect())
 }
 
+/// "min / median / max" of one figure over the rounds, or "failed".
+fn spread(f: &[Figures], field: impl Fn(&Figures) -> f64, unit: &str) -> String {
+    let v: Vec<f64> = f.iter().map(&field).collect();
+    let (Some(min), Some(max), Some(mid)) = (
+        v.iter().copied().reduce(f64::min),
+        v.iter().copied().reduce(f64::max),
+        median(v.clone()),
+    ) else {
+        return "failed".into();
+    };
+    format!("{min:.1} / {mid:.1} / {max:.1}{unit}")
+}
+
+/// What each tool made the devices do per I/O command, from the counted runs.
+fn device_ops_table(m: &mut String, r: &SpdkResults) -> std::fmt::Result {
+    writeln!(
+        m,
+        "\nWhat each tool makes the devices do, per I/O command: QEMU's nvme trace events over \
+         one counted run per workload and tool ({COUNTED_SECONDS} s, after the timed rounds, in \
+         the same boot; the events slow the device while on, so these runs are counted, not \
+         timed). On hardware a doorbell is a posted PCIe write and a register read a round trip: \
+         fewer of both is better everywhere, not only under emulation.\n"
+    )?;
+    if r.device_ops.is_empty() {
+        return writeln!(m, "Not counted (see the bench's output for why).");
+    }
+    let columns = &trace::EVENTS[1..];
+    write!(m, "| workload | tool | I/O commands |")?;
+    for (_, what) in columns {
+        write!(m, " {what} |")?;
+    }
+    write!(m, "\n|---|---|---:|")?;
+    for _ in columns {
+        write!(m, "---:|")?;
+    }
+    writeln!(m)?;
+    for w in WORKLOADS {
+        for tool in [Tool::Usnvme, Tool::Spdk] {
+            let Some(counts) = r.device_ops.get(&format!("{}-{}", w.key, tool.key())) else {
+                continue;
+            };
+            let commands = counts.get(trace::EVENTS[0].0).copied().unwrap_or(0);
+            write!(m, "| {} | {} | {commands} |", w.key, tool.key())?;
+            for (event, _) in columns {
+                let n = counts.get(*event).copied().unwrap_or(0);
+                if commands == 0 {
+                    write!(m, " {n} |")?;
+                } else {
+                    write!(m, " {:.3} |", n as f64 / commands as f64)?;
+                }
+            }
+            writeln!(m)?;
+        }
+    }
+    Ok(())
+}
+
 /// The report's section; `None`: not run.
 pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Result {
     writeln!(m, "\n## Same boot as SPDK's spdk_nvme_perf\n")?;
@@ -421,13 +511,15 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
     }
     writeln!(
         m,
-        "| workload (1 core) | usnvme IOPS | SPDK IOPS | usnvme ÷ SPDK | each round | notes |\n\
+        "| workload (1 core) | usnvme IOPS (min / median / max) | SPDK IOPS (min / median / max) | usnvme ÷ SPDK | each round | notes |\n\
          |---|---:|---:|---:|---|---|"
     )?;
-    let k = |v: Option<f64>| v.map_or("failed".into(), |x| format!("{:.1} k", x / 1e3));
     for (i, w) in WORKLOADS.iter().enumerate() {
         let s = summary(r, i);
-        let (u, p) = (med(&s.usnvme, |f| f.iops), med(&s.spdk, |f| f.iops));
+        let (u, p) = (
+            spread(&s.usnvme, |f| f.iops / 1e3, " k"),
+            spread(&s.spdk, |f| f.iops / 1e3, " k"),
+        );
         let ratio = median(s.pairs.clone()).map_or("–".into(), |x| format!("{x:.2}"));
         let rounds = s
             .pairs
@@ -436,10 +528,11 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
             .collect::<Vec<_>>()
             .join(", ");
         let notes = match w.key {
-            "Q1" => match (med(&s.usnvme, |f| f.mean_us), med(&s.spdk, |f| f.mean_us)) {
-                (Some(a), Some(b)) => format!("mean latency {a:.1} µs vs {b:.1} µs"),
-                _ => String::new(),
-            },
+            "Q1" => format!(
+                "mean latency (min / median / max) {} vs {}",
+                spread(&s.usnvme, |f| f.mean_us, " µs"),
+                spread(&s.spdk, |f| f.mean_us, " µs")
+            ),
             "B" => {
                 // Little's law: I/Os in flight = IOPS × mean latency.
                 let requested = f64::from(w.qd * w.drives);
@@ -460,11 +553,9 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
         };
         writeln!(
             m,
-            "| {}: {} | {} | {} | {ratio} | {rounds} | {notes} |",
+            "| {}: {} | {u} | {p} | {ratio} | {rounds} | {notes} |",
             w.key,
             w.describe(),
-            k(u),
-            k(p),
         )?;
     }
     // Why runs failed, each reason once.
@@ -475,7 +566,10 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
             run.tool.key(),
             run.error.as_deref().unwrap_or("no figures")
         );
-        let name = format!("{} round {}", WORKLOADS[run.workload].key, run.round);
+        let name = match run.round {
+            COUNTED => format!("{} counted", WORKLOADS[run.workload].key),
+            round => format!("{} round {round}", WORKLOADS[run.workload].key),
+        };
         match failures.iter_mut().find(|(w, _)| *w == why) {
             Some((_, names)) => names.push(name),
             None => failures.push((why, vec![name])),
@@ -489,8 +583,12 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
     }
     writeln!(
         m,
-        "\nIOPS are the medians of the rounds; usnvme ÷ SPDK is the median of the rounds' ratios \
-         (each round's pair ran back to back).\n\nThe guest script (run by `cargo xtask bench` \
+        "\nusnvme ÷ SPDK is the median of the rounds' ratios (each round's pair ran back to back)."
+    )?;
+    device_ops_table(m, r)?;
+    writeln!(
+        m,
+        "\nThe guest script (run by `cargo xtask bench` \
          through `cargo xtask vm-run`, 24 drives on vfio-pci):\n\n```sh\n{}```",
         r.script
     )
@@ -546,7 +644,11 @@ Total                                                  :  123456.78     482.25  
     #[test]
     fn rounds_alternate_which_tool_runs_first() {
         let runs = plan(2);
-        assert_eq!(runs.len(), 2 * 2 * WORKLOADS.len());
+        // two timed rounds and the counted one
+        assert_eq!(runs.len(), 3 * 2 * WORKLOADS.len());
+        assert!(runs[4 * WORKLOADS.len()..]
+            .iter()
+            .all(|r| r.round == COUNTED));
         assert_eq!((runs[0].tool, runs[1].tool), (Tool::Usnvme, Tool::Spdk));
         let second = &runs[2 * WORKLOADS.len()..];
         assert_eq!((second[0].tool, second[1].tool), (Tool::Spdk, Tool::Usnvme));
@@ -565,6 +667,14 @@ Total                                                  :  123456.78     482.25  
             "{s}"
         );
         assert!(s.contains("mount -t tmpfs tmpfs /var/tmp"), "{s}");
+        let counted = plan(1).split_off(2 * WORKLOADS.len());
+        let s = script(&counted[..1], "/u", "/s", "/o", 10);
+        assert!(
+            s.contains(
+                "count_device_ops A-spdk; run_spdk /o/A-spdk-0.txt 1 -q 32 -o 4096 -w randread -t 2 -c 0x1; count_device_ops off"
+            ),
+            "{s}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod qemu;
 pub mod run;
 pub mod setup;
 pub mod test;
+pub mod trace;
 pub mod watchdog;
 
 use std::path::PathBuf;

@@ -56,6 +56,8 @@ pub struct VmConfig {
     pub tcg_threads: TcgThreads,
     pub mem_bytes: u64,
     pub qmp: Option<PathBuf>,
+    /// QEMU trace events logged from the start, beside the IOMMU's DMA faults.
+    pub trace: Vec<String>,
     /// The images of the file backend: `nvme{k}.img`.
     pub disk_dir: PathBuf,
     /// Shared read-write with the guest at the same path.
@@ -284,7 +286,12 @@ impl VmConfig {
         ]);
         push(&["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
         let trace = trace_log.display().to_string();
+        // each trace line stamped with its time (pid@seconds.micros:event ...)
+        push(&["-msg", "timestamp=on"]);
         push(&["-trace", "vtd_dmar_fault", "-D", &trace]);
+        for event in &self.trace {
+            push(&["-trace", event]);
+        }
         if let Some(qmp) = &self.qmp {
             push(&[
                 "-qmp",
@@ -464,6 +471,7 @@ mod tests {
             tcg_threads: TcgThreads::Single,
             mem_bytes: 4 << 30,
             qmp: None,
+            trace: Vec::new(),
             disk_dir: "/d".into(),
             work_dir: "/w".into(),
             keep: Vec::new(),

@@ -82,6 +82,12 @@ pub struct RunArgs {
     /// Folder of the image files (default target/vm/disks).
     #[arg(long)]
     pub disk_dir: Option<PathBuf>,
+    /// QEMU trace events to log from the start (repeatable; QEMU's patterns, e.g. pci_nvme_mmio_*).
+    #[arg(long = "trace", value_name = "EVENT")]
+    pub trace: Vec<String>,
+    /// Where QEMU logs its trace events (default: qemu-trace.log in the run's folder).
+    #[arg(long, value_name = "FILE")]
+    pub trace_log: Option<PathBuf>,
     /// Environment for the program, NAME=VALUE (repeatable). RUST_LOG and RUST_BACKTRACE pass through.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
@@ -130,6 +136,7 @@ impl RunArgs {
             tcg_threads: self.tcg_threads,
             mem_bytes: self.mem,
             qmp: self.qmp.clone(),
+            trace: self.trace.clone(),
             disk_dir: self
                 .disk_dir
                 .clone()
@@ -179,7 +186,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     if config.backend == Backend::File {
         prepare_disks(&config, args.keep_disks)?;
     }
-    let trace_log = run_dir.join("qemu-trace.log");
+    let trace_log = args
+        .trace_log
+        .clone()
+        .unwrap_or_else(|| run_dir.join("qemu-trace.log"));
     // The hang watchdog asks the guest why it hangs through QMP: a socket of our own unless the
     // caller gave one. Under the host's /tmp: a clone's deep path could outgrow a socket name.
     let own_qmp = config.qmp.is_none() && args.hang_after > 0;
