@@ -24,7 +24,7 @@ enum Command {
     /// Install QEMU, busybox and fio, fetch the guest kernel and build the initramfs (idempotent).
     VmSetup,
     /// Boot the test-bed guest, run PROGRAM in it on drives bound to vfio-pci, exit with its exit code.
-    VmRun(vm::run::RunArgs),
+    VmRun(Box<vm::run::RunArgs>),
     /// Build the VM test suites and run them all in one boot, plus the harness's own tests.
     VmTest(vm::test::VmTestArgs),
     /// The main job: the test bed with 24 emulated drives and `usnvme` on all of them.
@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::VmSetup => vm::setup::run().map(|_| ExitCode::SUCCESS),
-        Command::VmRun(args) => vm::run::main(args),
+        Command::VmRun(args) => vm::run::main(*args),
         Command::VmTest(args) => vm::test::run(args).map(|_| ExitCode::SUCCESS),
         Command::Demo => ci::demo(),
         Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),

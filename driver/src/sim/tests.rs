@@ -314,10 +314,7 @@ fn queue_wraps_around_thousands_of_times() {
             assert!(s.cq_doorbells <= total / 68 + 1, "{s:?}");
         } else {
             // once per 64 to 66 completions (one poll takes up to three)
-            assert!(
-                (total / 67..=total / 64).contains(&s.cq_doorbells),
-                "{s:?}"
-            );
+            assert!((total / 67..=total / 64).contains(&s.cq_doorbells), "{s:?}");
         }
         buffers.free(buf).expect("own");
     }

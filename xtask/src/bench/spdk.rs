@@ -435,11 +435,13 @@ fn spread(f: &[Figures], field: impl Fn(&Figures) -> f64, unit: &str) -> String 
 fn device_ops_table(m: &mut String, r: &SpdkResults) -> std::fmt::Result {
     writeln!(
         m,
-        "\nWhat each tool makes the devices do, per I/O command: QEMU's nvme trace events over \
-         one counted run per workload and tool ({COUNTED_SECONDS} s, after the timed rounds, in \
-         the same boot; the events slow the device while on, so these runs are counted, not \
-         timed). On hardware a doorbell is a posted PCIe write and a register read a round trip: \
-         fewer of both is better everywhere, not only under emulation.\n"
+        "\nWhat each tool makes the devices do, per I/O command in steady state (from its first \
+         I/O command to its last): QEMU's nvme trace events over one counted run per workload \
+         and tool ({COUNTED_SECONDS} s, after the timed rounds, in the same boot; the events \
+         slow the device while on, so these runs are counted, not timed). The last column is \
+         the register reads of the whole run, start-up and shutdown included. On hardware a \
+         doorbell is a posted PCIe write and a register read a round trip: fewer of both is \
+         better everywhere, not only under emulation.\n"
     )?;
     if r.device_ops.is_empty() {
         return writeln!(m, "Not counted (see the bench's output for why).");
@@ -449,11 +451,11 @@ fn device_ops_table(m: &mut String, r: &SpdkResults) -> std::fmt::Result {
     for (_, what) in columns {
         write!(m, " {what} |")?;
     }
-    write!(m, "\n|---|---|---:|")?;
+    write!(m, " {} |\n|---|---|---:|", trace::READS_WHOLE_RUN)?;
     for _ in columns {
         write!(m, "---:|")?;
     }
-    writeln!(m)?;
+    writeln!(m, "---:|")?;
     for w in WORKLOADS {
         for tool in [Tool::Usnvme, Tool::Spdk] {
             let Some(counts) = r.device_ops.get(&format!("{}-{}", w.key, tool.key())) else {
@@ -469,7 +471,8 @@ fn device_ops_table(m: &mut String, r: &SpdkResults) -> std::fmt::Result {
                     write!(m, " {:.3} |", n as f64 / commands as f64)?;
                 }
             }
-            writeln!(m)?;
+            let reads = counts.get(trace::READS_WHOLE_RUN).copied().unwrap_or(0);
+            writeln!(m, " {reads} |")?;
         }
     }
     Ok(())

@@ -126,20 +126,48 @@ fn set_events(socket: &Path, enable: bool) -> Result<()> {
     Ok(())
 }
 
-/// Counts the trace log's lines of each event from byte `from` on.
+/// The key of the register reads over the whole stretch (start-up and shutdown included).
+pub const READS_WHOLE_RUN: &str = "register reads, whole run";
+
+/// Counts the trace log's lines of each event from byte `from` on, in steady state: from the
+/// first I/O command to the last (a program's start-up and shutdown read registers and use the
+/// admin queue before and after its I/O). The register reads of the whole stretch are kept
+/// under [`READS_WHOLE_RUN`].
 fn count_events(log: &Path, from: u64) -> Result<BTreeMap<String, u64>> {
     let mut file =
         std::fs::File::open(log).with_context(|| format!("trace log {}", log.display()))?;
     file.seek(SeekFrom::Start(from))?;
-    let mut counts: BTreeMap<String, u64> = EVENTS
-        .iter()
-        .map(|(name, _)| (name.to_string(), 0))
-        .collect();
+    let zero = || -> BTreeMap<String, u64> {
+        EVENTS
+            .iter()
+            .map(|(name, _)| (name.to_string(), 0))
+            .collect()
+    };
+    // what came since the last I/O command: counted once another I/O command follows
+    let (mut counts, mut pending, mut reads) = (zero(), zero(), 0);
+    let io_cmd = EVENTS[0].0;
     for line in BufReader::new(file).lines() {
-        if let Some(n) = event_of(&line?).and_then(|e| counts.get_mut(e)) {
+        let line = line?;
+        let Some(event) = event_of(&line) else {
+            continue;
+        };
+        reads += u64::from(event == "pci_nvme_mmio_read");
+        if let Some(n) = pending.get_mut(event) {
             *n += 1;
         }
+        if event == io_cmd {
+            let since_last = std::mem::replace(&mut pending, zero());
+            if counts[io_cmd] == 0 {
+                // the first: what came before it was start-up
+                counts.insert(io_cmd.to_string(), 1);
+                continue;
+            }
+            for (name, n) in since_last {
+                *counts.entry(name).or_default() += n;
+            }
+        }
     }
+    counts.insert(READS_WHOLE_RUN.to_string(), reads);
     Ok(counts)
 }
 
@@ -171,20 +199,27 @@ mod tests {
     }
 
     #[test]
-    fn counts_only_what_follows_the_start_of_the_stretch() {
+    fn counts_the_steady_state_of_the_stretch() {
         let dir = std::env::temp_dir().join(format!("usnvme-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a folder");
         let log = dir.join("log");
         let before = "1@1.0:pci_nvme_mmio_doorbell_sq sqid 1 new_tail 1\n";
-        let after = "1@1.1:pci_nvme_io_cmd cid 1 nsid 1 sqid 1 opc 0x2\n\
+        let after = "1@1.1:pci_nvme_mmio_read addr 0x0 size 8\n\
                      1@1.2:pci_nvme_mmio_doorbell_sq sqid 1 new_tail 2\n\
-                     1@1.3:vtd_dmar_fault something\n\
-                     1@1.4:pci_nvme_mmio_doorbell_sq sqid 1 new_tail 3\n";
+                     1@1.3:pci_nvme_io_cmd cid 1 nsid 1 sqid 1 opc 0x2\n\
+                     1@1.4:pci_nvme_mmio_doorbell_sq sqid 1 new_tail 3\n\
+                     1@1.5:vtd_dmar_fault something\n\
+                     1@1.6:pci_nvme_io_cmd cid 2 nsid 1 sqid 1 opc 0x2\n\
+                     1@1.7:pci_nvme_mmio_doorbell_cq cqid 1 new_head 2\n\
+                     1@1.8:pci_nvme_mmio_read addr 0x1c size 4\n";
         std::fs::write(&log, format!("{before}{after}")).expect("a log");
         let counts = count_events(&log, before.len() as u64).expect("counted");
-        assert_eq!(counts["pci_nvme_io_cmd"], 1);
-        assert_eq!(counts["pci_nvme_mmio_doorbell_sq"], 2);
+        // from the first I/O command to the last
+        assert_eq!(counts["pci_nvme_io_cmd"], 2);
+        assert_eq!(counts["pci_nvme_mmio_doorbell_sq"], 1);
+        assert_eq!(counts["pci_nvme_mmio_doorbell_cq"], 0);
         assert_eq!(counts["pci_nvme_mmio_read"], 0);
+        assert_eq!(counts[READS_WHOLE_RUN], 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
