@@ -708,14 +708,7 @@ impl QueuePair {
         // Never more than one ring's worth per poll, so the head cannot lap the controller.
         for _ in 0..self.depth {
             // Phase first; the rest of the entry only after it is known to be new.
-            let Some(status_word) = self.rings.cqe_status(self.cq_head) else {
-                break;
-            };
-            if (status_word & 1 == 1) != self.cq_phase {
-                break;
-            }
-            fence(Ordering::Acquire);
-            let Some(cqe) = self.rings.read_cqe(self.cq_head) else {
+            let Some(cqe) = self.rings.new_cqe(self.cq_head, self.cq_phase) else {
                 break;
             };
             self.cq_head += 1;
@@ -752,7 +745,7 @@ impl QueuePair {
             done += 1;
             on_completion(Completion {
                 token: t.token,
-                status: cqe.status(),
+                status: cqe.status,
                 dw0: cqe.dw0,
                 submitted_ns: t.started_ns,
                 bytes: t.bytes,
