@@ -301,7 +301,9 @@ pub fn callgrind(
                     .arg(&out),
                 "callgrind_annotate comes with valgrind",
             )?;
-            inclusive.push(parse_inclusive(&annotated));
+            let mut costs = parse_inclusive(&annotated);
+            leave_out_runs_once(&mut costs, &profile);
+            inclusive.push(costs);
         }
     }
     let functions = if profile_functions {
@@ -356,6 +358,40 @@ fn parse_inclusive(text: &str) -> HashMap<String, u64> {
         *cost = (*cost).max(count);
     }
     costs
+}
+
+/// What runs once (see `runs_once`) takes a wall-clock time, not a count of instructions: its
+/// inclusive cost is taken out of every function that calls it, directly or not (found up the
+/// caller tree), so that the profile is the same from run to run.
+fn leave_out_runs_once(inclusive: &mut HashMap<String, u64>, profile: &Profile) {
+    let once: Vec<&str> = inclusive
+        .keys()
+        .filter(|s| runs_once(s))
+        .map(String::as_str)
+        .collect();
+    // the outermost initialisation holds the others
+    let cost = once.iter().map(|s| inclusive[*s]).max().unwrap_or(0);
+    let mut callers: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in &profile.entries {
+        let list = callers.entry(e.symbol.as_str()).or_default();
+        list.extend(e.callers.iter().map(|(_, caller, _)| caller.as_str()));
+    }
+    let mut above: Vec<&str> = Vec::new();
+    let mut next = once.clone();
+    while let Some(symbol) = next.pop() {
+        for &caller in callers.get(symbol).into_iter().flatten() {
+            if !runs_once(caller) && !above.contains(&caller) {
+                above.push(caller);
+                next.push(caller);
+            }
+        }
+    }
+    let above: Vec<String> = above.into_iter().map(str::to_string).collect();
+    for symbol in above {
+        if let Some(c) = inclusive.get_mut(&symbol) {
+            *c = c.saturating_sub(cost);
+        }
+    }
 }
 
 /// The functions of ours that cost the most per I/O, inclusive: the difference between the
@@ -670,6 +706,33 @@ Ir                   file:function
             33_062_899
         );
         assert!(!costs.contains_key("PROGRAM TOTALS"));
+    }
+
+    #[test]
+    fn what_runs_once_is_taken_out_of_its_callers_inclusive_cost() {
+        // reactor -> ReactorClock::new -> OnceCell::initialize (the calibration)
+        let tree = "\
+ 5,000 (10.00%)  < /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::ReactorClock::new (1x)
+ 1,000 ( 2.00%)  *  /r/once_cell/src/imp_std.rs:once_cell::imp::OnceCell<T>::initialize [/w/usnvme]
+
+ 5,100 (10.20%)  < /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::reactor (1x)
+   100 ( 0.20%)  *  /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::ReactorClock::new [/w/usnvme]
+
+   900 ( 1.80%)  *  /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::reactor [/w/usnvme]
+";
+        let profile = parse_profile(tree);
+        let clock = "usnvme_engine::engine::reactor::ReactorClock::new";
+        let reactor = "usnvme_engine::engine::reactor::reactor";
+        let mut inclusive: HashMap<String, u64> = [
+            ("once_cell::imp::OnceCell<T>::initialize", 5_000),
+            (clock, 5_100),
+            (reactor, 9_000),
+        ]
+        .into_iter()
+        .map(|(s, c)| (s.to_string(), c))
+        .collect();
+        leave_out_runs_once(&mut inclusive, &profile);
+        assert_eq!((inclusive[clock], inclusive[reactor]), (100, 4_000));
     }
 
     #[test]
