@@ -42,7 +42,7 @@ impl Job for Writes {
             }
             self.left -= 1;
         }
-        dev.poll(|c| assert!(c.result.is_ok()));
+        dev.poll(|c| assert!(c.result().is_ok()));
         self.left > 0 || dev.in_flight() > 0
     }
 

@@ -81,7 +81,7 @@ impl Job for RandomReads {
             let (done, failed) = (&mut self.done, &mut self.failed);
             ctx.devices[i].poll(|c| {
                 *done += 1;
-                *failed += u64::from(c.result.is_err());
+                *failed += u64::from(c.result().is_err());
             });
             busy |= ctx.devices[i].in_flight() > 0;
         }

@@ -20,7 +20,7 @@ pub mod topology;
 pub mod transport;
 
 pub use block::{
-    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, IoCompletion, IoError,
+    BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, Failure, IoCompletion, IoError,
     NamespaceDevice, Op, StripeDevice,
 };
 pub use engine::{

@@ -161,7 +161,7 @@ impl Job for WriteVerify {
         let (buffers, bad, failed, reading) =
             (&self.buffers, &mut self.bad, &mut self.failed, self.reading);
         dev.poll(|c| {
-            if c.result.is_err() {
+            if c.result().is_err() {
                 *failed += 1;
                 return;
             }
@@ -494,7 +494,7 @@ impl Job for StampEvery {
                 (&self.buffers, &mut self.bad, &mut self.failed, self.reading);
             let stamps: Vec<u8> = (0..BLOCKS).map(|b| Self::stamp(ctx, d, b)).collect();
             ctx.devices[d].poll(|c| {
-                if c.result.is_err() {
+                if c.result().is_err() {
                     *failed += 1;
                     return;
                 }

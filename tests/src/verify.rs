@@ -138,7 +138,7 @@ impl Job for Verify {
                 let (buf, op, offset, packed) =
                     st.in_flight.remove(&c.token).expect("a token given once");
                 let (len, seed) = (packed & 0xffff_ffff, packed >> 32);
-                match c.result {
+                match c.result() {
                     Err(e) => errors.push(e.to_string()),
                     Ok(()) if op == Op::Write => {
                         for b in 0..len / bs {

@@ -191,7 +191,7 @@ impl Job for OneShot {
             let started = Instant::now();
             let mut result = None;
             while result.is_none() {
-                dev.poll(|c| result = Some(c.result));
+                dev.poll(|c| result = Some(c.result()));
                 assert!(started.elapsed() < Duration::from_secs(10));
             }
             result.expect("a completion")
@@ -481,7 +481,7 @@ impl Job for OneWrite {
             self.pool = Some((pool, buf));
             self.started = Some(Instant::now());
         }
-        ctx.devices[0].poll(|c| self.result = Some(c.result));
+        ctx.devices[0].poll(|c| self.result = Some(c.result()));
         self.result.is_none()
             && self
                 .started
@@ -518,7 +518,7 @@ impl Job for Once {
         while self.result.is_none() && started.elapsed() < Duration::from_secs(10) {
             ctx.devices[0].poll(|c| {
                 assert_eq!(c.token, 9);
-                self.result = Some(c.result);
+                self.result = Some(c.result());
             });
         }
         false

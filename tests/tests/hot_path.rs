@@ -188,7 +188,7 @@ impl Job for CountingJob {
             let (completed, failed) = (&mut self.completed, &mut self.failed);
             d.poll(|c| {
                 *completed += 1;
-                *failed += u64::from(c.result.is_err());
+                *failed += u64::from(c.result().is_err());
             });
             let bufs = &self.bufs[i].1;
             while d.in_flight() < 32 && self.completed < ENGINE_IOS {

@@ -515,7 +515,8 @@ impl QueuePair {
     }
 
     /// Any command with a data buffer.
-    #[inline]
+    // Always inlined into `read` and `write` (the I/O path); PRP lists go out of line.
+    #[inline(always)]
     pub fn submit_data(
         &mut self,
         mut sqe: Sqe,
@@ -555,26 +556,37 @@ impl QueuePair {
                 prp1,
                 first_entry,
                 entries,
-            } => {
-                if entries as u64 > self.layout.slot_entries() {
-                    return Err(SubmitError::ExceedsMdts {
-                        bytes: buf.len as u64,
-                        max: self.max_transfer,
-                    });
-                }
-                let offset = self.slot_offset(cid);
-                let slot = self
-                    .memory
-                    .slice(offset, entries as usize * 8)
-                    .map_err(|_| SubmitError::Dead)?;
-                for i in 0..entries as usize {
-                    slot.write_obj(first_entry + i as u64 * PAGE, i * 8)
-                        .map_err(|_| SubmitError::Dead)?;
-                }
-                (sqe.prp1, sqe.prp2) = (prp1, self.memory.iova_of(offset));
-            }
+            } => (sqe.prp1, sqe.prp2) = (prp1, self.prp_list(cid, buf, first_entry, entries)?),
         }
         Ok(())
+    }
+
+    /// Writes the PRP list of a transfer over more than two pages into the command's slot;
+    /// its IOVA (PRP2).
+    #[inline(never)]
+    fn prp_list(
+        &mut self,
+        cid: u16,
+        buf: IoBuffer,
+        first_entry: u64,
+        entries: u32,
+    ) -> Result<u64, SubmitError> {
+        if entries as u64 > self.layout.slot_entries() {
+            return Err(SubmitError::ExceedsMdts {
+                bytes: buf.len as u64,
+                max: self.max_transfer,
+            });
+        }
+        let offset = self.slot_offset(cid);
+        let slot = self
+            .memory
+            .slice(offset, entries as usize * 8)
+            .map_err(|_| SubmitError::Dead)?;
+        for i in 0..entries as usize {
+            slot.write_obj(first_entry + i as u64 * PAGE, i * 8)
+                .map_err(|_| SubmitError::Dead)?;
+        }
+        Ok(self.memory.iova_of(offset))
     }
 
     #[inline]
@@ -620,14 +632,18 @@ impl QueuePair {
         if self.unusable {
             return Err(SubmitError::Dead);
         }
-        if self.next(self.sq_tail) == self.sq_head {
-            return Err(SubmitError::QueueFull {
-                in_flight: self.in_flight,
-            });
-        }
-        self.free_cids.pop().ok_or(SubmitError::QueueFull {
+        // A free command id means a free SQ slot: there are depth - 1 ids for depth slots,
+        // and the SQ holds only commands in flight (a completion's SQ head lies past its
+        // command; every other way an id comes back resets the rings or makes the queue
+        // pair unusable). So the id pool is the one test of a full queue.
+        let cid = self.free_cids.pop().ok_or(SubmitError::QueueFull {
             in_flight: self.in_flight,
-        })
+        })?;
+        debug_assert!(
+            self.next(self.sq_tail) != self.sq_head,
+            "SQ full with a free id"
+        );
+        Ok(cid)
     }
 
     /// The count of fetched commands an SQ head of `sqhd` means, if it lies between the last
@@ -732,14 +748,7 @@ impl QueuePair {
         // Never more than one ring's worth per poll, so the head cannot lap the controller.
         for _ in 0..self.depth {
             // Phase first; the rest of the entry only after it is known to be new.
-            let Some(status_word) = self.rings.cqe_status(self.cq_head) else {
-                break;
-            };
-            if (status_word & 1 == 1) != self.cq_phase {
-                break;
-            }
-            fence(Ordering::Acquire);
-            let Some(cqe) = self.rings.read_cqe(self.cq_head) else {
+            let Some(cqe) = self.rings.new_cqe(self.cq_head, self.cq_phase) else {
                 break;
             };
             self.cq_head += 1;
@@ -776,7 +785,7 @@ impl QueuePair {
             done += 1;
             on_completion(Completion {
                 token: t.token,
-                status: cqe.status(),
+                status: cqe.status,
                 dw0: cqe.dw0,
                 submitted_ns: t.started_ns,
                 bytes: t.bytes,

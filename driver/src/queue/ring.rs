@@ -1,17 +1,19 @@
 //! The submission and completion rings in DMA memory, accessed through raw pointers.
 //!
-//! The per-command accesses to device-shared memory: one 64-byte store per command, two
+//! The per-command accesses to device-shared memory: one 64-byte store per command, four
 //! volatile loads per completion, and the shadow doorbell entries, without the per-access slice
 //! construction and bounds checks of `vm-memory` (the geometry is checked once, at creation).
 //! PRP lists and SGL segments (only for transfers that need them) are written through
 //! `vm-memory` by the queue pair.
 
+use std::mem::offset_of;
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use usnvme_hugepages::DmaRegion;
 
-use crate::spec::{Cqe, Sqe};
+use crate::spec::{Cqe, Sqe, Status};
 
 /// Pointers to the SQ and CQ rings of one queue pair. Valid while the `DmaRegion` they were made
 /// from lives: the queue pair owns both and drops the region last.
@@ -63,32 +65,46 @@ impl Rings {
         }
     }
 
-    /// The status word (phase tag in bit 0) of CQ slot `index`.
+    /// The entry in CQ slot `index` if its phase tag is `phase` (posted since the head last
+    /// passed): the status word first, the rest only once the entry is known to be new, and
+    /// only the fields the queue pair uses (one bounds check, four loads).
     #[inline]
-    pub fn cqe_status(&self, index: u16) -> Option<u16> {
-        (index < self.depth).then(|| {
-            let status = self
-                .cq
-                .as_ptr()
-                .wrapping_add(index as usize)
-                .cast::<u8>()
-                .wrapping_add(std::mem::offset_of!(Cqe, status))
-                .cast::<u16>();
-            // SAFETY: `index < depth`, in the region as above; the status word is the 2-byte
-            // aligned field at offset 14. Volatile: the device writes it.
-            unsafe { status.read_volatile() }
+    pub fn new_cqe(&self, index: u16, phase: bool) -> Option<NewCqe> {
+        if index >= self.depth {
+            return None;
+        }
+        let slot = self.cq.as_ptr().wrapping_add(index as usize).cast::<u8>();
+        let field = |offset: usize| slot.wrapping_add(offset);
+        // SAFETY: `index < depth` and `new` checked that `depth` entries fit in the region; the
+        // status word is the 2-byte aligned field at offset 14. Volatile: the device writes it.
+        let status = unsafe { field(offset_of!(Cqe, status)).cast::<u16>().read_volatile() };
+        if (status & 1 == 1) != phase {
+            return None;
+        }
+        // the rest of the entry only after its phase tag (the device writes that last)
+        fence(Ordering::Acquire);
+        // SAFETY: in the entry as above; dword 0 is 4-byte aligned at offset 0.
+        let dw0 = unsafe { field(offset_of!(Cqe, dw0)).cast::<u32>().read_volatile() };
+        // SAFETY: as above; the SQ head is 2-byte aligned at offset 8.
+        let sqhd = unsafe { field(offset_of!(Cqe, sqhd)).cast::<u16>().read_volatile() };
+        // SAFETY: as above; the command id is 2-byte aligned at offset 12.
+        let cid = unsafe { field(offset_of!(Cqe, cid)).cast::<u16>().read_volatile() };
+        Some(NewCqe {
+            dw0,
+            sqhd,
+            cid,
+            status: Status::from_word(status),
         })
     }
+}
 
-    /// The whole entry in CQ slot `index` (read after its phase tag was seen to be new).
-    #[inline]
-    pub fn read_cqe(&self, index: u16) -> Option<Cqe> {
-        (index < self.depth).then(|| {
-            let slot = self.cq.as_ptr().wrapping_add(index as usize);
-            // SAFETY: in range as above; Cqe is 16 bytes, repr(C), in 16-byte aligned slots.
-            unsafe { slot.read_volatile() }
-        })
-    }
+/// What the queue pair uses of a completion entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewCqe {
+    pub dw0: u32,
+    pub sqhd: u16,
+    pub cid: u16,
+    pub status: Status,
 }
 
 /// One queue's shadow doorbell entry and the controller's EventIdx entry for it, in the Doorbell

@@ -178,11 +178,41 @@ impl IoError {
     }
 }
 
-/// A finished I/O.
+/// A finished I/O: its token and, when it failed, how ([`IoCompletion::result`] gives the
+/// error of its kind, made only then).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IoCompletion {
     pub token: u64,
-    pub result: Result<(), IoError>,
+    /// None when it succeeded.
+    pub failure: Option<Failure>,
+}
+
+impl IoCompletion {
+    /// How it went, as the error of its kind.
+    #[inline]
+    pub fn result(&self) -> Result<(), IoError> {
+        match &self.failure {
+            None => Ok(()),
+            Some(f) => Err(f.clone().error()),
+        }
+    }
+}
+
+/// How an I/O failed, as it travels up from the queue pair: the device (the member of a
+/// stripe) and the NVMe status. The [`IoError`] of its kind is made from it when asked for
+/// ([`Failure::error`]); an I/O that went well carries none (nothing to move, clone or drop
+/// per I/O but a null pointer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub device: Arc<str>,
+    pub status: Status,
+}
+
+impl Failure {
+    /// The error of its kind (see [`IoError::from_status`]).
+    pub fn error(self) -> IoError {
+        IoError::from_status(self.device, self.status)
+    }
 }
 
 /// A finished I/O as a channel hands it up: the token it was given, how it went, and when it
@@ -190,9 +220,21 @@ pub struct IoCompletion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
     pub token: u64,
-    pub result: Result<(), IoError>,
+    /// None when it succeeded.
+    pub failure: Option<Failure>,
     pub submitted_ns: u64,
     pub bytes: u64,
+}
+
+impl Finished {
+    /// How it went, as the error of its kind.
+    #[inline]
+    pub fn result(&self) -> Result<(), IoError> {
+        match &self.failure {
+            None => Ok(()),
+            Some(f) => Err(f.clone().error()),
+        }
+    }
 }
 
 /// Why an I/O was not submitted (nothing was queued; the token is not returned).

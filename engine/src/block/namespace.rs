@@ -9,8 +9,8 @@ use usnvme_driver::{Completion, Controller, IoBuffer};
 
 use super::split::SplitIos;
 use super::{
-    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished,
-    IoError, Op, NAMESPACE_PARENT,
+    check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Failure,
+    Finished, Op, NAMESPACE_PARENT,
 };
 use crate::transport::{IoQueue, QueueNamespace, QueueSource, Queues, RemoteQueues};
 
@@ -210,7 +210,8 @@ impl NamespaceChannel {
     /// the transport checks it against the namespace (whole blocks, within its size); only
     /// what the byte-to-block translation would hide is checked here. Everything else is
     /// checked here and split into commands that complete as one I/O.
-    #[inline]
+    // Always inlined (the I/O path), down to the queue pair; `submit_parts` stays out of line.
+    #[inline(always)]
     pub(crate) fn submit(
         &mut self,
         op: Op,
@@ -244,6 +245,7 @@ impl NamespaceChannel {
     }
 
     /// Checked here, split into commands that complete as one I/O.
+    #[inline(never)]
     fn submit_parts(
         &mut self,
         op: Op,
@@ -304,12 +306,16 @@ impl NamespaceChannel {
     pub(crate) fn poll(&mut self, mut on_finished: impl FnMut(Finished)) -> usize {
         let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
-        self.queue.poll(|c: Completion| {
-            if let Some(f) = finish(splits, name, c) {
-                finished += 1;
-                on_finished(f);
-            }
-        });
+        // inlined into the queue pair's loop: no call, no copy of the completion, per I/O
+        self.queue.poll(
+            #[inline(always)]
+            |c: Completion| {
+                if let Some(f) = finish(splits, name, c) {
+                    finished += 1;
+                    on_finished(f);
+                }
+            },
+        );
         finished
     }
 
@@ -370,22 +376,21 @@ impl NamespaceChannel {
 
 /// A command's completion as the I/O it belongs to: itself, or its parent when it was the last
 /// part of a split one.
-#[inline]
+#[inline(always)]
 fn finish(splits: &mut SplitIos, name: &Arc<str>, c: Completion) -> Option<Finished> {
-    let result = if c.status.is_success() {
-        Ok(())
-    } else {
-        Err(IoError::from_status(name.clone(), c.status))
-    };
+    let failure = (!c.status.is_success()).then(|| Failure {
+        device: name.clone(),
+        status: c.status,
+    });
     if c.token & NAMESPACE_PARENT == 0 {
         return Some(Finished {
             token: c.token,
-            result,
+            failure,
             submitted_ns: c.submitted_ns,
             bytes: u64::from(c.bytes),
         });
     }
-    splits.part_done(c.token & !NAMESPACE_PARENT, result)
+    splits.part_done(c.token & !NAMESPACE_PARENT, failure)
 }
 
 #[cfg(test)]
@@ -395,7 +400,7 @@ mod tests {
     use usnvme_hugepages::{BufferPool, DmaBuffer, IovaSpace, NoIommu, PageSize};
 
     use super::*;
-    use crate::block::StripeDevice;
+    use crate::block::{IoError, StripeDevice};
     use crate::fabric::address::TcpAddress;
     use crate::fabric::initiator::queue::tests::target_of;
     use crate::fabric::initiator::HostOptions;
@@ -442,7 +447,7 @@ mod tests {
         let mut done = Vec::new();
         while done.is_empty() {
             assert!(Instant::now() < deadline, "no completion");
-            channel.poll(|f| done.push((f.token, f.result, f.bytes)));
+            channel.poll(|f| done.push((f.token, f.result(), f.bytes)));
         }
         done
     }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use usnvme_driver::spec::Status;
 
-use super::{BlockError, Finished, IoError};
+use super::{BlockError, Failure, Finished};
 
 #[derive(Debug, Clone, Default)]
 struct Parent {
     token: u64,
     remaining: u32,
-    error: Option<IoError>,
+    failure: Option<Failure>,
     submitted_ns: u64,
     bytes: u64,
 }
@@ -43,7 +43,7 @@ impl SplitIos {
         self.parents[index as usize] = Parent {
             token,
             remaining: parts,
-            error: None,
+            failure: None,
             submitted_ns: now_ns,
             bytes,
         };
@@ -74,49 +74,44 @@ impl SplitIos {
                 continue;
             };
             if part == 0 {
-                let _ = self.parts_done(parent, parts as u32, Ok(()));
+                let _ = self.parts_done(parent, parts as u32, None);
                 return Err(err);
             }
-            let failed = IoError::Device {
+            let failed = Failure {
                 device: device.clone(),
                 status: Status::INTERNAL_ERROR,
             };
-            let _ = self.parts_done(parent, (parts - part) as u32, Err(failed));
+            let _ = self.parts_done(parent, (parts - part) as u32, Some(failed));
             log::error!("{err}: I/O partly submitted; it will complete with an error");
             return Ok(());
         }
         Ok(())
     }
 
-    /// One part finished; the whole I/O when it was the last. The first error wins.
-    pub fn part_done(&mut self, index: u64, result: Result<(), IoError>) -> Option<Finished> {
-        self.parts_done(index, 1, result)
+    /// One part finished (`failure`: how, if it failed); the whole I/O when it was the last.
+    /// The first failure wins.
+    pub fn part_done(&mut self, index: u64, failure: Option<Failure>) -> Option<Finished> {
+        self.parts_done(index, 1, failure)
     }
 
-    /// `n` parts finished (or were never submitted) with `result`.
-    pub fn parts_done(
-        &mut self,
-        index: u64,
-        n: u32,
-        result: Result<(), IoError>,
-    ) -> Option<Finished> {
+    /// `n` parts finished (or were never submitted), failed with `failure` if it is some.
+    pub fn parts_done(&mut self, index: u64, n: u32, failure: Option<Failure>) -> Option<Finished> {
         let parent = self.parents.get_mut(index as usize)?;
         if parent.remaining == 0 {
             log::error!("completion for I/O slot {index}, which has no parts left: ignored");
             return None;
         }
-        if let (Err(e), None) = (result, &parent.error) {
-            parent.error = Some(e);
+        if parent.failure.is_none() {
+            parent.failure = failure;
         }
         parent.remaining = parent.remaining.saturating_sub(n);
         if parent.remaining > 0 {
             return None;
         }
         self.free.push(index as u32);
-        let result = parent.error.take().map_or(Ok(()), Err);
         Some(Finished {
             token: parent.token,
-            result,
+            failure: parent.failure.take(),
             submitted_ns: parent.submitted_ns,
             bytes: parent.bytes,
         })
@@ -130,6 +125,7 @@ mod tests {
     use usnvme_driver::spec::Status;
 
     use super::*;
+    use crate::block::IoError;
 
     #[test]
     fn completes_once_when_every_part_is_done_with_the_first_error() {
@@ -137,40 +133,45 @@ mod tests {
         let a = g.start(100, 3, 12288, 5).unwrap();
         let b = g.start(200, 1, 4096, 6).unwrap();
         assert!(g.start(300, 1, 4096, 7).is_none(), "full");
-        let err = IoError::Device {
+        let err = Failure {
             device: Arc::from("d1"),
             status: Status::LBA_OUT_OF_RANGE,
         };
-        assert_eq!(g.part_done(a, Ok(())), None);
-        assert_eq!(g.part_done(a, Err(err.clone())), None);
+        assert_eq!(g.part_done(a, None), None);
+        assert_eq!(g.part_done(a, Some(err.clone())), None);
         assert_eq!(
-            g.part_done(b, Ok(())),
+            g.part_done(b, None),
             Some(Finished {
                 token: 200,
-                result: Ok(()),
+                failure: None,
                 submitted_ns: 6,
                 bytes: 4096
             })
         );
-        let other = IoError::Device {
+        let other = Failure {
             device: Arc::from("d2"),
             status: Status::INTERNAL_ERROR,
         };
+        let done = g.part_done(a, Some(other)).expect("the last part");
         assert_eq!(
-            g.part_done(a, Err(other)),
-            Some(Finished {
+            done,
+            Finished {
                 token: 100,
-                result: Err(err),
+                failure: Some(err),
                 submitted_ns: 5,
                 bytes: 12288
+            }
+        );
+        // the error of its kind, naming the device it failed on
+        assert_eq!(
+            done.result(),
+            Err(IoError::Device {
+                device: Arc::from("d1"),
+                status: Status::LBA_OUT_OF_RANGE
             })
         );
         assert!(g.has_room());
-        assert_eq!(
-            g.part_done(a, Ok(())),
-            None,
-            "a stray completion is ignored"
-        );
+        assert_eq!(g.part_done(a, None), None, "a stray completion is ignored");
     }
 
     #[test]
@@ -202,12 +203,12 @@ mod tests {
         assert_eq!(queued.len(), 2);
         assert!(queued.iter().all(|t| t & (1 << 61) != 0), "{queued:?}");
         let index = queued[0] & !(1 << 61);
-        assert_eq!(g.part_done(index, Ok(())), None);
-        let done = g.part_done(index, Ok(())).expect("the I/O completes");
+        assert_eq!(g.part_done(index, None), None);
+        let done = g.part_done(index, None).expect("the I/O completes");
         assert_eq!((done.token, done.submitted_ns), (8, 3));
         assert_eq!(
-            done.result.map_err(|e| e.status()),
-            Err(Status::INTERNAL_ERROR)
+            done.result().map_err(|e| (e.status(), e.device().clone())),
+            Err((Status::INTERNAL_ERROR, device))
         );
     }
 }

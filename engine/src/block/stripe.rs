@@ -371,7 +371,7 @@ fn up(splits: &mut SplitIos, f: Finished) -> Option<Finished> {
     if f.token & STRIPE_PARENT == 0 {
         return Some(f);
     }
-    splits.part_done(f.token & !STRIPE_PARENT, f.result)
+    splits.part_done(f.token & !STRIPE_PARENT, f.failure)
 }
 
 #[cfg(test)]

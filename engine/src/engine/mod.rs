@@ -426,7 +426,7 @@ mod tests {
                     }
                 }
                 let counts = &mut self.counts[i];
-                d.poll(|c| match &c.result {
+                d.poll(|c| match &c.result() {
                     Ok(()) => counts.0 += 1,
                     Err(IoError::Removed { .. }) => counts.1 += 1,
                     Err(_) => counts.2 += 1,
@@ -694,7 +694,7 @@ mod tests {
                 }
             }
             for d in &mut ctx.devices {
-                d.poll(|c| assert!(c.result.is_ok()));
+                d.poll(|c| assert!(c.result().is_ok()));
             }
             ctx.devices.iter().any(|d| d.in_flight() > 0)
         }

@@ -33,6 +33,19 @@ pub enum Part {
     Rest,
 }
 
+impl Part {
+    /// As the report's columns name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Driver => "driver",
+            Part::Sim => "sim controller",
+            Part::Engine => "engine",
+            Part::Perf => "perf",
+            Part::Rest => "rest",
+        }
+    }
+}
+
 /// Our code, by source folder (relative to the workspace root) and by symbol prefix (for code of
 /// the standard library or a dependency that was inlined into one of our functions). The first
 /// match wins: the simulated controller before the rest of the driver.
@@ -60,6 +73,12 @@ fn part_of(root: &str, file: &str, symbol: &str) -> Option<Part> {
         // in the workspace but no library of ours: a benchmark's loop
         return Some(part.map_or(Part::Rest, |p| p.2));
     }
+    part_of_symbol(symbol)
+}
+
+/// The part a function of ours belongs to, by its name (`<usnvme_driver::sim::X as …>::f`
+/// counts as the type's crate); None for anyone else's.
+fn part_of_symbol(symbol: &str) -> Option<Part> {
     let symbol = symbol.trim_start_matches('<');
     OURS.iter()
         .find(|(_, prefix, _)| symbol.starts_with(prefix))
@@ -205,20 +224,46 @@ pub fn native(program: &Path, args: &[String], runs: usize) -> Result<Native> {
     Ok(results.swap_remove(runs / 2))
 }
 
+/// One function of ours in the inclusive profile, per I/O: everything it ran including what it
+/// called (`inclusive`), and the instructions of its own code, with what LTO inlined into it
+/// (`own`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionCost {
+    pub symbol: String,
+    pub part: Part,
+    pub inclusive: f64,
+    pub own: f64,
+}
+
+/// Functions of ours a profile keeps: the most expensive, inclusive.
+pub const PROFILE_FUNCTIONS: usize = 25;
+
+/// What callgrind measured of one benchmark: its split, and (when asked for) the functions of
+/// ours that cost the most per I/O, inclusive.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub split: Split,
+    pub functions: Vec<FunctionCost>,
+}
+
 /// Instructions per I/O: callgrind runs the benchmark with `ios` and with `2 * ios` I/Os per
 /// device (`args` gets the count for its `{ios}` placeholder) on `devices` devices and divides
-/// the difference, so set-up and tear-down cancel out. `tag` names the profile files.
+/// the difference, so set-up and tear-down cancel out. `tag` names the profile files. With
+/// `profile_functions`, the inclusive cost of each function of ours too (see [`functions_per_io`]).
 pub fn callgrind(
     program: &Path,
     args: &[String],
     ios: u64,
     devices: u64,
     tag: &str,
-) -> Result<Split> {
+    profile_functions: bool,
+) -> Result<Measured> {
     let dir = crate::target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
     let root = format!("{}/", crate::workspace_root().display());
     let mut splits = Vec::new();
+    let mut own = Vec::new();
+    let mut inclusive = Vec::new();
     for n in [ios, 2 * ios] {
         let out = dir.join(format!("callgrind.{tag}.{n}"));
         cmd::output(
@@ -247,8 +292,142 @@ pub fn callgrind(
             );
         }
         splits.push(attribute(&profile, &root));
+        if profile_functions {
+            own.push(own_costs(&profile));
+            let annotated = cmd::output(
+                "bench: callgrind_annotate --inclusive=yes",
+                Command::new("callgrind_annotate")
+                    .args(["--inclusive=yes", "--auto=no", "--threshold=100"])
+                    .arg(&out),
+                "callgrind_annotate comes with valgrind",
+            )?;
+            let mut costs = parse_inclusive(&annotated);
+            leave_out_runs_once(&mut costs, &profile);
+            inclusive.push(costs);
+        }
     }
-    Ok(splits[0].per_io(&splits[1], ios * devices))
+    let functions = if profile_functions {
+        functions_per_io(
+            &inclusive[0],
+            &inclusive[1],
+            &own[0],
+            &own[1],
+            ios * devices,
+        )
+    } else {
+        Vec::new()
+    };
+    Ok(Measured {
+        split: splits[0].per_io(&splits[1], ios * devices),
+        functions,
+    })
+}
+
+/// Each function's own cost: the sum of its entries (one per source file its code came from).
+fn own_costs(profile: &Profile) -> HashMap<String, u64> {
+    let mut costs = HashMap::new();
+    for e in &profile.entries {
+        *costs.entry(e.symbol.clone()).or_default() += e.cost;
+    }
+    costs
+}
+
+/// Parses `callgrind_annotate --inclusive=yes` output (`  N (P%)  file:function [object]`
+/// lines): each function's inclusive cost. callgrind_annotate lists a function once per source
+/// file its code came from; the entry under its own file is what its callers' calls cost, all
+/// of it, and each other entry (the lines LTO inlined from another file, with their calls) a
+/// part of that: the largest is the function's.
+fn parse_inclusive(text: &str) -> HashMap<String, u64> {
+    let mut costs: HashMap<String, u64> = HashMap::new();
+    for line in text.lines() {
+        let Some((count, rest)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let Some((_, rest)) = rest.split_once(')') else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        if rest.is_empty() || rest.starts_with("PROGRAM TOTALS") {
+            continue;
+        }
+        let (_, symbol) = file_and_symbol(rest);
+        let cost = costs.entry(symbol).or_default();
+        *cost = (*cost).max(count);
+    }
+    costs
+}
+
+/// What runs once (see `runs_once`) takes a wall-clock time, not a count of instructions: its
+/// inclusive cost is taken out of every function that calls it, directly or not (found up the
+/// caller tree), so that the profile is the same from run to run.
+fn leave_out_runs_once(inclusive: &mut HashMap<String, u64>, profile: &Profile) {
+    let once: Vec<&str> = inclusive
+        .keys()
+        .filter(|s| runs_once(s))
+        .map(String::as_str)
+        .collect();
+    // the outermost initialisation holds the others
+    let cost = once.iter().map(|s| inclusive[*s]).max().unwrap_or(0);
+    let mut callers: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in &profile.entries {
+        let list = callers.entry(e.symbol.as_str()).or_default();
+        list.extend(e.callers.iter().map(|(_, caller, _)| caller.as_str()));
+    }
+    let mut above: Vec<&str> = Vec::new();
+    let mut next = once.clone();
+    while let Some(symbol) = next.pop() {
+        for &caller in callers.get(symbol).into_iter().flatten() {
+            if !runs_once(caller) && !above.contains(&caller) {
+                above.push(caller);
+                next.push(caller);
+            }
+        }
+    }
+    let above: Vec<String> = above.into_iter().map(str::to_string).collect();
+    for symbol in above {
+        if let Some(c) = inclusive.get_mut(&symbol) {
+            *c = c.saturating_sub(cost);
+        }
+    }
+}
+
+/// The functions of ours that cost the most per I/O, inclusive: the difference between the
+/// run of `ios` more I/Os (`inclusive_2`, `own_2`) and the other, divided by `ios`. What runs
+/// less than half an instruction per I/O is left out; ties go by name, so the list is the
+/// same from run to run.
+fn functions_per_io(
+    inclusive_1: &HashMap<String, u64>,
+    inclusive_2: &HashMap<String, u64>,
+    own_1: &HashMap<String, u64>,
+    own_2: &HashMap<String, u64>,
+    ios: u64,
+) -> Vec<FunctionCost> {
+    let per_io = |a: Option<&u64>, b: Option<&u64>| {
+        (b.copied().unwrap_or(0) as f64 - a.copied().unwrap_or(0) as f64) / ios as f64
+    };
+    let mut functions: Vec<FunctionCost> = inclusive_2
+        .keys()
+        .filter_map(|symbol| {
+            let part = part_of_symbol(symbol)?;
+            Some(FunctionCost {
+                symbol: symbol.clone(),
+                part,
+                inclusive: per_io(inclusive_1.get(symbol), inclusive_2.get(symbol)),
+                own: per_io(own_1.get(symbol), own_2.get(symbol)),
+            })
+        })
+        .filter(|f| f.inclusive >= 0.5)
+        .collect();
+    functions.sort_by(|a, b| {
+        b.inclusive
+            .total_cmp(&a.inclusive)
+            .then_with(|| a.symbol.cmp(&b.symbol))
+    });
+    functions.truncate(PROFILE_FUNCTIONS);
+    functions
 }
 
 /// What callgrind_annotate's caller tree says.
@@ -492,6 +671,116 @@ Ir                   file:function
         assert_eq!(s.rest, 1_000.0 + 700.0 + 200.0 + 100.0);
         // the calibration's own cost and its clock reads are left out
         assert_eq!(s.total, 50_000.0 - 1_500.0 - 1_000.0);
+    }
+
+    // Trimmed from `callgrind_annotate --inclusive=yes --auto=no` of usnvme perf: a function
+    // appears once per source file its code came from.
+    const INCLUSIVE: &str = "\
+--------------------------------------------------------------------------------
+Ir                  
+--------------------------------------------------------------------------------
+64,866,202 (100.0%)  PROGRAM TOTALS
+
+--------------------------------------------------------------------------------
+Ir                   file:function
+--------------------------------------------------------------------------------
+64,318,843 (99.16%)  /rustc/abc/library/std/src/sys/backtrace.rs:std::sys::backtrace::__rust_begin_short_backtrace [/w/target/release/usnvme]
+61,604,009 (94.97%)  /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::reactor [/w/target/release/usnvme]
+33,642,201 (51.86%)  /w/engine/src/block/namespace.rs:usnvme_engine::engine::reactor::reactor
+33,062,899 (50.97%)  /w/driver/src/sim/mod.rs:<usnvme_driver::sim::SimController as usnvme_driver::regs::Registers>::write32 [/w/target/release/usnvme]
+ 9,490,749 (14.63%)  /w/engine/src/engine/channel.rs:usnvme_engine::engine::reactor::reactor
+ 5,407,825 ( 8.34%)  /w/engine/src/block/namespace.rs:usnvme_engine::block::namespace::NamespaceChannel::poll::{{closure}} [/w/target/release/usnvme]
+    12,000 ( 0.02%)  /w/tools/src/cli/perf/session.rs:usnvme::perf::session::Session::measure [/w/target/release/usnvme]
+";
+
+    #[test]
+    fn a_functions_inclusive_cost_is_its_largest_entry() {
+        let costs = parse_inclusive(INCLUSIVE);
+        assert_eq!(costs.len(), 5);
+        assert_eq!(
+            costs["usnvme_engine::engine::reactor::reactor"], 61_604_009,
+            "the entry under its own file holds its inlined parts"
+        );
+        assert_eq!(
+            costs["<usnvme_driver::sim::SimController as usnvme_driver::regs::Registers>::write32"],
+            33_062_899
+        );
+        assert!(!costs.contains_key("PROGRAM TOTALS"));
+    }
+
+    #[test]
+    fn what_runs_once_is_taken_out_of_its_callers_inclusive_cost() {
+        // reactor -> ReactorClock::new -> OnceCell::initialize (the calibration)
+        let tree = "\
+ 5,000 (10.00%)  < /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::ReactorClock::new (1x)
+ 1,000 ( 2.00%)  *  /r/once_cell/src/imp_std.rs:once_cell::imp::OnceCell<T>::initialize [/w/usnvme]
+
+ 5,100 (10.20%)  < /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::reactor (1x)
+   100 ( 0.20%)  *  /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::ReactorClock::new [/w/usnvme]
+
+   900 ( 1.80%)  *  /w/engine/src/engine/reactor.rs:usnvme_engine::engine::reactor::reactor [/w/usnvme]
+";
+        let profile = parse_profile(tree);
+        let clock = "usnvme_engine::engine::reactor::ReactorClock::new";
+        let reactor = "usnvme_engine::engine::reactor::reactor";
+        let mut inclusive: HashMap<String, u64> = [
+            ("once_cell::imp::OnceCell<T>::initialize", 5_000),
+            (clock, 5_100),
+            (reactor, 9_000),
+        ]
+        .into_iter()
+        .map(|(s, c)| (s.to_string(), c))
+        .collect();
+        leave_out_runs_once(&mut inclusive, &profile);
+        assert_eq!((inclusive[clock], inclusive[reactor]), (100, 4_000));
+    }
+
+    #[test]
+    fn the_function_profile_is_per_io_ours_only_and_sorted() {
+        let one = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+            pairs.iter().map(|(s, c)| (s.to_string(), *c)).collect()
+        };
+        let reactor = "usnvme_engine::engine::reactor::reactor";
+        let write32 =
+            "<usnvme_driver::sim::SimController as usnvme_driver::regs::Registers>::write32";
+        let clock = "<std::sys::pal::unix::time::Timespec>::now";
+        let set_up = "usnvme::perf::session::Session::measure";
+        let poll = "usnvme_engine::block::Channel::poll";
+        let tie = "usnvme_engine::block::Channel::flush";
+        let inclusive_1 = one(&[
+            (reactor, 10_000),
+            (write32, 4_000),
+            (clock, 900),
+            (set_up, 5_000),
+            (poll, 1_000),
+            (tie, 1_000),
+        ]);
+        let inclusive_2 = one(&[
+            (reactor, 30_000),
+            (write32, 12_000),
+            (clock, 1_800),
+            (set_up, 5_002),
+            (poll, 3_000),
+            (tie, 3_000),
+        ]);
+        let own_1 = one(&[(reactor, 2_000), (write32, 100)]);
+        let own_2 = one(&[(reactor, 6_000), (write32, 300)]);
+        let f = functions_per_io(&inclusive_1, &inclusive_2, &own_1, &own_2, 100);
+        let got: Vec<_> = f
+            .iter()
+            .map(|f| (f.symbol.as_str(), f.part, f.inclusive, f.own))
+            .collect();
+        // the standard library's clock is no function of ours; set-up does not grow with the
+        // I/O count (0.02 per I/O); equal costs go by name
+        assert_eq!(
+            got,
+            [
+                (reactor, Part::Engine, 200.0, 40.0),
+                (write32, Part::Sim, 80.0, 2.0),
+                (tie, Part::Engine, 20.0, 0.0),
+                (poll, Part::Engine, 20.0, 0.0),
+            ]
+        );
     }
 
     #[test]

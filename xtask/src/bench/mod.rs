@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Seconds per run (-t) of the SPDK comparison (default 10; 3 with --quick).
     #[arg(long, value_name = "S")]
     spdk_seconds: Option<u32>,
+    /// Run only these host benchmarks (by key: driver-1, driver-24, engine-1, engine-24,
+    /// engine-stripe, perf-1, perf-24, perf-stripe; repeatable): a quicker way to measure one.
+    #[arg(long, value_name = "KEY")]
+    case: Vec<String>,
     /// Where to write the report (default: BENCHMARKS.md in the workspace root).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -67,6 +71,8 @@ struct HostRow {
     command: String,
     iops: f64,
     split: Split,
+    /// The functions of ours that cost the most per I/O (profiled cases only).
+    functions: Vec<host::FunctionCost>,
     line: String,
 }
 
@@ -85,6 +91,8 @@ struct HostCase {
     program: &'static str,
     args: Vec<String>,
     devices: u64,
+    /// Keep its per-function inclusive profile for the report.
+    profile: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -200,6 +208,8 @@ fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResult
         program,
         args,
         devices,
+        // where the instructions of the whole `usnvme perf` path go, function by function
+        profile: key == "perf-1",
     };
     let cases = [
         case(
@@ -261,8 +271,18 @@ fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResult
             1,
         ),
     ];
+    if let Some(unknown) = args
+        .case
+        .iter()
+        .find(|k| !cases.iter().any(|c| c.key == k.as_str()))
+    {
+        bail!("--case {unknown}: no such host benchmark");
+    }
     let mut rows = Vec::new();
-    for c in &cases {
+    for c in cases
+        .iter()
+        .filter(|c| args.case.is_empty() || args.case.iter().any(|k| k == c.key))
+    {
         println!("bench: {}", c.label);
         let program = if c.program == "usnvme" {
             usnvme.to_path_buf()
@@ -271,19 +291,21 @@ fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResult
         };
         let native_args = host::with_ios(&c.args, native_ios / c.devices);
         let native = host::native(&program, &native_args, runs)?;
-        let split = host::callgrind(
+        let measured = host::callgrind(
             &program,
             &c.args,
             callgrind_ios / c.devices,
             c.devices,
             c.key,
+            c.profile,
         )?;
         rows.push(HostRow {
             key: c.key,
             label: c.label,
             command: format!("{} {}", c.program, native_args.join(" ")),
             iops: native.iops,
-            split,
+            split: measured.split,
+            functions: measured.functions,
             line: native.line,
         });
     }
@@ -520,6 +542,9 @@ fn host_report(m: &mut String, h: &HostResults, args: &BenchArgs) -> Result<()> 
             "- Cycles per I/O: not measured — `perf stat` has no cycle counter on this machine."
         )?,
     }
+    for r in rows.iter().filter(|r| !r.functions.is_empty()) {
+        functions_report(m, r)?;
+    }
     let qp = row("driver-1").map(|r| {
         let n = host::Native {
             iops: 0.0,
@@ -562,6 +587,37 @@ fn host_report(m: &mut String, h: &HostResults, args: &BenchArgs) -> Result<()> 
         writeln!(
             m,
             "- Attach of 24 `sim` controllers (in parallel): {a:.1} ms."
+        )?;
+    }
+    Ok(())
+}
+
+/// The functions of ours that cost `r` the most per I/O, inclusive.
+fn functions_report(m: &mut String, r: &HostRow) -> Result<()> {
+    writeln!(
+        m,
+        "\n### Where the instructions go: {}\n\n\
+         The {} functions of ours that cost the most per I/O, from the same two callgrind runs \
+         (`callgrind_annotate --inclusive=yes`, the difference divided by the I/O count). \
+         *Inclusive*: everything the function ran, what it called included (the simulated \
+         controller too, inside the doorbell writes); *own*: its own instructions, with what \
+         LTO inlined into it. With LTO most of the path is inlined into few functions: the \
+         table above splits the same instructions by the crate of their source lines.\n",
+        r.label,
+        r.functions.len()
+    )?;
+    writeln!(
+        m,
+        "| function | part | inclusive / I/O | own / I/O |\n|---|---|---:|---:|"
+    )?;
+    for f in &r.functions {
+        writeln!(
+            m,
+            "| `{}` | {} | {:.1} | {:.1} |",
+            f.symbol.replace('|', "\\|"),
+            f.part.name(),
+            f.inclusive,
+            f.own
         )?;
     }
     Ok(())

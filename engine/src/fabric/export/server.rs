@@ -499,7 +499,7 @@ impl Job for ServeJob {
             d.flush();
             let completions = &mut self.completions;
             d.poll(|c| {
-                let result = match c.result {
+                let result = match c.result() {
                     Ok(()) => Ok(()),
                     Err(e) => Err(status_of(&e)),
                 };

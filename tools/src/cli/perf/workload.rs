@@ -452,40 +452,44 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
         .reset_done
         .as_ref()
         .is_some_and(|r| r.load(Ordering::Relaxed));
-    let done = dev.poll(|c: IoCompletion| {
-        let Some(s) = st.slots.get(c.token as usize) else {
-            return;
-        };
-        match &c.result {
-            Ok(()) => {
-                if reset_done {
-                    st.after_reset += 1;
-                }
-                if run.verify && s.op == Op::Read {
-                    st.checked += verify_block(
-                        run,
-                        s,
-                        &mut st.block,
-                        &mut st.mismatches,
-                        &mut st.more_mismatches,
-                    );
-                }
-            }
-            Err(e) => {
-                st.failed += 1;
-                match e {
-                    IoError::AbortedByReset { .. } => st.aborted += 1,
-                    IoError::Removed { .. } => {
-                        st.pathing_error.get_or_insert_with(|| e.to_string());
+    // inlined into the engine's completion loop: no call per I/O
+    let done = dev.poll(
+        #[inline(always)]
+        |c: IoCompletion| {
+            let Some(s) = st.slots.get(c.token as usize) else {
+                return;
+            };
+            match &c.result() {
+                Ok(()) => {
+                    if reset_done {
+                        st.after_reset += 1;
                     }
-                    IoError::TimedOut { .. } | IoError::Device { .. } => {
-                        st.error.get_or_insert_with(|| e.to_string());
+                    if run.verify && s.op == Op::Read {
+                        st.checked += verify_block(
+                            run,
+                            s,
+                            &mut st.block,
+                            &mut st.mismatches,
+                            &mut st.more_mismatches,
+                        );
                     }
                 }
+                Err(e) => {
+                    st.failed += 1;
+                    match e {
+                        IoError::AbortedByReset { .. } => st.aborted += 1,
+                        IoError::Removed { .. } => {
+                            st.pathing_error.get_or_insert_with(|| e.to_string());
+                        }
+                        IoError::TimedOut { .. } | IoError::Device { .. } => {
+                            st.error.get_or_insert_with(|| e.to_string());
+                        }
+                    }
+                }
             }
-        }
-        st.free.push(c.token as usize);
-    });
+            st.free.push(c.token as usize);
+        },
+    );
     if done > 0 {
         st.last_completion = now;
         // the device is gone: the report says so once, not per I/O; else it is an error
