@@ -191,10 +191,7 @@ impl IoCompletion {
     /// How it went, as the error of its kind.
     #[inline]
     pub fn result(&self) -> Result<(), IoError> {
-        match &self.failure {
-            None => Ok(()),
-            Some(f) => Err(f.clone().error()),
-        }
+        Failure::result(&self.failure)
     }
 }
 
@@ -213,6 +210,15 @@ impl Failure {
     pub fn error(self) -> IoError {
         IoError::from_status(self.device, self.status)
     }
+
+    /// How an I/O that carries `failure` went, as the error of its kind.
+    #[inline]
+    pub fn result(failure: &Option<Failure>) -> Result<(), IoError> {
+        match failure {
+            None => Ok(()),
+            Some(f) => Err(f.clone().error()),
+        }
+    }
 }
 
 /// A finished I/O as a channel hands it up: the token it was given, how it went, and when it
@@ -230,10 +236,7 @@ impl Finished {
     /// How it went, as the error of its kind.
     #[inline]
     pub fn result(&self) -> Result<(), IoError> {
-        match &self.failure {
-            None => Ok(()),
-            Some(f) => Err(f.clone().error()),
-        }
+        Failure::result(&self.failure)
     }
 }
 

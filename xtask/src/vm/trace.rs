@@ -82,9 +82,12 @@ impl Counter {
     }
 }
 
+/// Answers every request, also one that failed (the guest must never wait for an answer that
+/// does not come); the first failure is what the counting gives back.
 fn serve(dir: &Path, socket: &Path, log: &Path, stop: &AtomicBool) -> Result<Counts> {
     let (request, ack) = (dir.join("trace.req"), dir.join("trace.ack"));
     let mut counts = Counts::new();
+    let mut failure = None;
     // the stretch being counted: its name and where the log stood when it began
     let mut open: Option<(String, u64)> = None;
     while !stop.load(Ordering::Relaxed) {
@@ -93,21 +96,29 @@ fn serve(dir: &Path, socket: &Path, log: &Path, stop: &AtomicBool) -> Result<Cou
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        std::fs::remove_file(&request)?;
+        let _ = std::fs::remove_file(&request);
         let name = text.trim().to_string();
-        if name == "off" {
-            set_events(socket, false)?;
-            if let Some((name, from)) = open.take() {
-                counts.insert(name, count_events(log, from)?);
-            }
+        let answered = if name == "off" {
+            set_events(socket, false).and_then(|()| {
+                if let Some((name, from)) = open.take() {
+                    counts.insert(name, count_events(log, from)?);
+                }
+                Ok(())
+            })
         } else {
             let from = std::fs::metadata(log).map_or(0, |m| m.len());
-            set_events(socket, true)?;
             open = Some((name, from));
+            set_events(socket, true)
+        };
+        if let Err(e) = answered {
+            failure.get_or_insert(e);
         }
         std::fs::write(&ack, "")?;
     }
-    Ok(counts)
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(counts),
+    }
 }
 
 fn set_events(socket: &Path, enable: bool) -> Result<()> {
