@@ -89,6 +89,34 @@ struct Tracker {
 // Two trackers per cache line.
 const _: () = assert!(std::mem::size_of::<Tracker>() == 32);
 
+/// What a read or write of one namespace must satisfy, derived once from its geometry and the
+/// largest transfer, so that the I/O path tests it with one lookup and three comparisons: whole
+/// blocks (`block_mask`), 1 to `max_blocks` of them (the 16-bit block count and MDTS in one),
+/// inside the namespace. An nsid without a usable geometry has `max_blocks` 0: every I/O fails
+/// the test, and the full checks (`blocks_for`) name what is wrong.
+#[derive(Debug, Clone, Copy, Default)]
+struct IoLimits {
+    block_mask: u64,
+    block_shift: u32,
+    max_blocks: u64,
+    blocks: u64,
+}
+
+impl IoLimits {
+    fn of(g: &NamespaceGeometry, nsid: u32, max_transfer: u64) -> IoLimits {
+        if g.nsid != nsid || !g.block_size.is_power_of_two() {
+            return IoLimits::default();
+        }
+        let block_shift = g.block_size.trailing_zeros();
+        IoLimits {
+            block_mask: u64::from(g.block_size) - 1,
+            block_shift,
+            max_blocks: (max_transfer >> block_shift).min(MAX_BLOCKS_PER_COMMAND),
+            blocks: g.blocks,
+        }
+    }
+}
+
 /// Where the doorbells of this queue are: the MMIO registers, and the shadow doorbell /
 /// EventIdx entries when Doorbell Buffer Config is on. Found once, when the queue is created.
 #[derive(Debug)]
@@ -224,6 +252,8 @@ pub struct QueuePair {
     trackers: Box<[Tracker]>,
     rings: Rings,
     namespaces: Arc<[NamespaceGeometry]>,
+    /// Per namespace (indexed by nsid - 1), what a read or write is tested against.
+    limits: Box<[IoLimits]>,
     max_transfer: u64,
     use_sgl: bool,
     layout: Layout,
@@ -320,6 +350,10 @@ impl QueuePair {
         // At most depth - 1: one slot stays empty so that a full SQ differs from an empty one.
         let free_cids: Vec<u16> = (0..commands).rev().collect();
         let rings = Rings::new(&setup.memory, setup.layout.sq, setup.layout.cq, depth);
+        let limits = (1..)
+            .zip(setup.namespaces.iter())
+            .map(|(nsid, g)| IoLimits::of(g, nsid, setup.max_transfer))
+            .collect();
         QueuePair {
             sq_tail: 0,
             sq_head: 0,
@@ -338,6 +372,7 @@ impl QueuePair {
             trackers: vec![Tracker::default(); commands as usize].into_boxed_slice(),
             rings,
             namespaces: setup.namespaces,
+            limits,
             max_transfer: setup.max_transfer,
             use_sgl: setup.use_sgl,
             layout: setup.layout,
@@ -439,8 +474,8 @@ impl QueuePair {
         buf: IoBuffer,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let blocks = self.blocks_for(nsid, slba, buf.len as u64)?;
-        self.submit_data(Sqe::read(nsid, slba, blocks), buf, token)
+        let blocks = self.io_blocks(nsid, slba, buf.len)?;
+        self.submit_io(Sqe::read(nsid, slba, blocks), buf, token)
     }
 
     /// Write `buf.len` bytes from `buf` at `slba`.
@@ -452,8 +487,8 @@ impl QueuePair {
         buf: IoBuffer,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let blocks = self.blocks_for(nsid, slba, buf.len as u64)?;
-        self.submit_data(Sqe::write(nsid, slba, blocks), buf, token)
+        let blocks = self.io_blocks(nsid, slba, buf.len)?;
+        self.submit_io(Sqe::write(nsid, slba, blocks), buf, token)
     }
 
     /// The device is gone (surprise removal): hands every command in flight back with "Host
@@ -515,22 +550,25 @@ impl QueuePair {
     }
 
     /// Any command with a data buffer.
-    // Always inlined into `read` and `write` (the I/O path); PRP lists go out of line.
-    #[inline(always)]
-    pub fn submit_data(
-        &mut self,
-        mut sqe: Sqe,
-        buf: IoBuffer,
-        token: u64,
-    ) -> Result<(), SubmitError> {
+    pub fn submit_data(&mut self, sqe: Sqe, buf: IoBuffer, token: u64) -> Result<(), SubmitError> {
         if buf.len as u64 > self.max_transfer {
             return Err(SubmitError::ExceedsMdts {
                 bytes: buf.len as u64,
                 max: self.max_transfer,
             });
         }
+        if buf.len == 0 {
+            return Err(SubmitError::Misaligned { iova: buf.iova });
+        }
+        self.submit_io(sqe, buf, token)
+    }
+
+    /// A command with a data buffer of 1 to `max_transfer` bytes.
+    // Always inlined into `read` and `write` (the I/O path); PRP lists go out of line.
+    #[inline(always)]
+    fn submit_io(&mut self, mut sqe: Sqe, buf: IoBuffer, token: u64) -> Result<(), SubmitError> {
         // (an IOVA range that wraps the address space would make the PRP arithmetic wrap)
-        if !buf.iova.is_multiple_of(4) || buf.len == 0 || buf.iova > u64::MAX - (2 << 20) {
+        if !buf.iova.is_multiple_of(4) || buf.iova > u64::MAX - (2 << 20) {
             return Err(SubmitError::Misaligned { iova: buf.iova });
         }
         let cid = self.take_cid()?;
@@ -593,14 +631,45 @@ impl QueuePair {
     fn geometry(&self, nsid: u32) -> Result<NamespaceGeometry, SubmitError> {
         nsid.checked_sub(1)
             .and_then(|i| self.namespaces.get(i as usize))
-            .filter(|g| g.nsid == nsid && g.block_size > 0)
+            .filter(|g| g.nsid == nsid && g.block_size.is_power_of_two())
             .copied()
             .ok_or(SubmitError::InvalidNamespace { nsid })
     }
 
-    /// The block count of `bytes` at `slba`: whole blocks, within the namespace. The one place
-    /// a read or write is checked against the namespace's geometry.
-    #[inline]
+    /// The block count of a read or write of `bytes` at `slba`: whole blocks, within the
+    /// namespace, within the largest transfer. The one place a read or write is checked
+    /// against the namespace: the fast test (see [`IoLimits`]), and when it fails, the full
+    /// checks, which say what is wrong.
+    #[inline(always)]
+    fn io_blocks(&self, nsid: u32, slba: u64, bytes: u32) -> Result<u32, SubmitError> {
+        let bytes = u64::from(bytes);
+        if let Some(l) = self.limits.get(nsid.wrapping_sub(1) as usize) {
+            let blocks = bytes >> l.block_shift;
+            if bytes & l.block_mask == 0
+                && blocks.wrapping_sub(1) < l.max_blocks
+                && slba.checked_add(blocks).is_some_and(|end| end <= l.blocks)
+            {
+                return Ok(blocks as u32);
+            }
+        }
+        Err(self.io_error(nsid, slba, bytes))
+    }
+
+    /// Why a read or write failed the fast test of `io_blocks`.
+    #[cold]
+    #[inline(never)]
+    fn io_error(&self, nsid: u32, slba: u64, bytes: u64) -> SubmitError {
+        match self.blocks_for(nsid, slba, bytes) {
+            Err(e) => e,
+            // whole blocks inside the namespace: more than one command may carry
+            Ok(_) => SubmitError::ExceedsMdts {
+                bytes,
+                max: self.max_transfer,
+            },
+        }
+    }
+
+    /// The block count of `bytes` at `slba`: whole blocks, within the namespace.
     fn blocks_for(&self, nsid: u32, slba: u64, bytes: u64) -> Result<u32, SubmitError> {
         let g = self.geometry(nsid)?;
         if bytes & (g.block_size as u64 - 1) != 0 || bytes == 0 {
@@ -847,8 +916,11 @@ fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
+/// Blocks one command carries at most (NLB is a 16-bit count of blocks less one).
+const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
+
 fn check_block_count(blocks: u64) -> Result<(), SubmitError> {
-    if blocks == 0 || blocks > 65536 {
+    if blocks == 0 || blocks > MAX_BLOCKS_PER_COMMAND {
         return Err(SubmitError::BlockCount { blocks });
     }
     Ok(())
@@ -880,6 +952,24 @@ mod tests {
         assert!(need_event(15, 2, 14));
         assert!(need_event(0, 2, 14));
         assert!(!need_event(5, 2, 14));
+    }
+
+    #[test]
+    fn io_limits_fold_the_block_count_and_the_largest_transfer() {
+        let g = |nsid, block_size| NamespaceGeometry {
+            nsid,
+            block_size,
+            blocks: 1000,
+        };
+        let l = IoLimits::of(&g(1, 512), 1, 2 << 20);
+        assert_eq!((l.block_mask, l.block_shift), (511, 9));
+        assert_eq!((l.max_blocks, l.blocks), (4096, 1000));
+        // NLB is 16 bits: 65536 blocks at most, whatever the controller takes
+        assert_eq!(IoLimits::of(&g(1, 512), 1, 1 << 30).max_blocks, 65536);
+        // no I/O passes the fast test of an nsid without a usable geometry
+        for (geometry, nsid) in [(g(0, 0), 1), (g(1, 0), 1), (g(1, 1000), 1), (g(1, 512), 2)] {
+            assert_eq!(IoLimits::of(&geometry, nsid, 2 << 20).max_blocks, 0);
+        }
     }
 
     #[test]

@@ -1715,3 +1715,75 @@ fn a_dropped_queue_pair_is_deleted_without_waiting() {
     drop((second, third));
     assert_eq!(sim.io_queues(), (0, 0));
 }
+
+#[test]
+fn a_read_or_write_the_driver_refuses_gets_the_error_of_what_is_wrong() {
+    let (_sim, ctrl) = start(ram(512, 1 << 18));
+    let max = ctrl.max_transfer();
+    let mut qp = queue(&ctrl, 16);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let at = |len: u64| IoBuffer {
+        iova: buf.iova(),
+        len: len as u32,
+    };
+    type Submit = fn(&mut QueuePair, u32, u64, IoBuffer, u64) -> Result<(), SubmitError>;
+    for (what, submit) in [
+        ("read", QueuePair::read as Submit),
+        ("write", QueuePair::write as Submit),
+    ] {
+        let mut refused = |nsid: u32, slba: u64, buf: IoBuffer| {
+            submit(&mut qp, nsid, slba, buf, 7).expect_err(what)
+        };
+        for nsid in [0, 2, u32::MAX] {
+            assert_eq!(
+                refused(nsid, 0, at(512)),
+                SubmitError::InvalidNamespace { nsid }
+            );
+        }
+        for bytes in [0, 100, 4000] {
+            assert_eq!(
+                refused(NSID, 0, at(bytes)),
+                SubmitError::NotBlockMultiple {
+                    bytes,
+                    block_size: 512
+                }
+            );
+        }
+        for slba in [(1 << 18) - 1, u64::MAX] {
+            assert_eq!(
+                refused(NSID, slba, at(1024)),
+                SubmitError::LbaRange {
+                    slba,
+                    blocks: 2,
+                    capacity: 1 << 18
+                }
+            );
+        }
+        // past the end and too large: the range is named first
+        assert!(matches!(
+            refused(NSID, 1 << 18, at(max + 512)),
+            SubmitError::LbaRange { .. }
+        ));
+        assert_eq!(
+            refused(NSID, 0, at(max + 512)),
+            SubmitError::ExceedsMdts {
+                bytes: max + 512,
+                max
+            }
+        );
+        let odd = IoBuffer {
+            iova: buf.iova() + 2,
+            len: 512,
+        };
+        assert_eq!(
+            refused(NSID, 0, odd),
+            SubmitError::Misaligned { iova: odd.iova }
+        );
+        assert_eq!(qp.in_flight(), 0, "nothing refused went out");
+    }
+    // the last block is inside
+    let st = run(&mut qp, |q| q.read(NSID, (1 << 18) - 1, at(512), 7));
+    assert!(st.is_success(), "{st}");
+    buffers.free(buf).expect("own");
+}

@@ -59,6 +59,9 @@ impl std::fmt::Debug for DeviceChannel {
 
 /// Where the op kind sits in the tokens the block layer carries (see [`MAX_TOKEN`]).
 const KIND_SHIFT: u32 = 62;
+/// The op kind of each value of a token's top two bits (`kind as u64` put it there): a
+/// lookup, not a chain of tests, per completion.
+const KIND_OF_TAG: [OpKind; 4] = [OpKind::Read, OpKind::Write, OpKind::Other, OpKind::Other];
 
 impl DeviceChannel {
     /// Queues an I/O (see [`Channel::submit`]); `token` (at most [`MAX_TOKEN`]) comes back
@@ -217,11 +220,7 @@ fn record(
     f: Finished,
     on_complete: &mut impl FnMut(IoCompletion),
 ) {
-    let kind = match f.token >> KIND_SHIFT {
-        0 => OpKind::Read,
-        1 => OpKind::Write,
-        _ => OpKind::Other,
-    };
+    let kind = KIND_OF_TAG[(f.token >> KIND_SHIFT) as usize];
     let latency = now_ns.saturating_sub(f.submitted_ns);
     stats.record(kind, f.bytes, latency, f.failure.is_none());
     on_complete(IoCompletion {
