@@ -148,6 +148,7 @@ impl BlockDevice for NamespaceDevice {
             queue,
             ns: self.ns,
             block_shift: self.info.block_size.trailing_zeros(),
+            block_mask: (1u64 << self.info.block_size.trailing_zeros()) - 1,
             info: self.info.clone(),
             name: self.name.clone(),
             splits: SplitIos::new(capacity),
@@ -162,6 +163,8 @@ pub struct NamespaceChannel {
     queue: IoQueue,
     ns: QueueNamespace,
     block_shift: u32,
+    /// Block size less one: the low bits a block-aligned offset has clear.
+    block_mask: u64,
     info: BlockInfo,
     name: Arc<str>,
     /// Parents of the I/Os split into several commands (only those).
@@ -222,8 +225,7 @@ impl NamespaceChannel {
     ) -> Result<(), BlockError> {
         if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
             if len <= self.info.max_io && b.len as u64 >= len {
-                let mask = (1u64 << self.block_shift) - 1;
-                if offset & mask != 0 {
+                if offset & self.block_mask != 0 {
                     return Err(BlockError::Misaligned {
                         device: self.name.clone(),
                         offset,
@@ -310,9 +312,8 @@ impl NamespaceChannel {
         self.queue.poll(
             #[inline(always)]
             |c: Completion| {
-                if let Some(f) = finish(splits, name, c) {
+                if finish(splits, name, c, &mut on_finished) {
                     finished += 1;
-                    on_finished(f);
                 }
             },
         );
@@ -324,9 +325,8 @@ impl NamespaceChannel {
         let (splits, name) = (&mut self.splits, &self.name);
         let mut finished = 0;
         self.queue.abandon(|c: Completion| {
-            if let Some(f) = finish(splits, name, c) {
+            if finish(splits, name, c, &mut on_finished) {
                 finished += 1;
-                on_finished(f);
             }
         });
         finished
@@ -374,23 +374,35 @@ impl NamespaceChannel {
     }
 }
 
-/// A command's completion as the I/O it belongs to: itself, or its parent when it was the last
-/// part of a split one.
+/// Hands `on_finished` the I/O a command's completion finishes, if any: itself, or its parent
+/// when it was the last part of a split one. Returns whether one finished.
 #[inline(always)]
-fn finish(splits: &mut SplitIos, name: &Arc<str>, c: Completion) -> Option<Finished> {
+fn finish(
+    splits: &mut SplitIos,
+    name: &Arc<str>,
+    c: Completion,
+    on_finished: &mut impl FnMut(Finished),
+) -> bool {
     let failure = (!c.status.is_success()).then(|| Failure {
         device: name.clone(),
         status: c.status,
     });
-    if c.token & NAMESPACE_PARENT == 0 {
-        return Some(Finished {
+    // an I/O of one command finishes with it: handed up at once, with no Option to test
+    let finished = if c.token & NAMESPACE_PARENT == 0 {
+        Finished {
             token: c.token,
             failure,
             submitted_ns: c.submitted_ns,
             bytes: u64::from(c.bytes),
-        });
-    }
-    splits.part_done(c.token & !NAMESPACE_PARENT, failure)
+        }
+    } else {
+        match splits.part_done(c.token & !NAMESPACE_PARENT, failure) {
+            Some(f) => f,
+            None => return false,
+        }
+    };
+    on_finished(finished);
+    true
 }
 
 #[cfg(test)]
