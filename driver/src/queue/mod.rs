@@ -661,7 +661,7 @@ impl QueuePair {
     fn io_error(&self, nsid: u32, slba: u64, bytes: u64) -> SubmitError {
         match self.blocks_for(nsid, slba, bytes) {
             Err(e) => e,
-            // whole blocks inside the namespace: more than one command may carry
+            // whole blocks inside the namespace, more than one command may carry
             Ok(_) => SubmitError::ExceedsMdts {
                 bytes,
                 max: self.max_transfer,
