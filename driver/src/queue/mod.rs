@@ -89,15 +89,17 @@ struct Tracker {
 // Two trackers per cache line.
 const _: () = assert!(std::mem::size_of::<Tracker>() == 32);
 
-/// What a read or write of one namespace must satisfy, derived once from its geometry and the
-/// largest transfer, so that the I/O path tests it with one lookup and three comparisons: whole
-/// blocks (`block_mask`), 1 to `max_blocks` of them (the 16-bit block count and MDTS in one),
-/// inside the namespace. An nsid without a usable geometry has `max_blocks` 0: every I/O fails
-/// the test, and the full checks (`blocks_for`) name what is wrong.
+/// A namespace as the queue pair checks commands against it, derived once from its geometry
+/// and the largest transfer, so that the I/O path tests a read or write with one lookup and
+/// three comparisons: whole blocks (`block_mask`), 1 to `max_blocks` of them (the 16-bit block
+/// count and MDTS in one), inside the namespace. An nsid without a usable geometry has `nsid`
+/// and `max_blocks` 0: every I/O fails the test, and the full checks (`blocks_for`) name what
+/// is wrong.
 #[derive(Debug, Clone, Copy, Default)]
 struct IoLimits {
-    block_mask: u64,
+    nsid: u32,
     block_shift: u32,
+    block_mask: u64,
     max_blocks: u64,
     blocks: u64,
 }
@@ -109,6 +111,7 @@ impl IoLimits {
         }
         let block_shift = g.block_size.trailing_zeros();
         IoLimits {
+            nsid,
             block_mask: u64::from(g.block_size) - 1,
             block_shift,
             max_blocks: (max_transfer >> block_shift).min(MAX_BLOCKS_PER_COMMAND),
@@ -251,8 +254,7 @@ pub struct QueuePair {
     free_cids: Vec<u16>,
     trackers: Box<[Tracker]>,
     rings: Rings,
-    namespaces: Arc<[NamespaceGeometry]>,
-    /// Per namespace (indexed by nsid - 1), what a read or write is tested against.
+    /// The namespaces, indexed by nsid - 1.
     limits: Box<[IoLimits]>,
     max_transfer: u64,
     use_sgl: bool,
@@ -371,7 +373,6 @@ impl QueuePair {
             free_cids,
             trackers: vec![Tracker::default(); commands as usize].into_boxed_slice(),
             rings,
-            namespaces: setup.namespaces,
             limits,
             max_transfer: setup.max_transfer,
             use_sgl: setup.use_sgl,
@@ -499,7 +500,7 @@ impl QueuePair {
     }
 
     pub fn flush_cache(&mut self, nsid: u32, token: u64) -> Result<(), SubmitError> {
-        self.geometry(nsid)?;
+        self.namespace(nsid)?;
         self.submit(Sqe::flush(nsid), token)
     }
 
@@ -511,7 +512,7 @@ impl QueuePair {
         blocks: u32,
         token: u64,
     ) -> Result<(), SubmitError> {
-        self.geometry(nsid)?;
+        self.namespace(nsid)?;
         check_block_count(blocks as u64)?;
         self.submit(Sqe::write_zeroes(nsid, slba, blocks), token)
     }
@@ -524,7 +525,7 @@ impl QueuePair {
         blocks: u32,
         token: u64,
     ) -> Result<(), SubmitError> {
-        self.geometry(nsid)?;
+        self.namespace(nsid)?;
         if blocks == 0 {
             return Err(SubmitError::BlockCount { blocks: 0 });
         }
@@ -628,10 +629,10 @@ impl QueuePair {
     }
 
     #[inline]
-    fn geometry(&self, nsid: u32) -> Result<NamespaceGeometry, SubmitError> {
+    fn namespace(&self, nsid: u32) -> Result<IoLimits, SubmitError> {
         nsid.checked_sub(1)
-            .and_then(|i| self.namespaces.get(i as usize))
-            .filter(|g| g.nsid == nsid && g.block_size.is_power_of_two())
+            .and_then(|i| self.limits.get(i as usize))
+            .filter(|l| l.nsid == nsid)
             .copied()
             .ok_or(SubmitError::InvalidNamespace { nsid })
     }
@@ -671,21 +672,20 @@ impl QueuePair {
 
     /// The block count of `bytes` at `slba`: whole blocks, within the namespace.
     fn blocks_for(&self, nsid: u32, slba: u64, bytes: u64) -> Result<u32, SubmitError> {
-        let g = self.geometry(nsid)?;
-        if bytes & (g.block_size as u64 - 1) != 0 || bytes == 0 {
+        let ns = self.namespace(nsid)?;
+        if bytes & ns.block_mask != 0 || bytes == 0 {
             return Err(SubmitError::NotBlockMultiple {
                 bytes,
-                block_size: g.block_size,
+                block_size: 1 << ns.block_shift,
             });
         }
-        // block sizes are powers of two (LBADS): a shift, not a division, on the hot path
-        let blocks = bytes >> g.block_size.trailing_zeros();
+        let blocks = bytes >> ns.block_shift;
         check_block_count(blocks)?;
-        if slba.checked_add(blocks).is_none_or(|end| end > g.blocks) {
+        if slba.checked_add(blocks).is_none_or(|end| end > ns.blocks) {
             return Err(SubmitError::LbaRange {
                 slba,
                 blocks,
-                capacity: g.blocks,
+                capacity: ns.blocks,
             });
         }
         Ok(blocks as u32)
@@ -966,9 +966,10 @@ mod tests {
         assert_eq!((l.max_blocks, l.blocks), (4096, 1000));
         // NLB is 16 bits: 65536 blocks at most, whatever the controller takes
         assert_eq!(IoLimits::of(&g(1, 512), 1, 1 << 30).max_blocks, 65536);
-        // no I/O passes the fast test of an nsid without a usable geometry
+        // no I/O passes the fast test of an nsid without a usable geometry, nor any other check
         for (geometry, nsid) in [(g(0, 0), 1), (g(1, 0), 1), (g(1, 1000), 1), (g(1, 512), 2)] {
-            assert_eq!(IoLimits::of(&geometry, nsid, 2 << 20).max_blocks, 0);
+            let l = IoLimits::of(&geometry, nsid, 2 << 20);
+            assert_eq!((l.nsid, l.max_blocks), (0, 0));
         }
     }
 
