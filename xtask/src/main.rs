@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod cmd;
+mod fio_engine;
 mod fuzz;
 mod vm;
 
@@ -35,6 +36,8 @@ enum Command {
     Ci,
     /// Run the cargo-fuzz targets of driver/fuzz (installs cargo-fuzz if missing).
     Fuzz(fuzz::FuzzArgs),
+    /// Build usnvme's fio ioengine (target/fio/libusnvme_fio.so) against the installed fio's own version (fetches its source).
+    FioEngine(fio_engine::FioEngineArgs),
     /// CI's fio-plot step alone: fio-plot (cached venv) must chart a sim run's `perf --json`.
     FioPlotCheck,
 }
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args).map(|_| ExitCode::SUCCESS),
         Command::Ci => ci::run().map(|_| ExitCode::SUCCESS),
         Command::Fuzz(args) => fuzz::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::FioEngine(args) => fio_engine::run(&args).map(|_| ExitCode::SUCCESS),
         Command::FioPlotCheck => ci::fio_plot_check().map(|_| ExitCode::SUCCESS),
     };
     match result {
