@@ -104,8 +104,13 @@ pub fn compile(source: &Path, accept: &str, out: &Path) -> Result<()> {
     }
     // copy to a new file, then rename: a fio that has the old one loaded keeps it intact
     let tmp = out.with_extension("so.tmp");
-    std::fs::copy(&built, &tmp)
-        .with_context(|| format!("fio-engine: copying {} to {}", built.display(), tmp.display()))?;
+    std::fs::copy(&built, &tmp).with_context(|| {
+        format!(
+            "fio-engine: copying {} to {}",
+            built.display(),
+            tmp.display()
+        )
+    })?;
     std::fs::rename(&tmp, out).with_context(|| format!("fio-engine: writing {}", out.display()))?;
     // `ioengine=usnvme` finds the engine through dlopen's search path (LD_LIBRARY_PATH)
     let by_name = out.with_file_name("usnvme");
@@ -189,11 +194,14 @@ fn distribution_source(installed: &str) -> Result<PathBuf> {
     let dsc = std::fs::read_dir(&cache)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
-            p.file_name().and_then(|n| n.to_str()) == Some(&format!(
-                "{source_package}_{}.dsc",
-                // the epoch is not in file names
-                source_version.split_once(':').map_or(source_version, |(_, v)| v)
-            ))
+            p.file_name().and_then(|n| n.to_str())
+                == Some(&format!(
+                    "{source_package}_{}.dsc",
+                    // the epoch is not in file names
+                    source_version
+                        .split_once(':')
+                        .map_or(source_version, |(_, v)| v)
+                ))
         })
         .with_context(|| format!("fio-engine: no .dsc for {wanted} in {}", cache.display()))?;
     let _ = std::fs::remove_dir_all(&tree);
@@ -239,7 +247,12 @@ fn source_version(dir: &Path) -> Result<String> {
     gen.lines()
         .find_map(|l| l.strip_prefix("DEF_VER="))
         .map(|v| v.trim().to_string())
-        .with_context(|| format!("fio-engine: no DEF_VER in {}/FIO-VERSION-GEN", dir.display()))
+        .with_context(|| {
+            format!(
+                "fio-engine: no DEF_VER in {}/FIO-VERSION-GEN",
+                dir.display()
+            )
+        })
 }
 
 /// FIO_IOOPS_VERSION of a fio source tree.
@@ -252,7 +265,12 @@ pub fn ops_version(dir: &Path) -> Result<u32> {
             l.strip_prefix("#define FIO_IOOPS_VERSION")
                 .and_then(|v| v.trim().parse().ok())
         })
-        .with_context(|| format!("fio-engine: no FIO_IOOPS_VERSION in {}/ioengines.h", dir.display()))
+        .with_context(|| {
+            format!(
+                "fio-engine: no FIO_IOOPS_VERSION in {}/ioengines.h",
+                dir.display()
+            )
+        })
 }
 
 /// Adds deb-src entries for this Debian release and updates apt's lists.

@@ -78,16 +78,17 @@ fn controller(s: &str) -> Result<Controller, String> {
     if TcpAddress::looks_remote(s) {
         return remote(s);
     }
-    let spec: DeviceSpec = pci_with_dots(s).unwrap_or_else(|| s.to_owned()).parse().map_err(
-        |e| {
+    let spec: DeviceSpec = pci_with_dots(s)
+        .unwrap_or_else(|| s.to_owned())
+        .parse()
+        .map_err(|e| {
             let split = if s.len() <= 4 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
                 " (fio split a name at its ':'s: write 0000.01.00.0, or '\\:' for each ':')"
             } else {
                 ""
             };
             format!("{e}{split}")
-        },
-    )?;
+        })?;
     if spec.drives().len() != 1 {
         return Err(format!(
             "{spec} names several drives: one file is one drive (list them with ':' between)"
@@ -213,6 +214,10 @@ mod tests {
         assert!(err("sim:0-3").contains("names several drives"));
         assert!(err("trtype=PCIe traddr=0000.01.00.0 color=blue").contains("unknown key"));
         // every error shows the forms
-        assert!(err("nonsense").contains("0000.01.00.0"), "{}", err("nonsense"));
+        assert!(
+            err("nonsense").contains("0000.01.00.0"),
+            "{}",
+            err("nonsense")
+        );
     }
 }

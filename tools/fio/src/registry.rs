@@ -50,10 +50,7 @@ struct Attached {
 /// The block devices of a job's files (fio's names, in order), attaching what no job has yet;
 /// counts the job in until [`release`].
 pub fn open(names: &[String]) -> Result<Vec<Arc<dyn BlockDevice>>, String> {
-    let files: Vec<FileName> = names
-        .iter()
-        .map(|n| n.parse())
-        .collect::<Result<_, _>>()?;
+    let files: Vec<FileName> = names.iter().map(|n| n.parse()).collect::<Result<_, _>>()?;
     let mut guard = ATTACHED.lock();
     let attached = guard.get_or_insert_with(|| Attached {
         opener: Opener::new("/sys"),
@@ -142,8 +139,8 @@ impl Attached {
                     .ok_or_else(|| format!("{spec} is not attached"))?;
                 let nsids: Vec<u32> = ctrl.namespaces().iter().map(|n| n.nsid).collect();
                 let nsid = choose(file.nsid, &nsids)?;
-                let device = NamespaceDevice::new(ctrl.clone(), nsid, drive)
-                    .map_err(|e| e.to_string())?;
+                let device =
+                    NamespaceDevice::new(ctrl.clone(), nsid, drive).map_err(|e| e.to_string())?;
                 Ok(Arc::new(device))
             }
             name::Controller::Remote(address) => {

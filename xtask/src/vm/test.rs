@@ -134,6 +134,11 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         "fix the build errors (run `cargo test -p usnvme-tests --no-run` to see them)",
     )?;
     let mut suites = test_executables(&json);
+    // host-only suites (`#[ignore]`d for another reason): cargo xtask ci runs them on the host
+    suites.retain(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        !name.is_some_and(|n| HOST_ONLY.iter().any(|s| n.starts_with(&format!("{s}-"))))
+    });
     if suites.is_empty() {
         bail!("vm-test: cargo built no test executables for usnvme-tests");
     }
@@ -179,6 +184,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let stamp_expectations = work.join(STAMP_EXPECTATIONS);
     let _ = std::fs::remove_file(&stamp_expectations);
     let usnvme = crate::target_dir().join("debug/usnvme");
+    let fio_engine = crate::fio_engine::build(&Default::default())?;
     let args = RunArgs {
         backend: Backend::File,
         numa_nodes: 2,
@@ -191,6 +197,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         disk_dir: Some(disk_dir.clone()),
         env: vec![
             format!("USNVME_BIN={}", usnvme.display()),
+            format!("USNVME_FIO_ENGINE={}", fio_engine.library.display()),
             format!("USNVME_VM_DISK_DIR={}", disk_dir.display()),
         ],
         ..RunArgs::for_program(vec!["/bin/sh".into(), script.display().to_string()])
@@ -503,6 +510,9 @@ fn data_extents(file: &std::fs::File) -> Result<Vec<(u64, u64)>> {
 
 /// Suites that record writes for the host to check (`usnvme_tests::expect_on_host`).
 const CHECKED_ON_HOST: &[&str] = &["vm_driver", "vm_fabric"];
+
+/// Suites of ignored tests that run on the host only (`cargo xtask ci`'s fio step).
+const HOST_ONLY: &[&str] = &["fio_sim"];
 
 /// Written by the guest tests (`usnvme_tests::expect_on_host`): `IMAGE OFFSET LEN FNV1A64` per line.
 const EXPECTATIONS: &str = "expect-images.txt";

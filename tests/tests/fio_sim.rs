@@ -1,0 +1,157 @@
+//! fio with usnvme's engine on software controllers (`sim:` drives, in fio's own process):
+//! fio's job files, its verify, its client/server mode and its errors, on the host.
+//!
+//! They need the engine built for the installed fio (`cargo xtask fio-engine`): `cargo xtask ci`
+//! builds it and runs them with `--ignored` (and USNVME_FIO_ENGINE set).
+
+use std::path::PathBuf;
+
+use usnvme_tests::fio::{self, assert_clients_add_up, io_bytes, job_error, FioServer};
+
+fn dir(test: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("usnvme-fio-sim-{}-{test}", std::process::id()))
+}
+
+/// The global section of every job here: the engine, threads, sim drives that keep data.
+fn global(extra: &str) -> String {
+    format!(
+        "[global]\nioengine=external:{}\nthread=1\nbs=4k\n{extra}\n",
+        fio::engine().display()
+    )
+}
+
+/// Two sim drives that keep what is written, as fio file names (':' escaped).
+const DRIVES: &str = "sim\\:0,backend=ram:sim\\:1,backend=ram";
+
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn job_files_read_write_verify_and_mix_through_the_engine() {
+    let job = format!(
+        "{}size=8m\n\
+         [randwrite-verify]\nfilename={DRIVES}\nrw=randwrite\niodepth=32\nverify=crc32c\n\
+         [randread]\nstonewall\nfilename={DRIVES}\nrw=randread\niodepth=32\nnumjobs=2\n\
+         [mixed]\nstonewall\nfilename={DRIVES}\nrw=randrw\nrwmixread=70\niodepth=8\n\
+         time_based=1\nruntime=1\n",
+        global("")
+    );
+    let run = fio::run(&dir("jobs"), "jobs", &job, &[]);
+    assert!(run.ok, "{}\n{:#}", run.stderr, run.report);
+    // every block written was read back and checked by fio's verify
+    let w = run.job("randwrite-verify");
+    assert_eq!(job_error(w), 0, "{w:#}");
+    // size= is the job's, over its files
+    assert_eq!(io_bytes(w, "write"), 8 << 20, "{w:#}");
+    assert_eq!(io_bytes(w, "read"), 8 << 20, "verify read it all: {w:#}");
+    let reads: Vec<_> = run
+        .jobs()
+        .iter()
+        .filter(|j| j["jobname"] == "randread")
+        .collect();
+    assert_eq!(reads.len(), 2, "numjobs=2: {:#}", run.report);
+    for r in reads {
+        assert_eq!((job_error(r), io_bytes(r, "read")), (0, 8 << 20), "{r:#}");
+    }
+    let m = run.job("mixed");
+    let (read, write) = (io_bytes(m, "read"), io_bytes(m, "write"));
+    let share = read as f64 / (read + write) as f64;
+    assert!(
+        (0.6..0.8).contains(&share),
+        "70/30: {read} read, {write} written"
+    );
+}
+
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn a_drive_that_corrupts_reads_fails_fios_verify() {
+    // from its 100th read on, the drive flips a byte in every block it delivers
+    let job = format!(
+        "{}[bad]\nfilename=sim\\:0,backend=ram,corrupt=100\nrw=write\nsize=4m\niodepth=4\n\
+         verify=crc32c\n",
+        global("")
+    );
+    let run = fio::run(&dir("corrupt"), "corrupt", &job, &[]);
+    assert!(!run.ok, "verify must fail: {:#}", run.report);
+    assert!(
+        run.stderr.contains("verify failed at file sim:0"),
+        "{}",
+        run.stderr
+    );
+    assert_ne!(job_error(run.job("bad")), 0);
+}
+
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn two_fio_servers_report_to_one_client_whose_aggregate_is_their_sum() {
+    let job = format!(
+        "{}[load]\nfilename={DRIVES}\nrw=randrw\nrwmixread=70\niodepth=16\nsize=8m\n\
+         time_based=1\nruntime=1\n",
+        global("")
+    );
+    let base = 20000 + (std::process::id() % 20000) as u16;
+    let servers = [
+        FioServer::start(base, None),
+        FioServer::start(base + 1, None),
+    ];
+    let clients: Vec<String> = servers.iter().map(FioServer::client_arg).collect();
+    let args: Vec<&str> = clients.iter().map(String::as_str).collect();
+    let run = fio::run(&dir("clients"), "clients", &job, &args);
+    let ios = assert_clients_add_up(&run, servers.len());
+    assert!(ios > 0);
+}
+
+/// Runs a one-line job and returns fio's error output; fio must fail.
+fn refused(test: &str, job: &str, args: &[&str]) -> String {
+    let run = fio::run(&dir(test), test, job, args);
+    assert!(!run.ok, "fio ran: {:#}", run.report);
+    run.stderr
+}
+
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn bad_jobs_get_fios_error_path_with_one_line_saying_what_is_wrong() {
+    let one = |extra: &str, file: &str| {
+        format!(
+            "[global]\nioengine=external:{}\nbs=4k\nrw=read\nsize=1m\n{extra}\n[j]\nfilename={file}\n",
+            fio::engine().display()
+        )
+    };
+    let forked = refused("forked", &one("", "sim\\:0"), &[]);
+    assert!(
+        forked.contains("fio: usnvme: the engine needs thread=1"),
+        "{forked}"
+    );
+    // fio splits an unescaped PCI address at its colons
+    let split = refused("split", &one("thread=1", "0000:01:00.0"), &[]);
+    assert!(split.contains("write 0000.01.00.0"), "{split}");
+    let bs = refused("bs", &one("thread=1\nbs=512", "sim\\:0,bs=4096"), &[]);
+    assert!(
+        bs.contains("bs=512 is not a multiple of sim:0's 4096-byte blocks"),
+        "{bs}"
+    );
+    let ns = refused("ns", &one("thread=1", "sim\\:0,ns=2"), &[]);
+    assert!(ns.contains("choose one with ' ns=N'"), "{ns}");
+    let absent = refused("absent", &one("thread=1", "sim\\:0 ns=7"), &[]);
+    assert!(absent.contains("namespace 7 is not active"), "{absent}");
+    let gone = refused("gone", &one("thread=1", "0000.7f.1f.7"), &[]);
+    assert!(gone.contains("fio: usnvme: 0000:7f:1f.7"), "{gone}");
+}
+
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn an_engine_built_for_another_fio_is_refused_with_what_to_rebuild() {
+    let other = std::env::var_os("USNVME_FIO_ENGINE_OTHER_VERSION")
+        .map(PathBuf::from)
+        .expect(
+            "USNVME_FIO_ENGINE_OTHER_VERSION: an engine built for another fio (cargo xtask ci)",
+        );
+    let job = format!(
+        "[j]\nioengine=external:{}\nthread=1\nfilename=sim\\:0\nrw=read\nsize=1m\n",
+        other.display()
+    );
+    let err = refused("other-version", &job, &[]);
+    assert!(err.contains("this engine was built for"), "{err}");
+    assert!(
+        err.contains("rebuild it for this fio with `cargo xtask fio-engine`"),
+        "{err}"
+    );
+}
