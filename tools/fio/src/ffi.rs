@@ -113,7 +113,8 @@ pub unsafe extern "C" fn usnvme_fio_files_close(files: *mut Files) {
 }
 
 /// A job's queues on `files`, each holding `depth` I/Os of up to `max_io` bytes: call it on the
-/// job's thread (its CPU chooses the memory's node). NULL on error.
+/// job's thread (its CPU chooses the memory's node). `paced`: the job sleeps between I/Os
+/// (`rate`, `thinktime`), so its doorbells ring at commit. NULL on error.
 ///
 /// # Safety
 /// `files` came from `usnvme_fio_files_open`; `err` has `err_len` bytes.
@@ -122,13 +123,14 @@ pub unsafe extern "C" fn usnvme_fio_job_new(
     files: *const Files,
     depth: u32,
     max_io: u64,
+    paced: bool,
     err: *mut c_char,
     err_len: usize,
 ) -> *mut Job {
     guarded(err, err_len, std::ptr::null_mut(), || {
         // SAFETY: a live Files (the contract).
         let files = unsafe { files.as_ref() }.ok_or("the job's files were not opened")?;
-        let job = Job::new(&files.0, depth, max_io)?;
+        let job = Job::new(&files.0, depth, max_io, paced)?;
         Ok(Box::into_raw(Box::new(job)))
     })
 }

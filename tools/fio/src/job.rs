@@ -60,12 +60,20 @@ pub struct Job {
     done: VecDeque<Done>,
     /// What the last [`Job::reap`] handed up.
     events: Vec<Done>,
+    /// Ring doorbells at [`Job::commit`], not at the next [`Job::reap`] (see there).
+    ring_on_commit: bool,
 }
 
 impl Job {
     /// Queues for `devices` (the job's files), each holding `depth` I/Os of up to `max_io`
-    /// bytes, on the NUMA node of the CPU the job runs on.
-    pub fn new(devices: &[Arc<dyn BlockDevice>], depth: u32, max_io: u64) -> Result<Job, String> {
+    /// bytes, on the NUMA node of the CPU the job runs on. `ring_on_commit`: for jobs that pace
+    /// themselves (see [`Job::commit`]).
+    pub fn new(
+        devices: &[Arc<dyn BlockDevice>],
+        depth: u32,
+        max_io: u64,
+        ring_on_commit: bool,
+    ) -> Result<Job, String> {
         let first = devices.first().ok_or("the job has no files")?;
         let dma = first.dma();
         if let Some(other) = devices
@@ -106,6 +114,7 @@ impl Job {
             buffers: None,
             done: VecDeque::with_capacity(depth as usize + 1),
             events: Vec::with_capacity(depth as usize + 1),
+            ring_on_commit,
         })
     }
 
@@ -166,15 +175,22 @@ impl Job {
         }
     }
 
-    /// Rings the doorbells of what was queued.
+    /// fio's commit, after every I/O it queues by default (`iodepth_batch=1`). A doorbell per
+    /// I/O is an MMIO write per I/O, so, as SPDK delays submissions, the doorbells ring when fio
+    /// next collects completions ([`Job::reap`]), which it always does before it waits for
+    /// anything. Only a job that paces itself (`rate`, `thinktime`) may sleep between the two:
+    /// its doorbells ring here.
     pub fn commit(&mut self) {
-        for c in &mut self.channels {
-            c.flush();
+        if self.ring_on_commit {
+            for c in &mut self.channels {
+                c.flush();
+            }
         }
     }
 
-    /// Collects finished I/Os until at least `min` are there, `timeout` passed or nothing is in
-    /// flight, and hands up to `max` of them; the rest wait for the next call.
+    /// Rings the doorbells of what was queued, collects finished I/Os until at least `min` are
+    /// there, `timeout` passed or nothing is in flight, and hands up to `max` of them; the rest
+    /// wait for the next call.
     pub fn reap(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> &[Done] {
         // fio never has more in flight than its depth, the capacity: no allocation here
         let max = max.min(self.events.capacity());

@@ -33,7 +33,7 @@ struct usnvme_files *usnvme_fio_files_open(const char **names, size_t count, con
 					   size_t err_len);
 void usnvme_fio_files_close(struct usnvme_files *files);
 struct usnvme_job *usnvme_fio_job_new(const struct usnvme_files *files, uint32_t depth,
-				      uint64_t max_io, char *err, size_t err_len);
+				      uint64_t max_io, bool paced, char *err, size_t err_len);
 void usnvme_fio_job_free(struct usnvme_job *job);
 int usnvme_fio_alloc_buffers(struct usnvme_job *job, size_t len, uint8_t **start, char *err,
 			     size_t err_len);
@@ -110,6 +110,19 @@ fail:
 	return 1;
 }
 
+/* Whether fio may sleep with I/Os queued but not yet reaped: a rate or a think time. */
+static bool usnvme_paced(struct thread_data *td)
+{
+	int d;
+
+	if (td->o.thinktime)
+		return true;
+	for (d = 0; d < DDIR_RWDIR_CNT; d++)
+		if (td->o.rate[d] || td->o.rate_iops[d])
+			return true;
+	return false;
+}
+
 static int usnvme_init(struct thread_data *td)
 {
 	struct usnvme_td *s;
@@ -124,7 +137,8 @@ static int usnvme_init(struct thread_data *td)
 	for (d = 0; d < DDIR_RWDIR_CNT; d++)
 		if (td->o.max_bs[d] > max_io)
 			max_io = td->o.max_bs[d];
-	s->job = usnvme_fio_job_new(s->files, td->o.iodepth, max_io, err, sizeof(err));
+	s->job = usnvme_fio_job_new(s->files, td->o.iodepth, max_io, usnvme_paced(td), err,
+				    sizeof(err));
 	if (!s->job) {
 		log_err("fio: usnvme: %s\n", err);
 		return 1;

@@ -5,6 +5,7 @@
 //! figures; they never fail on one.
 
 mod fabric;
+mod fio;
 mod host;
 mod spdk;
 mod vm;
@@ -27,8 +28,8 @@ pub struct BenchArgs {
     #[arg(long)]
     no_vm: bool,
     /// Run only this section: host (callgrind and native on `sim`), vm (side by side with the
-    /// kernel), fabric (usnvme serve against the kernel's nvmet-tcp) or spdk (same boot as
-    /// SPDK; needs --spdk).
+    /// kernel), fabric (usnvme serve against the kernel's nvmet-tcp), spdk (same boot as
+    /// SPDK; needs --spdk) or fio (fio with usnvme's engine against usnvme perf).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -44,6 +45,10 @@ pub struct BenchArgs {
     /// boot (it is copied onto the guest's work share).
     #[arg(long, value_name = "PATH")]
     spdk: Option<PathBuf>,
+    /// SPDK's fio plugin (`build/fio/spdk_nvme` of an SPDK tree configured `--with-fio` on the
+    /// installed fio's source, `target/fio/src/`): the fio section runs it beside the engine.
+    #[arg(long, value_name = "PATH")]
+    spdk_fio: Option<PathBuf>,
     /// Seconds per run (-t) of the SPDK comparison (default 10; 3 with --quick).
     #[arg(long, value_name = "S")]
     spdk_seconds: Option<u32>,
@@ -62,6 +67,7 @@ enum Section {
     Vm,
     Fabric,
     Spdk,
+    Fio,
 }
 
 /// One host benchmark: what ran and what it measured.
@@ -109,6 +115,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
     let run_fabric = !args.no_vm && only(Section::Fabric);
+    let run_fio = !args.no_vm && only(Section::Fio);
+    let spdk_fio = match &args.spdk_fio {
+        Some(p) if !p.is_file() => bail!("--spdk-fio {}: no such file", p.display()),
+        Some(p) => Some(std::fs::canonicalize(p)?),
+        None => None,
+    };
     cmd::run(
         "bench: build (release)",
         Command::new("cargo")
@@ -163,12 +175,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         _ => None,
     };
-    let report = report(
+    let fio = if run_fio {
+        println!("bench: fio with usnvme's engine against usnvme perf (one boot)");
+        let engine = crate::fio_engine::build(&Default::default())?;
+        let seconds = args.spdk_seconds.unwrap_or(if args.quick { 3 } else { 10 });
+        let rounds = if args.quick { 1 } else { 3 };
+        Some(fio::same_boot(
+            &usnvme,
+            &engine,
+            spdk_fio.as_deref(),
+            seconds,
+            rounds,
+        )?)
+    } else {
+        None
+    };
+    let mut report = report(
         host.as_ref(),
         vm.as_ref(),
         fabric.as_ref(),
         spdk.as_ref(),
         &args,
+    )?;
+    fio::section(
+        &mut report,
+        fio.as_ref(),
+        if args.no_vm { "`--no-vm`" } else { "`--only`" },
     )?;
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     std::fs::write(&out, report)?;
@@ -382,6 +414,9 @@ fn report(
     }
     if args.spdk.is_some() {
         flags.push_str(" --spdk PATH");
+    }
+    if args.spdk_fio.is_some() {
+        flags.push_str(" --spdk-fio PATH");
     }
     writeln!(m, "# Benchmarks\n")?;
     writeln!(

@@ -351,7 +351,7 @@ fn spdk_version(output: &str) -> Option<String> {
 }
 
 /// The same from usnvme perf's JSON: reads and writes of the total.
-fn usnvme_figures(json: &str) -> Option<Figures> {
+pub(super) fn usnvme_figures(json: &str) -> Option<Figures> {
     let doc: serde_json::Value = serde_json::from_str(json).ok()?;
     let (mut iops, mut kib_s, mut weighted_ns) = (0.0, 0.0, 0.0);
     for kind in ["read", "write"] {
@@ -368,7 +368,7 @@ fn usnvme_figures(json: &str) -> Option<Figures> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
