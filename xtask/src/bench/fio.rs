@@ -280,18 +280,21 @@ fn host_side(
     let drive = "sim:0,backend=null,mode=inline,size=1T";
     let runtime = format!("--runtime={seconds}");
     let mut rows = Vec::new();
-    let perf = std::process::Command::new("taskset")
+    let json = crate::target_dir().join("fio/bench-host-perf.json");
+    let _ = std::fs::remove_file(&json);
+    let _ = std::process::Command::new("taskset")
         .args(["-c", "0"])
         .arg(usnvme)
         .args([
             "perf", "-r", drive, "-c", "0", "-q", "32", "-o", "4k", "-w", "randread",
         ])
-        .args(["-t", &seconds.to_string(), "--json", "-"])
+        .args(["-t", &seconds.to_string(), "--json"])
+        .arg(&json)
         .output();
-    let text = perf.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let text = std::fs::read_to_string(&json).unwrap_or_default();
     rows.push((
         format!("usnvme perf -q 32 -c 0 -r {drive}"),
-        text.ok().and_then(|t| usnvme_figures(&t)),
+        usnvme_figures(&text),
     ));
     for case in [&CASES[0], &CASES[1]] {
         let flags = case.fio_flags();
