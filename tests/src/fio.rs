@@ -166,3 +166,45 @@ pub fn assert_clients_add_up(run: &FioRun, servers: usize) -> u64 {
     all[0]["read"]["total_ios"].as_u64().unwrap_or(0)
         + all[0]["write"]["total_ios"].as_u64().unwrap_or(0)
 }
+
+/// The three job files of the issue as one, in turn: random writes fio verifies (crc32c),
+/// random reads from two threads, a 70/30 mix.
+pub fn three_jobs(files: &str, size: &str) -> String {
+    format!(
+        "size={size}\n\
+         [randwrite-verify]\nfilename={files}\nrw=randwrite\niodepth=16\nverify=crc32c\n\
+         [randread]\nstonewall\nfilename={files}\nrw=randread\niodepth=32\nnumjobs=2\n\
+         [mixed]\nstonewall\nfilename={files}\nrw=randrw\nrwmixread=70\niodepth=16\n\
+         time_based=1\nruntime=2\n"
+    )
+}
+
+/// Checks the report of [`three_jobs`] over `bytes` bytes.
+pub fn assert_three_jobs(run: &FioRun, bytes: u64) {
+    assert!(run.ok, "{}\n{:#}", run.stderr, run.report);
+    let w = run.job("randwrite-verify");
+    assert_eq!(job_error(w), 0, "{w:#}");
+    assert_eq!(io_bytes(w, "write"), bytes, "{w:#}");
+    assert_eq!(
+        io_bytes(w, "read"),
+        bytes,
+        "fio's verify read back every block: {w:#}"
+    );
+    let reads: Vec<_> = run
+        .jobs()
+        .iter()
+        .filter(|j| j["jobname"] == "randread")
+        .collect();
+    assert_eq!(reads.len(), 2, "{:#}", run.report);
+    for r in reads {
+        assert_eq!((job_error(r), io_bytes(r, "read")), (0, bytes), "{r:#}");
+    }
+    let m = run.job("mixed");
+    let (read, write) = (io_bytes(m, "read"), io_bytes(m, "write"));
+    assert_eq!(job_error(m), 0, "{m:#}");
+    let share = read as f64 / (read + write).max(1) as f64;
+    assert!(
+        (0.6..0.8).contains(&share),
+        "70/30: {read} read, {write} written"
+    );
+}

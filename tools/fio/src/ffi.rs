@@ -17,29 +17,34 @@ use crate::registry;
 pub struct Files(Vec<Arc<dyn BlockDevice>>);
 
 /// Runs `f`; its error (or a panic) goes to `err` and gives `on_error`.
-fn guarded<T>(
-    err: *mut c_char,
-    err_len: usize,
-    on_error: T,
-    f: impl FnOnce() -> Result<T, String>,
-) -> T {
+fn guarded<T>(err: Option<&mut [u8]>, on_error: T, f: impl FnOnce() -> Result<T, String>) -> T {
     let message = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => return v,
         Ok(Err(e)) => e,
         Err(_) => "internal error (a panic): please report it with the job file".to_string(),
     };
-    write_str(err, err_len, &message);
+    write_str(err, &message);
     on_error
 }
 
-/// Copies `s` into the C buffer `buf` of `len` bytes, cut to fit, NUL-terminated.
-fn write_str(buf: *mut c_char, len: usize, s: &str) {
+/// The C buffer `buf` of `len` bytes (None when NULL or empty).
+///
+/// # Safety
+/// `buf` is NULL or has `len` writable bytes, not otherwise used while the slice lives.
+unsafe fn c_buffer<'a>(buf: *mut c_char, len: usize) -> Option<&'a mut [u8]> {
     if buf.is_null() || len == 0 {
-        return;
+        return None;
     }
-    let n = s.len().min(len - 1);
-    // SAFETY: the caller gives `buf` as `len` writable bytes; n + 1 <= len.
-    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n + 1) };
+    // SAFETY: per this function's contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
+}
+
+/// Copies `s` into a C string buffer, cut to fit, NUL-terminated.
+fn write_str(out: Option<&mut [u8]>, s: &str) {
+    let Some(out) = out else {
+        return;
+    };
+    let n = s.len().min(out.len() - 1);
     out[..n].copy_from_slice(&s.as_bytes()[..n]);
     out[n] = 0;
 }
@@ -61,7 +66,9 @@ pub unsafe extern "C" fn usnvme_fio_files_open(
     err: *mut c_char,
     err_len: usize,
 ) -> *mut Files {
-    guarded(err, err_len, std::ptr::null_mut(), || {
+    // SAFETY: `err` has `err_len` bytes (the contract).
+    let err = unsafe { c_buffer(err, err_len) };
+    guarded(err, std::ptr::null_mut(), || {
         // SAFETY: per this function's contract.
         let names = unsafe { std::slice::from_raw_parts(names, count) };
         let names: Vec<String> = names
@@ -127,7 +134,9 @@ pub unsafe extern "C" fn usnvme_fio_job_new(
     err: *mut c_char,
     err_len: usize,
 ) -> *mut Job {
-    guarded(err, err_len, std::ptr::null_mut(), || {
+    // SAFETY: `err` has `err_len` bytes (the contract).
+    let err = unsafe { c_buffer(err, err_len) };
+    guarded(err, std::ptr::null_mut(), || {
         // SAFETY: a live Files (the contract).
         let files = unsafe { files.as_ref() }.ok_or("the job's files were not opened")?;
         let job = Job::new(&files.0, depth, max_io, paced)?;
@@ -161,7 +170,9 @@ pub unsafe extern "C" fn usnvme_fio_alloc_buffers(
     err: *mut c_char,
     err_len: usize,
 ) -> c_int {
-    guarded(err, err_len, -1, || {
+    // SAFETY: `err` has `err_len` bytes (the contract).
+    let err = unsafe { c_buffer(err, err_len) };
+    guarded(err, -1, || {
         // SAFETY: live and this thread's (the contract).
         let job = unsafe { job.as_mut() }.ok_or("the job was not set up")?;
         let ptr = job.alloc_buffers(len)?;
@@ -266,7 +277,9 @@ pub unsafe extern "C" fn usnvme_fio_reap(
 /// `buf` has `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn usnvme_fio_failure(buf: *mut c_char, len: usize) {
-    write_str(buf, len, &job::last_failure());
+    // SAFETY: `buf` has `len` bytes (the contract).
+    let out = unsafe { c_buffer(buf, len) };
+    write_str(out, &job::last_failure());
 }
 
 /// fio's entry point (the engine's `struct ioengine_ops`), from the shim, which refuses a fio of

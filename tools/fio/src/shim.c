@@ -86,15 +86,16 @@ static int usnvme_setup(struct thread_data *td)
 		log_err("fio: usnvme: out of memory\n");
 		goto fail;
 	}
-	for_each_file(td, f, i)
-		names[i] = f->file_name;
+	for (i = 0; i < td->files_index; i++)
+		names[i] = td->files[i]->file_name;
 	s->files = usnvme_fio_files_open(names, td->files_index, bs, sizeof(bs) / sizeof(bs[0]),
 					 sizes, err, sizeof(err));
 	if (!s->files) {
 		log_err("fio: usnvme: %s\n", err);
 		goto fail;
 	}
-	for_each_file(td, f, i) {
+	for (i = 0; i < td->files_index; i++) {
+		f = td->files[i];
 		f->real_file_size = sizes[i];
 		f->filetype = FIO_TYPE_BLOCK;
 		fio_file_set_size_known(f);
