@@ -340,8 +340,10 @@ fn a_drive_hot_removed_under_perf_fails_alone_and_the_report_names_it() {
     let _ = std::fs::remove_file(&json);
     // In the guest: perf in the background; once a drive has left vfio-pci (perf gave its
     // device back), perf's open files, until no deleted group file is among them or 10 s.
+    // perf runs a minute: on a loaded host the removal alone has taken most of 20 s, and perf's
+    // files listed as it ended were those of its shutdown, not of its run.
     let guest = format!(
-        r#"{usnvme} perf -q 4 -t 20 --json {json} & perf=$!
+        r#"{usnvme} perf -q 4 -t 60 --json {json} & perf=$!
 bound() {{ ls /sys/bus/pci/drivers/vfio-pci | grep -c : ; }}
 drives=$(bound)
 while [ "$(bound)" -ge "$drives" ] && kill -0 $perf 2>/dev/null; do sleep 0.2; done
@@ -374,7 +376,7 @@ wait $perf"#,
     let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
     let mut seen = Vec::new();
     for line in stdout.by_ref().map_while(Result::ok) {
-        let measuring = line.contains("measuring for 20 s");
+        let measuring = line.contains("measuring for 60 s");
         seen.push(line);
         if measuring {
             break;
