@@ -69,6 +69,8 @@ pub fn run(dir: &Path, name: &str, job: &str, args: &[&str]) -> FioRun {
         .arg("--output-format=json")
         .arg(format!("--output={}", report.display()))
         .arg(&job_file)
+        // fio leaves its verify state files (`*-verify.state`) in its working folder
+        .current_dir(dir)
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run fio: {e}"));
@@ -105,6 +107,7 @@ impl FioServer {
         };
         let child = cmd
             .arg(format!("--server=ip:127.0.0.1,{port}"))
+            .current_dir(std::env::temp_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
