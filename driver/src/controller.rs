@@ -1304,7 +1304,8 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
         NamespaceGeometry {
             nsid: 0,
             block_size: 0,
-            blocks: 0
+            blocks: 0,
+            metadata_size: 0,
         };
         len
     ];
@@ -1313,6 +1314,7 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
             nsid: n.nsid,
             block_size: n.block_size,
             blocks: n.blocks,
+            metadata_size: n.metadata_size,
         };
     }
     Arc::from(table)

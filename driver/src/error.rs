@@ -58,6 +58,8 @@ pub enum SubmitError {
     QueueFull { in_flight: u16 },
     #[error("namespace {nsid} does not exist on this controller")]
     InvalidNamespace { nsid: u32 },
+    #[error("namespace {nsid} is formatted with {bytes} bytes of metadata per block (protection information or metadata), which usnvme does not move yet: reading or writing it without them would misplace data. Format it without metadata (e.g. `nvme format --lbaf=N` on the kernel's driver) to use it")]
+    Metadata { nsid: u32, bytes: u16 },
     #[error("{bytes} bytes exceed the controller's maximum transfer (MDTS) of {max} bytes: split the I/O")]
     ExceedsMdts { bytes: u64, max: u64 },
     #[error("{bytes} bytes is not a whole number of {block_size}-byte blocks")]

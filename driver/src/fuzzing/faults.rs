@@ -227,6 +227,7 @@ impl Harness {
             namespaces: vec![SimNamespace {
                 block_size,
                 blocks: BLOCKS,
+                metadata_size: 0,
             }],
             backend: Backend::Ram,
             mode,

@@ -59,6 +59,9 @@ pub struct NamespaceGeometry {
     pub nsid: u32,
     pub block_size: u32,
     pub blocks: u64,
+    /// Metadata bytes per block of its format: such a namespace takes no read or write here
+    /// (data without its metadata would land in the wrong place, or fail the drive's checks).
+    pub metadata_size: u16,
 }
 
 /// Counters kept without atomics: the owner reads them.
@@ -102,12 +105,21 @@ struct IoLimits {
     block_mask: u64,
     max_blocks: u64,
     blocks: u64,
+    /// Non-zero: the namespace has metadata, and `max_blocks` is 0 (see NamespaceGeometry).
+    metadata_size: u16,
 }
 
 impl IoLimits {
     fn of(g: &NamespaceGeometry, nsid: u32, max_transfer: u64) -> IoLimits {
         if g.nsid != nsid || !g.block_size.is_power_of_two() {
             return IoLimits::default();
+        }
+        if g.metadata_size > 0 {
+            return IoLimits {
+                nsid,
+                metadata_size: g.metadata_size,
+                ..IoLimits::default()
+            };
         }
         let block_shift = g.block_size.trailing_zeros();
         IoLimits {
@@ -116,6 +128,7 @@ impl IoLimits {
             block_shift,
             max_blocks: (max_transfer >> block_shift).min(MAX_BLOCKS_PER_COMMAND),
             blocks: g.blocks,
+            metadata_size: 0,
         }
     }
 }
@@ -630,11 +643,19 @@ impl QueuePair {
 
     #[inline]
     fn namespace(&self, nsid: u32) -> Result<IoLimits, SubmitError> {
-        nsid.checked_sub(1)
+        let limits = nsid
+            .checked_sub(1)
             .and_then(|i| self.limits.get(i as usize))
             .filter(|l| l.nsid == nsid)
             .copied()
-            .ok_or(SubmitError::InvalidNamespace { nsid })
+            .ok_or(SubmitError::InvalidNamespace { nsid })?;
+        if limits.metadata_size > 0 {
+            return Err(SubmitError::Metadata {
+                nsid,
+                bytes: limits.metadata_size,
+            });
+        }
+        Ok(limits)
     }
 
     /// The block count of a read or write of `bytes` at `slba`: whole blocks, within the
@@ -960,6 +981,7 @@ mod tests {
             nsid,
             block_size,
             blocks: 1000,
+            metadata_size: 0,
         };
         let l = IoLimits::of(&g(1, 512), 1, 2 << 20);
         assert_eq!((l.block_mask, l.block_shift), (511, 9));

@@ -117,7 +117,7 @@ fn identify_namespace(config: &SimConfig, nsid: u32) -> IdentifyNamespace {
     id.nsze = ns.blocks;
     id.ncap = ns.blocks;
     id.nuse = ns.blocks;
-    id.lbaf[0] = LbaFormat::new(ns.block_size.trailing_zeros() as u8, 0);
+    id.lbaf[0] = LbaFormat::new(ns.block_size.trailing_zeros() as u8, ns.metadata_size);
     id.dlfeat = 0b1001; // deallocated blocks read as zeroes; Write Zeroes may deallocate
     id.nvmcap = (ns.blocks as u128 * ns.block_size as u128).to_le_bytes();
     let u = unique(config, nsid);

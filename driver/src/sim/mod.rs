@@ -65,6 +65,9 @@ pub(crate) use usnvme_hugepages::IovaMemory;
 pub struct SimNamespace {
     pub block_size: u32,
     pub blocks: u64,
+    /// Metadata bytes per block its format reports (`ms=`): what a driver must not ignore. The
+    /// simulated controller moves no metadata.
+    pub metadata_size: u16,
 }
 
 /// How the controller runs commands.
@@ -123,6 +126,7 @@ impl Default for SimConfig {
             namespaces: vec![SimNamespace {
                 block_size: 512,
                 blocks: (1 << 30) / 512,
+                metadata_size: 0,
             }],
             backend: Backend::Null,
             mqes: 2047,

@@ -39,7 +39,7 @@ pub enum SimSpecError {
 }
 
 const VALID: &str =
-    "bs=512|4096, size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
+    "bs=512|4096, ms=0|8|16|64 (metadata bytes per block, reported only), size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
 queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
 latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>, \
 corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
@@ -124,6 +124,7 @@ impl FromStr for SimSpec {
         }
         let mut config = SimConfig::default();
         let (mut block_size, mut size, mut count) = (512u32, 1u64 << 30, 1usize);
+        let mut metadata_size = 0u16;
         let (mut threaded, mut latency, mut ooo) = (false, Duration::ZERO, false);
         for option in parts {
             let (name, value) = option.split_once('=').unwrap_or((option, ""));
@@ -140,6 +141,15 @@ impl FromStr for SimSpec {
                     size = crate::parse_size(value)
                         .filter(|&s| s > 0)
                         .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
+                }
+                "ms" => {
+                    metadata_size = match value {
+                        "0" => 0,
+                        "8" => 8,
+                        "16" => 16,
+                        "64" => 64,
+                        _ => return Err(bad("0, 8, 16 or 64 (metadata bytes per block)")),
+                    }
                 }
                 "ns" => {
                     count = value
@@ -243,6 +253,7 @@ impl FromStr for SimSpec {
             SimNamespace {
                 block_size,
                 blocks: size / block_size as u64,
+                metadata_size,
             };
             count
         ];
@@ -283,7 +294,8 @@ mod tests {
             vec![
                 SimNamespace {
                     block_size: 4096,
-                    blocks: 262_144
+                    blocks: 262_144,
+                    metadata_size: 0,
                 };
                 2
             ]

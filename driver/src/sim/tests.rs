@@ -18,7 +18,11 @@ const NSID: u32 = 1;
 
 fn ram(block_size: u32, blocks: u64) -> SimConfig {
     SimConfig {
-        namespaces: vec![SimNamespace { block_size, blocks }],
+        namespaces: vec![SimNamespace {
+            block_size,
+            blocks,
+            metadata_size: 0,
+        }],
         backend: Backend::Ram,
         ..SimConfig::default()
     }
@@ -1785,5 +1789,33 @@ fn a_read_or_write_the_driver_refuses_gets_the_error_of_what_is_wrong() {
     // the last block is inside
     let st = run(&mut qp, |q| q.read(NSID, (1 << 18) - 1, at(512), 7));
     assert!(st.is_success(), "{st}");
+    buffers.free(buf).expect("own");
+}
+
+#[test]
+fn a_namespace_formatted_with_metadata_takes_no_read_or_write() {
+    // 512 + 8: data without its metadata would be misplaced (extended LBAs) or fail the
+    // drive's checks, so the driver refuses by name what it cannot move yet
+    let mut config = ram(512, 1 << 10);
+    config.namespaces[0].metadata_size = 8;
+    let (_sim, ctrl) = start(config);
+    assert_eq!(ctrl.namespace(NSID).expect("namespace").metadata_size, 8);
+    let mut qp = queue(&ctrl, 4);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let io = IoBuffer {
+        iova: buf.iova(),
+        len: 512,
+    };
+    let metadata = SubmitError::Metadata {
+        nsid: NSID,
+        bytes: 8,
+    };
+    assert_eq!(qp.read(NSID, 0, io, 1), Err(metadata.clone()));
+    assert_eq!(qp.write(NSID, 0, io, 2), Err(metadata.clone()));
+    assert!(metadata
+        .to_string()
+        .contains("8 bytes of metadata per block"));
+    assert_eq!(qp.in_flight(), 0, "nothing refused went out");
     buffers.free(buf).expect("own");
 }

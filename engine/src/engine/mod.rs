@@ -583,6 +583,22 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_with_metadata_is_no_block_device() {
+        let engine = sim_engine(&["sim:0,ms=8", "sim:1"], &[0]);
+        let devices = engine.namespaces();
+        let names: Vec<&str> = devices.iter().map(|d| d.info().name.as_str()).collect();
+        assert_eq!(names, ["sim:1"]);
+        let err =
+            NamespaceDevice::new(engine.drives()[0].controller.clone(), 1, 0).expect_err("refused");
+        let err = err.to_string();
+        assert!(err.starts_with("sim:0: "), "{err}");
+        assert!(
+            err.contains("namespace 1 is formatted with 8 bytes of metadata"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_namespaces_of_a_drive_share_its_queue_on_each_core() {
         // one queue pair granted: its four namespaces all go to one core, through one queue
         let engine = sim_engine(&["sim:0,ns=4,queues=1", "sim:1,ns=4"], &[0, 1]);

@@ -137,7 +137,7 @@ impl Job {
     }
 
     /// Queues `op` on file `file` (`len` bytes at `offset`, from or into `buf`, one of fio's
-    /// buffers) as I/O `token`. Doorbells ring at [`Job::commit`].
+    /// buffers) as I/O `token`. Doorbells ring at [`Job::commit`] or [`Job::reap`].
     #[inline]
     pub fn queue(
         &mut self,
