@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use super::spdk::{median, usnvme_figures, Figures};
 use crate::cmd::sh_quote;
-use crate::vm::run::{self, RunArgs};
+use crate::vm::run;
 
 const NQN: &str = "nqn.2024-01.io.usnvme:bench-fio";
 
@@ -241,11 +241,7 @@ pub fn same_boot(
         &out.display().to_string(),
         seconds,
     );
-    std::fs::write(out.join("bench.sh"), &body)?;
-    let mut args = RunArgs::for_program(vec![
-        "/bin/sh".into(),
-        out.join("bench.sh").display().to_string(),
-    ]);
+    let mut args = super::guest_script(&out, &body)?;
     args.drives = 2;
     args.timeout = 600 + runs.len() as u64 * (u64::from(seconds) * 2 + 60);
     let exit_code = run::run(&args)?;

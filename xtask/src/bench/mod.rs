@@ -360,6 +360,17 @@ fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResult
     })
 }
 
+/// Writes a benchmark's guest script into `out` (the work share the guest sees) and returns
+/// the arguments of a boot that runs it.
+fn guest_script(out: &std::path::Path, body: &str) -> Result<crate::vm::run::RunArgs> {
+    let script = out.join("bench.sh");
+    std::fs::write(&script, body)?;
+    Ok(crate::vm::run::RunArgs::for_program(vec![
+        "/bin/sh".into(),
+        script.display().to_string(),
+    ]))
+}
+
 fn git(args: &[&str]) -> String {
     Command::new("git")
         .args(args)

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::cmd::sh_quote;
-use crate::vm::run::{self, RunArgs};
+use crate::vm::run;
 use crate::vm::trace::{self, Counts};
 
 /// One workload, run by both tools with these flags.
@@ -253,11 +253,7 @@ pub fn same_boot(usnvme: &Path, spdk: &Path, seconds: u32, rounds: u32) -> Resul
         &out.display().to_string(),
         seconds,
     );
-    std::fs::write(out.join("bench.sh"), &body)?;
-    let mut args = RunArgs::for_program(vec![
-        "/bin/sh".into(),
-        out.join("bench.sh").display().to_string(),
-    ]);
+    let mut args = super::guest_script(&out, &body)?;
     args.timeout = 600 + runs.len() as u64 * (u64::from(seconds) * 2 + 30);
     let qmp = std::env::temp_dir().join(format!("usnvme-bench-spdk-{}.qmp", std::process::id()));
     args.qmp = Some(qmp.clone());

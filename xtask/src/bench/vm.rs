@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::cmd::sh_quote;
-use crate::vm::run::{self, RunArgs};
+use crate::vm::run;
 
 /// What one cell of the comparison ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,11 +151,7 @@ pub fn side_by_side(usnvme: &Path, quick: bool, seconds: u32) -> Result<VmResult
         &out.display().to_string(),
         seconds,
     );
-    std::fs::write(out.join("bench.sh"), &body)?;
-    let mut args = RunArgs::for_program(vec![
-        "/bin/sh".into(),
-        out.join("bench.sh").display().to_string(),
-    ]);
+    let mut args = super::guest_script(&out, &body)?;
     args.kernel_nvme = Some("12".into());
     args.timeout = 600 + cases.len() as u64 * (seconds as u64 + 15);
     // Whatever finished counts, also when the guest did not end cleanly.
