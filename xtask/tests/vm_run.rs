@@ -256,6 +256,52 @@ fn kernel_nvme_leaves_the_first_drives_on_the_kernel_driver() {
     }
 }
 
+#[test]
+#[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
+fn namespaces_with_metadata_are_made_seen_and_left_out_by_name() {
+    let usnvme = program("usnvme");
+    let script = format!(
+        "{usnvme} identify --json && echo '=== perf' && {usnvme} perf -q 4 -o 4k -w randread -t 1"
+    );
+    let out = vm_run(
+        &[
+            "--drives",
+            "2",
+            "--ns",
+            "bs=512",
+            "--ns",
+            "bs=4096,ms=8,pi=1,size=64M",
+        ],
+        &["/bin/sh", "-c", &script],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let (identify, perf) = stdout.split_once("=== perf").expect("both ran");
+    let controllers: Vec<serde_json::Value> = serde_json::from_str(identify).expect("JSON");
+    assert_eq!(controllers.len(), 2);
+    for c in &controllers {
+        let ns: Vec<(u64, u64, u64)> = c["namespaces"]
+            .as_array()
+            .expect("namespaces")
+            .iter()
+            .map(|n| {
+                let num = |k: &str| n[k].as_u64().unwrap_or(0);
+                (num("nsid"), num("block_size"), num("metadata_size"))
+            })
+            .collect();
+        assert_eq!(ns, [(1, 512, 0), (2, 4096, 8)], "{c:#}");
+    }
+    // perf runs on the plain namespaces and names the ones it leaves out
+    assert!(perf.contains("2 device(s)"), "{perf}\n{stderr}");
+    assert_eq!(
+        stderr
+            .matches("namespace 2 is formatted with 8 bytes of metadata per block")
+            .count(),
+        2,
+        "{stderr}"
+    );
+}
+
 /// Sends QMP commands on `socket` (retrying the connect while QEMU starts) and returns the replies.
 fn qmp(socket: &std::path::Path, commands: &[serde_json::Value]) -> Vec<serde_json::Value> {
     use std::io::Write;

@@ -3,6 +3,7 @@
 
 pub mod initramfs;
 pub mod kmod;
+pub mod namespaces;
 pub mod qemu;
 pub mod run;
 pub mod setup;

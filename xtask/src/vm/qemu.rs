@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
+use super::namespaces::{self, NsSpec};
 use super::setup::{Assets, QBOOT, SEABIOS};
 
 /// Where each emulated drive keeps its data.
@@ -50,6 +51,8 @@ pub struct VmConfig {
     pub logical_block_sizes: Vec<u32>,
     pub kernel_nvme: KernelNvme,
     pub nvme_opts: Option<String>,
+    /// Each controller's namespaces (`--ns`); empty: one, the whole disk, on the controller.
+    pub namespaces: Vec<NsSpec>,
     pub numa_nodes: usize,
     pub hugepages_bytes: u64,
     pub cpus: usize,
@@ -104,6 +107,7 @@ impl VmConfig {
                 self.disk_size
             );
         }
+        self.namespace_sizes()?;
         if !self.hugepages_bytes.is_multiple_of(2 * MIB) {
             bail!("--hugepages: a multiple of 2M");
         }
@@ -159,6 +163,38 @@ impl VmConfig {
 
     pub fn drive_image(&self, k: usize) -> PathBuf {
         self.disk_dir.join(format!("nvme{k}.img"))
+    }
+
+    /// The image of namespace `nsid` of drive `k` (with `--ns`).
+    fn namespace_image(&self, k: usize, nsid: usize) -> PathBuf {
+        self.disk_dir.join(format!("nvme{k}n{nsid}.img"))
+    }
+
+    /// Every image file of the file backend and its size.
+    pub fn images(&self) -> Vec<(PathBuf, u64)> {
+        let sizes = self.namespace_sizes().unwrap_or_default();
+        (0..self.drives)
+            .flat_map(|k| match sizes.is_empty() {
+                true => vec![(self.drive_image(k), self.disk_size)],
+                false => (1..=sizes.len())
+                    .map(|n| (self.namespace_image(k, n), sizes[n - 1]))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The block size of namespace `spec` of drive `k`: its own, else the drive's.
+    fn namespace_block_size(&self, spec: &NsSpec, k: usize) -> u32 {
+        spec.block_size
+            .unwrap_or_else(|| self.logical_block_size(k))
+    }
+
+    /// Each `--ns` namespace's size (empty without `--ns`).
+    fn namespace_sizes(&self) -> Result<Vec<u64>> {
+        // a size must suit every drive's block size: 4096 covers both
+        namespaces::sizes(&self.namespaces, self.disk_size, |s| {
+            s.block_size.unwrap_or(4096)
+        })
     }
 
     /// A list of sizes is spread over the drives in order: with `512,4096`, the first half of
@@ -334,27 +370,54 @@ impl VmConfig {
 
     fn drive_args(&self, k: usize) -> Vec<String> {
         let mut a = Vec::new();
+        if !self.namespaces.is_empty() {
+            a.extend(self.controller_args(k, None));
+            let sizes = self.namespace_sizes().unwrap_or_default();
+            for (i, (spec, size)) in self.namespaces.iter().zip(sizes).enumerate() {
+                let (nsid, node) = (i + 1, format!("nvm{k}n{}", i + 1));
+                a.extend(self.blockdev_args(&node, size, &self.namespace_image(k, nsid)));
+                a.push("-device".into());
+                a.push(format!(
+                    "nvme-ns,id=nvme{k}n{nsid},drive={node},bus=nvme{k},nsid={nsid},{}",
+                    spec.qemu_props(self.namespace_block_size(spec, k))
+                ));
+            }
+            return a;
+        }
+        a.extend(self.blockdev_args(&format!("nvm{k}"), self.disk_size, &self.drive_image(k)));
+        a.extend(self.controller_args(k, Some(&format!("nvm{k}"))));
+        a
+    }
+
+    /// The block device `node` of `size` bytes: null, or the image `image`.
+    fn blockdev_args(&self, node: &str, size: u64, image: &Path) -> Vec<String> {
+        let mut a = Vec::new();
         match self.backend {
             Backend::Null => {
                 a.push("-blockdev".into());
                 a.push(format!(
-                    "driver=null-co,node-name=nvm{k},size={},read-zeroes=on",
-                    self.disk_size
+                    "driver=null-co,node-name={node},size={size},read-zeroes=on"
                 ));
             }
             Backend::File => {
                 a.push("-blockdev".into());
                 a.push(format!(
-                    "driver=file,node-name=img{k},filename={},cache.direct=on,aio=threads,discard=unmap",
-                    qemu_escape(&self.drive_image(k))
+                    "driver=file,node-name={node}-img,filename={},cache.direct=on,aio=threads,discard=unmap",
+                    qemu_escape(image)
                 ));
                 a.push("-blockdev".into());
                 // discard=unmap: Dataset Management deallocate really punches holes
                 a.push(format!(
-                    "driver=raw,node-name=nvm{k},file=img{k},discard=unmap"
+                    "driver=raw,node-name={node},file={node}-img,discard=unmap"
                 ));
             }
         }
+        a
+    }
+
+    /// Drive `k`'s root port and controller, with its one namespace on `drive` when given.
+    fn controller_args(&self, k: usize, drive: Option<&str>) -> Vec<String> {
+        let mut a = Vec::new();
         // One root port per drive, 8 functions per slot: on pcie.0 from slot 0x10, or on the
         // drive's node's expander bridge from slot 0.
         let (bus, index) = if self.numa_nodes == 2 {
@@ -379,10 +442,13 @@ impl VmConfig {
             "pcie-root-port,id=rp{k},chassis={},bus={bus},addr={slot:x}.{function}{multifunction}",
             k + 1
         ));
+        let mut nvme = format!("nvme,id=nvme{k},serial=usnvme{k},bus=rp{k}");
         let lbs = self.logical_block_size(k);
-        let mut nvme = format!("nvme,id=nvme{k},serial=usnvme{k},drive=nvm{k},bus=rp{k}");
-        if lbs != 512 {
-            nvme += &format!(",logical_block_size={lbs},physical_block_size={lbs}");
+        if let Some(drive) = drive {
+            nvme += &format!(",drive={drive}");
+            if lbs != 512 {
+                nvme += &format!(",logical_block_size={lbs},physical_block_size={lbs}");
+            }
         }
         if let Some(opts) = &self.nvme_opts {
             nvme += &format!(",{opts}");
@@ -465,6 +531,7 @@ mod tests {
             logical_block_sizes: vec![512, 4096],
             kernel_nvme: KernelNvme::First(0),
             nvme_opts: Some("mdts=2".into()),
+            namespaces: Vec::new(),
             numa_nodes: numa,
             hugepages_bytes: 1 << 30,
             cpus: 2,
@@ -502,6 +569,34 @@ mod tests {
         assert!(!nvme[11].contains("logical_block_size"));
         assert!(nvme[12].contains("logical_block_size=4096") && nvme[12].ends_with(",mdts=2"));
         assert!(args.contains(&QBOOT.to_string()));
+    }
+
+    #[test]
+    fn namespaces_given_become_nvme_ns_devices_of_every_controller() {
+        let mut c = config(2, 1);
+        c.backend = Backend::File;
+        c.namespaces = vec![
+            "bs=4096".parse().expect("valid"),
+            "ms=8,pi=1,size=64M".parse().expect("valid"),
+        ];
+        let args = c.qemu_args(&assets(), None, Path::new("/t"));
+        let nvme: Vec<&String> = args.iter().filter(|a| a.starts_with("nvme,")).collect();
+        assert_eq!(nvme[1], "nvme,id=nvme1,serial=usnvme1,bus=rp1,mdts=2");
+        let ns: Vec<&String> = args.iter().filter(|a| a.starts_with("nvme-ns,")).collect();
+        assert_eq!(ns.len(), 4);
+        // drive 1 is a 4096-byte drive (512,4096 spread): its second namespace keeps that size
+        assert_eq!(
+            ns[3],
+            "nvme-ns,id=nvme1n2,drive=nvm1n2,bus=nvme1,nsid=2,logical_block_size=4096,\
+             physical_block_size=4096,ms=8,mset=0,pi=1,pil=0,pif=0"
+        );
+        assert!(ns[0].contains("nsid=1,logical_block_size=4096"));
+        // one image per namespace: the one given its size, the other the rest
+        let images = c.images();
+        assert_eq!(images.len(), 4);
+        assert_eq!(images[1], (PathBuf::from("/d/nvme0n2.img"), 64 << 20));
+        assert_eq!(images[0].1, (1 << 30) - (64 << 20));
+        assert!(args.iter().any(|a| a.contains("filename=/d/nvme1n2.img")));
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Extra QEMU properties for every controller, e.g. mdts=2,max_ioqpairs=1.
     #[arg(long, value_name = "PROPS")]
     pub nvme_opts: Option<String>,
+    /// A namespace of every controller (repeatable: NSIDs 1, 2, ... in order), as QEMU's
+    /// nvme-ns: bs=512|4096, size=SIZE, ms=0|8|16|64, mset=0|1, pi=0-3, pil=0|1, pif=0|2; e.g.
+    /// `--ns bs=512 --ns bs=4096,ms=8,pi=1`. Default: one namespace, the whole disk.
+    #[arg(long = "ns", value_name = "SPEC")]
+    pub namespaces: Vec<super::namespaces::NsSpec>,
     /// 2: a guest with two NUMA nodes, half the drives on each.
     #[arg(long, default_value_t = 1)]
     pub numa_nodes: usize,
@@ -130,6 +135,7 @@ impl RunArgs {
             logical_block_sizes: self.logical_block_size.clone(),
             kernel_nvme,
             nvme_opts: self.nvme_opts.clone(),
+            namespaces: self.namespaces.clone(),
             numa_nodes: self.numa_nodes,
             hugepages_bytes: self.hugepages,
             cpus: self.cpus,
@@ -330,8 +336,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         }
     }
     if config.backend == Backend::File && !args.keep_disks {
-        for k in 0..config.drives {
-            let _ = std::fs::remove_file(config.drive_image(k));
+        for (path, _) in config.images() {
+            let _ = std::fs::remove_file(path);
         }
     }
     if [EXIT_VM_FAILED, EXIT_TIMEOUT, EXIT_HUNG].contains(&exit_code) {
@@ -545,14 +551,13 @@ fn guest_script(args: &RunArgs, config: &VmConfig, run_dir: &Path) -> Result<Str
 fn prepare_disks(config: &VmConfig, keep: bool) -> Result<()> {
     std::fs::create_dir_all(&config.disk_dir)
         .with_context(|| format!("creating {}", config.disk_dir.display()))?;
-    for k in 0..config.drives {
-        let path = config.drive_image(k);
-        let reuse = keep && std::fs::metadata(&path).is_ok_and(|m| m.len() == config.disk_size);
+    for (path, size) in config.images() {
+        let reuse = keep && std::fs::metadata(&path).is_ok_and(|m| m.len() == size);
         if !reuse {
             let _ = std::fs::remove_file(&path);
             let f = std::fs::File::create(&path)
                 .with_context(|| format!("creating {}", path.display()))?;
-            f.set_len(config.disk_size)?;
+            f.set_len(size)?;
         }
     }
     Ok(())
