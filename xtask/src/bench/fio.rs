@@ -311,22 +311,33 @@ fn host_side(
     rows
 }
 
-/// Median IOPS of `tool` on `case`, and the median over rounds of `tool` ÷ `base`.
-fn compare(r: &FioResults, case: usize, tool: Tool, base: Tool) -> (Option<f64>, Option<f64>) {
-    let get = |t: Tool, round: u32| {
-        r.runs
-            .iter()
-            .find(|x| x.case == case && x.tool == t && x.round == round)
-            .and_then(|x| x.figures)
-    };
-    let iops: Vec<f64> = (1..=r.rounds)
-        .filter_map(|n| get(tool, n))
-        .map(|f| f.iops)
-        .collect();
-    let ratios: Vec<f64> = (1..=r.rounds)
-        .filter_map(|n| Some(get(tool, n)?.iops / get(base, n)?.iops))
-        .collect();
-    (median(iops), median(ratios))
+/// `tool`'s IOPS on `case`, round by round (None where it gave no figures).
+fn iops(r: &FioResults, case: usize, tool: Tool) -> Vec<Option<f64>> {
+    (1..=r.rounds)
+        .map(|round| {
+            r.runs
+                .iter()
+                .find(|x| x.case == case && x.tool == tool && x.round == round)
+                .and_then(|x| x.figures)
+                .map(|f| f.iops)
+        })
+        .collect()
+}
+
+/// The median of `tool`'s IOPS on `case`.
+fn median_iops(r: &FioResults, case: usize, tool: Tool) -> Option<f64> {
+    median(iops(r, case, tool).into_iter().flatten().collect())
+}
+
+/// The median over rounds of `tool` ÷ `base` on `case`.
+fn ratio(r: &FioResults, case: usize, tool: Tool, base: Tool) -> Option<f64> {
+    let (own, other) = (iops(r, case, tool), iops(r, case, base));
+    median(
+        own.iter()
+            .zip(&other)
+            .filter_map(|(a, b)| Some((*a)? / (*b)?))
+            .collect(),
+    )
 }
 
 pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> Result<()> {
@@ -355,24 +366,25 @@ pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> R
         "| case | usnvme perf IOPS | fio + engine IOPS | engine ÷ perf | SPDK plugin IOPS | engine ÷ plugin |\n|---|---|---|---|---|---|"
     )?;
     let num = |v: Option<f64>, f: fn(f64) -> String| v.map_or("—".to_string(), f);
-    let iops = |v: f64| format!("{:.0}", v);
-    let ratio = |v: f64| format!("{v:.2}");
+    let whole = |v: f64| format!("{v:.0}");
+    let two_places = |v: f64| format!("{v:.2}");
     let mut goal_perf = None;
     let mut goal_plugin = None;
     for (i, c) in CASES.iter().enumerate() {
-        let (perf, _) = compare(r, i, Tool::Perf, Tool::Perf);
-        let (engine, vs_perf) = compare(r, i, Tool::Engine, Tool::Perf);
-        let (plugin, _) = compare(r, i, Tool::SpdkPlugin, Tool::SpdkPlugin);
-        let (_, vs_plugin) = compare(r, i, Tool::Engine, Tool::SpdkPlugin);
+        let perf = median_iops(r, i, Tool::Perf);
+        let engine = median_iops(r, i, Tool::Engine);
+        let plugin = median_iops(r, i, Tool::SpdkPlugin);
+        let vs_perf = ratio(r, i, Tool::Engine, Tool::Perf);
+        let vs_plugin = ratio(r, i, Tool::Engine, Tool::SpdkPlugin);
         writeln!(
             m,
             "| {} | {} | {} | {} | {} | {} |",
             c.key,
-            num(perf, iops),
-            num(engine, iops),
-            num(vs_perf, ratio),
-            num(plugin, iops),
-            num(vs_plugin, ratio)
+            num(perf, whole),
+            num(engine, whole),
+            num(vs_perf, two_places),
+            num(plugin, whole),
+            num(vs_plugin, two_places)
         )?;
         if i == 0 {
             (goal_perf, goal_plugin) = (vs_perf, vs_plugin);
@@ -394,7 +406,7 @@ pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> R
         "\nOn the host, core 0, an inline `sim` null drive (no device time: what each tool costs a core):\n\n| command | IOPS |\n|---|---|"
     )?;
     for (label, f) in &r.host {
-        writeln!(m, "| `{label}` | {} |", num(f.map(|f| f.iops), iops))?;
+        writeln!(m, "| `{label}` | {} |", num(f.map(|f| f.iops), whole))?;
     }
     let failed: Vec<String> = r
         .runs
