@@ -3,7 +3,7 @@
 //! connection teardown take its lock; no command on an established queue does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -40,6 +40,10 @@ pub struct Controller {
     /// Its admin queue closed (keep-alive expiry, disconnect, protocol error): its I/O queues
     /// close too.
     gone: AtomicBool,
+    /// Timer ticks at which one of its I/O queues had taken new commands since the last: the
+    /// Keep Alive timer is traffic based (CTRATT.TBKAS), so I/O keeps the association alive.
+    /// Counted once per tick, never per command.
+    io_traffic: AtomicU64,
 }
 
 impl Controller {
@@ -69,6 +73,16 @@ impl Controller {
 
     pub(crate) fn go_away(&self) {
         self.gone.store(true, Ordering::Release);
+    }
+
+    /// An I/O queue of this controller took commands since its last tick.
+    pub(crate) fn note_io_traffic(&self) {
+        self.io_traffic.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Changes whenever an I/O queue notes traffic.
+    pub(crate) fn io_traffic(&self) -> u64 {
+        self.io_traffic.load(Ordering::Relaxed)
     }
 }
 
@@ -112,6 +126,7 @@ impl Registry {
                 discovery,
                 ready: AtomicBool::new(false),
                 gone: AtomicBool::new(false),
+                io_traffic: AtomicU64::new(0),
             });
             c.by_id.insert(id, controller.clone());
             c.created += 1;

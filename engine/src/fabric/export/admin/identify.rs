@@ -17,6 +17,8 @@ use super::{
 /// Keep Alive Support: KATO granularity in 100 ms units. The connection times Keep Alive in
 /// milliseconds, so 100 ms is a granularity it keeps.
 const KAS: u16 = 1;
+/// Controller Attributes: Traffic Based Keep Alive Support.
+const CTRATT_TBKAS: u32 = 1 << 6;
 
 /// Controller types (CNTRLTYPE).
 const CNTRLTYPE_IO: u8 = 1;
@@ -80,6 +82,9 @@ pub fn identify_controller(
     id.aerl = (ASYNC_EVENT_LIMIT - 1) as u8;
     id.lpa = LPA_EXTENDED_DATA;
     id.kas = KAS;
+    // Traffic-based Keep Alive: I/O on any queue counts as the host's sign of life (a host
+    // busy with I/O may send its Keep Alive late, or not at all).
+    id.ctratt = CTRATT_TBKAS;
     id.maxcmd = sub.queue_entries;
     id.sgls = SGLS_SUPPORTED;
     if sub.in_capsule_bytes > 0 {

@@ -36,6 +36,7 @@ impl Connection {
             events,
             smart_waiting,
             last_keep_alive,
+            ..
         } = &mut self.role
         else {
             return;
@@ -47,9 +48,9 @@ impl Connection {
             return;
         }
         let cntlid = controller.cntlid();
-        // Any admin command shows the host is there (the Keep Alive timer is traffic based);
-        // the association ends only after twice KATO without one, so a host that sends its
-        // Keep Alive every KATO is never cut off by scheduling jitter.
+        // Any admin command shows the host is there (the Keep Alive timer is traffic based, I/O
+        // counts too: see `tick`); the association ends only after twice KATO without one, so
+        // a host that sends its Keep Alive every KATO is never cut off by scheduling jitter.
         *last_keep_alive = Instant::now();
         // SMART comes from the drives, which take milliseconds: the command waits for the
         // backend's answer (see `poll_smart`) while the reactor serves everything else.

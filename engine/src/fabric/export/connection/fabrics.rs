@@ -135,6 +135,7 @@ impl Connection {
                 events: Vec::with_capacity(admin::ASYNC_EVENT_LIMIT),
                 smart_waiting: Vec::with_capacity(SMART_WAITING),
                 last_keep_alive: Instant::now(),
+                io_traffic_seen: 0,
             };
             log::info!(
                 "{}: host {hostnqn} connected (controller {cntlid}{})",
@@ -154,6 +155,7 @@ impl Connection {
         self.role = Role::Io {
             controller,
             qid: connect.qid,
+            taken_at_tick: 0,
         };
         Ok(cntlid)
     }

@@ -136,11 +136,16 @@ enum Role {
         events: Vec<u16>,
         /// Get Log Page (SMART) commands waiting for the drives' answer.
         smart_waiting: Vec<Sqe>,
+        /// The last sign of the host: an admin command, or I/O on one of the controller's
+        /// queues (`Controller::io_traffic`, last seen as `io_traffic_seen`).
         last_keep_alive: Instant,
+        io_traffic_seen: u64,
     },
     Io {
         controller: Arc<Controller>,
         qid: u16,
+        /// `sq_taken` at the last tick: more since means traffic to report.
+        taken_at_tick: u32,
     },
 }
 

@@ -208,6 +208,8 @@ impl Connection {
                     return Ok(None);
                 }
                 self.occupy(token, (sqe.cdw0 >> 16) as u16, ns, op, offset, len);
+                // taken from the SQ here (`on_capsule` does it for the others)
+                self.sq_taken = self.sq_taken.wrapping_add(1);
                 Ok(Some(DataInto {
                     token,
                     offset: 0,

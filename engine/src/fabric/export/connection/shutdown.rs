@@ -21,29 +21,44 @@ pub const ICREQ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Connection {
-    /// Timers: an admin queue whose host sent no Keep Alive within KATO ends its association;
-    /// an I/O queue of a controller that went away ends too; SMART answers are collected.
-    /// Call every few milliseconds.
+    /// Timers: an admin queue whose host showed no sign of life (an admin command, or I/O on
+    /// any of its controller's queues: traffic-based Keep Alive) within twice KATO ends its
+    /// association; an I/O queue of a controller that went away ends too; SMART answers are
+    /// collected. Call every few milliseconds.
     pub fn tick(&mut self, now: Instant, backend: &mut dyn Backend) {
         self.poll_smart(backend);
-        let why = self.stalled(now).or_else(|| match &self.role {
+        let sq_taken = self.sq_taken;
+        let why = self.stalled(now).or_else(|| match &mut self.role {
             Role::Admin {
                 features,
+                controller,
                 last_keep_alive,
+                io_traffic_seen,
                 ..
-            } if features.keep_alive_ms() > 0
-                && now.saturating_duration_since(*last_keep_alive)
-                    > 2 * Duration::from_millis(features.keep_alive_ms().into()) =>
-            {
-                Some(format!(
-                    "no Keep Alive within {} ms",
-                    features.keep_alive_ms()
-                ))
+            } => {
+                let traffic = controller.io_traffic();
+                if traffic != *io_traffic_seen {
+                    (*io_traffic_seen, *last_keep_alive) = (traffic, now);
+                }
+                let kato = Duration::from_millis(features.keep_alive_ms().into());
+                (!kato.is_zero() && now.saturating_duration_since(*last_keep_alive) > 2 * kato)
+                    .then(|| format!("no Keep Alive nor I/O within {} ms", 2 * kato.as_millis()))
             }
             Role::Io { controller, .. } if controller.gone() => {
                 Some(format!("controller {} went away", controller.cntlid()))
             }
-            _ => None,
+            Role::Io {
+                controller,
+                taken_at_tick,
+                ..
+            } => {
+                if *taken_at_tick != sq_taken {
+                    *taken_at_tick = sq_taken;
+                    controller.note_io_traffic();
+                }
+                None
+            }
+            Role::None => None,
         });
         if let Some(why) = why {
             if self.closed.is_none() {

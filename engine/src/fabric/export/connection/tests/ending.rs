@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use usnvme_driver::spec::command::FeatureId;
+
 use super::*;
 
 #[test]
@@ -179,4 +181,54 @@ fn random_bytes_never_panic_and_leave_nothing_held() {
         }
         crate::fabric::export::memory::fuzz_connection(&bytes);
     }
+}
+
+#[test]
+fn io_on_any_queue_keeps_the_association_alive_and_silence_for_twice_kato_ends_it() {
+    let (mut admin, cntlid) = Bed::admin_queue(Digests::default());
+    let nqn = admin.sub.nqn.clone();
+    admin.capsule(&Sqe::set_features(FeatureId::KeepAliveTimer, 1000), &[]);
+    assert_eq!(admin.status(), Status::SUCCESS);
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
+    let t0 = Instant::now();
+    let ms = |m: u64| t0 + Duration::from_millis(m);
+    admin.conn.tick(t0, &mut admin.backend);
+    io.conn.tick(t0, &mut io.backend);
+
+    // no admin command for 5 s, but writes on the I/O queue every second: alive
+    for second in 1..=5 {
+        let write = io.io(IoOpcode::Write, 0, 8, 0);
+        io.capsule(&write, &[7; 4096]);
+        match io.take().last() {
+            // the SQ head counts the Connect and every write (data in the capsule or not)
+            Some(Got::Resp(c)) => {
+                assert_eq!((c.status(), c.sqhd), (Status::SUCCESS, 1 + second as u16))
+            }
+            other => panic!("no response: {other:?}"),
+        }
+        io.conn.tick(ms(second * 1000), &mut io.backend);
+        admin.conn.tick(ms(second * 1000 + 1), &mut admin.backend);
+        assert_eq!(
+            admin.conn.finished(),
+            None,
+            "closed at {second} s with I/O flowing"
+        );
+    }
+    // the I/O stops: an I/O queue's tick without new commands is no sign of life
+    io.conn.tick(ms(6000), &mut io.backend);
+    admin.conn.tick(ms(7000), &mut admin.backend);
+    assert_eq!(admin.conn.finished(), None, "closed within twice KATO");
+    admin.conn.tick(ms(7002), &mut admin.backend);
+    assert_eq!(
+        admin.conn.finished(),
+        Some("no Keep Alive nor I/O within 2000 ms")
+    );
+    // and the I/O queue of the controller that went away closes on its next tick
+    io.conn.tick(ms(7003), &mut io.backend);
+    assert_eq!(
+        io.conn.finished(),
+        Some(&*format!("controller {cntlid} went away"))
+    );
 }
