@@ -15,6 +15,7 @@ use crate::bringup::{
 use crate::error::{Error, SubmitError};
 use crate::namespaces::MAX_NSID;
 use crate::pci::PciAddress;
+use crate::protection::MetadataFormat;
 use crate::prp::PAGE;
 use crate::queue::{
     ring_entries, Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair,
@@ -106,7 +107,8 @@ pub struct Namespace {
     /// Bytes per logical block of the LBA format in use.
     pub block_size: u32,
     pub blocks: u64,
-    pub metadata_size: u16,
+    /// Metadata bytes per block, where they travel, and the protection information in them.
+    pub metadata: MetadataFormat,
     pub identify: Box<IdentifyNamespace>,
 }
 
@@ -1305,7 +1307,7 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
             nsid: 0,
             block_size: 0,
             blocks: 0,
-            metadata_size: 0,
+            metadata: MetadataFormat::default(),
         };
         len
     ];
@@ -1314,7 +1316,7 @@ fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
             nsid: n.nsid,
             block_size: n.block_size,
             blocks: n.blocks,
-            metadata_size: n.metadata_size,
+            metadata: n.metadata,
         };
     }
     Arc::from(table)

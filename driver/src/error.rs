@@ -58,8 +58,16 @@ pub enum SubmitError {
     QueueFull { in_flight: u16 },
     #[error("namespace {nsid} does not exist on this controller")]
     InvalidNamespace { nsid: u32 },
-    #[error("namespace {nsid} is formatted with {bytes} bytes of metadata per block (protection information or metadata), which usnvme does not move yet: reading or writing it without them would misplace data. Format it without metadata (e.g. `nvme format --lbaf=N` on the kernel's driver) to use it")]
+    #[error("namespace {nsid} is formatted with {bytes} bytes of metadata per block (protection information or metadata): a read or write without them would misplace data. Read and write it with its metadata (perf and sweep: --pi), or format it without metadata (`usnvme format`)")]
     Metadata { nsid: u32, bytes: u16 },
+    #[error("namespace {nsid} has no metadata: read and write it without")]
+    NoMetadata { nsid: u32 },
+    #[error("namespace {nsid} is not formatted with protection information: PRACT and PRCHK do not apply")]
+    NoProtection { nsid: u32 },
+    #[error("the data buffer holds {bytes} bytes; these blocks take {expected} in this namespace's format")]
+    DataLength { bytes: u64, expected: u64 },
+    #[error("the metadata buffer holds {bytes} bytes; these blocks take {expected} apart from the data in this namespace's format (a dword-aligned buffer, or none for 0)")]
+    MetadataLength { bytes: u64, expected: u64 },
     #[error("{bytes} bytes exceed the controller's maximum transfer (MDTS) of {max} bytes: split the I/O")]
     ExceedsMdts { bytes: u64, max: u64 },
     #[error("{bytes} bytes is not a whole number of {block_size}-byte blocks")]

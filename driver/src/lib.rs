@@ -13,6 +13,7 @@ pub mod lock;
 pub mod mmio;
 pub mod namespaces;
 pub mod pci;
+pub mod protection;
 pub mod prp;
 pub mod queue;
 pub mod regs;
@@ -23,7 +24,7 @@ pub mod vfio;
 pub use controller::{Controller, ControllerOptions, Namespace, QueuePairOptions};
 pub use device::{DeviceSpec, Opener};
 pub use error::{Error, SubmitError};
-pub use queue::{Completion, IoBuffer, QueuePair, QueueStats};
+pub use queue::{Completion, IoBuffer, MetadataIo, QueuePair, QueueStats};
 
 /// A size as people write it: bytes (`4096`), or with a binary unit, case-insensitive, with or
 /// without `B`/`iB` (`4k`, `128K`, `1M`, `512MiB`, `2G`, `1T`). The one parser of every tool's

@@ -1,9 +1,12 @@
 //! A controller's namespaces, read the same way over any transport (PCIe or NVMe/TCP): the
 //! Active Namespace ID list (every ID up to NN on a controller without one, NVMe 1.0), then
-//! Identify Namespace for each, keeping the active ones with a usable LBA format.
+//! Identify Namespace for each, keeping the active ones with a usable LBA format; for one with
+//! protection information, the NVM command set's Identify Namespace too (the guard's width).
 
 use crate::controller::Namespace;
+use crate::protection::{Guard, MetadataFormat};
 use crate::spec::command::Cns;
+use crate::spec::identify::nvm_format_guard;
 use crate::spec::{IdentifyNamespace, NamespaceList, Sqe};
 
 /// Namespace IDs above this are not supported (the I/O path indexes a table by NSID).
@@ -54,7 +57,18 @@ pub fn scan<E>(
         let Some(id) = IdentifyNamespace::from_slice(&buf) else {
             continue;
         };
-        if let Some(ns) = usable(name, nsid, id) {
+        // the guard's width: 16 bits unless the NVM command set's structure says otherwise (a
+        // controller without it has only 16-bit guards)
+        let mut guard = Some(Guard::Crc16);
+        if id.dps & 7 != 0 {
+            buf.fill(0);
+            match identify(Sqe::identify(Cns::NvmNamespace, nsid), &mut buf) {
+                Ok(()) => guard = nvm_format_guard(&buf, id.formatted_lba_index()),
+                Err(IdentifyFailure::Status(_)) => {}
+                Err(IdentifyFailure::Transport(e)) => return Err(e),
+            }
+        }
+        if let Some(ns) = usable(name, nsid, id, guard) {
             namespaces.push(ns);
         }
     }
@@ -62,8 +76,9 @@ pub fn scan<E>(
 }
 
 /// Namespace `nsid` as Identify Namespace describes it, if it is active and its LBA format
-/// usable (blocks of 512 bytes to 64 KiB).
-fn usable(name: &str, nsid: u32, id: IdentifyNamespace) -> Option<Namespace> {
+/// usable (blocks of 512 bytes to 64 KiB). `guard`: the width of its protection information's
+/// guard (None: one usnvme does not know, 32 bits).
+fn usable(name: &str, nsid: u32, id: IdentifyNamespace, guard: Option<Guard>) -> Option<Namespace> {
     if id.nsze == 0 {
         return None; // inactive
     }
@@ -75,7 +90,19 @@ fn usable(name: &str, nsid: u32, id: IdentifyNamespace) -> Option<Namespace> {
         nsid,
         block_size: block_size as u32,
         blocks: id.nsze,
-        metadata_size: id.metadata_size(),
+        metadata: MetadataFormat {
+            size: id.metadata_size(),
+            extended: id.metadata_extended(),
+            protection: match guard {
+                Some(g) => id
+                    .protection(g)
+                    .filter(|pi| pi.offset(id.metadata_size().into()).is_some()),
+                None => {
+                    log::warn!("{name}: namespace {nsid}: its protection information has a guard usnvme does not know (32 bits): its tuples are neither made nor checked");
+                    None
+                }
+            },
+        },
         identify: Box::new(id),
     })
 }

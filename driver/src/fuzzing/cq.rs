@@ -195,7 +195,7 @@ impl Harness {
                 nsid: NSID,
                 block_size: BLOCK,
                 blocks: BLOCKS,
-                metadata_size: 0,
+                metadata: crate::protection::MetadataFormat::default(),
             }]),
             max_transfer: MAX_TRANSFER,
             use_sgl,

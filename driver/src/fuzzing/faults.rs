@@ -227,7 +227,7 @@ impl Harness {
             namespaces: vec![SimNamespace {
                 block_size,
                 blocks: BLOCKS,
-                metadata_size: 0,
+                metadata: crate::protection::MetadataFormat::default(),
             }],
             backend: Backend::Ram,
             mode,

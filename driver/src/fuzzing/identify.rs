@@ -281,7 +281,12 @@ pub(super) fn run_identify(data: &[u8]) -> IdentifyReport {
         assert_eq!((n.nsid, n.block_size, n.blocks), (*nsid, *size, *blocks));
         assert!(n.block_size.is_power_of_two());
         assert_eq!(n.identify.as_bytes(), page);
-        assert_eq!(n.metadata_size, n.identify.metadata_size());
+        assert_eq!(n.metadata.size, n.identify.metadata_size());
+        assert_eq!(n.metadata.extended, n.identify.metadata_extended());
+        // protection information is kept only where its tuple fits the metadata
+        if let Some(pi) = n.metadata.protection {
+            assert!(pi.offset(n.metadata.size.into()).is_some());
+        }
         let _ = n.capacity_bytes();
         assert_eq!(
             ctrl.namespace(n.nsid).map(|found| found.nsid).ok(),
@@ -322,7 +327,7 @@ fn io_on_namespaces(ctrl: &Controller) -> usize {
             Err(SubmitError::ExceedsMdts { .. }) => continue,
             // a format with metadata is listed, and refused by name, never driven without it
             Err(SubmitError::Metadata { nsid, bytes })
-                if nsid == n.nsid && bytes == n.metadata_size && bytes > 0 =>
+                if nsid == n.nsid && bytes == n.metadata.size && bytes > 0 =>
             {
                 continue
             }

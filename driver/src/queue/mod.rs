@@ -19,6 +19,7 @@ use vm_memory::Bytes;
 
 use crate::error::{Error, SubmitError};
 use crate::mmio::Doorbell;
+use crate::protection::{Guard, MetadataFormat, PiFields};
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
 use crate::spec::{Csts, DsmRange, SglDescriptor, Sqe, Status};
@@ -36,6 +37,17 @@ const TIMEOUT_CHECK_POLLS: u32 = 64;
 pub struct IoBuffer {
     pub iova: u64,
     pub len: u32,
+}
+
+/// The buffers and protection fields of a read or write on a namespace formatted with
+/// metadata: the data (with each block's metadata after its data on an extended-LBA format),
+/// the metadata apart on other formats (None where the command moves none: see
+/// [`MetadataFormat::bytes_per_block`]), PRACT, PRCHK and the tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataIo {
+    pub data: IoBuffer,
+    pub metadata: Option<IoBuffer>,
+    pub pi: PiFields,
 }
 
 /// One completed command.
@@ -59,9 +71,10 @@ pub struct NamespaceGeometry {
     pub nsid: u32,
     pub block_size: u32,
     pub blocks: u64,
-    /// Metadata bytes per block of its format: such a namespace takes no read or write here
-    /// (data without its metadata would land in the wrong place, or fail the drive's checks).
-    pub metadata_size: u16,
+    /// The metadata of its format: a namespace with metadata takes no plain read or write
+    /// (data without its metadata would land in the wrong place, or fail the drive's checks),
+    /// only [`QueuePair::read_with_metadata`] and [`QueuePair::write_with_metadata`].
+    pub metadata: MetadataFormat,
 }
 
 /// Counters kept without atomics: the owner reads them.
@@ -114,10 +127,10 @@ impl IoLimits {
         if g.nsid != nsid || !g.block_size.is_power_of_two() {
             return IoLimits::default();
         }
-        if g.metadata_size > 0 {
+        if g.metadata.size > 0 {
             return IoLimits {
                 nsid,
-                metadata_size: g.metadata_size,
+                metadata_size: g.metadata.size,
                 ..IoLimits::default()
             };
         }
@@ -267,8 +280,10 @@ pub struct QueuePair {
     free_cids: Vec<u16>,
     trackers: Box<[Tracker]>,
     rings: Rings,
-    /// The namespaces, indexed by nsid - 1.
+    /// The namespaces, indexed by nsid - 1: as the I/O path checks them, and whole (for
+    /// namespaces with metadata).
     limits: Box<[IoLimits]>,
+    namespaces: Arc<[NamespaceGeometry]>,
     max_transfer: u64,
     use_sgl: bool,
     layout: Layout,
@@ -387,6 +402,7 @@ impl QueuePair {
             trackers: vec![Tracker::default(); commands as usize].into_boxed_slice(),
             rings,
             limits,
+            namespaces: setup.namespaces,
             max_transfer: setup.max_transfer,
             use_sgl: setup.use_sgl,
             layout: setup.layout,
@@ -503,6 +519,99 @@ impl QueuePair {
     ) -> Result<(), SubmitError> {
         let blocks = self.io_blocks(nsid, slba, buf.len)?;
         self.submit_io(Sqe::write(nsid, slba, blocks), buf, token)
+    }
+
+    /// Read `blocks` blocks at `slba` of a namespace formatted with metadata, into the
+    /// buffers of `io`, with its PRACT, PRCHK and tags.
+    pub fn read_with_metadata(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        blocks: u32,
+        io: MetadataIo,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        let sqe = self.metadata_command(Sqe::read(nsid, slba, blocks), io)?;
+        self.submit_io(sqe, io.data, token)
+    }
+
+    /// Write `blocks` blocks at `slba` of a namespace formatted with metadata, from the
+    /// buffers of `io`, with its PRACT, PRCHK and tags.
+    pub fn write_with_metadata(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        blocks: u32,
+        io: MetadataIo,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        let sqe = self.metadata_command(Sqe::write(nsid, slba, blocks), io)?;
+        self.submit_io(sqe, io.data, token)
+    }
+
+    /// The namespace `nsid` as this queue pair checks I/O against it.
+    pub fn namespace_geometry(&self, nsid: u32) -> Option<NamespaceGeometry> {
+        let g = self.namespaces.get(nsid.checked_sub(1)? as usize)?;
+        (g.nsid == nsid).then_some(*g)
+    }
+
+    /// `sqe` (a read or write) checked against its namespace's format and completed with the
+    /// metadata pointer and the protection fields.
+    fn metadata_command(&self, mut sqe: Sqe, io: MetadataIo) -> Result<Sqe, SubmitError> {
+        let MetadataIo { data, metadata, pi } = io;
+        let (nsid, slba, blocks) = (sqe.nsid, sqe.slba(), u64::from(sqe.blocks()));
+        let g = self
+            .namespace_geometry(nsid)
+            .ok_or(SubmitError::InvalidNamespace { nsid })?;
+        let format = g.metadata;
+        if format.size == 0 {
+            return Err(SubmitError::NoMetadata { nsid });
+        }
+        if format.protection.is_none() && (pi.action || pi.cdw12() != 0) {
+            return Err(SubmitError::NoProtection { nsid });
+        }
+        check_block_count(blocks)?;
+        if slba.checked_add(blocks).is_none_or(|end| end > g.blocks) {
+            return Err(SubmitError::LbaRange {
+                slba,
+                blocks,
+                capacity: g.blocks,
+            });
+        }
+        let (per_block, metadata_per_block) = format.bytes_per_block(g.block_size, pi.action);
+        let bytes = u64::from(data.len);
+        if bytes != blocks * per_block {
+            return Err(SubmitError::DataLength {
+                bytes,
+                expected: blocks * per_block,
+            });
+        }
+        if bytes > self.max_transfer {
+            return Err(SubmitError::ExceedsMdts {
+                bytes,
+                max: self.max_transfer,
+            });
+        }
+        let expected = blocks * metadata_per_block;
+        sqe.mptr = match metadata {
+            None if expected == 0 => 0,
+            Some(m) if u64::from(m.len) == expected && expected > 0 && m.iova.is_multiple_of(4) => {
+                m.iova
+            }
+            other => {
+                return Err(SubmitError::MetadataLength {
+                    bytes: other.map_or(0, |m| u64::from(m.len)),
+                    expected,
+                })
+            }
+        };
+        sqe.cdw12 |= pi.cdw12();
+        sqe.cdw14 = pi.ref_tag as u32;
+        if format.protection.is_some_and(|p| p.guard == Guard::Crc64) {
+            sqe.cdw3 = ((pi.ref_tag >> 32) & 0xffff) as u32;
+        }
+        sqe.cdw15 = u32::from(pi.app_tag) | u32::from(pi.app_mask) << 16;
+        Ok(sqe)
     }
 
     /// The device is gone (surprise removal): hands every command in flight back with "Host
@@ -981,7 +1090,7 @@ mod tests {
             nsid,
             block_size,
             blocks: 1000,
-            metadata_size: 0,
+            metadata: MetadataFormat::default(),
         };
         let l = IoLimits::of(&g(1, 512), 1, 2 << 20);
         assert_eq!((l.block_mask, l.block_shift), (511, 9));

@@ -9,6 +9,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::queue::{Cq, Sq, CQE_BYTES, SQE_BYTES};
 use super::{io, live, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES};
+use crate::protection::{Guard, PiType};
 use crate::spec::command::{Cns, FeatureId};
 use crate::spec::identify::{Oacs, Oncs};
 use crate::spec::{
@@ -117,7 +118,18 @@ fn identify_namespace(config: &SimConfig, nsid: u32) -> IdentifyNamespace {
     id.nsze = ns.blocks;
     id.ncap = ns.blocks;
     id.nuse = ns.blocks;
-    id.lbaf[0] = LbaFormat::new(ns.block_size.trailing_zeros() as u8, ns.metadata_size);
+    let md = ns.metadata;
+    id.lbaf[0] = LbaFormat::new(ns.block_size.trailing_zeros() as u8, md.size);
+    id.flbas = if md.extended { 0x10 } else { 0 };
+    id.mc = 0b11; // metadata after each block's data, or apart
+    id.dpc = 0b1_1111; // types 1 to 3, the tuple first or last
+    if let Some(pi) = md.protection {
+        id.dps = match pi.pi_type {
+            PiType::Type1 => 1,
+            PiType::Type2 => 2,
+            PiType::Type3 => 3,
+        } | if pi.first { 8 } else { 0 };
+    }
     id.dlfeat = 0b1001; // deallocated blocks read as zeroes; Write Zeroes may deallocate
     id.nvmcap = (ns.blocks as u128 * ns.block_size as u128).to_le_bytes();
     let u = unique(config, nsid);
@@ -150,6 +162,21 @@ fn identify(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
             }
             let list = NamespaceList::from_ids((sqe.nsid.saturating_add(1)..=nn).take(1024));
             page.copy_from_slice(list.as_bytes());
+        }
+        Some(Cns::NvmNamespace) => {
+            let ns = sqe
+                .nsid
+                .checked_sub(1)
+                .and_then(|i| config.namespaces.get(i as usize))
+                .ok_or_else(invalid_ns)?;
+            // ELBAF of format 0 (at byte 12): the Protection Information Format
+            if ns
+                .metadata
+                .protection
+                .is_some_and(|p| p.guard == Guard::Crc64)
+            {
+                page[12..16].copy_from_slice(&(2u32 << 7).to_le_bytes());
+            }
         }
         Some(Cns::NamespaceDescriptorList) => {
             if sqe.nsid == 0 || sqe.nsid > nn {

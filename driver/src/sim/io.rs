@@ -5,6 +5,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Sq;
 use super::{Ctx, FaultAction, Outcome, SimNamespace};
+use crate::protection::{PiFields, PiType};
 use crate::spec::command::{DSM_DEALLOCATE, SGL_DATA_BLOCK, SGL_LAST_SEGMENT, SGL_SEGMENT};
 use crate::spec::{DsmRange, IoOpcode, SglDescriptor, Sqe, Status};
 
@@ -14,6 +15,8 @@ const BYTE_PRP1: u16 = 24;
 const BYTE_PRP2: u16 = 32;
 const BYTE_CDW10: u16 = 40;
 const BYTE_CDW12: u16 = 48;
+const BYTE_CDW14: u16 = 56;
+const BYTE_MPTR: u16 = 16;
 
 /// The most SGL descriptors one command may use, and segments it may chain.
 const MAX_SGL_DESCRIPTORS: u32 = 4096;
@@ -68,6 +71,9 @@ fn read_write(
     fault: Option<FaultAction>,
 ) -> Result<Outcome, Outcome> {
     let (index, ns) = namespace(ctx, sqe.nsid)?;
+    if ns.metadata.size > 0 {
+        return read_write_metadata(ctx, sq, sqe, write, index, &ns);
+    }
     let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
     let len = blocks * ns.block_size as u64;
     if len > ctx.inner.config.max_transfer(ctx.run.page) {
@@ -132,12 +138,128 @@ fn read_write(
     Ok(Outcome::ok(0))
 }
 
+/// A read or write on a namespace formatted with metadata, as QEMU's controller does it: the
+/// data and the metadata as the format lays them out (after each block's data, or apart at
+/// MPTR), the protection information inserted (PRACT on a write), stripped (PRACT on a read,
+/// where the tuple is all the metadata) and checked (PRCHK; every block before any data moves
+/// on a read), a failed check completing the command with its end-to-end status at its LBA.
+fn read_write_metadata(
+    ctx: &Ctx,
+    sq: &mut Sq,
+    sqe: &Sqe,
+    write: bool,
+    index: usize,
+    ns: &SimNamespace,
+) -> Result<Outcome, Outcome> {
+    let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
+    let format = ns.metadata;
+    let pi = format.protection;
+    // PRINFO means nothing on a namespace without protection information
+    let fields = pi.map_or(PiFields::default(), |p| {
+        PiFields::from_command(sqe.cdw12, sqe.cdw14, sqe.cdw3, sqe.cdw15, p.guard)
+    });
+    let (bs, ms) = (ns.block_size as usize, format.size as usize);
+    let (per_block, apart) = format.bytes_per_block(ns.block_size, fields.action);
+    let len = blocks * per_block;
+    if len > ctx.inner.config.max_transfer(ctx.run.page) {
+        return Err(Outcome::fail(Status::INVALID_FIELD)
+            .at(BYTE_CDW12)
+            .lba(slba));
+    }
+    in_range(ns, slba, blocks)?;
+    if let Some(p) = pi {
+        if p.pi_type == PiType::Type1
+            && fields.checks.ref_tag
+            && fields.ref_tag != slba & p.ref_tag_mask()
+        {
+            return Err(Outcome::fail(Status::INVALID_PROTECTION_INFORMATION)
+                .at(BYTE_CDW14)
+                .lba(slba));
+        }
+    }
+    data_segments(ctx, sqe, len, &mut sq.segs).map_err(|e| e.lba(slba))?;
+    let n = blocks as usize;
+    let (mut data, mut metadata) = (vec![0u8; n * bs], vec![0u8; n * ms]);
+    let (store, metadata_store) = (&ctx.inner.stores[index], &ctx.inner.metadata_stores[index]);
+    let wire_md = per_block as usize - bs; // metadata bytes after each block's data
+    if write {
+        gather(ctx, &sq.segs, len, &mut sq.data).map_err(|e| e.lba(slba))?;
+        for (i, wire) in sq.data.chunks_exact(per_block as usize).enumerate() {
+            data[i * bs..][..bs].copy_from_slice(&wire[..bs]);
+            metadata[i * ms..][..wire_md].copy_from_slice(&wire[bs..]);
+        }
+        if apart > 0 {
+            ctx.mem
+                .read_slice(&mut metadata, GuestAddress(sqe.mptr))
+                .map_err(|_| dma_error(ctx, sqe.mptr, "metadata buffer").at(BYTE_MPTR))?;
+        }
+        if let Some(p) = pi {
+            for i in 0..n {
+                let (d, m) = (&data[i * bs..][..bs], &mut metadata[i * ms..][..ms]);
+                let tag = p.ref_tag_at(fields.ref_tag, i as u64);
+                if fields.action {
+                    p.generate(d, m, tag, fields.app_tag);
+                } else {
+                    p.check(d, m, &fields, tag)
+                        .map_err(|e| Outcome::fail(e.status()).lba(slba + i as u64))?;
+                }
+            }
+        }
+        store.write(slba * bs as u64, &data);
+        invert(&mut metadata);
+        metadata_store.write(slba * ms as u64, &metadata);
+    } else {
+        store.read(slba * bs as u64, &mut data);
+        metadata_store.read(slba * ms as u64, &mut metadata);
+        invert(&mut metadata);
+        if let Some(p) = pi {
+            for i in 0..n {
+                let (d, m) = (&data[i * bs..][..bs], &metadata[i * ms..][..ms]);
+                p.check(d, m, &fields, p.ref_tag_at(fields.ref_tag, i as u64))
+                    .map_err(|e| Outcome::fail(e.status()).lba(slba + i as u64))?;
+            }
+        }
+        sq.data.clear();
+        for i in 0..n {
+            sq.data.extend_from_slice(&data[i * bs..][..bs]);
+            sq.data.extend_from_slice(&metadata[i * ms..][..wire_md]);
+        }
+        scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
+        if apart > 0 {
+            ctx.mem
+                .write_slice(&metadata, GuestAddress(sqe.mptr))
+                .map_err(|_| dma_error(ctx, sqe.mptr, "metadata buffer").at(BYTE_MPTR))?;
+        }
+    }
+    let counters = &ctx.inner.counters;
+    let (ops, bytes) = if write {
+        (&counters.writes, &counters.bytes_written)
+    } else {
+        (&counters.reads, &counters.bytes_read)
+    };
+    ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+    Ok(Outcome::ok(0))
+}
+
+/// Metadata is kept inverted (see `Inner::metadata_stores`).
+fn invert(bytes: &mut [u8]) {
+    bytes.iter_mut().for_each(|b| *b = !*b);
+}
+
+/// Zeroes `blocks` blocks at `slba` of namespace `index`; their metadata reads as all ones
+/// again (tuples that escape checks, as after Write Zeroes on QEMU's controller).
+fn zero_blocks(ctx: &Ctx, index: usize, ns: &SimNamespace, slba: u64, blocks: u64) {
+    let (bs, ms) = (ns.block_size as u64, u64::from(ns.metadata.size));
+    ctx.inner.stores[index].zero(slba * bs, blocks * bs);
+    ctx.inner.metadata_stores[index].zero(slba * ms, blocks * ms);
+}
+
 fn write_zeroes(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
     let (index, ns) = namespace(ctx, sqe.nsid)?;
     let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
     in_range(&ns, slba, blocks)?;
-    let bs = ns.block_size as u64;
-    ctx.inner.stores[index].zero(slba * bs, blocks * bs);
+    zero_blocks(ctx, index, &ns, slba, blocks);
     Ok(Outcome::ok(0))
 }
 
@@ -153,10 +275,9 @@ fn dataset_management(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outc
         in_range(&ns, r.slba, r.blocks as u64)?;
     }
     if sqe.cdw11 & DSM_DEALLOCATE != 0 {
-        let bs = ns.block_size as u64;
         for chunk in sq.data.chunks_exact(DsmRange::SIZE) {
             let r = DsmRange::from_slice(chunk).unwrap_or_default();
-            ctx.inner.stores[index].zero(r.slba * bs, r.blocks as u64 * bs);
+            zero_blocks(ctx, index, &ns, r.slba, r.blocks as u64);
         }
     }
     Ok(Outcome::ok(0))

@@ -51,6 +51,7 @@ pub use spec::{SimSpec, SimSpecError};
 
 use crate::controller::{Controller, ControllerOptions};
 use crate::error::Error;
+use crate::protection::MetadataFormat;
 use crate::regs::Registers;
 use crate::spec::registers::{reg, ShutdownStatus};
 use crate::spec::{Cap, Cc, Csts, ErrorLogEntry, IdentifyController, Status};
@@ -65,9 +66,10 @@ pub(crate) use usnvme_hugepages::IovaMemory;
 pub struct SimNamespace {
     pub block_size: u32,
     pub blocks: u64,
-    /// Metadata bytes per block its format reports (`ms=`): what a driver must not ignore. The
-    /// simulated controller moves no metadata.
-    pub metadata_size: u16,
+    /// Metadata bytes per block, where they travel and the protection information in them
+    /// (`ms=`, `mset=`, `pi=`, `pil=`, `pif=`): moved, kept, inserted, stripped and checked
+    /// as PRINFO asks, as QEMU's controller does.
+    pub metadata: MetadataFormat,
 }
 
 /// How the controller runs commands.
@@ -126,7 +128,7 @@ impl Default for SimConfig {
             namespaces: vec![SimNamespace {
                 block_size: 512,
                 blocks: (1 << 30) / 512,
-                metadata_size: 0,
+                metadata: MetadataFormat::default(),
             }],
             backend: Backend::Null,
             mqes: 2047,
@@ -251,6 +253,9 @@ pub(crate) struct Inner {
     removed: AtomicBool,
     running: RwLock<Option<Arc<Running>>>,
     stores: Vec<Store>,
+    /// Each namespace's metadata, `metadata.size` bytes per block, kept inverted so that what
+    /// was never written reads as all ones: the tuples of a fresh drive, which escape checks.
+    metadata_stores: Vec<Store>,
     faults: Faults,
     errors: Mutex<ErrorLog>,
     counters: Counters,
@@ -421,6 +426,11 @@ impl SimController {
             .iter()
             .map(|_| Store::new(config.backend))
             .collect();
+        let metadata_stores = config
+            .namespaces
+            .iter()
+            .map(|_| Store::new(config.backend))
+            .collect();
         let misdirect = config.misdirect_write;
         let faults = config.faults.clone();
         let sim = Arc::new(SimController {
@@ -435,6 +445,7 @@ impl SimController {
                 removed: AtomicBool::new(false),
                 running: RwLock::new(None),
                 stores,
+                metadata_stores,
                 faults: Faults::default(),
                 errors: Mutex::default(),
                 counters: Counters::default(),
@@ -571,6 +582,15 @@ impl SimController {
             inner.run_due(&ctx, &mut sq);
         }
         opcodes
+    }
+
+    /// Overwrites bytes of namespace `nsid`'s data at byte `offset` in the ram backend, behind
+    /// the host's back (a test's corruption of the medium); false without such a namespace.
+    pub fn overwrite_data(&self, nsid: u32, offset: u64, bytes: &[u8]) -> bool {
+        let store = nsid
+            .checked_sub(1)
+            .and_then(|i| self.inner.stores.get(i as usize));
+        store.inspect(|s| s.write(offset, bytes)).is_some()
     }
 
     /// 4 KiB chunks of data the ram backend holds for namespace `nsid`.

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{Backend, Fault, FaultAction, FaultWhen, SimConfig, SimMode, SimNamespace};
+use crate::protection::{Guard, MetadataFormat, PiFormat, PiType};
 use crate::spec::IoOpcode;
 
 /// The drives a `sim:` address names and how they are configured.
@@ -39,7 +40,8 @@ pub enum SimSpecError {
 }
 
 const VALID: &str =
-    "bs=512|4096, ms=0|8|16|64 (metadata bytes per block, reported only), size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
+    "bs=512|4096, ms=0|8|16|64 (metadata bytes per block), mset=0|1 (1: after each block's data), \
+pi=0|1|2|3 (protection type), pil=0|1 (1: the tuple first in the metadata), pif=0|2 (16- or 64-bit guard), size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
 queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
 latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>, \
 corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
@@ -93,6 +95,15 @@ fn parse_duration(s: &str) -> Option<Duration> {
     })
 }
 
+/// `0` or `1`, as QEMU's namespace properties take them.
+fn parse_flag(name: &str, value: &str) -> Result<bool, SimSpecError> {
+    match value {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(value_error(name, value, "0 or 1")),
+    }
+}
+
 fn parse_switch(name: &str, value: &str) -> Result<bool, SimSpecError> {
     match value {
         "on" | "true" | "1" | "yes" => Ok(true),
@@ -124,7 +135,8 @@ impl FromStr for SimSpec {
         }
         let mut config = SimConfig::default();
         let (mut block_size, mut size, mut count) = (512u32, 1u64 << 30, 1usize);
-        let mut metadata_size = 0u16;
+        let mut metadata = MetadataFormat::default();
+        let (mut pi_type, mut pi_first, mut guard) = (None, false, Guard::Crc16);
         let (mut threaded, mut latency, mut ooo) = (false, Duration::ZERO, false);
         for option in parts {
             let (name, value) = option.split_once('=').unwrap_or((option, ""));
@@ -142,8 +154,26 @@ impl FromStr for SimSpec {
                         .filter(|&s| s > 0)
                         .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
                 }
+                "mset" => metadata.extended = parse_flag(name, value)?,
+                "pi" => {
+                    pi_type = match value {
+                        "0" => None,
+                        "1" => Some(PiType::Type1),
+                        "2" => Some(PiType::Type2),
+                        "3" => Some(PiType::Type3),
+                        _ => return Err(bad("0 (none), 1, 2 or 3 (the protection type)")),
+                    }
+                }
+                "pil" => pi_first = parse_flag(name, value)?,
+                "pif" => {
+                    guard = match value {
+                        "0" => Guard::Crc16,
+                        "2" => Guard::Crc64,
+                        _ => return Err(bad("0 (16-bit guard) or 2 (64-bit guard)")),
+                    }
+                }
                 "ms" => {
-                    metadata_size = match value {
+                    metadata.size = match value {
                         "0" => 0,
                         "8" => 8,
                         "16" => 16,
@@ -242,6 +272,20 @@ impl FromStr for SimSpec {
                 }
             }
         }
+        metadata.protection = pi_type.map(|pi_type| PiFormat {
+            pi_type,
+            guard,
+            first: pi_first,
+        });
+        if let Some(pi) = metadata.protection {
+            if pi.offset(metadata.size.into()).is_none() {
+                return Err(value_error(
+                    "ms",
+                    &metadata.size.to_string(),
+                    "at least 8 bytes (16 with pif=2): the protection information tuple",
+                ));
+            }
+        }
         if size % block_size as u64 != 0 {
             return Err(value_error(
                 "size",
@@ -253,7 +297,7 @@ impl FromStr for SimSpec {
             SimNamespace {
                 block_size,
                 blocks: size / block_size as u64,
-                metadata_size,
+                metadata,
             };
             count
         ];
@@ -295,7 +339,7 @@ mod tests {
                 SimNamespace {
                     block_size: 4096,
                     blocks: 262_144,
-                    metadata_size: 0,
+                    metadata: MetadataFormat::default(),
                 };
                 2
             ]
@@ -342,6 +386,27 @@ mod tests {
     }
 
     #[test]
+    fn metadata_and_protection_options_make_the_format() {
+        let spec: SimSpec = "sim:0,bs=4096,ms=64,mset=1,pi=3,pif=2,pil=1"
+            .parse()
+            .expect("a PI format");
+        assert_eq!(
+            spec.config.namespaces[0].metadata,
+            MetadataFormat {
+                size: 64,
+                extended: true,
+                protection: Some(PiFormat {
+                    pi_type: PiType::Type3,
+                    guard: Guard::Crc64,
+                    first: true,
+                }),
+            }
+        );
+        let plain: SimSpec = "sim:0,ms=16".parse().expect("metadata only");
+        assert_eq!(plain.config.namespaces[0].metadata.protection, None);
+    }
+
+    #[test]
     fn errors_name_the_option_and_what_is_valid() {
         let e = "sim:0,colour=blue".parse::<SimSpec>().expect_err("unknown");
         let text = e.to_string();
@@ -354,6 +419,15 @@ mod tests {
             e.to_string(),
             "bad value `1000` for sim option `bs`: expected 512 or 4096"
         );
+        let e = "sim:0,ms=8,pi=1,pif=2"
+            .parse::<SimSpec>()
+            .expect_err("tuple too big");
+        assert_eq!(
+            e.to_string(),
+            "bad value `8` for sim option `ms`: expected at least 8 bytes (16 with pif=2): the protection information tuple"
+        );
+        let e = "sim:0,ms=8,mset=yes".parse::<SimSpec>().expect_err("flag");
+        assert!(e.to_string().ends_with("expected 0 or 1"), "{e}");
         let e = "sim:0,latency=fast"
             .parse::<SimSpec>()
             .expect_err("bad latency");

@@ -9,10 +9,11 @@ use usnvme_hugepages::{BufferPool, DmaBuffer, DmaRegion, Memory, PageSize};
 use vm_memory::Bytes;
 
 use super::*;
+use crate::protection::{Guard, PiChecks, PiFields, PiFormat, PiType};
 use crate::spec::command::{Cns, FeatureId, FeatureSelect, QueuePriority, SGL_BIT_BUCKET};
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
 use crate::spec::{AdminOpcode, Aqa, Cqe, IoOpcode, LogPageId, SglDescriptor, Sqe};
-use crate::{Completion, IoBuffer, QueuePair, QueuePairOptions, SubmitError};
+use crate::{Completion, IoBuffer, MetadataIo, QueuePair, QueuePairOptions, SubmitError};
 
 const NSID: u32 = 1;
 
@@ -21,7 +22,7 @@ fn ram(block_size: u32, blocks: u64) -> SimConfig {
         namespaces: vec![SimNamespace {
             block_size,
             blocks,
-            metadata_size: 0,
+            metadata: MetadataFormat::default(),
         }],
         backend: Backend::Ram,
         ..SimConfig::default()
@@ -1792,30 +1793,348 @@ fn a_read_or_write_the_driver_refuses_gets_the_error_of_what_is_wrong() {
     buffers.free(buf).expect("own");
 }
 
+fn with_metadata(block_size: u32, metadata: MetadataFormat) -> SimConfig {
+    let mut config = ram(block_size, 1 << 10);
+    config.namespaces[0].metadata = metadata;
+    config
+}
+
+const T1_16_LAST: PiFormat = PiFormat {
+    pi_type: PiType::Type1,
+    guard: Guard::Crc16,
+    first: false,
+};
+
+fn md_io(data: IoBuffer, metadata: Option<IoBuffer>, pi: PiFields) -> MetadataIo {
+    MetadataIo { data, metadata, pi }
+}
+
+/// Every check, the application tag 0x0a0b, the reference tag of LBA `slba`.
+fn checked(slba: u64) -> PiFields {
+    PiFields {
+        action: false,
+        checks: PiChecks::ALL,
+        ref_tag: slba,
+        app_tag: 0x0a0b,
+        app_mask: 0xffff,
+    }
+}
+
 #[test]
-fn a_namespace_formatted_with_metadata_takes_no_read_or_write() {
+fn a_namespace_formatted_with_metadata_takes_no_plain_read_or_write() {
     // 512 + 8: data without its metadata would be misplaced (extended LBAs) or fail the
-    // drive's checks, so the driver refuses by name what it cannot move yet
-    let mut config = ram(512, 1 << 10);
-    config.namespaces[0].metadata_size = 8;
-    let (_sim, ctrl) = start(config);
-    assert_eq!(ctrl.namespace(NSID).expect("namespace").metadata_size, 8);
+    // drive's checks, so the driver refuses it by name
+    let metadata = MetadataFormat {
+        size: 8,
+        extended: true,
+        protection: None,
+    };
+    let (_sim, ctrl) = start(with_metadata(512, metadata));
+    assert_eq!(ctrl.namespace(NSID).expect("namespace").metadata, metadata);
     let mut qp = queue(&ctrl, 4);
     let mut buffers = pool(4096, 1);
     let buf = buffers.alloc().expect("buffer");
-    let io = IoBuffer {
-        iova: buf.iova(),
-        len: 512,
-    };
-    let metadata = SubmitError::Metadata {
+    let io = span(&buf, 0, 512);
+    let refused = SubmitError::Metadata {
         nsid: NSID,
         bytes: 8,
     };
-    assert_eq!(qp.read(NSID, 0, io, 1), Err(metadata.clone()));
-    assert_eq!(qp.write(NSID, 0, io, 2), Err(metadata.clone()));
-    assert!(metadata
+    assert_eq!(qp.read(NSID, 0, io, 1), Err(refused.clone()));
+    assert_eq!(qp.write(NSID, 0, io, 2), Err(refused.clone()));
+    assert!(refused
         .to_string()
         .contains("8 bytes of metadata per block"));
     assert_eq!(qp.in_flight(), 0, "nothing refused went out");
+    buffers.free(buf).expect("own");
+}
+
+#[test]
+fn extended_lba_type_1_round_trips_with_software_pi_and_the_drive_checks_every_field() {
+    let format = MetadataFormat {
+        size: 8,
+        extended: true,
+        protection: Some(T1_16_LAST),
+    };
+    let (sim, ctrl) = start(with_metadata(512, format));
+    let ns = ctrl.namespace(NSID).expect("namespace");
+    assert_eq!(
+        ns.metadata, format,
+        "DPS, FLBAS and the format as the sim reports them"
+    );
+    let mut qp = queue(&ctrl, 4);
+    let mut buffers = pool(16 << 10, 2);
+    let (buf, back) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    // 4 blocks at LBA 10, each 512 bytes of data then its tuple, made in software
+    let (slba, blocks) = (10u64, 4usize);
+    let data = pattern(3, blocks * 512);
+    let mut wire = Vec::new();
+    for (i, block) in data.chunks(512).enumerate() {
+        let mut tuple = [0u8; 8];
+        T1_16_LAST.generate(block, &mut tuple, slba + i as u64, 0x0a0b);
+        wire.extend_from_slice(block);
+        wire.extend_from_slice(&tuple);
+    }
+    buf.write_from(&wire, 0).expect("fill");
+    let fields = checked(slba);
+    let io = span(&buf, 0, wire.len());
+    let st = run(&mut qp, |q| {
+        q.write_with_metadata(NSID, slba, 4, md_io(io, None, fields), 7)
+    });
+    assert!(st.is_success(), "{st}");
+    // back with every check: data and tuples as written
+    let st = run(&mut qp, |q| {
+        q.read_with_metadata(
+            NSID,
+            slba,
+            4,
+            md_io(span(&back, 0, wire.len()), None, fields),
+            7,
+        )
+    });
+    assert!(st.is_success(), "{st}");
+    let mut got = vec![0u8; wire.len()];
+    back.read_into(&mut got, 0).expect("read back");
+    assert_eq!(got, wire);
+    // PRACT: the drive checks and strips the tuples; the data alone comes back
+    let strip = PiFields {
+        action: true,
+        ..fields
+    };
+    let st = run(&mut qp, |q| {
+        q.read_with_metadata(
+            NSID,
+            slba,
+            4,
+            md_io(span(&back, 0, data.len()), None, strip),
+            7,
+        )
+    });
+    assert!(st.is_success(), "{st}");
+    let mut got = vec![0u8; data.len()];
+    back.read_into(&mut got, 0).expect("read back");
+    assert_eq!(got, data);
+
+    // each field the drive checks, by its status
+    let read_status = |qp: &mut QueuePair, fields: PiFields| {
+        run(qp, |q| {
+            q.read_with_metadata(
+                NSID,
+                slba,
+                4,
+                md_io(span(&back, 0, wire.len()), None, fields),
+                7,
+            )
+        })
+        .code()
+    };
+    let other_app = PiFields {
+        app_tag: 0x0a0c,
+        ..fields
+    };
+    assert_eq!(
+        read_status(&mut qp, other_app),
+        Status::APPLICATION_TAG_CHECK_ERROR
+    );
+    let wrong_ref = PiFields {
+        ref_tag: slba + 1,
+        ..fields
+    };
+    assert_eq!(
+        read_status(&mut qp, wrong_ref),
+        Status::INVALID_PROTECTION_INFORMATION,
+        "type 1 wants the command's reference tag to be its LBA"
+    );
+    // a block corrupted on the medium behind the host's back: a guard error at its LBA
+    assert!(sim.overwrite_data(NSID, (slba + 2) * 512 + 100, &[0xee]));
+    assert_eq!(read_status(&mut qp, fields), Status::GUARD_CHECK_ERROR);
+    let log = ctrl.error_log(1).expect("error log");
+    assert_eq!(log[0].lba, slba + 2, "the error names the corrupt block");
+    let unchecked = PiFields {
+        checks: PiChecks::NONE,
+        ..fields
+    };
+    assert_eq!(
+        read_status(&mut qp, unchecked),
+        Status::SUCCESS,
+        "no check asked: none made"
+    );
+    // a write whose tuple does not match its data is refused, nothing stored
+    buf.write_from(&[0x77], 600).expect("spoil block 1's data");
+    let st = run(&mut qp, |q| {
+        q.write_with_metadata(NSID, slba, 4, md_io(io, None, fields), 7)
+    });
+    assert_eq!(st.code(), Status::GUARD_CHECK_ERROR);
+    // never-written blocks carry all-ones tuples, which escape every check
+    let st = run(&mut qp, |q| {
+        q.read_with_metadata(
+            NSID,
+            500,
+            4,
+            md_io(span(&back, 0, wire.len()), None, checked(500)),
+            7,
+        )
+    });
+    assert!(st.is_success(), "{st}");
+    for b in [buf, back] {
+        buffers.free(b).expect("own");
+    }
+}
+
+#[test]
+fn separate_metadata_type_3_with_a_64_bit_guard_is_inserted_by_the_drive_and_checked_on_read() {
+    let pi = PiFormat {
+        pi_type: PiType::Type3,
+        guard: Guard::Crc64,
+        first: false,
+    };
+    let format = MetadataFormat {
+        size: 64,
+        extended: false,
+        protection: Some(pi),
+    };
+    let (_sim, ctrl) = start(with_metadata(4096, format));
+    assert_eq!(
+        ctrl.namespace(NSID).expect("namespace").metadata,
+        format,
+        "the 64-bit guard from the NVM command set's Identify Namespace"
+    );
+    let mut qp = queue(&ctrl, 4);
+    let mut buffers = pool(16 << 10, 3);
+    let (buf, md, back) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    let data = pattern(9, 2 * 4096);
+    buf.write_from(&data, 0).expect("fill");
+    // PRACT on a write: the drive fills in the tuples of the metadata the host gives (64
+    // bytes a block: more than the tuple, so the metadata still travels)
+    let user: Vec<u8> = (0..128).map(|i| i as u8).collect();
+    md.write_from(&user, 0).expect("metadata");
+    let insert = PiFields {
+        action: true,
+        checks: PiChecks::NONE,
+        ref_tag: 0x1_0000_0001, // 48 bits: CDW3 carries the high ones
+        app_tag: 0x00aa,
+        app_mask: 0xffff,
+    };
+    let st = run(&mut qp, |q| {
+        q.write_with_metadata(
+            NSID,
+            7,
+            2,
+            md_io(span(&buf, 0, data.len()), Some(span(&md, 0, 128)), insert),
+            7,
+        )
+    });
+    assert!(st.is_success(), "{st}");
+    // read it back with every check, the metadata apart
+    let check = PiFields {
+        action: false,
+        checks: PiChecks::ALL,
+        ..insert
+    };
+    let st = run(&mut qp, |q| {
+        q.read_with_metadata(
+            NSID,
+            7,
+            2,
+            md_io(
+                span(&back, 0, data.len()),
+                Some(span(&md, 4096, 128)),
+                check,
+            ),
+            7,
+        )
+    });
+    assert!(st.is_success(), "{st}");
+    let mut got = vec![0u8; data.len()];
+    back.read_into(&mut got, 0).expect("data");
+    assert_eq!(got, data);
+    let mut metadata = vec![0u8; 128];
+    md.read_into(&mut metadata, 4096).expect("metadata");
+    for (i, block_md) in metadata.chunks(64).enumerate() {
+        assert_eq!(
+            block_md[..48],
+            user[i * 64..i * 64 + 48],
+            "the host's metadata kept"
+        );
+        let tuple = pi.read_tuple(&block_md[48..]).expect("tuple");
+        let guard = pi.guard_of(&data[i * 4096..][..4096], &block_md[..48]);
+        assert_eq!(
+            (tuple.guard, tuple.app_tag, tuple.ref_tag),
+            (guard, 0x00aa, 0x1_0000_0001),
+            "type 3 keeps the command's reference tag in every block"
+        );
+    }
+    let other_app = PiFields {
+        app_tag: 0x00ab,
+        ..check
+    };
+    let st = run(&mut qp, |q| {
+        q.read_with_metadata(
+            NSID,
+            7,
+            2,
+            md_io(
+                span(&back, 0, data.len()),
+                Some(span(&md, 4096, 128)),
+                other_app,
+            ),
+            7,
+        )
+    });
+    assert_eq!(st.code(), Status::APPLICATION_TAG_CHECK_ERROR);
+    for b in [buf, md, back] {
+        buffers.free(b).expect("own");
+    }
+}
+
+#[test]
+fn metadata_commands_that_do_not_fit_the_format_are_refused_by_name() {
+    let (_sim, ctrl) = start(with_metadata(
+        512,
+        MetadataFormat {
+            size: 16,
+            extended: false,
+            protection: None,
+        },
+    ));
+    let mut qp = queue(&ctrl, 4);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let none = PiFields::default();
+    let (data, md) = (span(&buf, 0, 1024), span(&buf, 2048, 32));
+    let mut submit =
+        |data, md, fields| qp.write_with_metadata(NSID, 0, 2, md_io(data, md, fields), 1);
+    assert_eq!(
+        submit(data, None, none),
+        Err(SubmitError::MetadataLength {
+            bytes: 0,
+            expected: 32
+        })
+    );
+    assert_eq!(
+        submit(span(&buf, 0, 1040), Some(md), none),
+        Err(SubmitError::DataLength {
+            bytes: 1040,
+            expected: 1024
+        }),
+        "apart: the data buffer holds data only"
+    );
+    assert_eq!(
+        submit(data, Some(md), checked(0)),
+        Err(SubmitError::NoProtection { nsid: NSID })
+    );
+    assert_eq!(submit(data, Some(md), none), Ok(()));
+    let (_sim, plain) = start(ram(512, 64));
+    let mut qp = queue(&plain, 4);
+    assert_eq!(
+        qp.read_with_metadata(NSID, 0, 1, md_io(span(&buf, 0, 512), None, none), 1),
+        Err(SubmitError::NoMetadata { nsid: NSID })
+    );
     buffers.free(buf).expect("own");
 }

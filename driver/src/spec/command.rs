@@ -70,6 +70,7 @@ spec_enum! {
         Controller = 0x01 => "Identify Controller",
         ActiveNamespaceList = 0x02 => "Active Namespace ID list",
         NamespaceDescriptorList = 0x03 => "Namespace Identification Descriptor list",
+        NvmNamespace = 0x05 => "I/O Command Set specific Identify Namespace (NVM)",
     }
 }
 

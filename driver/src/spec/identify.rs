@@ -6,6 +6,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::ascii_field;
 use super::registers::Vs;
+use crate::protection::{Guard, PiFormat, PiType};
 
 spec_flags! {
     /// Optional Admin Command Support (OACS) of Identify Controller.
@@ -407,10 +408,39 @@ impl IdentifyNamespace {
         self.flbas & 0x10 != 0
     }
 
+    /// The protection information type and place of the format in use (DPS), if any; the
+    /// guard's width comes from [`nvm_format_guard`].
+    pub fn protection(&self, guard: Guard) -> Option<PiFormat> {
+        let pi_type = match self.dps & 7 {
+            1 => PiType::Type1,
+            2 => PiType::Type2,
+            3 => PiType::Type3,
+            _ => return None,
+        };
+        Some(PiFormat {
+            pi_type,
+            guard,
+            first: self.dps & 8 != 0,
+        })
+    }
+
     /// Namespace size in bytes (NSZE times the block size).
     pub fn capacity_bytes(&self) -> Option<u64> {
         self.lba_size_bytes()
             .and_then(|size| self.nsze.checked_mul(size))
+    }
+}
+
+/// The guard of LBA format `index` as the NVM Command Set's own Identify Namespace (CNS 05h,
+/// CSI 00h; its bytes in `data`) gives it in the format's extended LBA format: PIF (ELBAF bits
+/// 8:7) 0 is 16 bits, 2 is 64 bits; None for 32 bits (PIF 1), reserved values or short data.
+pub fn nvm_format_guard(data: &[u8], index: usize) -> Option<Guard> {
+    let at = 12 + 4 * index;
+    let elbaf = u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?);
+    match (elbaf >> 7) & 3 {
+        0 => Some(Guard::Crc16),
+        2 => Some(Guard::Crc64),
+        _ => None,
     }
 }
 

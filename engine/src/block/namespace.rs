@@ -37,13 +37,13 @@ impl NamespaceDevice {
         drive: usize,
     ) -> Result<NamespaceDevice, usnvme_driver::Error> {
         let ns = ctrl.namespace(nsid)?;
-        if ns.metadata_size > 0 {
+        if ns.metadata.size > 0 {
             // the driver refuses its I/O: refused here by name, before a run starts on it
             return Err(usnvme_driver::Error::Invalid {
                 device: ctrl.name().to_string(),
                 what: usnvme_driver::SubmitError::Metadata {
                     nsid,
-                    bytes: ns.metadata_size,
+                    bytes: ns.metadata.size,
                 }
                 .to_string(),
             });

@@ -6,6 +6,7 @@ use std::io::Write;
 use anyhow::Result;
 use serde::Serialize;
 use usnvme_driver::pci::Sysfs;
+use usnvme_driver::protection::{Guard, PiType};
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
 use usnvme_driver::Namespace;
 use usnvme_engine::transport::{Controller, ControllerError, Reach};
@@ -79,6 +80,10 @@ pub struct NamespaceReport {
     /// Data bytes per block and metadata bytes per block of the LBA format in use.
     pub block_size: u32,
     pub metadata_size: u16,
+    /// The metadata travels after each block's data (extended LBA), else in a buffer apart.
+    pub metadata_extended: bool,
+    /// The protection information of the format in use, if any.
+    pub protection: Option<ProtectionReport>,
     /// NSZE: the size in blocks, and in bytes.
     pub blocks: u64,
     pub capacity_bytes: u64,
@@ -88,6 +93,17 @@ pub struct NamespaceReport {
     pub utilization_blocks: u64,
     pub lba_format_in_use: usize,
     pub lba_formats: Vec<LbaFormatReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProtectionReport {
+    /// End-to-end protection type: 1, 2 or 3.
+    #[serde(rename = "type")]
+    pub pi_type: u8,
+    /// The guard's width in bits: 16 (CRC-16/T10-DIF) or 64 (CRC-64/NVME).
+    pub guard_bits: u8,
+    /// Where the tuple is in the metadata: "first" or "last" bytes.
+    pub location: &'static str,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -171,7 +187,20 @@ fn namespace(ns: &Namespace) -> NamespaceReport {
     NamespaceReport {
         nsid: ns.nsid,
         block_size: ns.block_size,
-        metadata_size: ns.metadata_size,
+        metadata_size: ns.metadata.size,
+        metadata_extended: ns.metadata.extended,
+        protection: ns.metadata.protection.map(|pi| ProtectionReport {
+            pi_type: match pi.pi_type {
+                PiType::Type1 => 1,
+                PiType::Type2 => 2,
+                PiType::Type3 => 3,
+            },
+            guard_bits: match pi.guard {
+                Guard::Crc16 => 16,
+                Guard::Crc64 => 64,
+            },
+            location: if pi.first { "first" } else { "last" },
+        }),
         blocks: ns.blocks,
         capacity_bytes: ns.capacity_bytes(),
         capacity_blocks: id.ncap,
@@ -319,6 +348,28 @@ fn render_namespace(f: &mut Fields, ns: &NamespaceReport) {
             ns.block_size
         ),
     );
+    if ns.metadata_size > 0 {
+        let place = if ns.metadata_extended {
+            "after each block's data (extended LBA)"
+        } else {
+            "in a buffer apart"
+        };
+        f.field(
+            2,
+            "Metadata",
+            format!("{} B per block, {place}", ns.metadata_size),
+        );
+        let protection = ns.protection.as_ref().map_or_else(
+            || "none".to_owned(),
+            |pi| {
+                format!(
+                    "type {}, {}-bit guard, in the {} bytes of the metadata",
+                    pi.pi_type, pi.guard_bits, pi.location
+                )
+            },
+        );
+        f.field(2, "Protection information", protection);
+    }
     f.field(
         2,
         "Capacity (NCAP)",
@@ -397,6 +448,8 @@ mod tests {
                 nsid: 1,
                 block_size: 4096,
                 metadata_size: 0,
+                metadata_extended: false,
+                protection: None,
                 blocks: 262_144,
                 capacity_bytes: 1 << 30,
                 capacity_blocks: 262_144,

@@ -196,6 +196,14 @@ pub fn identify(
         Some(Cns::NamespaceDescriptorList) => {
             active.map(namespace_descriptors).ok_or(INVALID_NAMESPACE)
         }
+        Some(Cns::NvmNamespace) => {
+            // All zero: exported namespaces carry no protection information (16-bit guard
+            // formats, no storage tag).
+            if (sqe.cdw11 >> 24) as u8 != CSI_NVM {
+                return Err(INVALID_FIELD);
+            }
+            active.map(|_| [0; IDENTIFY_BYTES]).ok_or(INVALID_NAMESPACE)
+        }
         None if cns == CNS_IO_COMMAND_SET_CONTROLLER => {
             // All zero for the NVM command set: no Verify, Write Zeroes or Dataset Management
             // size limits beyond MDTS. Linux asks for it when VS is 1.2 or later.
