@@ -21,7 +21,7 @@ pub mod transport;
 
 pub use block::{
     BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, Failure, IoCompletion, IoError,
-    NamespaceDevice, Op, StripeDevice,
+    NamespaceDevice, Op, PiMode, StripeDevice,
 };
 pub use engine::{
     attach, Assignment, Drive, Engine, EngineError, EngineOptions, Job, QueueLimited,

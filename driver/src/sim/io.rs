@@ -72,7 +72,7 @@ fn read_write(
 ) -> Result<Outcome, Outcome> {
     let (index, ns) = namespace(ctx, sqe.nsid)?;
     if ns.metadata.size > 0 {
-        return read_write_metadata(ctx, sq, sqe, write, index, &ns);
+        return read_write_metadata(ctx, sq, sqe, (write, fault), index, &ns);
     }
     let (slba, blocks) = (sqe.slba(), sqe.blocks() as u64);
     let len = blocks * ns.block_size as u64;
@@ -143,11 +143,12 @@ fn read_write(
 /// MPTR), the protection information inserted (PRACT on a write), stripped (PRACT on a read,
 /// where the tuple is all the metadata) and checked (PRCHK; every block before any data moves
 /// on a read), a failed check completing the command with its end-to-end status at its LBA.
+/// A read fault acts on the way to the host, after the checks.
 fn read_write_metadata(
     ctx: &Ctx,
     sq: &mut Sq,
     sqe: &Sqe,
-    write: bool,
+    (write, fault): (bool, Option<FaultAction>),
     index: usize,
     ns: &SimNamespace,
 ) -> Result<Outcome, Outcome> {
@@ -219,10 +220,16 @@ fn read_write_metadata(
                     .map_err(|e| Outcome::fail(e.status()).lba(slba + i as u64))?;
             }
         }
+        if fault == Some(FaultAction::CorruptRead) {
+            data[bs / 2] ^= 0x20; // the middle of the first block, as on the plain path
+        }
         sq.data.clear();
         for i in 0..n {
             sq.data.extend_from_slice(&data[i * bs..][..bs]);
             sq.data.extend_from_slice(&metadata[i * ms..][..wire_md]);
+        }
+        if fault == Some(FaultAction::ReadNoData) {
+            return Ok(Outcome::ok(0));
         }
         scatter(ctx, &sq.segs, &sq.data).map_err(|e| e.lba(slba))?;
         if apart > 0 {

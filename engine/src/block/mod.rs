@@ -14,9 +14,9 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaSpace, PageSize};
 
-use crate::transport::Queues;
+use crate::transport::{NamespaceProtection, Queues};
 
-pub use namespace::{NamespaceChannel, NamespaceDevice};
+pub use namespace::{NamespaceChannel, NamespaceDevice, PiMode};
 pub use stripe::{StripeChannel, StripeDevice};
 
 /// The largest token a caller may give an I/O (60 bits). The bits above are the block
@@ -56,6 +56,23 @@ pub struct BlockInfo {
     pub optimal_io: u64,
     /// The largest I/O one command carries; larger ones are split.
     pub max_io: u64,
+    /// A namespace formatted with metadata, driven with it: what its buffers hold besides the
+    /// data ([`NamespaceProtection::layout`]) and the protection asked of every command.
+    pub protection: Option<NamespaceProtection>,
+}
+
+impl BlockInfo {
+    /// Bytes an I/O of `len` data bytes needs in its buffer: its blocks' metadata too where it
+    /// travels.
+    pub fn buffer_bytes(&self, len: u64) -> u64 {
+        match self.protection {
+            Some(p) => {
+                let (stride, apart) = p.layout(self.block_size);
+                len / u64::from(self.block_size.max(1)) * (stride + apart)
+            }
+            None => len,
+        }
+    }
 }
 
 /// How a reactor's channel is set up.

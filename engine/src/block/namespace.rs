@@ -12,7 +12,35 @@ use super::{
     check, BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Failure,
     Finished, Op, NAMESPACE_PARENT,
 };
-use crate::transport::{IoQueue, QueueNamespace, QueueSource, Queues, RemoteQueues};
+use crate::transport::{
+    IoQueue, NamespaceProtection, QueueNamespace, QueueSource, Queues, RemoteQueues,
+};
+use usnvme_driver::protection::{MetadataFormat, PiChecks};
+
+/// How to drive a namespace formatted with metadata (perf and sweep `--pi`, as SPDK's perf
+/// `-e` takes it): PRACT (the drive inserts the PI on writes and checks and strips it on
+/// reads; else the host makes and checks it), PRCHK (what the drive checks), and the
+/// application tag every block carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PiMode {
+    pub action: bool,
+    pub checks: PiChecks,
+    pub app_tag: u16,
+}
+
+impl PiMode {
+    /// On a namespace of this format: without protection information, metadata travels
+    /// (as the host gives it) and nothing is inserted or checked.
+    fn on(self, format: MetadataFormat) -> NamespaceProtection {
+        let pi = format.protection.is_some();
+        NamespaceProtection {
+            format,
+            action: self.action && pi,
+            checks: if pi { self.checks } else { PiChecks::NONE },
+            app_tag: self.app_tag,
+        }
+    }
+}
 
 /// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
 const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
@@ -30,24 +58,41 @@ pub struct NamespaceDevice {
 }
 
 impl NamespaceDevice {
-    /// Namespace `nsid` of the local controller `ctrl`, which the engine knows as drive `drive`.
+    /// Namespace `nsid` of the local controller `ctrl`, which the engine knows as drive `drive`;
+    /// a namespace formatted with metadata is refused by name (see [`NamespaceDevice::with_pi`]).
     pub fn new(
         ctrl: Controller,
         nsid: u32,
         drive: usize,
     ) -> Result<NamespaceDevice, usnvme_driver::Error> {
+        NamespaceDevice::with_pi(ctrl, nsid, drive, None)
+    }
+
+    /// Namespace `nsid` of `ctrl`, driven with its metadata as `mode` says where it has any
+    /// (perf `--pi`); without a mode, as by [`NamespaceDevice::new`].
+    pub fn with_pi(
+        ctrl: Controller,
+        nsid: u32,
+        drive: usize,
+        mode: Option<PiMode>,
+    ) -> Result<NamespaceDevice, usnvme_driver::Error> {
         let ns = ctrl.namespace(nsid)?;
-        if ns.metadata.size > 0 {
+        let format = ns.metadata;
+        let protection = match mode {
+            _ if format.size == 0 => None,
+            Some(mode) => Some(mode.on(format)),
             // the driver refuses its I/O: refused here by name, before a run starts on it
-            return Err(usnvme_driver::Error::Invalid {
-                device: ctrl.name().to_string(),
-                what: usnvme_driver::SubmitError::Metadata {
-                    nsid,
-                    bytes: ns.metadata.size,
-                }
-                .to_string(),
-            });
-        }
+            None => {
+                return Err(usnvme_driver::Error::Invalid {
+                    device: ctrl.name().to_string(),
+                    what: usnvme_driver::SubmitError::Metadata {
+                        nsid,
+                        bytes: format.size,
+                    }
+                    .to_string(),
+                })
+            }
+        };
         let name = if ctrl.namespaces().len() == 1 {
             ctrl.name().to_string()
         } else {
@@ -58,12 +103,16 @@ impl NamespaceDevice {
             space: ctrl.iova_space().clone(),
             page: ctrl.page_size(),
         };
-        Ok(NamespaceDevice::on(
-            QueueSource::Pcie { ctrl, drive },
-            name,
+        let shape = QueueNamespace {
             nsid,
             block_size,
             blocks,
+            protection,
+        };
+        Ok(NamespaceDevice::on(
+            QueueSource::Pcie { ctrl, drive },
+            name,
+            shape,
             dma,
             None,
         ))
@@ -80,41 +129,37 @@ impl NamespaceDevice {
         keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
     ) -> NamespaceDevice {
         let dma = source.dma.clone();
-        NamespaceDevice::on(
-            QueueSource::Tcp(source),
-            name,
+        let shape = QueueNamespace {
             nsid,
             block_size,
             blocks,
-            dma,
-            keep,
-        )
+            protection: None,
+        };
+        NamespaceDevice::on(QueueSource::Tcp(source), name, shape, dma, keep)
     }
 
     fn on(
         source: QueueSource,
         name: String,
-        nsid: u32,
-        block_size: u32,
-        blocks: u64,
+        ns: QueueNamespace,
         dma: DmaTarget,
         keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
     ) -> NamespaceDevice {
-        let bs = u64::from(block_size.max(1));
+        let bs = u64::from(ns.block_size.max(1));
+        // one command carries as many blocks as fit the largest transfer with the metadata
+        // that travels in the data buffer
+        let stride = ns.protection.map_or(bs, |p| p.layout(ns.block_size).0);
         let info = BlockInfo {
             name: name.clone(),
-            size_bytes: blocks * bs,
-            block_size,
+            size_bytes: ns.blocks * bs,
+            block_size: ns.block_size,
             optimal_io: bs,
-            max_io: (source.max_transfer() / bs * bs).max(bs),
+            max_io: (source.max_transfer() / stride * bs).max(bs),
+            protection: ns.protection,
         };
         NamespaceDevice {
             source,
-            ns: QueueNamespace {
-                nsid,
-                block_size,
-                blocks,
-            },
+            ns,
             info,
             name: Arc::from(name),
             dma,
@@ -164,6 +209,10 @@ impl BlockDevice for NamespaceDevice {
             name: self.name.clone(),
             splits: SplitIos::new(capacity),
             now_ns: 0,
+            moves_metadata: self
+                .ns
+                .protection
+                .is_some_and(|p| p.moves_metadata(self.ns.block_size)),
         }))
     }
 }
@@ -181,6 +230,9 @@ pub struct NamespaceChannel {
     /// Parents of the I/Os split into several commands (only those).
     splits: SplitIos,
     now_ns: u64,
+    /// Its reads and writes move metadata: each is one command, its buffer laid out as
+    /// [`NamespaceProtection`] says.
+    moves_metadata: bool,
 }
 
 impl NamespaceChannel {
@@ -234,6 +286,9 @@ impl NamespaceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), BlockError> {
+        if self.moves_metadata && op.has_data() {
+            return self.submit_with_metadata(op, offset, len, buf, token);
+        }
         if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
             if len <= self.info.max_io && b.len as u64 >= len {
                 if offset & self.block_mask != 0 {
@@ -255,6 +310,44 @@ impl NamespaceChannel {
             }
         }
         self.submit_parts(op, offset, len, buf, token)
+    }
+
+    /// A read or write whose buffer carries metadata too: one command (a split would have to
+    /// carve the metadata as well).
+    #[inline(never)]
+    fn submit_with_metadata(
+        &mut self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), BlockError> {
+        let wire = self.info.buffer_bytes(len);
+        check(&self.info, &self.name, op, offset, len, buf)?;
+        let Some(b) = buf.filter(|b| u64::from(b.len) >= wire) else {
+            return Err(BlockError::Buffer {
+                device: self.name.clone(),
+                op,
+                len: wire,
+            });
+        };
+        if len > self.info.max_io {
+            return Err(BlockError::Submit {
+                device: self.name.clone(),
+                source: usnvme_driver::SubmitError::ExceedsMdts {
+                    bytes: len,
+                    max: self.info.max_io,
+                },
+            });
+        }
+        let b = IoBuffer {
+            len: wire as u32,
+            ..b
+        };
+        let (lba, blocks) = (offset >> self.block_shift, (len >> self.block_shift) as u32);
+        self.submit_command(op, lba, blocks, Some(b), token)
+            .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info))
     }
 
     /// Checked here, split into commands that complete as one I/O.

@@ -39,6 +39,8 @@ pub enum StripeError {
     Chunk { chunk: u64, block_size: u32 },
     #[error("member {member} is in another DMA address space than the first (simulated and real drives cannot be striped together)")]
     Spaces { member: String },
+    #[error("member {member} moves metadata with its data, which a stripe's buffers do not hold: stripe such drives with --pi PRACT=1 on a format whose metadata is its protection information alone (the drive inserts and strips it), or format them without metadata")]
+    Metadata { member: String },
     #[error("member {member} ({size} bytes) is smaller than one chunk ({chunk} bytes)")]
     TooSmall {
         member: String,
@@ -66,6 +68,13 @@ impl StripeDevice {
                     a: first.block_size,
                     other: i.name.clone(),
                     b: i.block_size,
+                });
+            }
+            // the members' commands carry their PI (each its own LBAs as reference tags), but
+            // a stripe's buffers hold data only
+            if i.buffer_bytes(u64::from(i.block_size)) != u64::from(i.block_size) {
+                return Err(StripeError::Metadata {
+                    member: i.name.clone(),
                 });
             }
             if i.size_bytes < chunk {
@@ -103,6 +112,7 @@ impl StripeDevice {
             block_size: first.block_size,
             optimal_io: chunk,
             max_io: chunk * members.len() as u64,
+            protection: None,
         };
         Ok(StripeDevice {
             members,

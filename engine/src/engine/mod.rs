@@ -13,7 +13,7 @@ use usnvme_hugepages::{BufferPool, PoolError};
 
 use crate::block::{
     BlockDevice, BlockError, BlockInfo, Channel, ChannelOptions, DmaTarget, Finished, IoCompletion,
-    NamespaceDevice, Op, MAX_TOKEN,
+    NamespaceDevice, Op, PiMode, MAX_TOKEN,
 };
 use crate::placement::{self, Placement, PlacementError, Policy};
 use crate::stats::{IoStats, OpKind, Snapshot};
@@ -185,12 +185,19 @@ impl Engine {
         &self.placement
     }
 
-    /// Every namespace of every drive as a block device, in drive order.
+    /// Every namespace of every drive as a block device, in drive order; those formatted with
+    /// metadata are left out, with a warning naming them.
     pub fn namespaces(&self) -> Vec<Arc<dyn BlockDevice>> {
+        self.namespaces_with_pi(None)
+    }
+
+    /// Every namespace of every drive as a block device, those formatted with metadata driven
+    /// as `pi` says (left out with a warning without it).
+    pub fn namespaces_with_pi(&self, pi: Option<PiMode>) -> Vec<Arc<dyn BlockDevice>> {
         let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
         for (i, d) in self.drives.iter().enumerate() {
             for ns in d.controller.namespaces() {
-                match NamespaceDevice::new(d.controller.clone(), ns.nsid, i) {
+                match NamespaceDevice::with_pi(d.controller.clone(), ns.nsid, i, pi) {
                     Ok(dev) => devices.push(Arc::new(dev)),
                     Err(e) => log::warn!("{}: namespace {} skipped: {e}", d.spec, ns.nsid),
                 }

@@ -1,20 +1,93 @@
 //! One I/O queue API over both transports. An enum, not a trait object: the I/O path
 //! dispatches with a match and inlines down to the queue pair.
 
+use usnvme_driver::protection::{MetadataFormat, PiChecks, PiFields, PiType};
 use usnvme_driver::spec::Status;
-use usnvme_driver::{Completion, IoBuffer, QueuePair, SubmitError};
+use usnvme_driver::{Completion, IoBuffer, MetadataIo, QueuePair, SubmitError};
 
 use super::tcp::RemoteQueue;
 use super::SharedQueue;
 use crate::block::Op;
 use crate::fabric::initiator::{Failure, IoNamespace};
 
-/// The namespace a command goes to: its ID and shape.
+/// The namespace a command goes to: its ID and shape, and how its metadata is moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueNamespace {
     pub nsid: u32,
     pub block_size: u32,
     pub blocks: u64,
+    /// Set for a namespace formatted with metadata (None: it has none).
+    pub protection: Option<NamespaceProtection>,
+}
+
+/// How the engine reads and writes a namespace formatted with metadata (perf and sweep `--pi`):
+/// its format, PRACT, PRCHK and the application tag of every command. The reference tag of a
+/// command follows from its LBA (types 1 and 2: the LBA, as type 1 requires; type 3: 0 for
+/// every block, which a drive keeps as given), so that any read finds the tags any write left.
+///
+/// A read or write buffer holds, per block, `stride` bytes (its data, then its metadata on an
+/// extended-LBA format), then the metadata apart (`apart` bytes per block) after all of them;
+/// where PRACT strips a tuple that is all the metadata, buffers hold the data only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceProtection {
+    pub format: MetadataFormat,
+    pub action: bool,
+    pub checks: PiChecks,
+    pub app_tag: u16,
+}
+
+impl NamespaceProtection {
+    /// Bytes per block in the buffer: interleaved with the data, and apart after it.
+    pub fn layout(&self, block_size: u32) -> (u64, u64) {
+        self.format.bytes_per_block(block_size, self.action)
+    }
+
+    /// Whether any metadata travels (else buffers are as for a namespace without).
+    pub fn moves_metadata(&self, block_size: u32) -> bool {
+        self.layout(block_size) != (u64::from(block_size), 0)
+    }
+
+    /// The reference tag of the command at `lba` (see the type's doc).
+    pub fn ref_tag(&self, lba: u64) -> u64 {
+        match self.format.protection {
+            Some(pi) if pi.pi_type != PiType::Type3 => lba & pi.ref_tag_mask(),
+            _ => 0,
+        }
+    }
+
+    /// The PI fields of a command at `lba` (none on a format without PI).
+    pub fn fields(&self, lba: u64) -> PiFields {
+        if self.format.protection.is_none() {
+            return PiFields::default();
+        }
+        PiFields {
+            action: self.action,
+            checks: self.checks,
+            ref_tag: self.ref_tag(lba),
+            app_tag: self.app_tag,
+            app_mask: 0xffff,
+        }
+    }
+
+    /// A command's buffers, carved from `buf` (a whole number of blocks laid out as above).
+    fn io(&self, ns: &QueueNamespace, lba: u64, buf: IoBuffer) -> (u32, MetadataIo) {
+        let (stride, apart) = self.layout(ns.block_size);
+        let blocks = u64::from(buf.len) / (stride + apart);
+        let data = IoBuffer {
+            iova: buf.iova,
+            len: (blocks * stride) as u32,
+        };
+        let metadata = (apart > 0).then(|| IoBuffer {
+            iova: buf.iova + blocks * stride,
+            len: (blocks * apart) as u32,
+        });
+        let io = MetadataIo {
+            data,
+            metadata,
+            pi: self.fields(lba),
+        };
+        (blocks as u32, io)
+    }
 }
 
 /// A polled I/O queue of one controller: commands for any of its namespaces go in with a
@@ -55,8 +128,12 @@ impl IoQueue {
         token: u64,
     ) -> Result<(), SubmitError> {
         match (self, op, buf) {
-            (IoQueue::Pcie(qp), Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
-            (IoQueue::Pcie(qp), Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
+            (IoQueue::Pcie(qp), Op::Read, Some(b)) if ns.protection.is_none() => {
+                qp.read(ns.nsid, lba, b, token)
+            }
+            (IoQueue::Pcie(qp), Op::Write, Some(b)) if ns.protection.is_none() => {
+                qp.write(ns.nsid, lba, b, token)
+            }
             (queue, op, buf) => queue.submit_other(ns, op, lba, blocks, buf, token),
         }
     }
@@ -73,16 +150,27 @@ impl IoQueue {
         token: u64,
     ) -> Result<(), SubmitError> {
         match self {
-            IoQueue::Pcie(qp) => match (op, buf) {
-                (Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
-                (Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
-                (Op::Flush, _) => qp.flush_cache(ns.nsid, token),
-                (Op::WriteZeroes, _) => qp.write_zeroes(ns.nsid, lba, blocks, token),
-                (Op::Deallocate, _) => qp.deallocate(ns.nsid, lba, blocks, token),
-                (Op::Read | Op::Write, None) => Err(SubmitError::Unsupported {
+            IoQueue::Pcie(qp) => match (op, buf, ns.protection) {
+                (Op::Read, Some(b), Some(p)) => {
+                    let (blocks, io) = p.io(&ns, lba, b);
+                    qp.read_with_metadata(ns.nsid, lba, blocks, io, token)
+                }
+                (Op::Write, Some(b), Some(p)) => {
+                    let (blocks, io) = p.io(&ns, lba, b);
+                    qp.write_with_metadata(ns.nsid, lba, blocks, io, token)
+                }
+                (Op::Read, Some(b), None) => qp.read(ns.nsid, lba, b, token),
+                (Op::Write, Some(b), None) => qp.write(ns.nsid, lba, b, token),
+                (Op::Flush, ..) => qp.flush_cache(ns.nsid, token),
+                (Op::WriteZeroes, ..) => qp.write_zeroes(ns.nsid, lba, blocks, token),
+                (Op::Deallocate, ..) => qp.deallocate(ns.nsid, lba, blocks, token),
+                (Op::Read | Op::Write, None, _) => Err(SubmitError::Unsupported {
                     what: "a read or write without a buffer",
                 }),
             },
+            IoQueue::Tcp(_) if ns.protection.is_some() => Err(SubmitError::Unsupported {
+                what: "metadata or protection information over NVMe/TCP",
+            }),
             IoQueue::Tcp(q) => {
                 let blocks = match (op, buf) {
                     (Op::Read | Op::Write, Some(b)) => b.len >> ns.block_size.trailing_zeros(),

@@ -20,6 +20,6 @@ mod queues;
 pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};
-pub use io_queue::{IoQueue, QueueNamespace};
+pub use io_queue::{IoQueue, NamespaceProtection, QueueNamespace};
 pub use queues::{QueueSource, Queues, SharedQueue};
 pub use tcp::{QueueIds, RemoteController, RemoteError, RemoteQueues};

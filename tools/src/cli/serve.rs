@@ -173,7 +173,13 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             ..EngineOptions::default()
         },
     )?;
-    let devices = crate::perf::devices(&engine, &[], args.stripe.as_ref().map(|s| s.value), None)?;
+    let devices = crate::perf::devices(
+        &engine,
+        &[],
+        args.stripe.as_ref().map(|s| s.value),
+        None,
+        None,
+    )?;
     let subsystem = Arc::new(SubsystemInfo {
         namespaces: devices
             .iter()

@@ -11,6 +11,7 @@
 //! during the run (hot removal) fails its I/Os, the others run to the end, and the run exits 1
 //! naming it.
 
+mod metadata;
 mod regions;
 mod report;
 mod session;
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::json;
 use usnvme_driver::pci::{Driver, Sysfs};
+use usnvme_driver::protection::PiChecks;
 use usnvme_driver::vfio::VfioError;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::block::DmaTarget;
@@ -36,8 +38,8 @@ use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
 use usnvme_engine::{
-    attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, Share,
-    StripeDevice,
+    attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, PiMode,
+    Share, StripeDevice,
 };
 use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
@@ -115,6 +117,12 @@ pub struct Args {
         requires = "verify"
     )]
     corrupt_after: Option<u64>,
+    /// Drive namespaces formatted with metadata and protection information, as SPDK's perf -e:
+    /// PRACT=1 (the drive inserts the PI on writes, checks and strips it on reads) or PRACT=0
+    /// (perf makes and checks it in software, DIF or DIX), PRCHK=GUARD|REFTAG|APPTAG (what the
+    /// drive checks). Without it such namespaces are left out.
+    #[arg(short = 'e', long = "pi", value_name = "PRACT=0|1[,PRCHK=…]", value_parser = settings::pi_mode)]
+    pi: Option<PiMode>,
     /// Namespace to run on, on every drive (default: every active namespace).
     #[arg(short = 'n', long = "namespace", value_name = "NSID",
           value_parser = clap::value_parser!(u32).range(1..))]

@@ -3,19 +3,21 @@
 use super::*;
 
 /// The run's block devices: every namespace (or namespace `nsid`) of every drive, then of every
-/// remote subsystem, or stripes of `n` of them (a stripe may mix local and remote ones).
+/// remote subsystem, or stripes of `n` of them (a stripe may mix local and remote ones); those
+/// formatted with metadata driven as `pi` says (left out without it).
 pub(crate) fn devices(
     engine: &Engine,
     remotes: &[RemoteSubsystem],
     stripe: Option<(usize, u64)>,
     nsid: Option<u32>,
+    pi: Option<PiMode>,
 ) -> Result<Vec<Arc<dyn BlockDevice>>> {
     let mut namespaces = match nsid {
-        None => engine.namespaces(),
+        None => engine.namespaces_with_pi(pi),
         Some(nsid) => {
             let mut chosen: Vec<Arc<dyn BlockDevice>> = Vec::new();
             for (i, d) in engine.drives().iter().enumerate() {
-                let ns = NamespaceDevice::new(d.controller.clone(), nsid, i)
+                let ns = NamespaceDevice::with_pi(d.controller.clone(), nsid, i, pi)
                     .map_err(|e| usage(format!("-n {nsid}: {e}")))?;
                 chosen.push(Arc::new(ns));
             }

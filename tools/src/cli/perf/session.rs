@@ -237,7 +237,13 @@ impl Session {
                 ..EngineOptions::default()
             },
         )?;
-        let devices = devices(&engine, &remotes, settings.stripe, settings.namespace)?;
+        let devices = devices(
+            &engine,
+            &remotes,
+            settings.stripe,
+            settings.namespace,
+            settings.pi,
+        )?;
         let spans = spans(&devices, &settings)?;
         check_io_size(&devices, &spans, io_size, &format!("-o {}", args.io_size))?;
         // Said once, before any I/O: drives served by fewer cores than placed, and why.

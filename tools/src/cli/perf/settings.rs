@@ -21,6 +21,49 @@ pub(crate) struct Settings {
     pub(super) reset_after: Option<Duration>,
     /// `--remove`: the simulated drive and when.
     pub(super) remove: Option<(String, Duration)>,
+    /// `--pi`: how namespaces formatted with metadata are driven (None: left out).
+    pub(super) pi: Option<PiMode>,
+}
+
+/// The application tag `--pi` writes and checks: "US".
+pub(crate) const PI_APP_TAG: u16 = 0x5553;
+
+/// `--pi` / `-e`, as SPDK's perf takes it: `PRACT=0|1[,PRCHK=GUARD|REFTAG|APPTAG]` (any case;
+/// PRCHK lists what the drive checks, `|`-separated).
+pub(crate) fn pi_mode(s: &str) -> Result<PiMode, String> {
+    const FORM: &str = "PRACT=0|1[,PRCHK=GUARD|REFTAG|APPTAG], e.g. PRACT=0,PRCHK=GUARD|REFTAG";
+    let mut action = None;
+    let mut checks = PiChecks::NONE;
+    for pair in s.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not KEY=VALUE: {FORM}"))?;
+        match (key.to_ascii_uppercase().as_str(), value) {
+            ("PRACT", "0") => action = Some(false),
+            ("PRACT", "1") => action = Some(true),
+            ("PRCHK", list) => {
+                for check in list.split('|') {
+                    match check.to_ascii_uppercase().as_str() {
+                        "GUARD" => checks.guard = true,
+                        "REFTAG" => checks.ref_tag = true,
+                        "APPTAG" => checks.app_tag = true,
+                        _ => {
+                            return Err(format!(
+                                "PRCHK: {check:?}: expected GUARD, REFTAG or APPTAG"
+                            ))
+                        }
+                    }
+                }
+            }
+            _ => return Err(format!("{pair:?}: {FORM}")),
+        }
+    }
+    let action = action.ok_or_else(|| format!("PRACT is missing: {FORM}"))?;
+    Ok(PiMode {
+        action,
+        checks,
+        app_tag: PI_APP_TAG,
+    })
 }
 
 /// `-w`: the access pattern.
@@ -244,5 +287,6 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         size: args.size.clone(),
         reset_after,
         remove,
+        pi: args.pi,
     })
 }

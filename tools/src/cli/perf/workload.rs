@@ -12,6 +12,10 @@
 //! `--verify`: every block written carries `usnvme_stamp`'s stamp (every byte of it follows from
 //! the block's offset and the run's seed); every read buffer is poisoned first, so that a read
 //! that completes but brings no data shows; every block read back is checked whole.
+//!
+//! `--pi`: on a namespace driven with its metadata, each block's data sits where
+//! [`BufferLayout`] says, and perf makes and checks the protection information the drive does
+//! not insert (`metadata`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,6 +27,8 @@ use usnvme_engine::engine::DeviceChannel;
 use usnvme_engine::stats::{IoStats, OpKind};
 use usnvme_engine::{IoCompletion, Job, Op, ReactorContext};
 use usnvme_hugepages::{BufferPool, DmaBuffer};
+
+use super::metadata::BufferLayout;
 
 /// What one measurement runs, the same on every reactor: I/O size, depth, pattern, how long,
 /// stamps.
@@ -98,7 +104,7 @@ const KEEP_MISMATCHES: usize = 16;
 /// One I/O in flight: its index is the I/O's token.
 struct Slot {
     buf: DmaBuffer,
-    /// The I/O's op and offset, kept for `--verify` only.
+    /// The I/O's op and offset, kept for `--verify` and `--pi` only.
     op: Op,
     offset: u64,
 }
@@ -136,6 +142,14 @@ struct DevState {
     /// and one block of poison; empty otherwise.
     block: Vec<u8>,
     poison: Vec<u8>,
+    /// Where each block's data and metadata sit in a buffer, and the buffer bytes of an I/O.
+    layout: BufferLayout,
+    io_bytes: u32,
+    /// Ops and offsets are kept in the slots (`--verify`, or metadata to make or check).
+    track: bool,
+    /// PRACT=0: one block's data and metadata, to make and check tuples in; empty otherwise.
+    pi_data: Vec<u8>,
+    pi_metadata: Vec<u8>,
 }
 
 impl Drop for DevState {
@@ -188,8 +202,10 @@ impl Workload {
     fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
+            let layout = BufferLayout::of(&dev.info);
+            let io_bytes = dev.info.buffer_bytes(self.run.io_size);
             let mut pool = dev
-                .buffer_pool(pool_buffer_size(self.run.io_size), self.run.depth)
+                .buffer_pool(pool_buffer_size(io_bytes), self.run.depth)
                 .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
             let mut slots = Vec::with_capacity(self.run.depth);
             for _ in 0..self.run.depth {
@@ -238,6 +254,11 @@ impl Workload {
                 error: None,
                 block: vec![0u8; block_len],
                 poison,
+                layout,
+                io_bytes: io_bytes as u32,
+                track: self.run.verify || dev.info.protection.is_some(),
+                pi_data: vec![0u8; layout.scratch_bytes().min(1) * layout.block],
+                pi_metadata: vec![0u8; layout.scratch_bytes()],
             });
         }
         Ok(())
@@ -415,21 +436,36 @@ fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: D
         };
         let offset = st.region.start + index * run.io_size;
         let s = &mut st.slots[slot];
-        if run.verify {
+        if st.track {
             // what the read is checked against when it completes
             s.op = op;
             s.offset = offset;
+        }
+        if run.verify {
             if op == Op::Write {
                 let corrupt = run.corrupt_after.is_some_and(|n| st.writes >= n);
-                stamp(&s.buf, offset, run, corrupt, &mut st.block);
+                stamp(
+                    &s.buf,
+                    offset,
+                    run,
+                    corrupt,
+                    &mut st.block,
+                    st.layout.stride,
+                );
             } else {
                 // a read that brings nothing must not pass for what the buffer held before
-                poison(&s.buf, run.io_size, &st.poison);
+                poison(&s.buf, run.io_size, &st.poison, st.layout.stride);
             }
+        }
+        if op == Op::Write && !st.pi_metadata.is_empty() {
+            let blocks = (run.io_size / st.layout.block as u64) as usize;
+            let lba = offset / st.layout.block as u64;
+            st.layout
+                .protect(&s.buf, lba, blocks, &mut st.pi_data, &mut st.pi_metadata);
         }
         let io = IoBuffer {
             iova: s.buf.iova(),
-            len: run.io_size as u32,
+            len: st.io_bytes,
         };
         match dev.submit(op, offset, run.io_size, Some(io), slot as u64) {
             Ok(()) => {
@@ -461,6 +497,7 @@ fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: D
 
 /// Polls the device and accounts for what completed (the engine records the statistics).
 fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration) {
+    let dev_block_size = dev.info.block_size;
     let reset_done = run
         .reset_done
         .as_ref()
@@ -482,6 +519,18 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
                             run,
                             s,
                             &mut st.block,
+                            st.layout.stride,
+                            &mut st.mismatches,
+                            &mut st.more_mismatches,
+                        );
+                    }
+                    if s.op == Op::Read && !st.pi_metadata.is_empty() {
+                        let bs = st.layout.block as u64;
+                        st.layout.check(
+                            &s.buf,
+                            s.offset / bs,
+                            (run.io_size / bs) as usize,
+                            (&mut st.pi_data, &mut st.pi_metadata),
                             &mut st.mismatches,
                             &mut st.more_mismatches,
                         );
@@ -495,7 +544,16 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
                             st.pathing_error.get_or_insert_with(|| e.to_string());
                         }
                         IoError::TimedOut { .. } | IoError::Device { .. } => {
-                            st.error.get_or_insert_with(|| e.to_string());
+                            st.error.get_or_insert_with(|| {
+                                if !st.track {
+                                    return e.to_string();
+                                }
+                                // which blocks: an end-to-end error names the I/O's LBAs
+                                let bs = u64::from(dev_block_size);
+                                let lba = s.offset / bs;
+                                let last = lba + run.io_size / bs - 1;
+                                format!("{e} ({:?} of LBAs {lba}..={last})", s.op)
+                            });
                         }
                     }
                 }
@@ -517,26 +575,44 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
     }
 }
 
-/// Stamps every block of `buf`, meant for byte `offset`, through `block` (one block long).
-/// `corrupt` (`--corrupt-after`): the first block's checksum is wrong.
-fn stamp(buf: &DmaBuffer, offset: u64, run: &RunSpec, corrupt: bool, block: &mut [u8]) {
+/// Stamps every block of `buf`, meant for byte `offset`, through `block` (one block long);
+/// block `b`'s data is at `b * stride` in the buffer. `corrupt` (`--corrupt-after`): the first
+/// block's checksum is wrong.
+fn stamp(
+    buf: &DmaBuffer,
+    offset: u64,
+    run: &RunSpec,
+    corrupt: bool,
+    block: &mut [u8],
+    stride: usize,
+) {
     let bs = block.len() as u64;
     for b in 0..run.io_size / bs.max(1) {
         usnvme_stamp::stamp(block, offset + b * bs, run.seed);
         if corrupt && b == 0 {
             block[usnvme_stamp::HEADER - 1] ^= 1; // the last byte of the checksum
         }
-        // The buffer holds `io_size` bytes: this cannot fail.
-        let _ = buf.write_from(block, (b * bs) as usize);
+        // The buffer holds the I/O's blocks: this cannot fail.
+        let _ = buf.write_from(block, b as usize * stride);
     }
 }
 
-/// Poisons every block of the first `len` bytes of `buf` with `poison` (one block of it).
-fn poison(buf: &DmaBuffer, len: u64, poison: &[u8]) {
+/// Poisons the data of every block of the first `len` data bytes of `buf` with `poison` (one
+/// block of it; block `b`'s data at `b * stride`).
+fn poison(buf: &DmaBuffer, len: u64, poison: &[u8], stride: usize) {
     let bs = poison.len() as u64;
     for b in 0..len / bs.max(1) {
-        // The buffer holds `len` bytes: this cannot fail.
-        let _ = buf.write_from(poison, (b * bs) as usize);
+        // The buffer holds the I/O's blocks: this cannot fail.
+        let _ = buf.write_from(poison, b as usize * stride);
+    }
+}
+
+/// Keeps a mismatch at `lba` (the first few; the rest are counted).
+pub(super) fn keep(kept: &mut Vec<Mismatch>, more: &mut u64, lba: u64, what: String) {
+    if kept.len() < KEEP_MISMATCHES {
+        kept.push(Mismatch { lba, what });
+    } else {
+        *more += 1;
     }
 }
 
@@ -546,6 +622,7 @@ fn verify_block(
     run: &RunSpec,
     s: &Slot,
     block: &mut [u8],
+    stride: usize,
     kept: &mut Vec<Mismatch>,
     more: &mut u64,
 ) -> u64 {
@@ -553,7 +630,7 @@ fn verify_block(
     let mut checked = 0;
     for b in 0..run.io_size / bs.max(1) {
         let at = s.offset + b * bs;
-        if s.buf.read_into(block, (b * bs) as usize).is_err() {
+        if s.buf.read_into(block, b as usize * stride).is_err() {
             continue;
         }
         // A block never written in this run reads as zeroes, or as what an earlier run (another
@@ -568,17 +645,13 @@ fn verify_block(
             usnvme_stamp::Verdict::Unread { .. } => verdict.to_string(),
             _ => format!("{verdict} (seed {:#x})", run.seed),
         };
-        if kept.len() < KEEP_MISMATCHES {
-            kept.push(Mismatch { lba: at / bs, what });
-        } else {
-            *more += 1;
-        }
+        keep(kept, more, at / bs, what);
     }
     checked
 }
 
 /// The smallest buffer size a pool offers (a power of two up to 4 KiB, else whole 4 KiB pages)
-/// that holds an I/O of `io_size` bytes.
+/// that holds an I/O of `io_size` buffer bytes.
 fn pool_buffer_size(io_size: u64) -> usize {
     let size = if io_size <= 4096 {
         io_size.next_power_of_two().max(512)
