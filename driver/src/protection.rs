@@ -164,6 +164,16 @@ impl PiFormat {
         }
     }
 
+    /// The checks a drive takes on this type: all but the reference tag's on type 3, whose
+    /// tag is the host's own (a drive answers a reference tag check there with "Invalid
+    /// Protection Information").
+    pub fn allowed(&self, checks: PiChecks) -> PiChecks {
+        PiChecks {
+            ref_tag: checks.ref_tag && self.pi_type != PiType::Type3,
+            ..checks
+        }
+    }
+
     /// The largest reference tag, and the mask of a block's LBA that type 1 expects in it.
     pub const fn ref_tag_mask(&self) -> u64 {
         match self.guard {

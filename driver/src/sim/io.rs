@@ -169,10 +169,10 @@ fn read_write_metadata(
     }
     in_range(ns, slba, blocks)?;
     if let Some(p) = pi {
-        if p.pi_type == PiType::Type1
-            && fields.checks.ref_tag
-            && fields.ref_tag != slba & p.ref_tag_mask()
-        {
+        // type 1: the command's reference tag is its LBA's; type 3: a host's own, not checked
+        let type1_mismatch =
+            p.pi_type == PiType::Type1 && fields.ref_tag != slba & p.ref_tag_mask();
+        if fields.checks.ref_tag && (type1_mismatch || p.pi_type == PiType::Type3) {
             return Err(Outcome::fail(Status::INVALID_PROTECTION_INFORMATION)
                 .at(BYTE_CDW14)
                 .lba(slba));

@@ -2031,11 +2031,21 @@ fn separate_metadata_type_3_with_a_64_bit_guard_is_inserted_by_the_drive_and_che
         )
     });
     assert!(st.is_success(), "{st}");
-    // read it back with every check, the metadata apart
-    let check = PiFields {
+    // type 3 takes no reference tag check: asked for one, the drive refuses the command
+    let all = PiFields {
         action: false,
         checks: PiChecks::ALL,
         ..insert
+    };
+    let st = run(&mut qp, |q| {
+        let io = md_io(span(&back, 0, data.len()), Some(span(&md, 4096, 128)), all);
+        q.read_with_metadata(NSID, 7, 2, io, 7)
+    });
+    assert_eq!(st.code(), Status::INVALID_PROTECTION_INFORMATION);
+    // read it back with every check type 3 allows, the metadata apart
+    let check = PiFields {
+        checks: pi.allowed(PiChecks::ALL),
+        ..all
     };
     let st = run(&mut qp, |q| {
         q.read_with_metadata(

@@ -30,13 +30,15 @@ pub struct PiMode {
 
 impl PiMode {
     /// On a namespace of this format: without protection information, metadata travels
-    /// (as the host gives it) and nothing is inserted or checked.
+    /// (as the host gives it) and nothing is inserted or checked; a type takes the checks it
+    /// allows (no reference tag check on type 3).
     fn on(self, format: MetadataFormat) -> NamespaceProtection {
-        let pi = format.protection.is_some();
         NamespaceProtection {
             format,
-            action: self.action && pi,
-            checks: if pi { self.checks } else { PiChecks::NONE },
+            action: self.action && format.protection.is_some(),
+            checks: format
+                .protection
+                .map_or(PiChecks::NONE, |pi| pi.allowed(self.checks)),
             app_tag: self.app_tag,
         }
     }

@@ -1,5 +1,6 @@
 //! `cargo xtask vm-test`: the harness's own tests (host side, one boot each), then every VM test
-//! suite of the `usnvme-tests` crate in one boot on 24 file-backed drives.
+//! suite of the `usnvme-tests` crate in one boot on 24 file-backed drives, but those that need
+//! drives formatted with protection information, which get a boot of their own.
 //!
 //! VM tests are `#[ignore = "VM: ..."]` tests: `cargo test` on the host skips them, the guest runs
 //! them with `--ignored`, one at a time (they share the drives).
@@ -86,6 +87,21 @@ pub fn run(args: VmTestArgs) -> Result<()> {
     Ok(())
 }
 
+/// Suites that run on the protection bed, not the main one.
+const PROTECTION_SUITES: &[&str] = &["vm_protection"];
+/// The protection bed: 2 file-backed drives, each with a plain namespace, one formatted 512+8
+/// with PI type 1 (metadata apart), one 4096+64 with PI type 3, a 64-bit guard, extended LBAs.
+const PROTECTION_DRIVES: usize = 2;
+const PROTECTION_NAMESPACES: &[&str] = &[
+    "bs=512,size=64M",
+    "bs=512,ms=8,pi=1,size=64M",
+    "bs=4096,ms=64,mset=1,pi=3,pif=2,size=64M",
+];
+/// The block of drive 0's namespace 2 whose data the host corrupts in the image file before the
+/// boot (behind the drive's back: its PI no longer matches); the suite expects a guard error
+/// there (`USNVME_VM_CORRUPTED_LBA`).
+const CORRUPTED_LBA: u64 = 77;
+
 /// Boots the guest suites may take: the first, and one more for each time the guest dies or
 /// hangs (each resumes at the suite it was in).
 const MAX_BOOTS: usize = 3;
@@ -136,8 +152,8 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     let mut suites = test_executables(&json);
     // host-only suites (`#[ignore]`d for another reason): cargo xtask ci runs them on the host
     suites.retain(|p| {
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-        !name.is_some_and(|n| HOST_ONLY.iter().any(|s| n.starts_with(&format!("{s}-"))))
+        let name = suite_name(p);
+        !HOST_ONLY.iter().any(|s| name.starts_with(&format!("{s}-")))
     });
     if suites.is_empty() {
         bail!("vm-test: cargo built no test executables for usnvme-tests");
@@ -145,10 +161,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
     // A fixed order, and the suites whose writes the host checks in the images afterwards
     // last: other suites (perf --verify, the engine) write all over the drives.
     suites.sort_by_key(|p| {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = suite_name(p);
         (
             CHECKED_ON_HOST
                 .iter()
@@ -157,11 +170,6 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         )
     });
     // A filter naming a suite (e.g. `vm_driver`) runs that whole suite; else it filters tests.
-    let suite_name = |p: &PathBuf| {
-        p.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    };
     let mut filter = filter;
     if let Some(f) = filter {
         if suites
@@ -172,7 +180,100 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
             filter = None;
         }
     }
-    let names: Vec<String> = suites.iter().map(suite_name).collect();
+    let (protection, suites): (Vec<PathBuf>, Vec<PathBuf>) = suites.into_iter().partition(|s| {
+        PROTECTION_SUITES
+            .iter()
+            .any(|p| suite_name(s).starts_with(&format!("{p}-")))
+    });
+    if !suites.is_empty() {
+        main_bed(&suites, filter)?;
+    }
+    if !protection.is_empty() {
+        protection_bed(&protection, filter)?;
+    }
+    Ok(())
+}
+
+fn suite_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The suite script's line that runs suite executable `exe` (with the test filter, if any).
+fn suite_command(exe: &Path, filter: Option<&str>) -> String {
+    let mut line = format!(
+        "{} --ignored --test-threads=1 --color never",
+        sh_quote(&exe.display().to_string())
+    );
+    if let Some(f) = filter {
+        line += &format!(" {}", sh_quote(f));
+    }
+    line
+}
+
+/// The protection suites in one boot of the protection bed.
+fn protection_bed(suites: &[PathBuf], filter: Option<&str>) -> Result<()> {
+    let work = vm_dir().join("work");
+    std::fs::create_dir_all(&work)?;
+    let script = work.join("vm-test-protection.sh");
+    let mut s = String::from("# written by cargo xtask vm-test\nfailed=0\n");
+    for exe in suites {
+        s += &format!(
+            "echo \"=== {}\"\n{} || failed=$((failed+1))\n",
+            suite_name(exe),
+            suite_command(exe, filter)
+        );
+    }
+    s += "[ $failed = 0 ]\n";
+    std::fs::write(&script, s)?;
+    let disk_dir = vm_dir().join("test-disks-protection");
+    let _ = std::fs::remove_dir_all(&disk_dir);
+    let usnvme = crate::target_dir().join("debug/usnvme");
+    let args = RunArgs {
+        drives: PROTECTION_DRIVES,
+        backend: Backend::File,
+        namespaces: PROTECTION_NAMESPACES
+            .iter()
+            .map(|spec| spec.parse().map_err(anyhow::Error::msg))
+            .collect::<Result<_>>()?,
+        timeout: 600,
+        hang_after: 120,
+        keep_disks: true,
+        disk_dir: Some(disk_dir.clone()),
+        env: vec![
+            format!("USNVME_BIN={}", usnvme.display()),
+            format!("USNVME_VM_DISK_DIR={}", disk_dir.display()),
+            format!("USNVME_VM_CORRUPTED_LBA={CORRUPTED_LBA}"),
+        ],
+        ..RunArgs::for_program(vec!["/bin/sh".into(), script.display().to_string()])
+    };
+    // the image vm-run keeps (its size is right): sparse, one byte of the block's data set
+    let config = args.config()?;
+    let (image, size) = config
+        .images()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("nvme0n2.img"))
+        .context("vm-test: the protection bed has no image nvme0n2.img")?;
+    std::fs::create_dir_all(&disk_dir)?;
+    let file = std::fs::File::create(&image)
+        .with_context(|| format!("vm-test: creating {}", image.display()))?;
+    file.set_len(size)?;
+    file.write_all_at(&[0x5a], CORRUPTED_LBA * 512 + 100)?;
+    eprintln!(
+        "vm-test: {} suite(s) in one boot on {PROTECTION_DRIVES} drives formatted with protection information",
+        suites.len()
+    );
+    match run::run(&args)? {
+        0 => Ok(()),
+        code => bail!("vm-test: the protection bed's suites failed (vm-run exit code {code}; the output is above)"),
+    }
+}
+
+/// The suites on the main bed: 24 drives, resumed in a new boot where the guest dies or hangs,
+/// and what they wrote checked in the image files afterwards.
+fn main_bed(suites: &[PathBuf], filter: Option<&str>) -> Result<()> {
+    let names: Vec<String> = suites.iter().map(|s| suite_name(s)).collect();
     let work = vm_dir().join("work");
     std::fs::create_dir_all(&work)?;
     let script = work.join("vm-test-suites.sh");
@@ -215,13 +316,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         };
         let log = sh_quote(&progress.display().to_string());
         for (exe, name) in suites.iter().zip(&names).skip(from) {
-            let mut line = format!(
-                "{} --ignored --test-threads=1 --color never",
-                sh_quote(&exe.display().to_string())
-            );
-            if let Some(f) = filter {
-                line += &format!(" {}", sh_quote(f));
-            }
+            let line = suite_command(exe, filter);
             s += &format!(
                 "echo \"start {name} {} {}\" >> {log}\necho \"=== {name}\"\n{line}\nrc=$?\necho \"end {name} $rc\" >> {log}\n[ $rc = 0 ] || failed=$((failed+1))\n",
                 size(&expectations),

@@ -106,7 +106,7 @@ impl BufferLayout {
         };
         let (data, metadata) = scratch;
         let fields = usnvme_driver::protection::PiFields {
-            checks: PiChecks::ALL,
+            checks: pi.allowed(PiChecks::ALL),
             ..p.fields(lba)
         };
         for b in 0..blocks {

@@ -142,6 +142,8 @@ struct DevState {
     /// and one block of poison; empty otherwise.
     block: Vec<u8>,
     poison: Vec<u8>,
+    /// The device's name (a stripe's, whose LBAs a failure names).
+    name: String,
     /// Where each block's data and metadata sit in a buffer, and the buffer bytes of an I/O.
     layout: BufferLayout,
     io_bytes: u32,
@@ -254,6 +256,7 @@ impl Workload {
                 error: None,
                 block: vec![0u8; block_len],
                 poison,
+                name: dev.info.name.clone(),
                 layout,
                 io_bytes: io_bytes as u32,
                 track: self.run.verify || dev.info.protection.is_some(),
@@ -552,7 +555,7 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
                                 let bs = u64::from(dev_block_size);
                                 let lba = s.offset / bs;
                                 let last = lba + run.io_size / bs - 1;
-                                format!("{e} ({:?} of LBAs {lba}..={last})", s.op)
+                                format!("{e} ({:?} of {} LBAs {lba}..={last})", s.op, st.name)
                             });
                         }
                     }

@@ -1,0 +1,196 @@
+//! Protection information on drives formatted with it, against the emulated controller's own
+//! checks. A bed of its own (`cargo xtask vm-test` boots it after the main one): 2 drives, each
+//! with namespace 1 plain (512 B blocks), 2 formatted 512+8 with PI type 1 (metadata in a
+//! buffer apart), 3 formatted 4096+64 with PI type 3 and a 64-bit guard (extended LBAs).
+
+use usnvme_tests::VmBed;
+
+const TYPE_1_DIX: &str = "2";
+const TYPE_3_DIF_64: &str = "3";
+
+/// `usnvme ARGS`: exit code, standard output and error.
+fn usnvme(bed: &VmBed, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = bed.usnvme(args);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(bed: &VmBed, args: &[&str]) -> String {
+    let (code, stdout, stderr) = usnvme(bed, args);
+    assert_eq!(code, Some(0), "usnvme {args:?}\n{stdout}\n{stderr}");
+    stderr
+}
+
+/// Every controller as `usnvme identify --json` reports it.
+fn controllers(bed: &VmBed) -> Vec<serde_json::Value> {
+    let (code, stdout, stderr) = usnvme(bed, &["identify", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    serde_json::from_str(&stdout).expect("identify JSON")
+}
+
+/// The PCI address of drive `k` (serial `usnvme{k}`).
+fn drive(bed: &VmBed, k: usize) -> String {
+    controllers(bed)
+        .iter()
+        .find(|c| c["serial"].as_str().and_then(usnvme_tests::drive_index) == Some(k))
+        .and_then(|c| c["address"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no drive with serial usnvme{k}"))
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn the_formats_are_seen_as_the_bed_made_them() {
+    let bed = VmBed::from_env();
+    let controllers = controllers(&bed);
+    assert_eq!(controllers.len(), bed.drives);
+    for c in &controllers {
+        let ns = c["namespaces"].as_array().expect("namespaces");
+        let shape = |n: &serde_json::Value| {
+            (
+                n["block_size"].as_u64(),
+                n["metadata_size"].as_u64(),
+                n["metadata_extended"].as_bool(),
+                n["protection"]["type"].as_u64(),
+                n["protection"]["guard_bits"].as_u64(),
+            )
+        };
+        assert_eq!(
+            ns.iter().map(shape).collect::<Vec<_>>(),
+            [
+                (Some(512), Some(0), Some(false), None, None),
+                (Some(512), Some(8), Some(false), Some(1), Some(16)),
+                (Some(4096), Some(64), Some(true), Some(3), Some(64)),
+            ],
+            "{c:#}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn perf_pi_writes_then_reads_back_with_every_prchk_on_type_1_and_type_3_drives() {
+    let bed = VmBed::from_env();
+    let mut modes: Vec<String> = ["GUARD", "REFTAG", "APPTAG", "GUARD|REFTAG|APPTAG"]
+        .iter()
+        .map(|c| format!("PRACT=0,PRCHK={c}"))
+        .collect();
+    modes.push("PRACT=1,PRCHK=GUARD|REFTAG|APPTAG".into());
+    for nsid in [TYPE_1_DIX, TYPE_3_DIF_64] {
+        for (seed, pi) in (1u64..).zip(&modes) {
+            let seed = seed.to_string();
+            for workload in ["randwrite", "randread"] {
+                let stderr = ok(
+                    &bed,
+                    &[
+                        "perf", "-n", nsid, "--pi", pi, "-w", workload, "-q", "4", "-o", "8k",
+                        "-t", "1", "--offset", "1M", "--size", "4M", "--verify", "--seed", &seed,
+                    ],
+                );
+                assert!(
+                    !stderr.contains("checked no block"),
+                    "ns {nsid} {pi} {workload}: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn a_block_corrupted_in_the_image_behind_our_back_is_a_guard_error_naming_its_lba() {
+    let bed = VmBed::from_env();
+    // the host changed a byte of this block's data in drive 0's image before the boot: its
+    // protection information (all zeroes there) no longer matches
+    let lba: u64 = std::env::var("USNVME_VM_CORRUPTED_LBA")
+        .expect("the bed's corrupted block")
+        .parse()
+        .expect("an LBA");
+    let address = drive(&bed, 0);
+    let pi = "PRACT=1,PRCHK=GUARD";
+    let one = |workload: &str, lba: u64| {
+        let offset = (lba * 512).to_string();
+        usnvme(
+            &bed,
+            &[
+                "perf",
+                "-r",
+                &address,
+                "-n",
+                TYPE_1_DIX,
+                "--pi",
+                pi,
+                "-c",
+                "0",
+                "-w",
+                workload,
+                "-q",
+                "1",
+                "-o",
+                "512",
+                "--offset",
+                &offset,
+                "--size",
+                "512",
+                "--io-count",
+                "1",
+            ],
+        )
+    };
+    let (code, stdout, stderr) = one("read", lba);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    let named = format!("Read of {address}/ns2 LBAs {lba}..={lba}");
+    assert!(
+        stderr.contains("End-to-end Guard Check Error") && stderr.contains(&named),
+        "{stderr}"
+    );
+    // its neighbours read back clean; the block rewritten (the drive makes its PI) too
+    for (workload, lba) in [
+        ("read", lba - 1),
+        ("read", lba + 1),
+        ("write", lba),
+        ("read", lba),
+    ] {
+        let (code, stdout, stderr) = one(workload, lba);
+        assert_eq!(code, Some(0), "{workload} LBA {lba}: {stdout}\n{stderr}");
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn a_stripe_over_pi_drives_verifies_each_member_tagging_its_own_lbas() {
+    let bed = VmBed::from_env();
+    // type 1 checks every block's reference tag against its member's LBA. Writes, then reads:
+    // the emulated drive writes data and PI apart, so a read racing a write of the same block
+    // could see them torn (a real drive writes a block and its PI as one).
+    for workload in ["randwrite", "randread"] {
+        let stderr = ok(
+            &bed,
+            &[
+                "perf",
+                "-n",
+                TYPE_1_DIX,
+                "--stripe",
+                "2:16k",
+                "--pi",
+                "PRACT=1,PRCHK=GUARD|REFTAG|APPTAG",
+                "-w",
+                workload,
+                "-q",
+                "4",
+                "-o",
+                "64k",
+                "--offset",
+                "1M",
+                "-t",
+                "2",
+                "--verify",
+                "--seed",
+                "11",
+            ],
+        );
+        assert!(!stderr.contains("checked no block"), "{workload}: {stderr}");
+    }
+}
