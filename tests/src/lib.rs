@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 pub mod fio;
+pub mod kernel_host;
 pub mod verify;
 
 /// The test bed as `cargo xtask vm-run` describes it to the guest.

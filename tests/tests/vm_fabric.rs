@@ -5,23 +5,20 @@
 //! found at the right offsets of the right drives' images by the host afterwards.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use usnvme_tests::kernel_host::{
+    block_bytes, kernel_namespaces, run, serve, Connected, FIO, HOSTNQN, NVME,
+};
 use usnvme_tests::{
     drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers, VmBed,
 };
 
-/// nvme-cli and fio, installed on the host by `cargo xtask vm-setup` (the guest runs in the host's
-/// root, where /usr/sbin may not be on the PATH).
-const NVME: &str = "/usr/sbin/nvme";
-const FIO: &str = "/usr/bin/fio";
 const NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric";
 const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-766d66616272";
 /// Drives exported.
 const EXPORTED: usize = 12;
 /// Where fio works on each namespace, and where the image-checked pattern goes: above what the
@@ -30,148 +27,6 @@ const FIO_OFFSET: u64 = 256 << 20;
 const FIO_SIZE: u64 = 16 << 20;
 const CHECKED_OFFSET: u64 = 768 << 20;
 const CHECKED_LEN: usize = 64 << 10;
-
-fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{program} {args:?}: {text}");
-    text
-}
-
-/// `usnvme serve` running, and the namespaces it printed: (NSID, PCI address, bytes).
-fn serve(bed: &VmBed, addresses: &[String], extra: &[&str]) -> (Child, Vec<(u32, String, u64)>) {
-    let mut args = vec!["serve", "--nqn", NQN, "--allow-host", HOSTNQN];
-    args.extend_from_slice(extra);
-    for a in addresses {
-        args.extend(["-r", a.as_str()]);
-    }
-    let mut child = Command::new(&bed.usnvme)
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("usnvme serve runs");
-    let stdout = child.stdout.take().expect("piped");
-    let mut namespaces = Vec::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("a line");
-        // "  namespace 3: 0000:01:00.0 (2097152 blocks of 512 bytes, 1.0 GiB)"
-        if let Some(rest) = line.trim().strip_prefix("namespace ") {
-            let (nsid, rest) = rest.split_once(": ").expect("NSID: name");
-            let (name, rest) = rest.split_once(" (").expect("name (size)");
-            let mut words = rest.split_whitespace();
-            let blocks: u64 = words.next().and_then(|w| w.parse().ok()).expect("blocks");
-            let bs: u64 = words
-                .nth(2)
-                .and_then(|w| w.parse().ok())
-                .expect("block size");
-            namespaces.push((nsid.parse().expect("NSID"), name.to_string(), blocks * bs));
-        }
-        if line.starts_with("hosts:") {
-            break;
-        }
-    }
-    (child, namespaces)
-}
-
-/// Disconnects the kernel from the subsystem when the test ends, passed or not: a kernel left
-/// connected to a stopped target would retry for ten minutes under the other suites.
-struct Connected;
-
-impl Connected {
-    fn new(extra: &[&str]) -> Connected {
-        let mut connect = vec![
-            "connect",
-            "-t",
-            "tcp",
-            "-n",
-            NQN,
-            "-a",
-            "127.0.0.1",
-            "-s",
-            "4420",
-            "--hostnqn",
-            HOSTNQN,
-        ];
-        connect.extend_from_slice(extra);
-        run(NVME, &connect);
-        Connected
-    }
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        let _ = Command::new(NVME).args(["disconnect", "-n", NQN]).output();
-    }
-}
-
-/// The kernel's block devices of subsystem `nqn`, by NSID, once all `count` are there.
-fn kernel_namespaces(nqn: &str, count: usize) -> HashMap<u32, PathBuf> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut found = HashMap::new();
-        for subsys in std::fs::read_dir("/sys/class/nvme-subsystem")
-            .into_iter()
-            .flatten()
-        {
-            let dir = subsys.expect("an entry").path();
-            let found_nqn = std::fs::read_to_string(dir.join("subsysnqn")).unwrap_or_default();
-            if found_nqn.trim() != nqn {
-                continue;
-            }
-            for entry in std::fs::read_dir(&dir).into_iter().flatten() {
-                let name = entry
-                    .expect("an entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned();
-                // heads (nvme1n3), not controllers (nvme1), path devices (nvme1c1n3) or the
-                // generic character devices (ng1n3)
-                let Some((ctrl, nsid)) = name.strip_prefix("nvme").and_then(|r| r.split_once('n'))
-                else {
-                    continue;
-                };
-                if !ctrl.bytes().all(|b| b.is_ascii_digit()) {
-                    continue;
-                }
-                if let Ok(nsid) = nsid.parse() {
-                    found.insert(nsid, PathBuf::from("/dev").join(&name));
-                }
-            }
-        }
-        if found.len() == count && found.values().all(|p| p.exists()) {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after 60 s the kernel shows {} of {count} namespaces: {found:?}",
-            found.len()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn block_bytes(dev: &Path) -> u64 {
-    let name = dev
-        .file_name()
-        .expect("a name")
-        .to_string_lossy()
-        .into_owned();
-    let path = format!("/sys/class/block/{name}/size");
-    let sectors: u64 = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .trim()
-        .parse()
-        .expect("a number");
-    sectors * 512
-}
 
 /// The kernel's controller devices (`/dev/nvme1`) of subsystem `nqn`.
 fn kernel_controllers(nqn: &str) -> Vec<String> {
@@ -227,7 +82,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
         })
         .collect();
 
-    let (mut target, namespaces) = serve(&bed, &addresses, &[]);
+    let (mut target, namespaces) = serve(&bed, NQN, &addresses, &[]);
     assert_eq!(namespaces.len(), EXPORTED, "{namespaces:?}");
 
     let discovered = run(
@@ -247,7 +102,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
     assert!(discovered.contains(NQN), "{discovered}");
 
     for digests in [&[][..], &["--hdr-digest", "--data-digest"]] {
-        let connected = Connected::new(digests);
+        let connected = Connected::new(NQN, digests);
         let devices = kernel_namespaces(NQN, EXPORTED);
         for (nsid, name, bytes) in &namespaces {
             let dev = &devices[nsid];
@@ -326,12 +181,12 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
         "the bed has {} vfio drives",
         2 * EXPORTED
     );
-    let (mut target, namespaces) = serve(&bed, &addresses, &["--stripe", "12:128K"]);
+    let (mut target, namespaces) = serve(&bed, NQN, &addresses, &["--stripe", "12:128K"]);
     let [(nsid, name, bytes)] = &namespaces[..] else {
         panic!("one stripe: {namespaces:?}");
     };
     assert_eq!(name, "stripe0");
-    let connected = Connected::new(&[]);
+    let connected = Connected::new(NQN, &[]);
     let devices = kernel_namespaces(NQN, 1);
     let dev = devices[nsid].display().to_string();
     assert_eq!(block_bytes(&devices[nsid]), *bytes);
@@ -762,7 +617,7 @@ fn nvme_connect_all_attaches_usnvme_serve_and_nvmet_alike() {
         .take(2)
         .map(|a| a.to_string())
         .collect();
-    let (mut target, namespaces) = serve(&bed, &exported, &[]);
+    let (mut target, namespaces) = serve(&bed, NQN, &exported, &[]);
     assert_eq!(namespaces.len(), 2, "{namespaces:?}");
     let nvmet_port = NVMET_PORT.to_string();
     // (subsystem, port, host allowed there, namespaces)

@@ -194,3 +194,56 @@ fn a_stripe_over_pi_drives_verifies_each_member_tagging_its_own_lbas() {
         assert!(!stderr.contains("checked no block"), "{workload}: {stderr}");
     }
 }
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn the_kernel_initiator_verifies_through_serve_exporting_a_pi_namespace_as_plain_blocks() {
+    use usnvme_tests::kernel_host::{block_bytes, kernel_namespaces, run, serve, Connected, FIO};
+    const NQN: &str = "nqn.2024-01.io.usnvme:vm-protection";
+    let bed = VmBed::from_env();
+    let addresses: Vec<String> = usnvme_tests::vfio_controllers()
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let (mut target, namespaces) = serve(&bed, NQN, &addresses, &[]);
+    // namespaces 1 (plain) and 2 (PI the drive inserts and strips) of each drive; namespace 3,
+    // whose 64 bytes of metadata per block would have to travel, is left out by name
+    let mut names: Vec<&str> = namespaces.iter().map(|(_, n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    let expected: Vec<String> = addresses
+        .iter()
+        .flat_map(|a| [format!("{a}/ns1"), format!("{a}/ns2")])
+        .collect();
+    assert_eq!(names, expected, "{namespaces:?}");
+    let connected = Connected::new(NQN, &[]);
+    let devices = kernel_namespaces(NQN, namespaces.len());
+    let mut fio: Vec<String> = [
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--rw=randwrite",
+        "--bsrange=4k-128k",
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--offset=1M",
+        "--size=8M",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (nsid, name, bytes) in &namespaces {
+        let dev = &devices[nsid];
+        assert_eq!(block_bytes(dev), *bytes, "{name} as {}", dev.display());
+        fio.extend([
+            format!("--name=ns{nsid}"),
+            format!("--filename={}", dev.display()),
+        ]);
+    }
+    let args: Vec<&str> = fio.iter().map(String::as_str).collect();
+    let out = run(FIO, &args);
+    assert!(!out.contains("verify: bad"), "{out}");
+    drop(connected);
+    usnvme_tests::signal(&target, "TERM");
+    let status = target.wait().expect("serve exits");
+    assert_eq!(status.code(), Some(143));
+}

@@ -435,3 +435,37 @@ fn remote_mistakes_are_named_before_any_io() {
         );
     }
 }
+
+#[test]
+fn serve_exports_a_pi_namespace_as_plain_blocks_and_leaves_out_one_whose_metadata_would_travel() {
+    // drive 0: 512+8 with PI type 1 (the drive inserts and strips it: exported); drive 1:
+    // 512+16 without PI (its metadata would have to travel: left out)
+    let serve = Serve::start_on(
+        "sim:0,backend=ram,size=16M,ms=8,pi=1",
+        &[
+            "-r",
+            "sim:1,backend=ram,size=16M,ms=16",
+            "--allow-host",
+            HOST,
+        ],
+    );
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    write_then_verify(root.path(), &[&remote], &[]);
+    let (out, doc) = perf(
+        root.path(),
+        &["-r", &remote, "-t", "1", "-q", "4", "-c", "0"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let devices: Vec<&str> = doc["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["device"].as_str())
+        .collect();
+    assert_eq!(
+        devices,
+        [remote.as_str()],
+        "one namespace exported: {doc:#}"
+    );
+}

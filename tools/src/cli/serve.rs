@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use usnvme_driver::pci::Sysfs;
+use usnvme_driver::protection::PiChecks;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
@@ -25,7 +26,7 @@ use usnvme_engine::fabric::export::server::{Counters, Incoming, ServeJob, Shared
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
-use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions};
+use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions, PiMode};
 
 use crate::perf::{stripe, usage, Given};
 
@@ -173,12 +174,10 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             ..EngineOptions::default()
         },
     )?;
-    let devices = crate::perf::devices(
-        &engine,
-        &[],
+    let namespaces = crate::perf::namespaces(&engine, &[], None, Some(EXPORTED_PI))?;
+    let devices = crate::perf::stripes(
+        exportable(namespaces),
         args.stripe.as_ref().map(|s| s.value),
-        None,
-        None,
     )?;
     let subsystem = Arc::new(SubsystemInfo {
         namespaces: devices
@@ -397,6 +396,40 @@ fn crc32c_of(first: &[u8], second: &[u8], salt: u8) -> u32 {
     bytes.extend_from_slice(first);
     bytes.extend_from_slice(second);
     usnvme_engine::fabric::pdu::crc32c(&bytes)
+}
+
+/// How a namespace formatted with protection information is exported: NVMe/TCP carries no
+/// metadata to the Linux host, so the drive inserts the PI on writes and checks and strips it
+/// on reads (PRACT=1), checking the guard and the reference tag; the host sees plain blocks.
+const EXPORTED_PI: PiMode = PiMode {
+    action: true,
+    checks: PiChecks {
+        guard: true,
+        app_tag: false,
+        ref_tag: true,
+    },
+    app_tag: 0,
+};
+
+/// The namespaces that can be exported: those whose metadata, if any, the drive inserts and
+/// strips; the others (metadata that would have to travel) are left out by name.
+fn exportable(namespaces: Vec<Arc<dyn BlockDevice>>) -> Vec<Arc<dyn BlockDevice>> {
+    namespaces
+        .into_iter()
+        .filter(|d| {
+            let info = d.info();
+            let block = u64::from(info.block_size);
+            let plain = info.buffer_bytes(block) == block;
+            if !plain {
+                eprintln!(
+                    "usnvme: warning: {}: not exported: its metadata ({} bytes per block) would have to travel with the data, which NVMe/TCP does not carry to the host; format it without metadata, or with protection information alone",
+                    info.name,
+                    info.buffer_bytes(block) - block
+                );
+            }
+            plain
+        })
+        .collect()
 }
 
 /// A serial number (20 ASCII characters at most) from the NQN.

@@ -45,8 +45,8 @@ use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
 use crate::remote::{RemoteArgs, Target};
 use crate::signals;
-pub(crate) use regions::devices;
 use regions::{check_io_size, region, spans};
+pub(crate) use regions::{devices, namespaces, stripes};
 pub(crate) use report::Row;
 pub(crate) use session::Session;
 pub(crate) use settings::Settings;

@@ -12,6 +12,16 @@ pub(crate) fn devices(
     nsid: Option<u32>,
     pi: Option<PiMode>,
 ) -> Result<Vec<Arc<dyn BlockDevice>>> {
+    stripes(namespaces(engine, remotes, nsid, pi)?, stripe)
+}
+
+/// Every namespace (or namespace `nsid`) of every drive, then of every remote subsystem.
+pub(crate) fn namespaces(
+    engine: &Engine,
+    remotes: &[RemoteSubsystem],
+    nsid: Option<u32>,
+    pi: Option<PiMode>,
+) -> Result<Vec<Arc<dyn BlockDevice>>> {
     let mut namespaces = match nsid {
         None => engine.namespaces_with_pi(pi),
         Some(nsid) => {
@@ -36,6 +46,14 @@ pub(crate) fn devices(
         };
         namespaces.extend(remote);
     }
+    Ok(namespaces)
+}
+
+/// `namespaces` as they are, or in stripes of `n` (`stripe`: `n` and the chunk).
+pub(crate) fn stripes(
+    namespaces: Vec<Arc<dyn BlockDevice>>,
+    stripe: Option<(usize, u64)>,
+) -> Result<Vec<Arc<dyn BlockDevice>>> {
     let devices: Vec<Arc<dyn BlockDevice>> = match stripe {
         None => namespaces,
         Some((n, chunk)) => {
