@@ -742,9 +742,15 @@ impl Controller {
 
     /// Runs one admin command without data; returns CQE dword 0.
     pub fn admin(&self, sqe: Sqe) -> Result<u32, Error> {
+        self.admin_waiting(sqe, self.shared.options.admin_timeout)
+    }
+
+    /// Runs one admin command without data that may take up to `timeout` (Format NVM, a
+    /// sanitize); returns CQE dword 0.
+    pub fn admin_waiting(&self, sqe: Sqe, timeout: Duration) -> Result<u32, Error> {
         let s = &self.shared;
         let mut admin = s.admin.lock();
-        let result = admin.execute(&s.name, &*s.regs, sqe, Data::None, s.options.admin_timeout);
+        let result = admin.execute(&s.name, &*s.regs, sqe, Data::None, timeout);
         s.progress(&mut admin);
         result
     }

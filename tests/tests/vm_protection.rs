@@ -1,5 +1,5 @@
 //! Protection information on drives formatted with it, against the emulated controller's own
-//! checks. A bed of its own (`cargo xtask vm-test` boots it after the main one): 2 drives, each
+//! checks, and Format NVM. A bed of its own (`cargo xtask vm-test` boots it after the main one): 2 drives, each
 //! with namespace 1 plain (512 B blocks), 2 formatted 512+8 with PI type 1 (metadata in a
 //! buffer apart), 3 formatted 4096+64 with PI type 3 and a 64-bit guard (extended LBAs).
 
@@ -18,10 +18,18 @@ fn usnvme(bed: &VmBed, args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `usnvme ARGS`, which must succeed: its standard error.
 fn ok(bed: &VmBed, args: &[&str]) -> String {
     let (code, stdout, stderr) = usnvme(bed, args);
     assert_eq!(code, Some(0), "usnvme {args:?}\n{stdout}\n{stderr}");
     stderr
+}
+
+/// `usnvme ARGS`, which must succeed: its standard output.
+fn ok_stdout(bed: &VmBed, args: &[&str]) -> String {
+    let (code, stdout, stderr) = usnvme(bed, args);
+    assert_eq!(code, Some(0), "usnvme {args:?}\n{stdout}\n{stderr}");
+    stdout
 }
 
 /// Every controller as `usnvme identify --json` reports it.
@@ -246,4 +254,60 @@ fn the_kernel_initiator_verifies_through_serve_exporting_a_pi_namespace_as_plain
     usnvme_tests::signal(&target, "TERM");
     let status = target.wait().expect("serve exits");
     assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn format_from_512_to_4096_and_back_then_perf_verifies_and_a_drive_in_use_is_refused() {
+    let bed = VmBed::from_env();
+    let address = drive(&bed, 1);
+    let block_size = |bed: &VmBed| {
+        controllers(bed)
+            .iter()
+            .find(|c| c["address"] == address.as_str())
+            .map(|c| c["namespaces"][0]["block_size"].as_u64())
+            .expect("the drive")
+    };
+    for (bs, blocks) in [("4096", "16384"), ("512", "131072")] {
+        let out = ok_stdout(
+            &bed,
+            &["format", &address, "-n", "1", "--block-size", bs, "--yes"],
+        );
+        assert!(
+            out.contains(&format!(
+                "namespace 1 formatted: {blocks} blocks of {bs} B + 0 B metadata"
+            )),
+            "{out}"
+        );
+        assert_eq!(block_size(&bed), bs.parse().ok());
+        for workload in ["randwrite", "randread"] {
+            ok(
+                &bed,
+                &[
+                    "perf", "-r", &address, "-n", "1", "-w", workload, "-q", "4", "-o", "4k", "-t",
+                    "1", "--size", "4M", "--verify", "--seed", bs,
+                ],
+            );
+        }
+    }
+    // a drive another process holds is not formatted
+    let mut perf = std::process::Command::new(&bed.usnvme)
+        .args(["perf", "-r", &address, "-t", "60", "-q", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("perf runs");
+    let mut stderr = std::io::BufReader::new(perf.stderr.take().expect("piped"));
+    let mut line = String::new();
+    while !line.contains("measuring") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).expect("perf's stderr");
+        assert!(n > 0, "perf ended before measuring");
+    }
+    let (code, _, err) = usnvme(&bed, &["format", &address, "--block-size", "4096", "--yes"]);
+    usnvme_tests::signal(&perf, "INT");
+    let _ = perf.wait();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is in use by"), "{err}");
+    assert_eq!(block_size(&bed), Some(512), "nothing formatted");
 }

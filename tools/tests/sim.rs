@@ -46,3 +46,70 @@ fn a_bad_sim_address_is_a_usage_error_naming_the_valid_options() {
         "{err}"
     );
 }
+
+#[test]
+fn identify_reports_metadata_and_protection_information_as_the_format_has_them() {
+    let out = usnvme(&[
+        "identify",
+        "--json",
+        "sim:0,bs=4096,ms=64,mset=1,pi=3,pif=2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let drives: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON array");
+    let ns = &drives[0]["namespaces"][0];
+    assert_eq!(
+        (
+            &ns["metadata_size"],
+            &ns["metadata_extended"],
+            &ns["protection"]
+        ),
+        (
+            &serde_json::json!(64),
+            &serde_json::json!(true),
+            &serde_json::json!({"type": 3, "guard_bits": 64, "location": "last"})
+        ),
+        "{ns:#}"
+    );
+    let text = usnvme(&["identify", "sim:0,ms=8,pi=1"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("8 B per block, in a buffer apart")
+            && text.contains("type 1, 16-bit guard, in the last bytes of the metadata"),
+        "{text}"
+    );
+}
+
+#[test]
+fn format_asks_for_yes_and_names_what_it_cannot_do() {
+    let out = usnvme(&["format", "sim:0", "--block-size", "4096"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("destroys every block of every namespace of sim:0: add --yes"),
+        "{err}"
+    );
+    let out = usnvme(&[
+        "format",
+        "sim:0",
+        "--block-size",
+        "512",
+        "--pi",
+        "1",
+        "--yes",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("at least 8 bytes of metadata"), "{err}");
+    // the simulated controller has no Format NVM (QEMU's does: the VM suite formats for real)
+    let out = usnvme(&["format", "sim:0", "--block-size", "4096", "--yes"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("sim:0: the controller does not support Format NVM"),
+        "{err}"
+    );
+}

@@ -8,6 +8,7 @@
 
 mod discover;
 mod format;
+mod format_nvm;
 mod health;
 mod identify;
 mod list;
@@ -51,6 +52,8 @@ enum Command {
     Discover(discover::Args),
     /// SMART / Health of controllers: temperature, wear, spare, errors, PCIe link, and a verdict.
     Health(health::Args),
+    /// Format namespaces (Format NVM): block size, metadata, protection information, erase.
+    Format(format_nvm::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
     /// Export drives and stripes over NVMe/TCP to hosts running the Linux initiator.
@@ -109,6 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Identify(args) => identify::run(&sysfs, &args, &mut stdout),
         Command::Discover(args) => discover::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
+        Command::Format(args) => format_nvm::main(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),
