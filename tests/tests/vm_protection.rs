@@ -311,3 +311,21 @@ fn format_from_512_to_4096_and_back_then_perf_verifies_and_a_drive_in_use_is_ref
     assert!(err.contains("is in use by"), "{err}");
     assert_eq!(block_size(&bed), Some(512), "nothing formatted");
 }
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn sanitize_and_self_test_are_refused_by_name_on_qemus_controller_which_has_neither() {
+    // QEMU 10's NVMe controller offers no sanitize (SANICAP 0) and no Device Self-test (OACS
+    // bit 4 clear); the sim implements both, and the host tests run them there
+    let bed = VmBed::from_env();
+    let address = drive(&bed, 1);
+    let (code, _, err) = usnvme(&bed, &["self-test", &address]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("does not support Device Self-test"), "{err}");
+    let (code, _, err) = usnvme(
+        &bed,
+        &["sanitize", &address, "--action", "block-erase", "--yes"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("does not support a block erase sanitize"), "{err}");
+}

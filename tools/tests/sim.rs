@@ -113,3 +113,36 @@ fn format_asks_for_yes_and_names_what_it_cannot_do() {
         "{err}"
     );
 }
+
+#[test]
+fn self_test_and_sanitize_follow_their_progress_to_the_end() {
+    let out = usnvme(&["self-test", "sim:0-1", "--extended"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    for d in ["sim:0", "sim:1"] {
+        assert!(
+            stdout.contains(&format!("{d}: extended self-test completed without error")),
+            "{stdout}"
+        );
+        assert!(
+            stderr.contains(&format!("{d}: extended self-test: 0 %")),
+            "{stderr}"
+        );
+    }
+    let out = usnvme(&["sanitize", "sim:0", "--action", "block-erase"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("add --yes"), "{err}");
+    let out = usnvme(&["sanitize", "sim:0", "--action", "crypto-erase", "--yes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("sim:0: sanitize (crypto erase) completed")
+    );
+}

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::queue::{Cq, Sq, CQE_BYTES, SQE_BYTES};
-use super::{io, live, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES};
+use super::{io, live, maintenance, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES};
 use crate::protection::{Guard, PiType};
 use crate::spec::command::{Cns, FeatureId};
 use crate::spec::identify::{Oacs, Oncs};
@@ -43,6 +43,8 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
         }
         Some(AdminOpcode::Abort) => abort(ctx, sqe),
         Some(AdminOpcode::AsyncEventRequest) => async_event(ctx),
+        Some(AdminOpcode::Sanitize) => maintenance::sanitize(ctx, sqe),
+        Some(AdminOpcode::DeviceSelfTest) => maintenance::self_test(ctx, sqe),
         _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
     };
     result.unwrap_or_else(|e| e)
@@ -79,11 +81,14 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id.mdts = config.mdts;
     id.ver = 0x0001_0400;
     id.cntrltype = 1;
-    id.oacs = if config.doorbell_buffer {
-        Oacs::DOORBELL_BUFFER_CONFIG
-    } else {
-        0
-    };
+    id.oacs = Oacs::DEVICE_SELF_TEST
+        | if config.doorbell_buffer {
+            Oacs::DOORBELL_BUFFER_CONFIG
+        } else {
+            0
+        };
+    id.edstt = 1; // minutes, at most
+    id.sanicap = maintenance::SANICAP;
     id.acl = 3;
     id.aerl = (ASYNC_EVENTS - 1) as u8;
     id.frmw = 0b0000_0011; // slot 1 read-only, one slot
@@ -417,6 +422,8 @@ fn get_log_page(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
             put_ascii(&mut fw.frs[0], &inner.config.firmware);
             fw.as_bytes().to_vec()
         }
+        Some(LogPageId::SanitizeStatus) => maintenance::sanitize_log(ctx),
+        Some(LogPageId::DeviceSelfTest) => maintenance::self_test_log(ctx),
         _ => return Err(Outcome::fail(Status::INVALID_LOG_PAGE).at(40)),
     };
     if offset > log.len() as u64 {

@@ -124,6 +124,13 @@ impl Store {
     }
 
     /// Whether written data is kept (and so must be read from the host).
+    /// Forgets everything written: it all reads as zeroes.
+    pub fn clear(&self) {
+        if let Store::Ram(shards) = self {
+            shards.iter().for_each(|s| s.lock().clear());
+        }
+    }
+
     pub fn keeps_data(&self) -> bool {
         matches!(self, Store::Ram(_))
     }

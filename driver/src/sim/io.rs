@@ -26,6 +26,9 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, fault: Option<FaultActi
     if sqe.fuse() != 0 {
         return Outcome::fail(Status::INVALID_FIELD).at(1);
     }
+    if ctx.inner.maintenance.sanitizing() {
+        return Outcome::fail(Status::SANITIZE_IN_PROGRESS);
+    }
     let op = IoOpcode::from_raw(sqe.opcode());
     let result = match op {
         Some(IoOpcode::Flush) => flush(ctx, sqe),

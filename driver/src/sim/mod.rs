@@ -30,6 +30,7 @@ mod backend;
 mod dma;
 mod fault;
 mod io;
+mod maintenance;
 mod queue;
 mod spec;
 #[cfg(test)]
@@ -120,6 +121,8 @@ pub struct SimConfig {
     /// CSTS.RDY comes this long after CC.EN 0 -> 1, as a real controller's does: a reset takes
     /// time (0: at once).
     pub ready_delay: Duration,
+    /// How long a sanitize or a device self-test runs after its command completed.
+    pub maintenance_time: Duration,
 }
 
 impl Default for SimConfig {
@@ -145,6 +148,7 @@ impl Default for SimConfig {
             misdirect_write: None,
             faults: Vec::new(),
             ready_delay: Duration::ZERO,
+            maintenance_time: Duration::from_millis(300),
         }
     }
 }
@@ -256,6 +260,8 @@ pub(crate) struct Inner {
     /// Each namespace's metadata, `metadata.size` bytes per block, kept inverted so that what
     /// was never written reads as all ones: the tuples of a fresh drive, which escape checks.
     metadata_stores: Vec<Store>,
+    /// Sanitize and self-test under way, and their outcomes.
+    maintenance: maintenance::Maintenance,
     faults: Faults,
     errors: Mutex<ErrorLog>,
     counters: Counters,
@@ -432,6 +438,7 @@ impl SimController {
             .map(|_| Store::new(config.backend))
             .collect();
         let misdirect = config.misdirect_write;
+        let maintenance_time = config.maintenance_time;
         let faults = config.faults.clone();
         let sim = Arc::new(SimController {
             inner: Arc::new(Inner {
@@ -446,6 +453,7 @@ impl SimController {
                 running: RwLock::new(None),
                 stores,
                 metadata_stores,
+                maintenance: maintenance::Maintenance::new(maintenance_time),
                 faults: Faults::default(),
                 errors: Mutex::default(),
                 counters: Counters::default(),
@@ -582,6 +590,12 @@ impl SimController {
             inner.run_due(&ctx, &mut sq);
         }
         opcodes
+    }
+
+    /// How long a sanitize or self-test runs from now on (one under way too): a test ends one
+    /// when it chooses.
+    pub fn set_maintenance_time(&self, took: Duration) {
+        self.inner.maintenance.set_time(took);
     }
 
     /// Overwrites bytes of namespace `nsid`'s data at byte `offset` in the ram backend, behind

@@ -2148,3 +2148,76 @@ fn metadata_commands_that_do_not_fit_the_format_are_refused_by_name() {
     );
     buffers.free(buf).expect("own");
 }
+
+#[test]
+fn a_sanitize_erases_every_block_refuses_io_while_it_runs_and_reports_its_progress() {
+    use crate::spec::log::{SanitizeState, SanitizeStatus, SelfTestStatus, SELF_TEST_LOG_BYTES};
+    let mut config = ram(512, 1 << 10);
+    config.maintenance_time = Duration::from_secs(3600); // ends when the test says so
+    let (sim, ctrl) = start(config);
+    let mut qp = queue(&ctrl, 4);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    buf.write_from(&pattern(5, 4096), 0).expect("fill");
+    assert!(run(&mut qp, |q| q.write(NSID, 8, span(&buf, 0, 4096), 7)).is_success());
+    let sanitize_log = || {
+        let log = ctrl
+            .log_page(LogPageId::SanitizeStatus, u32::MAX, 512)
+            .expect("sanitize log");
+        SanitizeStatus::from_slice(&log).expect("status")
+    };
+    assert_eq!(sanitize_log().state, SanitizeState::Never);
+    let mut sqe = Sqe::new(AdminOpcode::Sanitize as u8);
+    sqe.cdw10 = 3; // Overwrite: not offered (SANICAP)
+    assert_eq!(
+        command_status(ctrl.admin(sqe).expect_err("refused")),
+        Status::INVALID_FIELD
+    );
+    sqe.cdw10 = 2; // Block Erase
+    ctrl.admin(sqe).expect("sanitize starts");
+    let status = sanitize_log();
+    assert_eq!(status.state, SanitizeState::InProgress);
+    assert!(status.progress < 0xffff);
+    assert_eq!(
+        run(&mut qp, |q| q.read(NSID, 8, span(&buf, 0, 4096), 7)).code(),
+        Status::SANITIZE_IN_PROGRESS
+    );
+    assert_eq!(
+        command_status(ctrl.admin(sqe).expect_err("one at a time")),
+        Status::SANITIZE_IN_PROGRESS
+    );
+    // its time is up: I/O flows again and the block reads as erased
+    sim.set_maintenance_time(Duration::ZERO);
+    buf.fill(0x5a);
+    assert!(run(&mut qp, |q| q.read(NSID, 8, span(&buf, 0, 4096), 7)).is_success());
+    let mut back = vec![0xffu8; 4096];
+    buf.read_into(&mut back, 0).expect("read back");
+    assert!(back.iter().all(|&b| b == 0), "erased");
+    assert_eq!(
+        sanitize_log(),
+        SanitizeStatus {
+            progress: 0xffff,
+            state: SanitizeState::Completed
+        }
+    );
+    // a self-test: started, aborted, its result kept
+    sim.set_maintenance_time(Duration::from_secs(3600));
+    let mut test = Sqe::new(AdminOpcode::DeviceSelfTest as u8);
+    test.cdw10 = 2;
+    ctrl.admin(test).expect("extended self-test");
+    assert_eq!(
+        command_status(ctrl.admin(test).expect_err("one at a time")),
+        Status::SELF_TEST_IN_PROGRESS
+    );
+    let self_test = || {
+        let log = ctrl
+            .log_page(LogPageId::DeviceSelfTest, u32::MAX, SELF_TEST_LOG_BYTES)
+            .expect("self-test log");
+        SelfTestStatus::from_slice(&log).expect("status")
+    };
+    assert_eq!((self_test().running, self_test().newest), (2, None));
+    test.cdw10 = 0xf;
+    ctrl.admin(test).expect("abort");
+    assert_eq!((self_test().running, self_test().newest), (0, Some((2, 1))));
+    buffers.free(buf).expect("own");
+}

@@ -232,6 +232,79 @@ impl ErrorLogEntry {
     }
 }
 
+/// What the Sanitize Status log (LID 81h) says, as far as usnvme reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SanitizeStatus {
+    /// SPROG: progress of the sanitize under way, in 65536ths (65535 when none is).
+    pub progress: u16,
+    /// SSTAT bits 2:0: the most recent sanitize's state.
+    pub state: SanitizeState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanitizeState {
+    Never,
+    Completed,
+    InProgress,
+    Failed,
+    /// Completed, without deallocating the media (No-Deallocate).
+    CompletedNoDeallocate,
+    Reserved(u8),
+}
+
+/// Sanitize log bytes: SPROG then SSTAT, little-endian.
+pub const SANITIZE_LOG_BYTES: usize = 512;
+
+impl SanitizeStatus {
+    pub fn from_slice(bytes: &[u8]) -> Option<SanitizeStatus> {
+        let word = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
+        let state = match word(2)? & 7 {
+            0 => SanitizeState::Never,
+            1 => SanitizeState::Completed,
+            2 => SanitizeState::InProgress,
+            3 => SanitizeState::Failed,
+            4 => SanitizeState::CompletedNoDeallocate,
+            other => SanitizeState::Reserved(other as u8),
+        };
+        Some(SanitizeStatus {
+            progress: word(0)?,
+            state,
+        })
+    }
+
+    /// The log's first bytes for a state and progress.
+    pub fn to_bytes(progress: u16, state: u8) -> [u8; 4] {
+        let [a, b] = progress.to_le_bytes();
+        [a, b, state, 0]
+    }
+}
+
+/// What the Device Self-test log (LID 06h) says: the test under way, and the newest result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelfTestStatus {
+    /// The test under way (1 short, 2 extended), 0 when none is, and how far it is, in percent.
+    pub running: u8,
+    pub percent: u8,
+    /// The newest result: the test's code and its result (0 completed without error, 1 aborted
+    /// by a Device Self-test command, 2 aborted by a reset, ..., 7 failed); None without one.
+    pub newest: Option<(u8, u8)>,
+}
+
+/// Device Self-test log bytes: 4 then 20 results of 28.
+pub const SELF_TEST_LOG_BYTES: usize = 564;
+
+impl SelfTestStatus {
+    pub fn from_slice(bytes: &[u8]) -> Option<SelfTestStatus> {
+        let status = *bytes.get(4)?;
+        Some(SelfTestStatus {
+            running: *bytes.first()? & 0xf,
+            percent: *bytes.get(1)? & 0x7f,
+            // result 0xF marks an unused entry
+            newest: (status & 0xf != 0xf).then_some((status >> 4, status & 0xf)),
+        })
+    }
+}
+
 /// Firmware Slot Information log (LID 03h), 512 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
@@ -357,5 +430,34 @@ mod tests {
         );
         assert_eq!(LogPageId::SmartHealth.name(), "SMART / Health Information");
         assert_eq!(LogPageId::from_raw(0x03), Some(LogPageId::FirmwareSlot));
+    }
+
+    #[test]
+    fn sanitize_and_self_test_logs_read_their_fields() {
+        let mut log = [0u8; 8];
+        log[..4].copy_from_slice(&SanitizeStatus::to_bytes(0x8000, 2));
+        assert_eq!(
+            SanitizeStatus::from_slice(&log),
+            Some(SanitizeStatus {
+                progress: 0x8000,
+                state: SanitizeState::InProgress
+            })
+        );
+        assert_eq!(SanitizeStatus::from_slice(&log[..3]), None);
+        let mut st = [0u8; SELF_TEST_LOG_BYTES];
+        st[..5].copy_from_slice(&[1, 42, 0, 0, 0x2f]);
+        assert_eq!(
+            SelfTestStatus::from_slice(&st),
+            Some(SelfTestStatus {
+                running: 1,
+                percent: 42,
+                newest: None
+            })
+        );
+        st[4] = 0x21; // extended, aborted by a Device Self-test command
+        assert_eq!(
+            SelfTestStatus::from_slice(&st).and_then(|s| s.newest),
+            Some((2, 1))
+        );
     }
 }

@@ -12,6 +12,7 @@ mod format_nvm;
 mod health;
 mod identify;
 mod list;
+mod maintenance;
 mod open;
 mod perf;
 mod remote;
@@ -54,6 +55,10 @@ enum Command {
     Health(health::Args),
     /// Format namespaces (Format NVM): block size, metadata, protection information, erase.
     Format(format_nvm::Args),
+    /// Sanitize drives (block or crypto erase), following its progress to the end.
+    Sanitize(maintenance::SanitizeArgs),
+    /// Run a device self-test (short or extended), following its progress; or abort one.
+    SelfTest(maintenance::SelfTestArgs),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
     /// Export drives and stripes over NVMe/TCP to hosts running the Linux initiator.
@@ -113,6 +118,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Discover(args) => discover::run(&sysfs, &args, &mut stdout),
         Command::Health(args) => health::run(&sysfs, &args, &mut stdout),
         Command::Format(args) => format_nvm::main(&sysfs, &args, &mut stdout),
+        Command::Sanitize(args) => maintenance::sanitize(&sysfs, &args, &mut stdout),
+        Command::SelfTest(args) => maintenance::self_test(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),
