@@ -755,6 +755,22 @@ impl Controller {
         result
     }
 
+    /// Runs one admin command that sends `data` (at most 16 KiB) to the controller; returns
+    /// CQE dword 0.
+    pub fn admin_write(&self, sqe: Sqe, data: &[u8]) -> Result<u32, Error> {
+        let s = &self.shared;
+        let mut admin = s.admin.lock();
+        let result = admin.execute(
+            &s.name,
+            &*s.regs,
+            sqe,
+            Data::ToController(data),
+            s.options.admin_timeout,
+        );
+        s.progress(&mut admin);
+        result
+    }
+
     /// Runs one admin command that reads `len` bytes (at most 16 KiB) from the controller.
     pub fn admin_read(&self, sqe: Sqe, len: usize) -> Result<(u32, Vec<u8>), Error> {
         let s = &self.shared;

@@ -314,7 +314,7 @@ fn format_from_512_to_4096_and_back_then_perf_verifies_and_a_drive_in_use_is_ref
 
 #[test]
 #[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
-fn sanitize_and_self_test_are_refused_by_name_on_qemus_controller_which_has_neither() {
+fn sanitize_self_test_and_firmware_update_are_refused_by_name_on_qemus_controller() {
     // QEMU 10's NVMe controller offers no sanitize (SANICAP 0) and no Device Self-test (OACS
     // bit 4 clear); the sim implements both, and the host tests run them there
     let bed = VmBed::from_env();
@@ -327,5 +327,17 @@ fn sanitize_and_self_test_are_refused_by_name_on_qemus_controller_which_has_neit
         &["sanitize", &address, "--action", "block-erase", "--yes"],
     );
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("does not support a block erase sanitize"), "{err}");
+    assert!(
+        err.contains("does not support a block erase sanitize"),
+        "{err}"
+    );
+    // nor firmware update (OACS bit 2), though it reports its slots
+    let (code, _, err) = usnvme(&bed, &["fw", "commit", &address, "--action", "activate"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("does not support firmware update"), "{err}");
+    let slots = controllers(&bed)
+        .into_iter()
+        .find(|c| c["address"] == address.as_str())
+        .map(|c| c["firmware_slots"]["active_slot"].clone());
+    assert_eq!(slots, Some(serde_json::json!(1)));
 }

@@ -146,3 +146,47 @@ fn self_test_and_sanitize_follow_their_progress_to_the_end() {
         String::from_utf8_lossy(&out.stdout).contains("sim:0: sanitize (crypto erase) completed")
     );
 }
+
+#[test]
+fn firmware_slots_are_shown_and_an_image_is_downloaded_and_committed_by_name() {
+    let out = usnvme(&["identify", "--json", "sim:0"]);
+    let drives: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON array");
+    assert_eq!(
+        drives[0]["firmware_slots"],
+        serde_json::json!({"active_slot": 1, "next_reset_slot": null,
+                           "revisions": ["1.0", null], "slot1_read_only": true})
+    );
+    let image = std::env::temp_dir().join(format!("usnvme-fw-{}.bin", std::process::id()));
+    std::fs::write(&image, b"SIMFW002 and the rest of the image").expect("image");
+    let path = image.to_str().expect("UTF-8");
+    let out = usnvme(&["fw", "download", "sim:0", "--file", path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sim:0: 34 bytes of firmware downloaded"));
+    let _ = std::fs::remove_file(&image);
+    // each usnvme process brings its own sim up: here slot 1's image is made to run again,
+    // and a commit with no image downloaded is refused by its status
+    let out = usnvme(&[
+        "fw", "commit", "sim:0", "--slot", "1", "--action", "activate",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("running slot 1, next reset slot 1"),
+        "{stdout}"
+    );
+    let out = usnvme(&["fw", "commit", "sim:0", "--action", "replace"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("Firmware Commit failed: Invalid Firmware Image"),
+        "{err}"
+    );
+}

@@ -8,13 +8,15 @@ use parking_lot::Mutex;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::queue::{Cq, Sq, CQE_BYTES, SQE_BYTES};
-use super::{io, live, maintenance, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES};
+use super::{
+    firmware, io, live, maintenance, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES,
+};
 use crate::protection::{Guard, PiType};
 use crate::spec::command::{Cns, FeatureId};
 use crate::spec::identify::{Oacs, Oncs};
 use crate::spec::{
-    put_ascii, AdminOpcode, ErrorLogEntry, FirmwareSlotLog, IdentifyController, IdentifyNamespace,
-    LbaFormat, LogPageId, NamespaceList, SmartLog, Sqe, Status,
+    put_ascii, AdminOpcode, ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat,
+    LogPageId, NamespaceList, SmartLog, Sqe, Status,
 };
 
 /// Features kept as plain values (Set stores, Get returns).
@@ -44,6 +46,8 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
         Some(AdminOpcode::Abort) => abort(ctx, sqe),
         Some(AdminOpcode::AsyncEventRequest) => async_event(ctx),
         Some(AdminOpcode::Sanitize) => maintenance::sanitize(ctx, sqe),
+        Some(AdminOpcode::FirmwareDownload) => firmware_download(ctx, sq, sqe),
+        Some(AdminOpcode::FirmwareCommit) => firmware::commit(ctx, sqe),
         Some(AdminOpcode::DeviceSelfTest) => maintenance::self_test(ctx, sqe),
         _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
     };
@@ -82,6 +86,7 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id.ver = 0x0001_0400;
     id.cntrltype = 1;
     id.oacs = Oacs::DEVICE_SELF_TEST
+        | Oacs::FIRMWARE
         | if config.doorbell_buffer {
             Oacs::DOORBELL_BUFFER_CONFIG
         } else {
@@ -91,7 +96,8 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id.sanicap = maintenance::SANICAP;
     id.acl = 3;
     id.aerl = (ASYNC_EVENTS - 1) as u8;
-    id.frmw = 0b0000_0011; // slot 1 read-only, one slot
+    id.frmw = firmware::FRMW;
+    id.fwug = 1; // 4 KiB
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.wctemp = 343;
     id.cctemp = 373;
@@ -150,7 +156,12 @@ fn identify(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
     let invalid_ns = || Outcome::fail(Status::INVALID_NAMESPACE).at(4);
     let mut page = [0u8; 4096];
     match Cns::from_raw(sqe.cdw10 as u8) {
-        Some(Cns::Controller) => page.copy_from_slice(ctx.inner.identify.as_bytes()),
+        Some(Cns::Controller) => {
+            // FR: the firmware running now
+            let mut id = *ctx.inner.identify;
+            id.fr = ctx.inner.firmware.revision();
+            page.copy_from_slice(id.as_bytes());
+        }
         Some(Cns::Namespace) => match sqe.nsid {
             u32::MAX => {
                 // capabilities common to all namespaces: the formats
@@ -195,6 +206,17 @@ fn identify(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
         None => return Err(Outcome::fail(Status::INVALID_FIELD).at(40)),
     }
     send(ctx, sq, sqe, &page)
+}
+
+/// Firmware Image Download: its data from the host, then into the image being put together.
+fn firmware_download(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
+    let len = firmware::download_bytes(sqe);
+    if len > ctx.inner.config.max_transfer(ctx.run.page) {
+        return Err(Outcome::fail(Status::INVALID_FIELD).at(40));
+    }
+    io::data_segments(ctx, sqe, len, &mut sq.segs)?;
+    io::gather(ctx, &sq.segs, len, &mut sq.data)?;
+    firmware::download(ctx, sqe, &sq.data)
 }
 
 fn set_features(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
@@ -416,12 +438,7 @@ fn get_log_page(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
             }
             smart(ctx).as_bytes().to_vec()
         }
-        Some(LogPageId::FirmwareSlot) => {
-            let mut fw = FirmwareSlotLog::zeroed();
-            fw.afi = 1;
-            put_ascii(&mut fw.frs[0], &inner.config.firmware);
-            fw.as_bytes().to_vec()
-        }
+        Some(LogPageId::FirmwareSlot) => inner.firmware.slot_log().as_bytes().to_vec(),
         Some(LogPageId::SanitizeStatus) => maintenance::sanitize_log(ctx),
         Some(LogPageId::DeviceSelfTest) => maintenance::self_test_log(ctx),
         _ => return Err(Outcome::fail(Status::INVALID_LOG_PAGE).at(40)),

@@ -29,6 +29,7 @@ mod admin;
 mod backend;
 mod dma;
 mod fault;
+mod firmware;
 mod io;
 mod maintenance;
 mod queue;
@@ -262,6 +263,8 @@ pub(crate) struct Inner {
     metadata_stores: Vec<Store>,
     /// Sanitize and self-test under way, and their outcomes.
     maintenance: maintenance::Maintenance,
+    /// The firmware slots, and an image being downloaded.
+    firmware: firmware::Firmware,
     faults: Faults,
     errors: Mutex<ErrorLog>,
     counters: Counters,
@@ -439,6 +442,7 @@ impl SimController {
             .collect();
         let misdirect = config.misdirect_write;
         let maintenance_time = config.maintenance_time;
+        let firmware = firmware::Firmware::new(&config.firmware);
         let faults = config.faults.clone();
         let sim = Arc::new(SimController {
             inner: Arc::new(Inner {
@@ -454,6 +458,7 @@ impl SimController {
                 stores,
                 metadata_stores,
                 maintenance: maintenance::Maintenance::new(maintenance_time),
+                firmware,
                 faults: Faults::default(),
                 errors: Mutex::default(),
                 counters: Counters::default(),
@@ -752,6 +757,7 @@ impl Inner {
             return;
         }
         if !old.en() && new.en() {
+            self.firmware.on_reset();
             match self.enable(regs, new) {
                 Ok(run) => {
                     self.start_worker(&run);

@@ -717,7 +717,7 @@ fn bad_commands_fail_by_name_and_are_logged() {
         .expect_err("no namespace 9");
     assert_eq!(command_status(e), Status::INVALID_NAMESPACE);
     let e = ctrl
-        .log_page(LogPageId::DeviceSelfTest, u32::MAX, 512)
+        .log_page(LogPageId::TelemetryHostInitiated, u32::MAX, 512)
         .expect_err("unsupported log");
     assert_eq!(command_status(e), Status::INVALID_LOG_PAGE);
     let e = ctrl
@@ -2220,4 +2220,56 @@ fn a_sanitize_erases_every_block_refuses_io_while_it_runs_and_reports_its_progre
     ctrl.admin(test).expect("abort");
     assert_eq!((self_test().running, self_test().newest), (0, Some((2, 1))));
     buffers.free(buf).expect("own");
+}
+
+#[test]
+fn firmware_downloaded_and_committed_runs_from_the_next_reset() {
+    let (sim, ctrl) = start(ram(512, 64));
+    let slots = |ctrl: &Controller| ctrl.firmware_log().expect("firmware slot log");
+    let log = slots(&ctrl);
+    assert_eq!((log.active_slot(), log.next_reset_slot()), (1, None));
+    // an image in two parts (its revision: the first 8 bytes), committed to slot 2 for the
+    // next reset
+    let mut image = b"SIMFW002".to_vec();
+    image.resize(8192, 0xa5);
+    for (i, part) in image.chunks(4096).enumerate() {
+        let mut sqe = Sqe::new(AdminOpcode::FirmwareDownload as u8);
+        sqe.cdw10 = (part.len() / 4 - 1) as u32;
+        sqe.cdw11 = (i * 4096 / 4) as u32;
+        ctrl.admin_write(sqe, part).expect("downloaded");
+    }
+    let mut commit = Sqe::new(AdminOpcode::FirmwareCommit as u8);
+    commit.cdw10 = 1 | 1 << 3; // slot 1: read-only
+    assert_eq!(
+        command_status(ctrl.admin(commit).expect_err("read-only slot")),
+        Status::INVALID_FIRMWARE_SLOT
+    );
+    commit.cdw10 = 2 | 1 << 3; // slot 2, activate at the next reset
+    ctrl.admin(commit).expect("committed");
+    let log = slots(&ctrl);
+    assert_eq!((log.active_slot(), log.next_reset_slot()), (1, Some(2)));
+    assert_eq!(&log.frs[1], b"SIMFW002");
+    assert_eq!(
+        ctrl.identify().firmware(),
+        sim_firmware(),
+        "still the old one"
+    );
+    ctrl.reset().expect("reset");
+    let log = slots(&ctrl);
+    assert_eq!((log.active_slot(), log.next_reset_slot()), (2, None));
+    let (_, id) = ctrl
+        .admin_read(Sqe::identify(Cns::Controller, 0), 4096)
+        .expect("identify");
+    assert_eq!(&id[64..72], b"SIMFW002", "Identify's FR: the new firmware");
+    // a commit with nothing downloaded has no image to put in the slot
+    commit.cdw10 = 2;
+    assert_eq!(
+        command_status(ctrl.admin(commit).expect_err("no image")),
+        Status::INVALID_FIRMWARE_IMAGE
+    );
+    drop(sim);
+}
+
+fn sim_firmware() -> String {
+    SimConfig::default().firmware
 }

@@ -4,7 +4,7 @@
 //! NVMe/TCP (the admin queue of a polled session, Fabrics properties). The namespaces are read
 //! the same way on both ([`usnvme_driver::namespaces::scan`]).
 
-use usnvme_driver::spec::{Cap, IdentifyController, SmartLog, Vs};
+use usnvme_driver::spec::{Cap, FirmwareSlotLog, IdentifyController, SmartLog, Vs};
 use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Namespace;
 
@@ -100,6 +100,14 @@ impl Controller<'_> {
         match self {
             Controller::Pcie(c) => Ok(c.smart_log()?),
             Controller::Tcp { ctrl, .. } => Ok(ctrl.smart_log()?),
+        }
+    }
+
+    /// The Firmware Slot Information log of a local controller (None for a remote one).
+    pub fn firmware_log(&mut self) -> Result<Option<FirmwareSlotLog>, ControllerError> {
+        match self {
+            Controller::Pcie(c) => Ok(Some(c.firmware_log()?)),
+            Controller::Tcp { .. } => Ok(None),
         }
     }
 

@@ -86,27 +86,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             args.pi
         )));
     }
-    let targets = open::targets(sysfs, &args.devices)?;
-    let results = open::each(sysfs, &targets, |ctrl| format(ctrl, args))?;
-    let mut failures = Vec::new();
-    for result in results {
-        match result {
-            Ok(lines) => {
-                for line in lines {
-                    writeln!(out, "{line}")?;
-                }
-            }
-            Err(e) => failures.push(e),
-        }
-    }
-    if !failures.is_empty() {
-        return Err(open::Failures(failures).into());
-    }
-    Ok(())
+    open::each_line(sysfs, &args.devices, out, |ctrl| format(ctrl, args))
 }
 
 /// Formats the namespace(s) of `ctrl`; a line per namespace saying its new format.
-fn format(ctrl: &Controller, args: &Args) -> Result<Vec<String>> {
+fn format(ctrl: &Controller, args: &Args) -> Result<String> {
     let name = ctrl.name();
     if !ctrl.identify().oacs().contains(Oacs::FORMAT_NVM) {
         bail!("{name}: the controller does not support Format NVM (OACS bit 1 is clear)");
@@ -163,7 +147,8 @@ fn format(ctrl: &Controller, args: &Args) -> Result<Vec<String>> {
                 }
             ))
         })
-        .collect()
+        .collect::<Result<Vec<String>>>()
+        .map(|lines| lines.join("\n"))
 }
 
 /// The index of the LBA format with these data and metadata sizes.

@@ -52,6 +52,9 @@ pub struct ControllerReport {
     /// Doorbell Buffer Config in use.
     pub shadow_doorbells: bool,
     pub subsystem_nqn: String,
+    /// The firmware slots of a local controller (Firmware Slot Information log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware_slots: Option<FirmwareReport>,
     /// The active namespaces.
     pub namespaces: Vec<NamespaceReport>,
     /// How a remote controller is reached; absent for a local one.
@@ -93,6 +96,17 @@ pub struct NamespaceReport {
     pub utilization_blocks: u64,
     pub lba_format_in_use: usize,
     pub lba_formats: Vec<LbaFormatReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FirmwareReport {
+    /// The slot running, and the one that runs from the next reset (if one is set).
+    pub active_slot: u8,
+    pub next_reset_slot: Option<u8>,
+    /// Each slot's revision (`null`: empty), slot 1 first.
+    pub revisions: Vec<Option<String>>,
+    /// Slot 1 cannot be written.
+    pub slot1_read_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -166,6 +180,15 @@ pub fn report(ctrl: &mut Controller<'_>) -> Result<ControllerReport, ControllerE
         io_queue_pairs,
         shadow_doorbells,
         subsystem_nqn: id.subnqn(),
+        firmware_slots: ctrl.firmware_log()?.map(|log| {
+            let slots = ((id.frmw >> 1) & 7).max(1);
+            FirmwareReport {
+                active_slot: log.active_slot(),
+                next_reset_slot: log.next_reset_slot(),
+                revisions: (1..=slots).map(|s| log.revision(s)).collect(),
+                slot1_read_only: id.frmw & 1 != 0,
+            }
+        }),
         namespaces: namespaces.iter().map(namespace).collect(),
         fabric,
     })
@@ -237,6 +260,25 @@ pub fn render(c: &ControllerReport) -> String {
     f.field(1, "Model", &c.model);
     f.field(1, "Serial", &c.serial);
     f.field(1, "Firmware", &c.firmware);
+    if let Some(fw) = &c.firmware_slots {
+        let slots: Vec<String> = (1u8..)
+            .zip(&fw.revisions)
+            .map(|(slot, rev)| {
+                let mut text = format!("{slot}: {}", rev.as_deref().unwrap_or("empty"));
+                if slot == fw.active_slot {
+                    text.push_str(" (running)");
+                }
+                if Some(slot) == fw.next_reset_slot {
+                    text.push_str(" (from the next reset)");
+                }
+                if slot == 1 && fw.slot1_read_only {
+                    text.push_str(" (read-only)");
+                }
+                text
+            })
+            .collect();
+        f.field(1, "Firmware slots", slots.join(", "));
+    }
     f.field(
         1,
         "PCI vendor",
@@ -444,6 +486,12 @@ mod tests {
             io_queue_pairs: 64,
             shadow_doorbells: true,
             subsystem_nqn: String::new(),
+            firmware_slots: Some(FirmwareReport {
+                active_slot: 1,
+                next_reset_slot: Some(2),
+                revisions: vec![Some("9.2.0".into()), Some("9.3.0".into())],
+                slot1_read_only: true,
+            }),
             namespaces: vec![NamespaceReport {
                 nsid: 1,
                 block_size: 4096,
@@ -473,6 +521,7 @@ mod tests {
   Model:                  QEMU NVMe Ctrl
   Serial:                 usnvme0
   Firmware:               9.2.0
+  Firmware slots:         1: 9.2.0 (running) (read-only), 2: 9.3.0 (from the next reset)
   PCI vendor:             1b36 (subsystem vendor 1af4)
   Controller ID:          0
   NVMe version:           1.4.0

@@ -7,6 +7,7 @@
 //! status 1 (clap's usage errors exit 2).
 
 mod discover;
+mod firmware;
 mod format;
 mod format_nvm;
 mod health;
@@ -59,6 +60,9 @@ enum Command {
     Sanitize(maintenance::SanitizeArgs),
     /// Run a device self-test (short or extended), following its progress; or abort one.
     SelfTest(maintenance::SelfTestArgs),
+    /// Firmware update: download an image, commit it to a slot.
+    #[command(subcommand)]
+    Fw(firmware::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
     /// Export drives and stripes over NVMe/TCP to hosts running the Linux initiator.
@@ -120,6 +124,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Format(args) => format_nvm::main(&sysfs, &args, &mut stdout),
         Command::Sanitize(args) => maintenance::sanitize(&sysfs, &args, &mut stdout),
         Command::SelfTest(args) => maintenance::self_test(&sysfs, &args, &mut stdout),
+        Command::Fw(args) => firmware::main(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),

@@ -58,48 +58,24 @@ pub struct SelfTestArgs {
     abort: bool,
 }
 
-/// Sanitizes; a usage error has been printed and exits 2.
+/// Sanitizes; without `--yes` a usage error is printed and the process exits 2.
 pub fn sanitize(sysfs: &Sysfs, args: &SanitizeArgs, out: &mut dyn Write) -> Result<()> {
-    let result = (|| {
-        if !args.yes && args.action != SanitizeAction::ExitFailure {
-            let drives: Vec<String> = args.devices.iter().map(|d| d.to_string()).collect();
-            return Err(usage(format!(
-                "sanitize destroys every block of every namespace of {}: add --yes to go ahead",
-                drives.join(", ")
-            )));
-        }
-        each(sysfs, &args.devices, out, |ctrl| {
-            run_sanitize(ctrl, args.action)
-        })
-    })();
-    exit_on_usage(&result, out);
-    result
+    if !args.yes && args.action != SanitizeAction::ExitFailure {
+        let drives: Vec<String> = args.devices.iter().map(|d| d.to_string()).collect();
+        let refused = Err(usage(format!(
+            "sanitize destroys every block of every namespace of {}: add --yes to go ahead",
+            drives.join(", ")
+        )));
+        exit_on_usage(&refused, out);
+        return refused;
+    }
+    open::each_line(sysfs, &args.devices, out, |ctrl| {
+        run_sanitize(ctrl, args.action)
+    })
 }
 
 pub fn self_test(sysfs: &Sysfs, args: &SelfTestArgs, out: &mut dyn Write) -> Result<()> {
-    each(sysfs, &args.devices, out, |ctrl| run_self_test(ctrl, args))
-}
-
-/// `job` on every drive at once; its line printed per drive, failures after.
-fn each(
-    sysfs: &Sysfs,
-    devices: &[DeviceSpec],
-    out: &mut dyn Write,
-    job: impl Fn(&Controller) -> Result<String> + Sync,
-) -> Result<()> {
-    let targets = open::targets(sysfs, devices)?;
-    let mut failures = Vec::new();
-    for result in open::each(sysfs, &targets, job)? {
-        match result {
-            Ok(line) => writeln!(out, "{line}")?,
-            Err(e) => failures.push(e),
-        }
-    }
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(open::Failures(failures).into())
-    }
+    open::each_line(sysfs, &args.devices, out, |ctrl| run_self_test(ctrl, args))
 }
 
 /// Reads log page `lid` every [`POLL`] until `done` says the operation ended (or [`LONGEST`]);

@@ -119,6 +119,28 @@ pub fn each<T: Send>(
     }))
 }
 
+/// `job` on every drive of `devices` at once (see [`each`]): the line each returns printed on
+/// `out`, in order, then the failures as [`Failures`].
+pub fn each_line(
+    sysfs: &Sysfs,
+    devices: &[DeviceSpec],
+    out: &mut dyn Write,
+    job: impl Fn(&Controller) -> Result<String> + Sync,
+) -> Result<()> {
+    let mut failures = Vec::new();
+    for result in each(sysfs, &targets(sysfs, devices)?, job)? {
+        match result {
+            Ok(line) => writeln!(out, "{line}")?,
+            Err(e) => failures.push(e),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failures(failures).into())
+    }
+}
+
 /// The targets given, in order, without repeats (`sim:` ranges split); every NVMe controller
 /// bound to vfio-pci when none is given.
 pub fn all_targets(sysfs: &Sysfs, given: &[Target]) -> Result<Vec<Target>> {
