@@ -132,3 +132,35 @@ fn bad_sweep_flags_exit_2_naming_the_flag() {
         assert!(err.contains(flag), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_sweep_with_pi_runs_every_point_on_a_pi_drive_with_its_checks() {
+    let dir = out_dir("pi");
+    let d = dir.to_str().expect("utf-8 path");
+    let out = usnvme(&[
+        "sweep",
+        "-r",
+        "sim:0,ms=8,pi=1,mset=1,backend=ram,size=16M",
+        "--pi",
+        "PRACT=0,PRCHK=GUARD|REFTAG|APPTAG",
+        "-q",
+        "4",
+        "-t",
+        "1",
+        "--sizes",
+        "4k,64k",
+        "--patterns",
+        "randwrite,randread",
+        "--verify",
+        "--out",
+        d,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("4K") && stdout.contains("64K"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
