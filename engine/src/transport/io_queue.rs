@@ -47,7 +47,9 @@ impl NamespaceProtection {
         self.layout(block_size) != (u64::from(block_size), 0)
     }
 
-    /// The reference tag of the command at `lba` (see the type's doc).
+    /// The reference tag of the command at `lba` (see the type's doc): the namespace's own
+    /// LBA, so each member of a stripe tags its blocks with its LBAs, not the stripe's (perf's
+    /// stripe tests with PRCHK=REFTAG on type 1 check it: the drive refuses any other tag).
     pub fn ref_tag(&self, lba: u64) -> u64 {
         match self.format.protection {
             Some(pi) if pi.pi_type != PiType::Type3 => lba & pi.ref_tag_mask(),
