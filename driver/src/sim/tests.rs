@@ -1809,6 +1809,21 @@ fn md_io(data: IoBuffer, metadata: Option<IoBuffer>, pi: PiFields) -> MetadataIo
     MetadataIo { data, metadata, pi }
 }
 
+/// Reads `blocks` blocks at `slba` of a namespace with metadata into `data` (and `metadata`),
+/// with `pi`; the status.
+fn read_md(
+    qp: &mut QueuePair,
+    slba: u64,
+    blocks: u32,
+    data: IoBuffer,
+    metadata: Option<IoBuffer>,
+    pi: PiFields,
+) -> Status {
+    run(qp, |q| {
+        q.read_with_metadata(NSID, slba, blocks, md_io(data, metadata, pi), 7)
+    })
+}
+
 /// Every check, the application tag 0x0a0b, the reference tag of LBA `slba`.
 fn checked(slba: u64) -> PiFields {
     PiFields {
@@ -1885,15 +1900,7 @@ fn extended_lba_type_1_round_trips_with_software_pi_and_the_drive_checks_every_f
     });
     assert!(st.is_success(), "{st}");
     // back with every check: data and tuples as written
-    let st = run(&mut qp, |q| {
-        q.read_with_metadata(
-            NSID,
-            slba,
-            4,
-            md_io(span(&back, 0, wire.len()), None, fields),
-            7,
-        )
-    });
+    let st = read_md(&mut qp, slba, 4, span(&back, 0, wire.len()), None, fields);
     assert!(st.is_success(), "{st}");
     let mut got = vec![0u8; wire.len()];
     back.read_into(&mut got, 0).expect("read back");
@@ -1903,15 +1910,7 @@ fn extended_lba_type_1_round_trips_with_software_pi_and_the_drive_checks_every_f
         action: true,
         ..fields
     };
-    let st = run(&mut qp, |q| {
-        q.read_with_metadata(
-            NSID,
-            slba,
-            4,
-            md_io(span(&back, 0, data.len()), None, strip),
-            7,
-        )
-    });
+    let st = read_md(&mut qp, slba, 4, span(&back, 0, data.len()), None, strip);
     assert!(st.is_success(), "{st}");
     let mut got = vec![0u8; data.len()];
     back.read_into(&mut got, 0).expect("read back");
@@ -1919,16 +1918,7 @@ fn extended_lba_type_1_round_trips_with_software_pi_and_the_drive_checks_every_f
 
     // each field the drive checks, by its status
     let read_status = |qp: &mut QueuePair, fields: PiFields| {
-        run(qp, |q| {
-            q.read_with_metadata(
-                NSID,
-                slba,
-                4,
-                md_io(span(&back, 0, wire.len()), None, fields),
-                7,
-            )
-        })
-        .code()
+        read_md(qp, slba, 4, span(&back, 0, wire.len()), None, fields).code()
     };
     let other_app = PiFields {
         app_tag: 0x0a0c,
@@ -1968,15 +1958,14 @@ fn extended_lba_type_1_round_trips_with_software_pi_and_the_drive_checks_every_f
     });
     assert_eq!(st.code(), Status::GUARD_CHECK_ERROR);
     // never-written blocks carry all-ones tuples, which escape every check
-    let st = run(&mut qp, |q| {
-        q.read_with_metadata(
-            NSID,
-            500,
-            4,
-            md_io(span(&back, 0, wire.len()), None, checked(500)),
-            7,
-        )
-    });
+    let st = read_md(
+        &mut qp,
+        500,
+        4,
+        span(&back, 0, wire.len()),
+        None,
+        checked(500),
+    );
     assert!(st.is_success(), "{st}");
     for b in [buf, back] {
         buffers.free(b).expect("own");
@@ -2037,29 +2026,28 @@ fn separate_metadata_type_3_with_a_64_bit_guard_is_inserted_by_the_drive_and_che
         checks: PiChecks::ALL,
         ..insert
     };
-    let st = run(&mut qp, |q| {
-        let io = md_io(span(&back, 0, data.len()), Some(span(&md, 4096, 128)), all);
-        q.read_with_metadata(NSID, 7, 2, io, 7)
-    });
+    let st = read_md(
+        &mut qp,
+        7,
+        2,
+        span(&back, 0, data.len()),
+        Some(span(&md, 4096, 128)),
+        all,
+    );
     assert_eq!(st.code(), Status::INVALID_PROTECTION_INFORMATION);
     // read it back with every check type 3 allows, the metadata apart
     let check = PiFields {
         checks: pi.allowed(PiChecks::ALL),
         ..all
     };
-    let st = run(&mut qp, |q| {
-        q.read_with_metadata(
-            NSID,
-            7,
-            2,
-            md_io(
-                span(&back, 0, data.len()),
-                Some(span(&md, 4096, 128)),
-                check,
-            ),
-            7,
-        )
-    });
+    let st = read_md(
+        &mut qp,
+        7,
+        2,
+        span(&back, 0, data.len()),
+        Some(span(&md, 4096, 128)),
+        check,
+    );
     assert!(st.is_success(), "{st}");
     let mut got = vec![0u8; data.len()];
     back.read_into(&mut got, 0).expect("data");
@@ -2084,19 +2072,14 @@ fn separate_metadata_type_3_with_a_64_bit_guard_is_inserted_by_the_drive_and_che
         app_tag: 0x00ab,
         ..check
     };
-    let st = run(&mut qp, |q| {
-        q.read_with_metadata(
-            NSID,
-            7,
-            2,
-            md_io(
-                span(&back, 0, data.len()),
-                Some(span(&md, 4096, 128)),
-                other_app,
-            ),
-            7,
-        )
-    });
+    let st = read_md(
+        &mut qp,
+        7,
+        2,
+        span(&back, 0, data.len()),
+        Some(span(&md, 4096, 128)),
+        other_app,
+    );
     assert_eq!(st.code(), Status::APPLICATION_TAG_CHECK_ERROR);
     for b in [buf, md, back] {
         buffers.free(b).expect("own");
