@@ -201,6 +201,10 @@ impl BlockDevice for NamespaceDevice {
         options: &ChannelOptions,
     ) -> Result<Channel, usnvme_driver::Error> {
         let queue = queues.queue_for(&self.source, self.ns, options)?;
+        let moves_metadata = self
+            .ns
+            .protection
+            .is_some_and(|p| p.moves_metadata(self.ns.block_size));
         let capacity = queue.free().max(1);
         Ok(Channel::Namespace(NamespaceChannel {
             queue,
@@ -211,10 +215,13 @@ impl BlockDevice for NamespaceDevice {
             name: self.name.clone(),
             splits: SplitIos::new(capacity),
             now_ns: 0,
-            moves_metadata: self
-                .ns
-                .protection
-                .is_some_and(|p| p.moves_metadata(self.ns.block_size)),
+            moves_metadata,
+            // reads and writes with metadata take the out-of-line path
+            fast_max_io: if self.ns.protection.is_some() {
+                0
+            } else {
+                self.info.max_io
+            },
         }))
     }
 }
@@ -235,6 +242,9 @@ pub struct NamespaceChannel {
     /// Its reads and writes move metadata: each is one command, its buffer laid out as
     /// [`NamespaceProtection`] says.
     moves_metadata: bool,
+    /// The largest read or write that goes straight to the queue: `info.max_io`, 0 on a
+    /// namespace with metadata (so the I/O path tests nothing more).
+    fast_max_io: u64,
 }
 
 impl NamespaceChannel {
@@ -261,8 +271,8 @@ impl NamespaceChannel {
         &self.name
     }
 
-    /// One command of this namespace on the queue (inlined: it is the I/O path).
-    #[inline(always)]
+    /// One command of this namespace on the queue, off the I/O path (with its metadata on a
+    /// namespace that has some).
     fn submit_command(
         &mut self,
         op: Op,
@@ -271,7 +281,7 @@ impl NamespaceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), usnvme_driver::SubmitError> {
-        self.queue.submit(self.ns, op, lba, blocks, buf, token)
+        self.queue.submit_any(self.ns, op, lba, blocks, buf, token)
     }
 
     /// A read or write of one command goes straight to the queue with the caller's token:
@@ -288,11 +298,8 @@ impl NamespaceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), BlockError> {
-        if self.moves_metadata && op.has_data() {
-            return self.submit_with_metadata(op, offset, len, buf, token);
-        }
         if let (Op::Read | Op::Write, Some(b)) = (op, buf) {
-            if len <= self.info.max_io && b.len as u64 >= len {
+            if len <= self.fast_max_io && b.len as u64 >= len {
                 if offset & self.block_mask != 0 {
                     return Err(BlockError::Misaligned {
                         device: self.name.clone(),
@@ -307,7 +314,8 @@ impl NamespaceChannel {
                 };
                 // the buffer's length gives the blocks of a read or write
                 return self
-                    .submit_command(op, offset >> self.block_shift, 0, Some(b), token)
+                    .queue
+                    .submit(self.ns, op, offset >> self.block_shift, 0, Some(b), token)
                     .map_err(|e| BlockError::from_driver(&self.name, offset, len, e, &self.info));
             }
         }
@@ -362,6 +370,9 @@ impl NamespaceChannel {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), BlockError> {
+        if self.moves_metadata && op.has_data() {
+            return self.submit_with_metadata(op, offset, len, buf, token);
+        }
         check(&self.info, &self.name, op, offset, len, buf)?;
         let parts = self.commands_needed(op, len);
         let shift = self.block_shift;
@@ -404,7 +415,7 @@ impl NamespaceChannel {
                 });
                 let (lba, blocks) = ((offset + done) >> shift, (n >> shift) as u32);
                 queue
-                    .submit(*ns, op, lba, blocks, b, part_token)
+                    .submit_any(*ns, op, lba, blocks, b, part_token)
                     .map_err(|e| BlockError::from_driver(name, offset, len, e, info))
             },
         )

@@ -130,13 +130,62 @@ impl IoQueue {
         token: u64,
     ) -> Result<(), SubmitError> {
         match (self, op, buf) {
-            (IoQueue::Pcie(qp), Op::Read, Some(b)) if ns.protection.is_none() => {
-                qp.read(ns.nsid, lba, b, token)
-            }
-            (IoQueue::Pcie(qp), Op::Write, Some(b)) if ns.protection.is_none() => {
-                qp.write(ns.nsid, lba, b, token)
-            }
+            (IoQueue::Pcie(qp), Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
+            (IoQueue::Pcie(qp), Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
             (queue, op, buf) => queue.submit_other(ns, op, lba, blocks, buf, token),
+        }
+    }
+
+    /// [`IoQueue::submit`], or [`IoQueue::submit_protected`] for a read or write of a
+    /// namespace with metadata: what the paths off the I/O path call (splits, shared queues).
+    pub fn submit_any(
+        &mut self,
+        ns: QueueNamespace,
+        op: Op,
+        lba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        match (ns.protection, buf) {
+            (Some(_), Some(b)) if op.has_data() => self.submit_protected(ns, op, lba, b, token),
+            _ => self.submit(ns, op, lba, blocks, buf, token),
+        }
+    }
+
+    /// A read or write of a namespace with metadata, `buf` laid out as its
+    /// [`NamespaceProtection`] says (its blocks follow from its length). Out of line: the
+    /// channel of such a namespace sends its reads and writes here, never down the I/O path.
+    #[inline(never)]
+    pub fn submit_protected(
+        &mut self,
+        ns: QueueNamespace,
+        op: Op,
+        lba: u64,
+        buf: IoBuffer,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        let Some(p) = ns.protection else {
+            return self.submit(ns, op, lba, 0, Some(buf), token);
+        };
+        match self {
+            IoQueue::Pcie(qp) => {
+                let (blocks, io) = p.io(&ns, lba, buf);
+                match op {
+                    Op::Write => qp.write_with_metadata(ns.nsid, lba, blocks, io, token),
+                    _ => qp.read_with_metadata(ns.nsid, lba, blocks, io, token),
+                }
+            }
+            IoQueue::Tcp(_) => Err(SubmitError::Unsupported {
+                what: "metadata or protection information over NVMe/TCP",
+            }),
+            IoQueue::Shared {
+                queue, in_flight, ..
+            } => {
+                queue.submit(ns, op, lba, 0, Some(buf), token)?;
+                *in_flight += 1;
+                Ok(())
+            }
         }
     }
 
@@ -152,27 +201,16 @@ impl IoQueue {
         token: u64,
     ) -> Result<(), SubmitError> {
         match self {
-            IoQueue::Pcie(qp) => match (op, buf, ns.protection) {
-                (Op::Read, Some(b), Some(p)) => {
-                    let (blocks, io) = p.io(&ns, lba, b);
-                    qp.read_with_metadata(ns.nsid, lba, blocks, io, token)
-                }
-                (Op::Write, Some(b), Some(p)) => {
-                    let (blocks, io) = p.io(&ns, lba, b);
-                    qp.write_with_metadata(ns.nsid, lba, blocks, io, token)
-                }
-                (Op::Read, Some(b), None) => qp.read(ns.nsid, lba, b, token),
-                (Op::Write, Some(b), None) => qp.write(ns.nsid, lba, b, token),
-                (Op::Flush, ..) => qp.flush_cache(ns.nsid, token),
-                (Op::WriteZeroes, ..) => qp.write_zeroes(ns.nsid, lba, blocks, token),
-                (Op::Deallocate, ..) => qp.deallocate(ns.nsid, lba, blocks, token),
-                (Op::Read | Op::Write, None, _) => Err(SubmitError::Unsupported {
+            IoQueue::Pcie(qp) => match (op, buf) {
+                (Op::Read, Some(b)) => qp.read(ns.nsid, lba, b, token),
+                (Op::Write, Some(b)) => qp.write(ns.nsid, lba, b, token),
+                (Op::Flush, _) => qp.flush_cache(ns.nsid, token),
+                (Op::WriteZeroes, _) => qp.write_zeroes(ns.nsid, lba, blocks, token),
+                (Op::Deallocate, _) => qp.deallocate(ns.nsid, lba, blocks, token),
+                (Op::Read | Op::Write, None) => Err(SubmitError::Unsupported {
                     what: "a read or write without a buffer",
                 }),
             },
-            IoQueue::Tcp(_) if ns.protection.is_some() => Err(SubmitError::Unsupported {
-                what: "metadata or protection information over NVMe/TCP",
-            }),
             IoQueue::Tcp(q) => {
                 let blocks = match (op, buf) {
                     (Op::Read | Op::Write, Some(b)) => b.len >> ns.block_size.trailing_zeros(),

@@ -211,7 +211,7 @@ impl SharedQueue {
         let Some(slot) = free.pop() else {
             return Err(SubmitError::QueueFull { in_flight: 0 });
         };
-        match queue.submit(ns, op, lba, blocks, buf, u64::from(slot)) {
+        match queue.submit_any(ns, op, lba, blocks, buf, u64::from(slot)) {
             Ok(()) => {
                 slots[slot as usize] = (ns.nsid, token);
                 Ok(())

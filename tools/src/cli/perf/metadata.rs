@@ -90,8 +90,7 @@ impl BufferLayout {
     }
 
     /// After a read of `blocks` blocks at `lba`: every tuple checked whole (guard, application
-    /// and reference tags), each failure kept as a mismatch naming its block; returns how many
-    /// blocks were checked.
+    /// and reference tags), each failure kept as a mismatch naming its block.
     pub fn check(
         &self,
         buf: &DmaBuffer,
@@ -100,9 +99,9 @@ impl BufferLayout {
         scratch: (&mut [u8], &mut [u8]),
         kept: &mut Vec<Mismatch>,
         more: &mut u64,
-    ) -> u64 {
+    ) {
         let Some((pi, p)) = self.software else {
-            return 0;
+            return;
         };
         let (data, metadata) = scratch;
         let fields = usnvme_driver::protection::PiFields {
@@ -123,6 +122,5 @@ impl BufferLayout {
                 super::workload::keep(kept, more, lba + b as u64, what);
             }
         }
-        blocks as u64
     }
 }

@@ -138,17 +138,23 @@ struct DevState {
     /// The device takes no more I/O (removed, or a submission failed for good).
     stopped: bool,
     error: Option<String>,
-    /// `--verify`: one block to stamp or check in (DMA memory is only copied, never borrowed),
-    /// and one block of poison; empty otherwise.
-    block: Vec<u8>,
-    poison: Vec<u8>,
     /// The device's name (a stripe's, whose LBAs a failure names).
     name: String,
-    /// Where each block's data and metadata sit in a buffer, and the buffer bytes of an I/O.
-    layout: BufferLayout,
+    /// The buffer bytes of an I/O.
     io_bytes: u32,
-    /// Ops and offsets are kept in the slots (`--verify`, or metadata to make or check).
+    /// Ops and offsets are kept in the slots (`--verify`, `--pi`), and the blocks stamped,
+    /// checked, protected as `tracked` says.
     track: bool,
+    tracked: Tracked,
+}
+
+/// What the tracked I/Os of a device need: where each block's data and metadata sit in a
+/// buffer, and blocks to work in (DMA memory is only copied, never borrowed).
+struct Tracked {
+    layout: BufferLayout,
+    /// `--verify`: one block to stamp or check in, and one block of poison; empty otherwise.
+    block: Vec<u8>,
+    poison: Vec<u8>,
     /// PRACT=0: one block's data and metadata, to make and check tuples in; empty otherwise.
     pi_data: Vec<u8>,
     pi_metadata: Vec<u8>,
@@ -254,14 +260,16 @@ impl Workload {
                 pathing_error: None,
                 stopped: false,
                 error: None,
-                block: vec![0u8; block_len],
-                poison,
                 name: dev.info.name.clone(),
-                layout,
                 io_bytes: io_bytes as u32,
                 track: self.run.verify || dev.info.protection.is_some(),
-                pi_data: vec![0u8; layout.scratch_bytes().min(1) * layout.block],
-                pi_metadata: vec![0u8; layout.scratch_bytes()],
+                tracked: Tracked {
+                    layout,
+                    block: vec![0u8; block_len],
+                    poison,
+                    pi_data: vec![0u8; layout.scratch_bytes().min(1) * layout.block],
+                    pi_metadata: vec![0u8; layout.scratch_bytes()],
+                },
             });
         }
         Ok(())
@@ -440,31 +448,8 @@ fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: D
         let offset = st.region.start + index * run.io_size;
         let s = &mut st.slots[slot];
         if st.track {
-            // what the read is checked against when it completes
-            s.op = op;
-            s.offset = offset;
-        }
-        if run.verify {
-            if op == Op::Write {
-                let corrupt = run.corrupt_after.is_some_and(|n| st.writes >= n);
-                stamp(
-                    &s.buf,
-                    offset,
-                    run,
-                    corrupt,
-                    &mut st.block,
-                    st.layout.stride,
-                );
-            } else {
-                // a read that brings nothing must not pass for what the buffer held before
-                poison(&s.buf, run.io_size, &st.poison, st.layout.stride);
-            }
-        }
-        if op == Op::Write && !st.pi_metadata.is_empty() {
-            let blocks = (run.io_size / st.layout.block as u64) as usize;
-            let lba = offset / st.layout.block as u64;
-            st.layout
-                .protect(&s.buf, lba, blocks, &mut st.pi_data, &mut st.pi_metadata);
+            let corrupt = run.corrupt_after.is_some_and(|n| st.writes >= n);
+            st.tracked.prepare(run, s, op, offset, corrupt);
         }
         let io = IoBuffer {
             iova: s.buf.iova(),
@@ -517,23 +502,10 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
             match &c.result() {
                 Ok(()) => {
                     succeeded += 1;
-                    if run.verify && s.op == Op::Read {
-                        st.checked += verify_block(
+                    if st.track && s.op == Op::Read {
+                        st.checked += st.tracked.check_read(
                             run,
                             s,
-                            &mut st.block,
-                            st.layout.stride,
-                            &mut st.mismatches,
-                            &mut st.more_mismatches,
-                        );
-                    }
-                    if s.op == Op::Read && !st.pi_metadata.is_empty() {
-                        let bs = st.layout.block as u64;
-                        st.layout.check(
-                            &s.buf,
-                            s.offset / bs,
-                            (run.io_size / bs) as usize,
-                            (&mut st.pi_data, &mut st.pi_metadata),
                             &mut st.mismatches,
                             &mut st.more_mismatches,
                         );
@@ -575,6 +547,62 @@ fn reap(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: Duration
                 st.error.get_or_insert(e);
             }
         }
+    }
+}
+
+impl Tracked {
+    /// Before slot `s` goes out as `op` at byte `offset`: what its read is checked against;
+    /// a write's blocks stamped (`--verify`, the first corrupt with `corrupt`) and protected
+    /// (PRACT=0), a read's poisoned (`--verify`).
+    #[inline(never)]
+    fn prepare(&mut self, run: &RunSpec, s: &mut Slot, op: Op, offset: u64, corrupt: bool) {
+        (s.op, s.offset) = (op, offset);
+        let stride = self.layout.stride;
+        if run.verify {
+            if op == Op::Write {
+                stamp(&s.buf, offset, run, corrupt, &mut self.block, stride);
+            } else {
+                // a read that brings nothing must not pass for what the buffer held before
+                poison(&s.buf, run.io_size, &self.poison, stride);
+            }
+        }
+        if op == Op::Write && !self.pi_metadata.is_empty() {
+            let bs = self.layout.block as u64;
+            let blocks = (run.io_size / bs) as usize;
+            let (data, metadata) = (&mut self.pi_data, &mut self.pi_metadata);
+            self.layout
+                .protect(&s.buf, offset / bs, blocks, data, metadata);
+        }
+    }
+
+    /// After slot `s`'s read: its stamps (`--verify`) and tuples (PRACT=0) checked, the
+    /// mismatches kept; how many blocks' stamps were checked.
+    #[inline(never)]
+    fn check_read(
+        &mut self,
+        run: &RunSpec,
+        s: &Slot,
+        kept: &mut Vec<Mismatch>,
+        more: &mut u64,
+    ) -> u64 {
+        let checked = if run.verify {
+            verify_block(run, s, &mut self.block, self.layout.stride, kept, more)
+        } else {
+            0
+        };
+        if !self.pi_metadata.is_empty() {
+            let bs = self.layout.block as u64;
+            let scratch = (&mut self.pi_data[..], &mut self.pi_metadata[..]);
+            self.layout.check(
+                &s.buf,
+                s.offset / bs,
+                (run.io_size / bs) as usize,
+                scratch,
+                kept,
+                more,
+            );
+        }
+        checked
     }
 }
 
