@@ -752,19 +752,11 @@ impl QueuePair {
 
     #[inline]
     fn namespace(&self, nsid: u32) -> Result<IoLimits, SubmitError> {
-        let limits = nsid
-            .checked_sub(1)
+        nsid.checked_sub(1)
             .and_then(|i| self.limits.get(i as usize))
             .filter(|l| l.nsid == nsid)
             .copied()
-            .ok_or(SubmitError::InvalidNamespace { nsid })?;
-        if limits.metadata_size > 0 {
-            return Err(SubmitError::Metadata {
-                nsid,
-                bytes: limits.metadata_size,
-            });
-        }
-        Ok(limits)
+            .ok_or(SubmitError::InvalidNamespace { nsid })
     }
 
     /// The block count of a read or write of `bytes` at `slba`: whole blocks, within the
@@ -803,6 +795,13 @@ impl QueuePair {
     /// The block count of `bytes` at `slba`: whole blocks, within the namespace.
     fn blocks_for(&self, nsid: u32, slba: u64, bytes: u64) -> Result<u32, SubmitError> {
         let ns = self.namespace(nsid)?;
+        // (Flush, Write Zeroes and Dataset Management move no data: they take such namespaces)
+        if ns.metadata_size > 0 {
+            return Err(SubmitError::Metadata {
+                nsid,
+                bytes: ns.metadata_size,
+            });
+        }
         if bytes & ns.block_mask != 0 || bytes == 0 {
             return Err(SubmitError::NotBlockMultiple {
                 bytes,

@@ -1860,6 +1860,10 @@ fn a_namespace_formatted_with_metadata_takes_no_plain_read_or_write() {
         .to_string()
         .contains("8 bytes of metadata per block"));
     assert_eq!(qp.in_flight(), 0, "nothing refused went out");
+    // commands that move no data take it
+    assert!(run(&mut qp, |q| q.flush_cache(NSID, 7)).is_success());
+    assert!(run(&mut qp, |q| q.write_zeroes(NSID, 0, 8, 7)).is_success());
+    assert!(run(&mut qp, |q| q.deallocate(NSID, 8, 8, 7)).is_success());
     buffers.free(buf).expect("own");
 }
 
