@@ -165,15 +165,16 @@ impl IoQueue {
         buf: IoBuffer,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let Some(p) = ns.protection else {
+        let (Some(p), Op::Read | Op::Write) = (ns.protection, op) else {
             return self.submit(ns, op, lba, 0, Some(buf), token);
         };
         match self {
             IoQueue::Pcie(qp) => {
                 let (blocks, io) = p.io(&ns, lba, buf);
-                match op {
-                    Op::Write => qp.write_with_metadata(ns.nsid, lba, blocks, io, token),
-                    _ => qp.read_with_metadata(ns.nsid, lba, blocks, io, token),
+                if op == Op::Write {
+                    qp.write_with_metadata(ns.nsid, lba, blocks, io, token)
+                } else {
+                    qp.read_with_metadata(ns.nsid, lba, blocks, io, token)
                 }
             }
             IoQueue::Tcp(_) => Err(SubmitError::Unsupported {
