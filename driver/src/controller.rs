@@ -22,13 +22,13 @@ use crate::queue::{
     QueueSetup, Release, Shadow, Ticket,
 };
 use crate::regs::Registers;
-use crate::spec::command::QueuePriority;
+use crate::spec::command::{FeatureId, QueuePriority};
 use crate::spec::identify::{Oacs, SglSupport};
 use crate::spec::log::LogPageId;
 use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell};
 use crate::spec::{
-    Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, IdentifyNamespace,
-    SmartLog, Sqe, Status, Vs,
+    AdminOpcode, Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
+    IdentifyNamespace, SmartLog, Sqe, Status, Vs,
 };
 use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
 
@@ -170,11 +170,64 @@ struct Admin {
     waiting: Vec<Waiting>,
     /// Dropped queue pairs' queues being deleted, advanced whenever the admin queue is polled.
     deletions: Vec<Deletion>,
+    /// The Asynchronous Event Request outstanding (never timed out), and the events it brought
+    /// that nobody has taken yet (at most [`KEPT_EVENTS`]).
+    async_event: Option<Ticket>,
+    events: Vec<AsyncEvent>,
+}
+
+/// Events kept for [`Controller::events`] at most (older ones are logged, then dropped).
+const KEPT_EVENTS: usize = 64;
+
+/// An asynchronous event a controller reported (NVMe Base 2.0, 5.2): its type, information
+/// and the log page that tells more (read by the driver, which clears the event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    pub kind: u8,
+    pub info: u8,
+    pub log_page: u8,
+}
+
+impl AsyncEvent {
+    fn from_dw0(dw0: u32) -> AsyncEvent {
+        AsyncEvent {
+            kind: (dw0 & 7) as u8,
+            info: (dw0 >> 8) as u8,
+            log_page: (dw0 >> 16) as u8,
+        }
+    }
+}
+
+impl std::fmt::Display for AsyncEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match (self.kind, self.info) {
+            (0, _) => "an error status",
+            (1, 0) => "SMART / health: NVM subsystem reliability",
+            (1, 1) => "SMART / health: temperature threshold",
+            (1, 2) => "SMART / health: spare below threshold",
+            (1, _) => "SMART / health",
+            (2, 0) => "notice: namespace attribute changed",
+            (2, 1) => "notice: firmware activation starting",
+            (2, 2) => "notice: telemetry log changed",
+            (2, 3) => "notice: asymmetric namespace access change",
+            (2, _) => "notice",
+            (6, _) => "I/O command set specific",
+            (7, _) => "vendor specific",
+            _ => "reserved",
+        };
+        write!(
+            f,
+            "{what} (type {}, information {:#04x}, log page {:#04x})",
+            self.kind, self.info, self.log_page
+        )
+    }
 }
 
 /// An admin command submitted, and its outcome once it is known.
 struct Waiting {
     ticket: Ticket,
+    /// Never times out (the Asynchronous Event Request, answered when something happens).
+    untimed: bool,
     command: &'static str,
     submitted: Instant,
     outcome: Option<Outcome>,
@@ -332,6 +385,8 @@ impl Controller {
                 }
             }
         }
+        path.admin
+            .arm_async_events(&name, &*regs, options.admin_timeout);
         log::info!(
             "{name}: NVMe {version}, {} namespace(s), {granted} I/O queues, MDTS {max_transfer} bytes, shadow doorbells {}",
             namespaces.len(),
@@ -737,6 +792,7 @@ impl Controller {
             let sqe = Sqe::doorbell_buffer_config(pages.iova(), pages.iova_of(PAGE as usize));
             admin.execute(&s.name, regs, sqe, Data::None, s.options.admin_timeout)?;
         }
+        admin.arm_async_events(&s.name, regs, s.options.admin_timeout);
         Ok(())
     }
 
@@ -803,6 +859,29 @@ impl Controller {
         });
         s.progress(&mut admin);
         result
+    }
+
+    /// The asynchronous events the controller reported since the last call (each also logged
+    /// as it came); the log page of each is read, which clears it (the controller then reports
+    /// the next of its kind).
+    pub fn events(&self) -> Vec<AsyncEvent> {
+        let events = {
+            let s = &self.shared;
+            let mut admin = s.admin.lock();
+            s.progress(&mut admin);
+            std::mem::take(&mut admin.events)
+        };
+        for e in &events {
+            let read = Sqe::get_log_page_raw(e.log_page, u32::MAX, 512, 0);
+            if let Err(err) = self.admin_read(read, 512) {
+                log::debug!(
+                    "{}: log page {:#04x} of {e}: {err}",
+                    self.name(),
+                    e.log_page
+                );
+            }
+        }
+        events
     }
 
     /// A log page of `len` bytes (namespace 0xffffffff for controller-wide ones).
@@ -906,6 +985,8 @@ impl Admin {
             next_token: 0,
             waiting: Vec::with_capacity(depth),
             deletions: Vec::new(),
+            async_event: None,
+            events: Vec::new(),
         }
     }
 
@@ -926,12 +1007,54 @@ impl Admin {
         self.next_token += 1;
         self.waiting.push(Waiting {
             ticket,
+            untimed: sqe.opcode() == AdminOpcode::AsyncEventRequest as u8,
             command: command_name(&sqe),
             submitted: Instant::now(),
             outcome: None,
         });
         self.queue.flush();
         Ok(Some(ticket))
+    }
+
+    /// Enables the events usnvme reports (Asynchronous Event Configuration: SMART critical
+    /// warnings, namespace attribute notices) and sends the first Asynchronous Event Request.
+    fn arm_async_events(&mut self, name: &str, regs: &dyn Registers, timeout: Duration) {
+        let config = Sqe::set_features(FeatureId::AsyncEventConfiguration, 0x1ff);
+        if let Err(e) = self.execute(name, regs, config, Data::None, timeout) {
+            log::info!("{name}: Asynchronous Event Configuration refused ({e}): the controller's default events only");
+        }
+        let aer = Sqe::new(AdminOpcode::AsyncEventRequest as u8);
+        self.async_event = self.submit(name, aer).ok().flatten();
+    }
+
+    /// Keeps an Asynchronous Event Request outstanding: files the event the last one brought
+    /// and sends the next (its log page is read by [`Controller::events`], which clears it).
+    /// One that failed is not sent again (the controller takes none, or is going away); a
+    /// reset voids it.
+    fn keep_async_event(&mut self, name: &str) {
+        let outcome = match self.async_event {
+            None => return,
+            Some(t) => self.take(t),
+        };
+        match outcome {
+            Ok(None) => return, // nothing happened yet
+            Ok(Some(Outcome::Done { status, dw0 })) if status.is_success() => {
+                let event = AsyncEvent::from_dw0(dw0);
+                log::warn!("{name}: asynchronous event: {event}");
+                if self.events.len() < KEPT_EVENTS {
+                    self.events.push(event);
+                }
+            }
+            other => {
+                log::debug!("{name}: Asynchronous Event Request ended: {other:?}");
+                self.async_event = None;
+                return;
+            }
+        }
+        self.async_event = self
+            .submit(name, Sqe::new(AdminOpcode::AsyncEventRequest as u8))
+            .ok()
+            .flatten();
     }
 
     /// Polls the admin queue once, filing the completions of the commands waited for; returns
@@ -975,6 +1098,9 @@ impl Admin {
         let now = Instant::now();
         self.waiting.retain_mut(|w| {
             let age = now.saturating_duration_since(w.submitted);
+            if w.untimed {
+                return true;
+            }
             if w.outcome.is_none() && age > timeout {
                 w.outcome = Some(Outcome::TimedOut);
             }
@@ -1080,6 +1206,7 @@ impl Admin {
         let started = Instant::now();
         self.waiting.push(Waiting {
             ticket,
+            untimed: false,
             command,
             submitted: started,
             outcome: None,
@@ -1366,6 +1493,7 @@ impl Shared {
         loop {
             let completed = admin.poll_once();
             admin.expire(self.options.admin_timeout);
+            admin.keep_async_event(&self.name);
             let before = (admin.next_token, deletions.len());
             deletions.retain_mut(|d| {
                 let done = admin.advance(&self.name, d);

@@ -190,3 +190,23 @@ fn firmware_slots_are_shown_and_an_image_is_downloaded_and_committed_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn health_reports_the_events_a_drive_raised_and_its_warning() {
+    let out = usnvme(&["health", "sim:0,warn=temperature"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Health:                      WARNING: critical warning: temperature")
+            && text.contains(
+                "Asynchronous events:         SMART / health: temperature threshold (type 1, information 0x01, log page 0x02)"
+            ),
+        "{text}"
+    );
+    // and logged as it came
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("sim:0: asynchronous event: SMART / health: temperature threshold"));
+    let out = usnvme(&["health", "sim:0,warn=hot"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reliability, temperature or spare"));
+}

@@ -44,7 +44,7 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
             doorbell_buffer_config(ctx, sqe)
         }
         Some(AdminOpcode::Abort) => abort(ctx, sqe),
-        Some(AdminOpcode::AsyncEventRequest) => async_event(ctx),
+        Some(AdminOpcode::AsyncEventRequest) => async_event(ctx, sqe),
         Some(AdminOpcode::Sanitize) => maintenance::sanitize(ctx, sqe),
         Some(AdminOpcode::FirmwareDownload) => firmware_download(ctx, sq, sqe),
         Some(AdminOpcode::FirmwareCommit) => firmware::commit(ctx, sqe),
@@ -457,6 +457,7 @@ fn smart(ctx: &Ctx) -> SmartLog {
     let c = &ctx.inner.counters;
     let units = |bytes: u64| (bytes.div_ceil(512).div_ceil(1000) as u128).to_le_bytes();
     let mut log = SmartLog::zeroed();
+    log.critical_warning = ctx.inner.critical_warning.load(Ordering::Relaxed);
     log.composite_temperature = TEMPERATURE.to_le_bytes();
     log.available_spare = 100;
     log.available_spare_threshold = 10;
@@ -527,13 +528,20 @@ fn abort(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
     Ok(Outcome::ok(0))
 }
 
-/// Asynchronous Event Request: held (nothing to report) up to the limit.
-fn async_event(ctx: &Ctx) -> Result<Outcome, Outcome> {
+/// Asynchronous Event Request: completed with an event waiting, else held up to the limit
+/// (until [`SimController::raise_event`](super::SimController::raise_event)).
+fn async_event(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
+    if let Some(dw0) = {
+        let mut pending = ctx.inner.pending_events.lock();
+        (!pending.is_empty()).then(|| pending.remove(0))
+    } {
+        return Ok(Outcome::ok(dw0));
+    }
     let mut features = ctx.run.features.lock();
-    if features.async_events >= ASYNC_EVENTS {
+    if features.async_events.len() >= ASYNC_EVENTS as usize {
         return Err(Outcome::fail(Status::AER_LIMIT_EXCEEDED));
     }
-    features.async_events += 1;
+    features.async_events.push(sqe.cid());
     Ok(Outcome {
         hold: true,
         ..Outcome::ok(0)

@@ -38,7 +38,7 @@ mod spec;
 mod tests;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -62,6 +62,40 @@ use fault::Faults;
 use queue::{Cq, Sq, SQE_BYTES};
 
 pub(crate) use usnvme_hugepages::IovaMemory;
+
+/// An asynchronous event the sim raises ([`SimController::raise_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEventSpec {
+    /// Asynchronous Event Type (0 error, 1 SMART / health, 2 notice, ...).
+    pub kind: u8,
+    /// Asynchronous Event Information.
+    pub info: u8,
+    /// The log page that clears it.
+    pub log_page: u8,
+    /// SMART critical warning bits it sets (SMART / health events).
+    pub critical_warning: u8,
+}
+
+impl AsyncEventSpec {
+    /// A SMART / health event: `info` 0 reliability, 1 temperature, 2 spare, with its
+    /// Critical Warning bit.
+    pub const fn smart(info: u8) -> AsyncEventSpec {
+        AsyncEventSpec {
+            kind: 1,
+            info,
+            log_page: 2,
+            critical_warning: match info {
+                0 => 0b100,
+                1 => 0b10,
+                _ => 0b1,
+            },
+        }
+    }
+
+    fn dw0(&self) -> u32 {
+        u32::from(self.kind & 7) | u32::from(self.info) << 8 | u32::from(self.log_page) << 16
+    }
+}
 
 /// One namespace: its block size (512 or 4096 bytes) and number of blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +158,9 @@ pub struct SimConfig {
     pub ready_delay: Duration,
     /// How long a sanitize or a device self-test runs after its command completed.
     pub maintenance_time: Duration,
+    /// Events that happened before power-on (`warn=`): reported to the first Asynchronous
+    /// Event Requests, their SMART bits set from the start.
+    pub events: Vec<AsyncEventSpec>,
 }
 
 impl Default for SimConfig {
@@ -150,6 +187,7 @@ impl Default for SimConfig {
             faults: Vec::new(),
             ready_delay: Duration::ZERO,
             maintenance_time: Duration::from_millis(300),
+            events: Vec::new(),
         }
     }
 }
@@ -265,6 +303,10 @@ pub(crate) struct Inner {
     maintenance: maintenance::Maintenance,
     /// The firmware slots, and an image being downloaded.
     firmware: firmware::Firmware,
+    /// Asynchronous events no request was outstanding for (CQE dword 0 each), and the SMART
+    /// log's critical warning bits raised.
+    pending_events: Mutex<Vec<u32>>,
+    critical_warning: AtomicU8,
     faults: Faults,
     errors: Mutex<ErrorLog>,
     counters: Counters,
@@ -289,7 +331,8 @@ pub(crate) struct Features {
     nsq: u16,
     ncq: u16,
     values: [u32; 16],
-    async_events: u32,
+    /// Asynchronous Event Requests held: their command ids.
+    async_events: Vec<u16>,
 }
 
 /// The state of an enabled controller; a reset drops it whole.
@@ -443,6 +486,7 @@ impl SimController {
         let misdirect = config.misdirect_write;
         let maintenance_time = config.maintenance_time;
         let firmware = firmware::Firmware::new(&config.firmware);
+        let startup_events = config.events.clone();
         let faults = config.faults.clone();
         let sim = Arc::new(SimController {
             inner: Arc::new(Inner {
@@ -459,6 +503,14 @@ impl SimController {
                 metadata_stores,
                 maintenance: maintenance::Maintenance::new(maintenance_time),
                 firmware,
+                pending_events: Mutex::new(
+                    startup_events.iter().map(AsyncEventSpec::dw0).collect(),
+                ),
+                critical_warning: AtomicU8::new(
+                    startup_events
+                        .iter()
+                        .fold(0, |bits, e| bits | e.critical_warning),
+                ),
                 faults: Faults::default(),
                 errors: Mutex::default(),
                 counters: Counters::default(),
@@ -545,19 +597,29 @@ impl SimController {
     }
 
     /// Command ids the controller holds on SQ `qid` without having completed them: pending
-    /// (threaded latency, delay faults), dropped, or Asynchronous Event Requests.
+    /// (threaded latency, delay faults) or dropped; not the Asynchronous Event Requests it
+    /// keeps until an event ([`SimController::async_events_held`]).
     pub fn held(&self, qid: u16) -> Vec<u16> {
         let running = self.inner.running.read();
         let Some(run) = running.as_ref() else {
             return Vec::new();
         };
         let sq = run.table.read().sqs.get(qid as usize).cloned().flatten();
+        let events = run.features.lock().async_events.clone();
         sq.map_or_else(Vec::new, |sq| {
             let sq = sq.lock();
             (0..=u16::MAX)
-                .filter(|&c| sq.inflight.contains(c))
+                .filter(|&c| sq.inflight.contains(c) && !(qid == 0 && events.contains(&c)))
                 .collect()
         })
+    }
+
+    /// Asynchronous Event Requests the controller holds.
+    pub fn async_events_held(&self) -> usize {
+        let running = self.inner.running.read();
+        running
+            .as_ref()
+            .map_or(0, |run| run.features.lock().async_events.len())
     }
 
     /// Executes and completes, now and in this thread, the commands a [`FaultAction::Hold`]
@@ -595,6 +657,51 @@ impl SimController {
             inner.run_due(&ctx, &mut sq);
         }
         opcodes
+    }
+
+    /// An asynchronous event: completes a held Asynchronous Event Request with CQE dword 0
+    /// `type | info << 8 | log_page << 16`, or keeps it for the next one (as a controller keeps
+    /// an event no request was outstanding for). `SmartHealth` events also set `critical_warning`
+    /// bits in the SMART log.
+    pub fn raise_event(&self, event: AsyncEventSpec) {
+        if event.critical_warning != 0 {
+            self.inner
+                .critical_warning
+                .fetch_or(event.critical_warning, Ordering::Relaxed);
+        }
+        self.inner.pending_events.lock().push(event.dw0());
+        self.deliver_events();
+    }
+
+    /// Completes held Asynchronous Event Requests with the events waiting, oldest first.
+    pub(crate) fn deliver_events(&self) {
+        let inner = &self.inner;
+        let running = inner.running.read();
+        let Some(run) = running.as_ref() else {
+            return;
+        };
+        let (sq, shadow) = {
+            let t = run.table.read();
+            (t.sqs.first().cloned().flatten(), t.shadow)
+        };
+        let Some(sq) = sq else {
+            return;
+        };
+        let mem = inner.space.memory();
+        let ctx = inner.ctx(run, &mem, shadow);
+        let mut sq = sq.lock();
+        loop {
+            let mut pending = inner.pending_events.lock();
+            let mut features = run.features.lock();
+            let (Some(&dw0), Some(cid)) = (pending.first(), features.async_events.pop()) else {
+                return;
+            };
+            pending.remove(0);
+            drop((pending, features));
+            let mut sqe = crate::spec::Sqe::new(crate::spec::AdminOpcode::AsyncEventRequest as u8);
+            sqe.set_cid(cid);
+            inner.finish(&ctx, &mut sq, &sqe, Outcome::ok(dw0), None);
+        }
     }
 
     /// How long a sanitize or self-test runs from now on (one under way too): a test ends one
@@ -862,7 +969,7 @@ impl Inner {
                 nsq: self.config.io_queues,
                 ncq: self.config.io_queues,
                 values,
-                async_events: 0,
+                async_events: Vec::new(),
             }),
             shutdown: AtomicBool::new(false),
             stop: AtomicBool::new(false),

@@ -9,7 +9,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::{Backend, Fault, FaultAction, FaultWhen, SimConfig, SimMode, SimNamespace};
+use super::{
+    AsyncEventSpec, Backend, Fault, FaultAction, FaultWhen, SimConfig, SimMode, SimNamespace,
+};
 use crate::protection::{Guard, MetadataFormat, PiFormat, PiType};
 use crate::spec::IoOpcode;
 
@@ -47,7 +49,8 @@ latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes la
 corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
 nodata=<N: from the Nth read on, reads complete without moving data>, \
 logdelay=<e.g. 100ms: Get Log Page completes that much later>, \
-flushdelay=<e.g. 100ms: Flush completes that much later>";
+flushdelay=<e.g. 100ms: Flush completes that much later>, \
+warn=reliability|temperature|spare (a SMART warning raised before power-on, reported by event)";
 
 impl SimSpec {
     /// Whether `s` is meant as a sim address (then parse it for the details).
@@ -154,6 +157,12 @@ impl FromStr for SimSpec {
                         .filter(|&s| s > 0)
                         .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
                 }
+                "warn" => config.events.push(AsyncEventSpec::smart(match value {
+                    "reliability" => 0,
+                    "temperature" => 1,
+                    "spare" => 2,
+                    _ => return Err(bad("reliability, temperature or spare")),
+                })),
                 "mset" => metadata.extended = parse_flag(name, value)?,
                 "pi" => {
                     pi_type = match value {

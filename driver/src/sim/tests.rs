@@ -1548,6 +1548,9 @@ fn a_reset_under_load_never_blocks_the_polling_thread() {
         [
             AdminOpcode::SetFeatures as u8,
             AdminOpcode::DoorbellBufferConfig as u8,
+            // events enabled and requested again
+            AdminOpcode::SetFeatures as u8,
+            AdminOpcode::AsyncEventRequest as u8,
             AdminOpcode::CreateIoCq as u8,
             AdminOpcode::CreateIoSq as u8
         ],
@@ -2259,4 +2262,58 @@ fn firmware_downloaded_and_committed_runs_from_the_next_reset() {
 
 fn sim_firmware() -> String {
     SimConfig::default().firmware
+}
+
+#[test]
+fn the_driver_keeps_an_event_request_outstanding_and_reports_each_event() {
+    use crate::controller::AsyncEvent;
+    let (sim, ctrl) = start(ram(512, 64));
+    assert_eq!(
+        sim.async_events_held(),
+        1,
+        "one request outstanding after bring-up"
+    );
+    assert!(ctrl.events().is_empty());
+    // a temperature warning: reported, its SMART bit set, the request sent again
+    sim.raise_event(AsyncEventSpec {
+        kind: 1,
+        info: 1,
+        log_page: 2,
+        critical_warning: 0b10,
+    });
+    let temperature = AsyncEvent {
+        kind: 1,
+        info: 1,
+        log_page: 2,
+    };
+    assert_eq!(ctrl.events(), [temperature]);
+    assert_eq!(
+        temperature.to_string(),
+        "SMART / health: temperature threshold (type 1, information 0x01, log page 0x02)"
+    );
+    assert_eq!(ctrl.smart_log().expect("smart").critical_warning, 0b10);
+    assert_eq!(sim.async_events_held(), 1, "armed again");
+    // two namespace changes in a row: both come, in order
+    let changed = AsyncEventSpec {
+        kind: 2,
+        info: 0,
+        log_page: 4,
+        critical_warning: 0,
+    };
+    sim.raise_event(changed);
+    sim.raise_event(changed);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "events: {got:?}");
+        got.extend(ctrl.events());
+    }
+    assert_eq!(
+        got[0].to_string(),
+        "notice: namespace attribute changed (type 2, information 0x00, log page 0x04)"
+    );
+    assert_eq!(got, [got[0], got[0]]);
+    // a reset voids the request and sends a new one
+    ctrl.reset().expect("reset");
+    assert_eq!(sim.async_events_held(), 1);
 }

@@ -59,6 +59,9 @@ pub struct HealthReport {
     pub pcie_link: Option<LinkReport>,
     /// `pcie` for a local controller, `tcp` for a remote one.
     pub transport: &'static str,
+    /// Asynchronous events the controller reported while usnvme held it (one it kept for the
+    /// first Asynchronous Event Request included); local controllers only.
+    pub async_events: Vec<String>,
 }
 
 /// The PCIe link: current and maximum, as text (`32 GT/s x4`) and as numbers.
@@ -111,8 +114,11 @@ pub fn report(ctrl: &mut Controller<'_>) -> Result<HealthReport, ControllerError
         (id.wctemp, id.cctemp),
         link,
     );
-    if let Controller::Tcp { .. } = ctrl {
-        report.transport = "tcp";
+    match ctrl {
+        Controller::Tcp { .. } => report.transport = "tcp",
+        Controller::Pcie(c) => {
+            report.async_events = c.events().iter().map(|e| e.to_string()).collect()
+        }
     }
     Ok(report)
 }
@@ -161,6 +167,7 @@ impl HealthReport {
             controller_busy_minutes: smart.controller_busy_time(),
             pcie_link: link.map(LinkReport::new),
             transport: "pcie",
+            async_events: Vec::new(),
         };
         report.warnings = warnings(smart, report.warning_temperature_celsius);
         if !report.warnings.is_empty() {
@@ -247,6 +254,9 @@ pub fn render(h: &HealthReport) -> String {
         "Critical warnings",
         names_or_none(h.critical_warnings.iter().copied()),
     );
+    if !h.async_events.is_empty() {
+        f.field(1, "Asynchronous events", h.async_events.join("; "));
+    }
     f.field(1, "Media and integrity errors", h.media_errors);
     f.field(1, "Error log entries", h.error_log_entries);
     f.field(1, "Power-on hours", h.power_on_hours);

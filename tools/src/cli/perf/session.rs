@@ -336,7 +336,13 @@ impl Session {
                 }
             }))
         });
-        watch(&run, live);
+        let controllers: Vec<Controller> = self
+            .engine
+            .drives()
+            .iter()
+            .map(|d| d.controller.clone())
+            .collect();
+        watch(&run, live, &controllers);
         drop((cancel, cancel_remove));
         let reset = resetter.and_then(|t| t.join().ok().flatten());
         if let Some(t) = remover {

@@ -1,19 +1,30 @@
-//! Waiting for a run: Ctrl-C / SIGTERM, and the live progress line.
+//! Waiting for a run: Ctrl-C / SIGTERM, the live progress line, and the drives' asynchronous
+//! events (collected once a second: each is logged as it is found).
 
 use super::*;
 
 /// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress where a person watches
-/// (see `progress::wanted`).
-pub(super) fn watch(run: &usnvme_engine::Run<Vec<workload::DeviceResult>>, live: bool) {
+/// (see `progress::wanted`), and collects the `controllers`' asynchronous events.
+pub(super) fn watch(
+    run: &usnvme_engine::Run<Vec<workload::DeviceResult>>,
+    live: bool,
+    controllers: &[Controller],
+) {
     let tty = live && usnvme_tools::progress::wanted();
     let mut last = (Instant::now(), 0u64, 0u64);
     let mut next_progress = Instant::now() + Duration::from_secs(1);
+    let mut next_events = Instant::now() + Duration::from_secs(1);
     while !run.is_finished() {
         if signals::received().is_some() {
             run.stop();
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
+        if Instant::now() >= next_events {
+            next_events += Duration::from_secs(1);
+            // (each event is logged as the driver files it; its log page read clears it)
+            controllers.iter().for_each(|c| drop(c.events()));
+        }
         if tty && Instant::now() >= next_progress {
             next_progress += Duration::from_secs(1);
             let snaps = run.stats();
