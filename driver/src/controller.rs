@@ -176,7 +176,8 @@ struct Admin {
     events: Vec<AsyncEvent>,
 }
 
-/// Events kept for [`Controller::events`] at most (older ones are logged, then dropped).
+/// Events kept for [`Controller::events`] at most: with this many untaken, no request is sent
+/// until they are taken (an event storm cannot keep the admin queue busy).
 const KEPT_EVENTS: usize = 64;
 
 /// An asynchronous event a controller reported (NVMe Base 2.0, 5.2): its type, information
@@ -869,6 +870,10 @@ impl Controller {
             let s = &self.shared;
             let mut admin = s.admin.lock();
             s.progress(&mut admin);
+            if admin.events.len() >= KEPT_EVENTS && admin.async_event.is_none() {
+                let aer = Sqe::new(AdminOpcode::AsyncEventRequest as u8);
+                admin.async_event = admin.submit(&s.name, aer).ok().flatten();
+            }
             std::mem::take(&mut admin.events)
         };
         for e in &events {
@@ -1041,8 +1046,11 @@ impl Admin {
             Ok(Some(Outcome::Done { status, dw0 })) if status.is_success() => {
                 let event = AsyncEvent::from_dw0(dw0);
                 log::warn!("{name}: asynchronous event: {event}");
-                if self.events.len() < KEPT_EVENTS {
-                    self.events.push(event);
+                self.events.push(event);
+                if self.events.len() >= KEPT_EVENTS {
+                    // a storm: no request until someone takes these (`Controller::events`)
+                    self.async_event = None;
+                    return;
                 }
             }
             other => {
