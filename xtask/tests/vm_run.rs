@@ -377,6 +377,55 @@ fn the_qmp_socket_hot_removes_a_drive_from_the_running_guest() {
 }
 
 #[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_smart_warning_raised_on_qemus_drive_reaches_perf_as_an_asynchronous_event() {
+    let pid = std::process::id();
+    let socket = std::env::temp_dir().join(format!("usnvme-qmp-event-{pid}.sock"));
+    let guest = format!("{} perf -q 1 -t 20", program("usnvme"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["vm-run", "--drives", "1", "--timeout", "600", "--qmp"])
+        .arg(&socket)
+        .args(["--", "/bin/sh", "-c", &guest])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("xtask runs");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut seen = Vec::new();
+    for line in stdout.by_ref().map_while(Result::ok) {
+        let measuring = line.contains("measuring for 20 s");
+        seen.push(line);
+        if measuring {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("measuring")),
+        "perf never started:\n{}",
+        seen.join("\n")
+    );
+    // QEMU raises a temperature warning (its SMART critical warning bit 1) as an event
+    let replies = qmp(
+        &socket,
+        &[serde_json::json!({"execute": "qom-set", "arguments":
+            {"path": "/machine/peripheral/nvme0", "property": "smart_critical_warning", "value": 2}})],
+    );
+    assert!(
+        replies.iter().all(|r| r.get("return").is_some()),
+        "{replies:?}"
+    );
+    seen.extend(stdout.map_while(Result::ok));
+    let status = child.wait().expect("vm-run ends");
+    let _ = std::fs::remove_file(&socket);
+    let stdout = seen.join("\n");
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("asynchronous event: SMART / health: temperature threshold"),
+        "{stdout}"
+    );
+}
+
+#[test]
 #[ignore = "boots QEMU: run by `cargo xtask vm-test`"]
 fn a_drive_hot_removed_under_perf_fails_alone_and_the_report_names_it() {
     let pid = std::process::id();
