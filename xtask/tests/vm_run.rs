@@ -302,6 +302,22 @@ fn namespaces_with_metadata_are_made_seen_and_left_out_by_name() {
     );
 }
 
+/// The lines vm-run streams up to perf's `measuring` line, which must come.
+fn until_measuring(
+    stdout: &mut std::io::Lines<BufReader<std::process::ChildStdout>>,
+    measuring: &str,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    for line in stdout.by_ref().map_while(Result::ok) {
+        let started = line.contains(measuring);
+        seen.push(line);
+        if started {
+            return seen;
+        }
+    }
+    panic!("perf never started:\n{}", seen.join("\n"));
+}
+
 /// Sends QMP commands on `socket` (retrying the connect while QEMU starts) and returns the replies.
 fn qmp(socket: &std::path::Path, commands: &[serde_json::Value]) -> Vec<serde_json::Value> {
     use std::io::Write;
@@ -391,19 +407,7 @@ fn a_smart_warning_raised_on_qemus_drive_reaches_perf_as_an_asynchronous_event()
         .spawn()
         .expect("xtask runs");
     let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut seen = Vec::new();
-    for line in stdout.by_ref().map_while(Result::ok) {
-        let measuring = line.contains("measuring for 20 s");
-        seen.push(line);
-        if measuring {
-            break;
-        }
-    }
-    assert!(
-        seen.last().is_some_and(|l| l.contains("measuring")),
-        "perf never started:\n{}",
-        seen.join("\n")
-    );
+    let mut seen = until_measuring(&mut stdout, "measuring for 20 s");
     // QEMU raises a temperature warning (its SMART critical warning bit 1) as an event
     let replies = qmp(
         &socket,
@@ -469,19 +473,7 @@ wait $perf"#,
     });
     // perf says when its 24 drives are attached and the measurement starts
     let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut seen = Vec::new();
-    for line in stdout.by_ref().map_while(Result::ok) {
-        let measuring = line.contains("measuring for 60 s");
-        seen.push(line);
-        if measuring {
-            break;
-        }
-    }
-    assert!(
-        seen.last().is_some_and(|l| l.contains("measuring")),
-        "perf never started:\n{}",
-        seen.join("\n")
-    );
+    let mut seen = until_measuring(&mut stdout, "measuring for 60 s");
     std::thread::sleep(Duration::from_secs(3));
     let replies = qmp(
         &socket,
