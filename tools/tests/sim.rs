@@ -210,3 +210,93 @@ fn health_reports_the_events_a_drive_raised_and_its_warning() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("reliability, temperature or spare"));
 }
+
+#[test]
+fn namespaces_are_listed_created_attached_detached_and_deleted_by_name() {
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let out = usnvme(&["ns", "list", "sim:0,size=64M,spare=64M"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("sim:0: namespace 1: attached, 131072 blocks of 512 B")
+            && text(&out).contains("sim:0: 1 namespaces allocated; 64 MiB of 128 MiB unallocated"),
+        "{}",
+        text(&out)
+    );
+    // each usnvme process brings its own sim up: one command per process
+    let out = usnvme(&[
+        "ns",
+        "create",
+        "sim:0,size=64M,spare=64M",
+        "--size",
+        "32M",
+        "--block-size",
+        "4096",
+        "--metadata",
+        "8",
+        "--pi",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("sim:0: namespace 2 created (detached): 8192 blocks of 4096 B + 8 B metadata, protection information type 1"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "create", "sim:0", "--size", "32M"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("Namespace Insufficient Capacity"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&[
+        "ns",
+        "create",
+        "sim:0,spare=1G",
+        "--size",
+        "32M",
+        "--block-size",
+        "2048",
+    ]);
+    assert!(
+        text(&out).contains(
+            "no LBA format of 2048 B data + 0 B metadata; this drive offers 512+0, 512+8"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "attach", "sim:0", "-n", "1"]);
+    assert!(
+        text(&out).contains("Namespace Already Attached"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "detach", "sim:0", "-n", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("sim:0: namespace 1 detached"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "delete", "sim:0", "-n", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("add --yes"), "{}", text(&out));
+    let out = usnvme(&["ns", "delete", "sim:0", "-n", "1", "--yes"]);
+    assert!(
+        text(&out).contains("sim:0: namespace 1 deleted"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "delete", "sim:0", "-n", "7", "--yes"]);
+    assert!(
+        text(&out).contains("Invalid Namespace or Format"),
+        "{}",
+        text(&out)
+    );
+}

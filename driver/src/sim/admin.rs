@@ -9,14 +9,14 @@ use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::queue::{Cq, Sq, CQE_BYTES, SQE_BYTES};
 use super::{
-    firmware, io, live, maintenance, Ctx, Outcome, ShadowBuf, SimConfig, ERROR_LOG_ENTRIES,
+    firmware, io, live, maintenance, namespaces, Ctx, Outcome, ShadowBuf, SimConfig, SimNamespace,
+    ERROR_LOG_ENTRIES,
 };
-use crate::protection::{Guard, PiType};
+use crate::protection::Guard;
 use crate::spec::command::{Cns, FeatureId};
-use crate::spec::identify::{Oacs, Oncs};
+use crate::spec::identify::{ControllerList, Oacs, Oncs};
 use crate::spec::{
-    put_ascii, AdminOpcode, ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat,
-    LogPageId, NamespaceList, SmartLog, Sqe, Status,
+    put_ascii, AdminOpcode, ErrorLogEntry, IdentifyController, LogPageId, SmartLog, Sqe, Status,
 };
 
 /// Features kept as plain values (Set stores, Get returns).
@@ -49,6 +49,8 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
         Some(AdminOpcode::FirmwareDownload) => firmware_download(ctx, sq, sqe),
         Some(AdminOpcode::FirmwareCommit) => firmware::commit(ctx, sqe),
         Some(AdminOpcode::DeviceSelfTest) => maintenance::self_test(ctx, sqe),
+        Some(AdminOpcode::NamespaceManagement) => namespaces::management(ctx, sq, sqe),
+        Some(AdminOpcode::NamespaceAttachment) => namespaces::attachment(ctx, sq, sqe),
         _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
     };
     result.unwrap_or_else(|e| e)
@@ -87,6 +89,7 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id.cntrltype = 1;
     id.oacs = Oacs::DEVICE_SELF_TEST
         | Oacs::FIRMWARE
+        | Oacs::NS_MANAGEMENT
         | if config.doorbell_buffer {
             Oacs::DOORBELL_BUFFER_CONFIG
         } else {
@@ -101,15 +104,13 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.wctemp = 343;
     id.cctemp = 373;
-    let total: u128 = config
-        .namespaces
-        .iter()
-        .map(|n| n.blocks as u128 * n.block_size as u128)
-        .sum();
-    id.tnvmcap = total.to_le_bytes();
+    id.tnvmcap = config.capacity().to_le_bytes();
+    id.cntlid = namespaces::CNTLID;
+    id.oaes = 1 << 8; // Namespace Attribute Notices
     id.sqes = 0x66;
     id.cqes = 0x44;
-    id.nn = config.namespaces.len() as u32;
+    id.nn = config.namespaces.len().max(namespaces::NAMESPACE_SLOTS) as u32;
+    id.mnan = id.nn;
     id.oncs = Oncs::DATASET_MANAGEMENT | Oncs::WRITE_ZEROES;
     id.vwc = 0b111; // present; Flush with NSID FFFFFFFFh flushes every namespace
     id.sgls = config.sgl as u32; // supported, no alignment or granularity rule
@@ -121,70 +122,50 @@ pub(super) fn identify_controller(config: &SimConfig) -> IdentifyController {
     id
 }
 
-fn identify_namespace(config: &SimConfig, nsid: u32) -> IdentifyNamespace {
-    let mut id = IdentifyNamespace::zeroed();
-    let Some(ns) = config.namespaces.get(nsid as usize - 1) else {
-        return id;
-    };
-    id.nsze = ns.blocks;
-    id.ncap = ns.blocks;
-    id.nuse = ns.blocks;
-    let md = ns.metadata;
-    id.lbaf[0] = LbaFormat::new(ns.block_size.trailing_zeros() as u8, md.size);
-    id.flbas = if md.extended { 0x10 } else { 0 };
-    id.mc = 0b11; // metadata after each block's data, or apart
-    id.dpc = 0b1_1111; // types 1 to 3, the tuple first or last
-    if let Some(pi) = md.protection {
-        id.dps = match pi.pi_type {
-            PiType::Type1 => 1,
-            PiType::Type2 => 2,
-            PiType::Type3 => 3,
-        } | if pi.first { 8 } else { 0 };
-    }
-    id.dlfeat = 0b1001; // deallocated blocks read as zeroes; Write Zeroes may deallocate
-    id.nvmcap = (ns.blocks as u128 * ns.block_size as u128).to_le_bytes();
-    let u = unique(config, nsid);
-    id.nguid[..8].copy_from_slice(&u);
-    id.nguid[8..].copy_from_slice(&u64::from(nsid).to_be_bytes());
-    id.eui64 = u;
-    id
-}
-
 fn identify(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
     let config = &ctx.inner.config;
-    let nn = config.namespaces.len() as u32;
+    let table = ctx.inner.namespaces.read();
     let invalid_ns = || Outcome::fail(Status::INVALID_NAMESPACE).at(4);
+    // a namespace ID the controller supports (1 to NN), or the error to answer
+    let supported = |nsid: u32| match nsid {
+        n if n == 0 || n > table.nn() => Err(invalid_ns()),
+        n => Ok(n),
+    };
+    let identify_ns =
+        |nsid: u32, ns: &SimNamespace| namespaces::identify(ns, unique(config, nsid), nsid);
     let mut page = [0u8; 4096];
     match Cns::from_raw(sqe.cdw10 as u8) {
         Some(Cns::Controller) => {
-            // FR: the firmware running now
+            // FR: the firmware running now; the capacity no namespace holds
             let mut id = *ctx.inner.identify;
             id.fr = ctx.inner.firmware.revision();
+            id.unvmcap = (config.capacity() - table.allocated_bytes()).to_le_bytes();
             page.copy_from_slice(id.as_bytes());
         }
-        Some(Cns::Namespace) => match sqe.nsid {
-            u32::MAX => {
-                // capabilities common to all namespaces: the formats
-                let mut id = IdentifyNamespace::zeroed();
-                id.lbaf[0] = LbaFormat::new(9, 0);
-                page.copy_from_slice(id.as_bytes());
+        // an inactive namespace ID reads as zeroes
+        Some(Cns::Namespace) if sqe.nsid == u32::MAX => {
+            page.copy_from_slice(namespaces::identify_common().as_bytes())
+        }
+        Some(Cns::Namespace) => {
+            if let Some((_, ns)) = table.active(supported(sqe.nsid)?) {
+                page.copy_from_slice(identify_ns(sqe.nsid, &ns).as_bytes());
             }
-            n if n == 0 || n > nn => return Err(invalid_ns()),
-            n => page.copy_from_slice(identify_namespace(config, n).as_bytes()),
-        },
-        Some(Cns::ActiveNamespaceList) => {
+        }
+        Some(Cns::AllocatedNamespace) => {
+            if let Some(a) = table.allocated(supported(sqe.nsid)?) {
+                page.copy_from_slice(identify_ns(sqe.nsid, &a.ns).as_bytes());
+            }
+        }
+        Some(cns @ (Cns::ActiveNamespaceList | Cns::AllocatedNamespaceList)) => {
             if sqe.nsid >= 0xffff_fffe {
                 return Err(invalid_ns());
             }
-            let list = NamespaceList::from_ids((sqe.nsid.saturating_add(1)..=nn).take(1024));
+            let active = cns == Cns::ActiveNamespaceList;
+            let list = table.ids(sqe.nsid, |a| a.attached || !active);
             page.copy_from_slice(list.as_bytes());
         }
         Some(Cns::NvmNamespace) => {
-            let ns = sqe
-                .nsid
-                .checked_sub(1)
-                .and_then(|i| config.namespaces.get(i as usize))
-                .ok_or_else(invalid_ns)?;
+            let (_, ns) = table.active(sqe.nsid).ok_or_else(invalid_ns)?;
             // ELBAF of format 0 (at byte 12): the Protection Information Format
             if ns
                 .metadata
@@ -195,16 +176,27 @@ fn identify(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
             }
         }
         Some(Cns::NamespaceDescriptorList) => {
-            if sqe.nsid == 0 || sqe.nsid > nn {
-                return Err(invalid_ns());
-            }
-            let id = identify_namespace(config, sqe.nsid);
+            let (_, ns) = table.active(supported(sqe.nsid)?).ok_or_else(invalid_ns)?;
             page[0] = 2; // NIDT: NGUID
             page[1] = 16;
-            page[4..20].copy_from_slice(&id.nguid);
+            page[4..20].copy_from_slice(&identify_ns(sqe.nsid, &ns).nguid);
+        }
+        // CDW10 bits 31:16: the lowest controller ID to list
+        Some(cns @ (Cns::NamespaceControllerList | Cns::ControllerList)) => {
+            let listed = match cns {
+                Cns::ControllerList => true,
+                _ => {
+                    let nsid = supported(sqe.nsid)?;
+                    table.allocated(nsid).ok_or_else(invalid_ns)?.attached
+                }
+            };
+            let from = (sqe.cdw10 >> 16) as u16;
+            let ids = (listed && namespaces::CNTLID >= from).then_some(namespaces::CNTLID);
+            page.copy_from_slice(ControllerList::from_ids(ids).as_bytes());
         }
         None => return Err(Outcome::fail(Status::INVALID_FIELD).at(40)),
     }
+    drop(table);
     send(ctx, sq, sqe, &page)
 }
 
@@ -440,6 +432,15 @@ fn get_log_page(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, Outcome> {
         }
         Some(LogPageId::FirmwareSlot) => inner.firmware.slot_log().as_bytes().to_vec(),
         Some(LogPageId::SanitizeStatus) => maintenance::sanitize_log(ctx),
+        Some(LogPageId::ChangedNamespaceList) => {
+            let retain = sqe.cdw10 & 1 << 15 != 0; // RAE
+            ctx.inner
+                .namespaces
+                .write()
+                .changed_log(retain)
+                .as_bytes()
+                .to_vec()
+        }
         Some(LogPageId::DeviceSelfTest) => maintenance::self_test_log(ctx),
         _ => return Err(Outcome::fail(Status::INVALID_LOG_PAGE).at(40)),
     };

@@ -123,7 +123,6 @@ impl Store {
         zero_part(last * chunk, end);
     }
 
-    /// Whether written data is kept (and so must be read from the host).
     /// Forgets everything written: it all reads as zeroes.
     pub fn clear(&self) {
         if let Store::Ram(shards) = self {
@@ -131,6 +130,7 @@ impl Store {
         }
     }
 
+    /// Whether written data is kept (and so must be read from the host).
     pub fn keeps_data(&self) -> bool {
         matches!(self, Store::Ram(_))
     }

@@ -43,9 +43,10 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe, fault: Option<FaultActi
 
 /// The namespace `nsid` names: its index and geometry.
 fn namespace(ctx: &Ctx, nsid: u32) -> Result<(usize, SimNamespace), Outcome> {
-    let namespaces = &ctx.inner.config.namespaces;
-    nsid.checked_sub(1)
-        .and_then(|i| namespaces.get(i as usize).map(|ns| (i as usize, *ns)))
+    ctx.inner
+        .namespaces
+        .read()
+        .active(nsid)
         .ok_or_else(|| Outcome::fail(Status::INVALID_NAMESPACE).at(BYTE_NSID))
 }
 

@@ -32,6 +32,7 @@ mod fault;
 mod firmware;
 mod io;
 mod maintenance;
+mod namespaces;
 mod queue;
 mod spec;
 #[cfg(test)]
@@ -161,6 +162,9 @@ pub struct SimConfig {
     /// Events that happened before power-on (`warn=`): reported to the first Asynchronous
     /// Event Requests, their SMART bits set from the start.
     pub events: Vec<AsyncEventSpec>,
+    /// NVM capacity no namespace holds at power-on, in bytes (`spare=`): room for Namespace
+    /// Management to create namespaces in.
+    pub spare_capacity: u64,
 }
 
 impl Default for SimConfig {
@@ -188,6 +192,7 @@ impl Default for SimConfig {
             ready_delay: Duration::ZERO,
             maintenance_time: Duration::from_millis(300),
             events: Vec::new(),
+            spare_capacity: 0,
         }
     }
 }
@@ -223,6 +228,16 @@ impl SimConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Total NVM capacity in bytes: the configured namespaces and the spare.
+    fn capacity(&self) -> u128 {
+        let namespaces: u128 = self
+            .namespaces
+            .iter()
+            .map(|n| u128::from(n.blocks) * u128::from(n.block_size))
+            .sum();
+        namespaces + u128::from(self.spare_capacity)
     }
 
     /// The largest transfer in bytes for a memory page of `page` bytes.
@@ -295,6 +310,9 @@ pub(crate) struct Inner {
     ready_at: Mutex<Option<Instant>>,
     removed: AtomicBool,
     running: RwLock<Option<Arc<Running>>>,
+    /// The namespaces allocated and attached (Namespace Management and Attachment change them).
+    namespaces: RwLock<namespaces::NamespaceTable>,
+    /// Each namespace ID's data.
     stores: Vec<Store>,
     /// Each namespace's metadata, `metadata.size` bytes per block, kept inverted so that what
     /// was never written reads as all ones: the tuples of a fresh drive, which escape checks.
@@ -473,13 +491,14 @@ impl SimController {
             | 1 << 37 // CSS: NVM command set
             | 4 << 52); // MPSMAX: 64 KiB pages
         let identify = Box::new(admin::identify_controller(&config));
-        let stores = config
-            .namespaces
+        let table = namespaces::NamespaceTable::new(&config.namespaces);
+        let stores = table
+            .slots
             .iter()
             .map(|_| Store::new(config.backend))
             .collect();
-        let metadata_stores = config
-            .namespaces
+        let metadata_stores = table
+            .slots
             .iter()
             .map(|_| Store::new(config.backend))
             .collect();
@@ -499,6 +518,7 @@ impl SimController {
                 ready_at: Mutex::new(None),
                 removed: AtomicBool::new(false),
                 running: RwLock::new(None),
+                namespaces: RwLock::new(table),
                 stores,
                 metadata_stores,
                 maintenance: maintenance::Maintenance::new(maintenance_time),

@@ -50,7 +50,8 @@ corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
 nodata=<N: from the Nth read on, reads complete without moving data>, \
 logdelay=<e.g. 100ms: Get Log Page completes that much later>, \
 flushdelay=<e.g. 100ms: Flush completes that much later>, \
-warn=reliability|temperature|spare (a SMART warning raised before power-on, reported by event)";
+warn=reliability|temperature|spare (a SMART warning raised before power-on, reported by event), \
+spare=<bytes no namespace holds, for ns create, e.g. 1G>";
 
 impl SimSpec {
     /// Whether `s` is meant as a sim address (then parse it for the details).
@@ -156,6 +157,10 @@ impl FromStr for SimSpec {
                     size = crate::parse_size(value)
                         .filter(|&s| s > 0)
                         .ok_or_else(|| bad("a size in bytes, e.g. 64M or 1G"))?
+                }
+                "spare" => {
+                    config.spare_capacity =
+                        crate::parse_size(value).ok_or_else(|| bad("a size in bytes, e.g. 1G"))?
                 }
                 "warn" => config.events.push(AsyncEventSpec::smart(match value {
                     "reliability" => 0,

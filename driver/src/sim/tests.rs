@@ -11,8 +11,12 @@ use vm_memory::Bytes;
 use super::*;
 use crate::protection::{Guard, PiChecks, PiFields, PiFormat, PiType};
 use crate::spec::command::{Cns, FeatureId, FeatureSelect, QueuePriority, SGL_BIT_BUCKET};
+use crate::spec::identify::{ControllerList, Oacs};
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
-use crate::spec::{AdminOpcode, Aqa, Cqe, IoOpcode, LogPageId, SglDescriptor, Sqe};
+use crate::spec::{
+    AdminOpcode, Aqa, Cqe, IdentifyController, IdentifyNamespace, IoOpcode, LogPageId,
+    NamespaceList, SglDescriptor, Sqe,
+};
 use crate::{Completion, IoBuffer, MetadataIo, QueuePair, QueuePairOptions, SubmitError};
 
 const NSID: u32 = 1;
@@ -713,8 +717,9 @@ fn bad_commands_fail_by_name_and_are_logged() {
     let e = ctrl.admin(Sqe::new(0xc4)).expect_err("unknown opcode");
     assert_eq!(command_status(e), Status::INVALID_OPCODE);
     let e = ctrl
-        .admin_read(Sqe::identify(Cns::Namespace, 9), 4096)
-        .expect_err("no namespace 9");
+        .admin_read(Sqe::identify(Cns::Namespace, 33), 4096)
+        .map(|(dw0, _)| dw0)
+        .expect_err("no namespace 33: NN is 32");
     assert_eq!(command_status(e), Status::INVALID_NAMESPACE);
     let e = ctrl
         .log_page(LogPageId::TelemetryHostInitiated, u32::MAX, 512)
@@ -2316,4 +2321,183 @@ fn the_driver_keeps_an_event_request_outstanding_and_reports_each_event() {
     // a reset voids the request and sends a new one
     ctrl.reset().expect("reset");
     assert_eq!(sim.async_events_held(), 1);
+}
+
+/// Namespace Management's data: a namespace of `blocks` blocks of LBA format `format` (an
+/// index into the common Identify Namespace's formats).
+fn namespace_request(blocks: u64, format: u8) -> Vec<u8> {
+    let mut id = IdentifyNamespace::zeroed();
+    (id.nsze, id.ncap, id.flbas) = (blocks, blocks, format);
+    id.as_bytes().to_vec()
+}
+
+fn controller_list(ids: &[u16]) -> Vec<u8> {
+    ControllerList::from_ids(ids.iter().copied())
+        .as_bytes()
+        .to_vec()
+}
+
+fn id_list(ctrl: &Controller, cns: Cns) -> Vec<u32> {
+    let (_, page) = ctrl
+        .admin_read(Sqe::identify(cns, 0), 4096)
+        .expect("identify list");
+    NamespaceList::from_slice(&page)
+        .expect("4 KiB")
+        .iter()
+        .collect()
+}
+
+#[test]
+fn namespaces_created_attached_detached_and_deleted_as_the_commands_say() {
+    let mut config = ram(512, 2048);
+    config.spare_capacity = 1 << 20;
+    let (_sim, ctrl) = start(config);
+    assert!(ctrl.identify().oacs().contains(Oacs::NS_MANAGEMENT));
+    let unallocated = |ctrl: &Controller| {
+        let (_, page) = ctrl
+            .admin_read(Sqe::identify(Cns::Controller, 0), 4096)
+            .expect("identify");
+        IdentifyController::from_slice(&page)
+            .expect("4 KiB")
+            .unvmcap
+    };
+    assert_eq!(u128::from_le_bytes(unallocated(&ctrl)), 1 << 20);
+
+    // more than the spare, a format the drive lacks, thin provisioning: refused by name
+    let refused = |data: &[u8]| {
+        command_status(
+            ctrl.admin_write(Sqe::namespace_create(), data)
+                .expect_err("refused"),
+        )
+    };
+    assert_eq!(
+        refused(&namespace_request(4096, 3)),
+        Status::NAMESPACE_INSUFFICIENT_CAPACITY
+    );
+    assert_eq!(refused(&namespace_request(8, 15)), Status::INVALID_FORMAT);
+    let mut thin = namespace_request(64, 0);
+    thin[8] = 1; // NCAP 1 of NSZE 64
+    assert_eq!(refused(&thin), Status::THIN_PROVISIONING_NOT_SUPPORTED);
+
+    // 256 blocks of 4 KiB (format 3): the whole spare, at the lowest free ID, detached
+    let nsid = ctrl
+        .admin_write(Sqe::namespace_create(), &namespace_request(256, 3))
+        .expect("created");
+    assert_eq!(nsid, 2);
+    assert_eq!(u128::from_le_bytes(unallocated(&ctrl)), 0);
+    assert_eq!(id_list(&ctrl, Cns::AllocatedNamespaceList), [1, 2]);
+    assert_eq!(id_list(&ctrl, Cns::ActiveNamespaceList), [1]);
+    let (_, page) = ctrl
+        .admin_read(Sqe::identify(Cns::AllocatedNamespace, 2), 4096)
+        .expect("allocated");
+    let id = IdentifyNamespace::from_slice(&page).expect("4 KiB");
+    assert_eq!((id.nsze, id.lba_size_bytes()), (256, Some(4096)));
+    let (_, page) = ctrl
+        .admin_read(Sqe::identify(Cns::Namespace, 2), 4096)
+        .expect("inactive");
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "an inactive namespace reads as zeroes"
+    );
+
+    // I/O to it is refused until it is attached, and again once it is detached
+    let mut qp = queue(&ctrl, 8);
+    let mut buffers = pool(4096, 1);
+    let buf = buffers.alloc().expect("buffer");
+    let data = pattern(2, 4096);
+    buf.write_from(&data, 0).expect("fill");
+    let write = |qp: &mut QueuePair| {
+        run(qp, |qp| {
+            qp.submit_data(Sqe::write(2, 7, 1), span(&buf, 0, 4096), 7)
+        })
+    };
+    assert_eq!(write(&mut qp).code(), Status::INVALID_NAMESPACE);
+    let attach = |attach: bool, ids: &[u16]| {
+        ctrl.admin_write(Sqe::namespace_attachment(2, attach), &controller_list(ids))
+    };
+    let cntlid = ctrl.identify().cntlid;
+    assert_eq!(
+        command_status(attach(true, &[cntlid + 1]).expect_err("no such controller")),
+        Status::CONTROLLER_LIST_INVALID
+    );
+    attach(true, &[cntlid]).expect("attached");
+    assert_eq!(
+        command_status(attach(true, &[cntlid]).expect_err("twice")),
+        Status::NAMESPACE_ALREADY_ATTACHED
+    );
+    assert_eq!(id_list(&ctrl, Cns::ActiveNamespaceList), [1, 2]);
+    let (_, page) = ctrl
+        .admin_read(Sqe::identify(Cns::NamespaceControllerList, 2), 4096)
+        .expect("controllers");
+    assert_eq!(
+        ControllerList::from_slice(&page)
+            .expect("4 KiB")
+            .iter()
+            .collect::<Vec<_>>(),
+        [cntlid]
+    );
+    assert_eq!(write(&mut qp), Status::SUCCESS);
+    buf.fill(0);
+    let read = run(&mut qp, |qp| {
+        qp.submit_data(Sqe::read(2, 7, 1), span(&buf, 0, 4096), 7)
+    });
+    assert_eq!(read, Status::SUCCESS);
+    let mut back = vec![0u8; 4096];
+    buf.read_into(&mut back, 0).expect("read back");
+    assert_eq!(
+        back, data,
+        "what was written reads back from the new namespace"
+    );
+
+    // the controller reported the change, and the Changed Namespace List names it
+    let events = ctrl.events();
+    assert!(
+        events.iter().any(|e| e
+            .to_string()
+            .starts_with("notice: namespace attribute changed")),
+        "{events:?}"
+    );
+    attach(false, &[cntlid]).expect("detached");
+    assert_eq!(
+        command_status(attach(false, &[cntlid]).expect_err("twice")),
+        Status::NAMESPACE_NOT_ATTACHED
+    );
+    let log = ctrl
+        .log_page(LogPageId::ChangedNamespaceList, u32::MAX, 4096)
+        .expect("changed list");
+    assert_eq!(
+        NamespaceList::from_slice(&log)
+            .expect("4 KiB")
+            .iter()
+            .collect::<Vec<_>>(),
+        [2]
+    );
+    assert_eq!(write(&mut qp).code(), Status::INVALID_NAMESPACE);
+
+    // deleted, then created again: the same ID, and nothing of the old data
+    ctrl.admin(Sqe::namespace_delete(2)).expect("deleted");
+    assert_eq!(
+        command_status(ctrl.admin(Sqe::namespace_delete(2)).expect_err("gone")),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(id_list(&ctrl, Cns::AllocatedNamespaceList), [1]);
+    assert_eq!(
+        ctrl.admin_write(Sqe::namespace_create(), &namespace_request(256, 3))
+            .expect("created"),
+        2
+    );
+    attach(true, &[cntlid]).expect("attached");
+    assert_eq!(
+        run(&mut qp, |qp| qp.submit_data(
+            Sqe::read(2, 7, 1),
+            span(&buf, 0, 4096),
+            7
+        )),
+        Status::SUCCESS
+    );
+    buf.read_into(&mut back, 0).expect("read back");
+    assert!(
+        back.iter().all(|&b| b == 0),
+        "a new namespace holds nothing of the one deleted"
+    );
 }

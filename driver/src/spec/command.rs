@@ -71,6 +71,10 @@ spec_enum! {
         ActiveNamespaceList = 0x02 => "Active Namespace ID list",
         NamespaceDescriptorList = 0x03 => "Namespace Identification Descriptor list",
         NvmNamespace = 0x05 => "I/O Command Set specific Identify Namespace (NVM)",
+        AllocatedNamespaceList = 0x10 => "Allocated Namespace ID list",
+        AllocatedNamespace = 0x11 => "Identify Namespace of an allocated namespace",
+        NamespaceControllerList = 0x12 => "Controller list attached to a namespace",
+        ControllerList = 0x13 => "Controller list of the subsystem",
     }
 }
 
@@ -388,6 +392,30 @@ impl Sqe {
     }
 
     /// Asynchronous Event Request.
+    /// Namespace Management, Create: the data is an Identify Namespace structure of which the
+    /// controller reads NSZE, NCAP, FLBAS, DPS and NMIC; dword 0 of the completion is the new
+    /// namespace's ID.
+    pub const fn namespace_create() -> Sqe {
+        Sqe::new(AdminOpcode::NamespaceManagement as u8)
+    }
+
+    /// Namespace Management, Delete of namespace `nsid` (FFFFFFFFh: every one).
+    pub const fn namespace_delete(nsid: u32) -> Sqe {
+        let mut s = Sqe::new(AdminOpcode::NamespaceManagement as u8);
+        s.nsid = nsid;
+        s.cdw10 = 1;
+        s
+    }
+
+    /// Namespace Attachment of `nsid` to (or detachment from) the controllers of the data, a
+    /// [`ControllerList`](super::identify::ControllerList).
+    pub const fn namespace_attachment(nsid: u32, attach: bool) -> Sqe {
+        let mut s = Sqe::new(AdminOpcode::NamespaceAttachment as u8);
+        s.nsid = nsid;
+        s.cdw10 = if attach { 0 } else { 1 };
+        s
+    }
+
     pub const fn async_event_request() -> Sqe {
         Sqe::new(AdminOpcode::AsyncEventRequest as u8)
     }

@@ -491,10 +491,43 @@ impl fmt::Debug for NamespaceList {
     }
 }
 
+/// A controller list (CNS 12h and 13h; the data of Namespace Attachment): a count, then that
+/// many ascending controller IDs (at most 2047).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct ControllerList {
+    pub count: u16,
+    pub ids: [u16; 2047],
+}
+
+impl ControllerList {
+    /// The controller IDs in the list.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.ids.iter().copied().take(usize::from(self.count))
+    }
+
+    /// A list of the first 2047 of `ids`.
+    pub fn from_ids(ids: impl IntoIterator<Item = u16>) -> ControllerList {
+        let mut list = ControllerList::zeroed();
+        for (slot, id) in list.ids.iter_mut().zip(ids) {
+            *slot = id;
+            list.count += 1;
+        }
+        list
+    }
+}
+
+impl fmt::Debug for ControllerList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 pod!(
     IdentifyController = 4096,
     IdentifyNamespace = 4096,
     NamespaceList = 4096,
+    ControllerList = 4096,
     LbaFormat = 4
 );
 

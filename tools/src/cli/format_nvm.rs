@@ -13,8 +13,8 @@ use usnvme_driver::spec::identify::Oacs;
 use usnvme_driver::spec::{AdminOpcode, IdentifyNamespace, Sqe};
 use usnvme_driver::{Controller, DeviceSpec};
 
-use crate::open;
 use crate::perf::{exit_on_usage, usage};
+use crate::{namespace, open};
 
 /// How long a format may take: a secure erase of a large drive takes minutes.
 const FORMAT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -132,19 +132,8 @@ fn format(ctrl: &Controller, args: &Args) -> Result<String> {
             let id = IdentifyNamespace::from_slice(&data)
                 .ok_or_else(|| anyhow::anyhow!("{name}: namespace {nsid}: no Identify data"))?;
             Ok(format!(
-                "{name}: namespace {nsid} formatted: {} blocks of {} B + {} B metadata{}{}",
-                id.nsze,
-                id.lba_size_bytes().unwrap_or(0),
-                id.metadata_size(),
-                if id.metadata_extended() {
-                    " (extended LBA)"
-                } else {
-                    ""
-                },
-                match id.dps & 7 {
-                    0 => String::new(),
-                    t => format!(", protection information type {t}"),
-                }
+                "{name}: namespace {nsid} formatted: {}",
+                namespace::describe(&id)
             ))
         })
         .collect::<Result<Vec<String>>>()

@@ -14,6 +14,7 @@ mod health;
 mod identify;
 mod list;
 mod maintenance;
+mod namespace;
 mod open;
 mod perf;
 mod remote;
@@ -63,6 +64,9 @@ enum Command {
     /// Firmware update: download an image, commit it to a slot.
     #[command(subcommand)]
     Fw(firmware::Args),
+    /// Namespace management: list, create, attach, detach, delete.
+    #[command(subcommand)]
+    Ns(namespace::Args),
     /// Measure I/O performance (spdk_nvme_perf's flags): IOPS, MiB/s and latency per drive and core.
     Perf(perf::Args),
     /// Export drives and stripes over NVMe/TCP to hosts running the Linux initiator.
@@ -125,6 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sanitize(args) => maintenance::sanitize(&sysfs, &args, &mut stdout),
         Command::SelfTest(args) => maintenance::self_test(&sysfs, &args, &mut stdout),
         Command::Fw(args) => firmware::main(&sysfs, &args, &mut stdout),
+        Command::Ns(args) => namespace::main(&sysfs, &args, &mut stdout),
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),

@@ -204,6 +204,13 @@ pub fn identify(
             }
             active.map(|_| [0; IDENTIFY_BYTES]).ok_or(INVALID_NAMESPACE)
         }
+        // no namespace management over the fabric (OACS bit 3 clear)
+        Some(
+            Cns::AllocatedNamespaceList
+            | Cns::AllocatedNamespace
+            | Cns::NamespaceControllerList
+            | Cns::ControllerList,
+        ) => Err(INVALID_FIELD),
         None if cns == CNS_IO_COMMAND_SET_CONTROLLER => {
             // All zero for the NVM command set: no Verify, Write Zeroes or Dataset Management
             // size limits beyond MDTS. Linux asks for it when VS is 1.2 or later.

@@ -1,0 +1,281 @@
+//! `usnvme ns list|create|attach|detach|delete`: namespace management on drives bound to
+//! vfio-pci (nvme-cli cannot reach them there). A namespace is created detached, at the ID the
+//! drive chooses, in the LBA format with the data and metadata sizes asked for; attach makes it
+//! active on this controller (then perf and serve see it), detach makes it inactive without
+//! touching its data, delete destroys it (only with `--yes`). A drive without namespace
+//! management is refused by name; a drive another process holds is refused when it is opened.
+
+use std::io::Write;
+
+use anyhow::{anyhow, bail, Result};
+use usnvme_driver::pci::Sysfs;
+use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::identify::{ControllerList, Oacs};
+use usnvme_driver::spec::{IdentifyNamespace, NamespaceList, Sqe};
+use usnvme_driver::{Controller, DeviceSpec};
+
+use crate::open;
+use crate::perf::{exit_on_usage, usage};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Args {
+    /// The namespaces the drives have allocated, attached or not, and the capacity left.
+    List {
+        #[arg(value_name = "DEVICE", required = true)]
+        devices: Vec<DeviceSpec>,
+    },
+    /// Create a namespace (detached): its size and LBA format.
+    Create {
+        #[arg(value_name = "DEVICE", required = true)]
+        devices: Vec<DeviceSpec>,
+        /// Its size in bytes, e.g. 1G (a whole number of blocks).
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Data bytes per block, e.g. 512 or 4096.
+        #[arg(long = "block-size", value_name = "BYTES", default_value_t = 512)]
+        block_size: u64,
+        /// Metadata bytes per block.
+        #[arg(long = "metadata", value_name = "BYTES", default_value_t = 0)]
+        metadata: u16,
+        /// The metadata follows each block's data (extended LBA) rather than a buffer apart.
+        #[arg(long)]
+        extended: bool,
+        /// End-to-end protection information type: 0 (none), 1, 2 or 3 (needs metadata).
+        #[arg(long = "pi", value_name = "TYPE", default_value_t = 0,
+              value_parser = clap::value_parser!(u8).range(0..=3))]
+        pi: u8,
+        /// The protection information in the first bytes of the metadata (default: the last).
+        #[arg(long)]
+        pi_first: bool,
+        /// Private to one controller (default: may be shared by the subsystem's controllers).
+        #[arg(long)]
+        private: bool,
+    },
+    /// Attach a namespace to this controller: it becomes active.
+    Attach(Which),
+    /// Detach a namespace from this controller: it becomes inactive, its data kept.
+    Detach(Which),
+    /// Delete a namespace: its data is destroyed.
+    Delete {
+        #[command(flatten)]
+        which: Which,
+        /// Yes, destroy every block of the namespace.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Which {
+    #[arg(value_name = "DEVICE", required = true)]
+    devices: Vec<DeviceSpec>,
+    /// The namespace.
+    #[arg(short = 'n', long = "namespace", value_name = "NSID", required = true,
+          value_parser = clap::value_parser!(u32).range(1..0xffff_ffff))]
+    nsid: u32,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    usnvme_driver::parse_size(s)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size: a number of bytes, e.g. 512M or 1G"))
+}
+
+/// Runs a namespace command; a [`usage`] error has been printed and exits the process with
+/// status 2.
+pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    let result = run(sysfs, args, out);
+    exit_on_usage(&result, out);
+    result
+}
+
+fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
+    match args {
+        Args::List { devices } => open::each_line(sysfs, devices, out, list),
+        Args::Create {
+            devices,
+            size,
+            block_size,
+            metadata,
+            extended,
+            pi,
+            pi_first,
+            private,
+        } => {
+            if *pi > 0 && *metadata < 8 {
+                return Err(usage(format!(
+                    "--pi {pi}: protection information needs at least 8 bytes of metadata per block (--metadata 8)"
+                )));
+            }
+            if size % block_size != 0 {
+                return Err(usage(format!(
+                    "--size {size}: not a whole number of {block_size}-byte blocks"
+                )));
+            }
+            let request = Request {
+                blocks: size / block_size,
+                block_size: *block_size,
+                metadata: *metadata,
+                extended: *extended,
+                pi: *pi,
+                pi_first: *pi_first,
+                shared: !private,
+            };
+            open::each_line(sysfs, devices, out, |ctrl| create(ctrl, &request))
+        }
+        Args::Attach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, true)),
+        Args::Detach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, false)),
+        Args::Delete { which, yes } => {
+            if !yes {
+                let drives: Vec<String> = which.devices.iter().map(|d| d.to_string()).collect();
+                return Err(usage(format!(
+                    "deleting destroys every block of namespace {} of {}: add --yes to go ahead",
+                    which.nsid,
+                    drives.join(", ")
+                )));
+            }
+            open::each_line(sysfs, &which.devices, out, |ctrl| delete(ctrl, which.nsid))
+        }
+    }
+}
+
+fn supports_management(ctrl: &Controller) -> Result<()> {
+    if !ctrl.identify().oacs().contains(Oacs::NS_MANAGEMENT) {
+        bail!(
+            "{}: the controller does not support namespace management (OACS bit 3 is clear)",
+            ctrl.name()
+        );
+    }
+    Ok(())
+}
+
+/// Identify data of `cns` for `nsid`.
+fn identify(ctrl: &Controller, cns: Cns, nsid: u32) -> Result<Vec<u8>> {
+    Ok(ctrl.admin_read(Sqe::identify(cns, nsid), 4096)?.1)
+}
+
+fn ids(ctrl: &Controller, cns: Cns) -> Result<Vec<u32>> {
+    let page = identify(ctrl, cns, 0)?;
+    let list = NamespaceList::from_slice(&page)
+        .ok_or_else(|| anyhow!("{}: a short namespace list", ctrl.name()))?;
+    Ok(list.iter().collect())
+}
+
+/// `4096 B + 64 B metadata (extended LBA), protection information type 3`.
+pub fn describe(id: &IdentifyNamespace) -> String {
+    let mut s = format!(
+        "{} blocks of {} B",
+        id.nsze,
+        id.lba_size_bytes().unwrap_or(0)
+    );
+    if id.metadata_size() > 0 {
+        s += &format!(" + {} B metadata", id.metadata_size());
+        if id.metadata_extended() {
+            s += " (extended LBA)";
+        }
+    }
+    if id.dps & 7 != 0 {
+        s += &format!(", protection information type {}", id.dps & 7);
+    }
+    s
+}
+
+fn list(ctrl: &Controller) -> Result<String> {
+    supports_management(ctrl)?;
+    let name = ctrl.name();
+    let active = ids(ctrl, Cns::ActiveNamespaceList)?;
+    let mut lines = Vec::new();
+    for nsid in ids(ctrl, Cns::AllocatedNamespaceList)? {
+        let page = identify(ctrl, Cns::AllocatedNamespace, nsid)?;
+        let id = IdentifyNamespace::from_slice(&page)
+            .ok_or_else(|| anyhow!("{name}: namespace {nsid}: no Identify data"))?;
+        let state = if active.contains(&nsid) {
+            "attached"
+        } else {
+            "detached"
+        };
+        lines.push(format!(
+            "{name}: namespace {nsid}: {state}, {}",
+            describe(&id)
+        ));
+    }
+    let page = identify(ctrl, Cns::Controller, 0)?;
+    let (total, free) = match usnvme_driver::spec::IdentifyController::from_slice(&page) {
+        Some(id) => (
+            u128::from_le_bytes(id.tnvmcap),
+            u128::from_le_bytes(id.unvmcap),
+        ),
+        None => bail!("{name}: no Identify Controller data"),
+    };
+    lines.push(format!(
+        "{name}: {} namespaces allocated; {} MiB of {} MiB unallocated",
+        lines.len(),
+        free >> 20,
+        total >> 20
+    ));
+    Ok(lines.join("\n"))
+}
+
+/// What `ns create` asks for.
+struct Request {
+    blocks: u64,
+    block_size: u64,
+    metadata: u16,
+    extended: bool,
+    pi: u8,
+    pi_first: bool,
+    shared: bool,
+}
+
+fn create(ctrl: &Controller, r: &Request) -> Result<String> {
+    supports_management(ctrl)?;
+    let name = ctrl.name();
+    // the formats a namespace may be created with: the common Identify Namespace's
+    let page = identify(ctrl, Cns::Namespace, u32::MAX)?;
+    let common = IdentifyNamespace::from_slice(&page)
+        .ok_or_else(|| anyhow!("{name}: no common Identify Namespace data"))?;
+    let count = common.number_of_lba_formats().min(common.lbaf.len());
+    let index = common.lbaf[..count]
+        .iter()
+        .position(|f| f.data_size() == Some(r.block_size) && f.ms == r.metadata)
+        .ok_or_else(|| {
+            let offered: Vec<String> = common.lbaf[..count]
+                .iter()
+                .filter_map(|f| Some(format!("{}+{}", f.data_size()?, f.ms)))
+                .collect();
+            anyhow!(
+                "{name}: no LBA format of {} B data + {} B metadata; this drive offers {}",
+                r.block_size,
+                r.metadata,
+                offered.join(", ")
+            )
+        })?;
+    let mut id = IdentifyNamespace::zeroed();
+    (id.nsze, id.ncap) = (r.blocks, r.blocks);
+    id.flbas = (index as u8 & 0xf) | u8::from(r.extended) << 4 | ((index as u8 >> 4) & 3) << 5;
+    id.dps = r.pi | u8::from(r.pi_first) << 3;
+    id.nmic = u8::from(r.shared);
+    let nsid = ctrl.admin_write(Sqe::namespace_create(), id.as_bytes())?;
+    let page = identify(ctrl, Cns::AllocatedNamespace, nsid)?;
+    let made = IdentifyNamespace::from_slice(&page)
+        .ok_or_else(|| anyhow!("{name}: namespace {nsid}: no Identify data"))?;
+    Ok(format!(
+        "{name}: namespace {nsid} created (detached): {}; attach it with `usnvme ns attach {name} -n {nsid}`",
+        describe(&made)
+    ))
+}
+
+/// Attaches `nsid` to (or detaches it from) this controller.
+fn attach(ctrl: &Controller, nsid: u32, attach: bool) -> Result<String> {
+    supports_management(ctrl)?;
+    let this = ControllerList::from_ids([ctrl.identify().cntlid]);
+    ctrl.admin_write(Sqe::namespace_attachment(nsid, attach), this.as_bytes())?;
+    let done = if attach { "attached" } else { "detached" };
+    Ok(format!("{}: namespace {nsid} {done}", ctrl.name()))
+}
+
+fn delete(ctrl: &Controller, nsid: u32) -> Result<String> {
+    supports_management(ctrl)?;
+    ctrl.admin(Sqe::namespace_delete(nsid))?;
+    Ok(format!("{}: namespace {nsid} deleted", ctrl.name()))
+}
