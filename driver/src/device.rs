@@ -18,11 +18,11 @@ use crate::vfio::Vfio;
 
 /// One or more drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-// A spec is parsed once per drive and moved rarely: no need to box the sim's configuration.
-#[allow(clippy::large_enum_variant)]
 pub enum DeviceSpec {
     Pci(PciAddress),
-    Sim(SimSpec),
+    /// Boxed: the sim's configuration is large, and the other variants (and the enums that
+    /// hold a spec) small.
+    Sim(Box<SimSpec>),
 }
 
 /// Why a drive address does not parse.
@@ -39,7 +39,9 @@ impl FromStr for DeviceSpec {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if SimSpec::is_sim(s) {
-            s.parse().map(DeviceSpec::Sim).map_err(DeviceSpecError::Sim)
+            s.parse()
+                .map(|sim| DeviceSpec::Sim(Box::new(sim)))
+                .map_err(DeviceSpecError::Sim)
         } else {
             s.parse().map(DeviceSpec::Pci).map_err(DeviceSpecError::Pci)
         }
@@ -64,10 +66,10 @@ impl DeviceSpec {
                 .drives
                 .iter()
                 .map(|&n| {
-                    DeviceSpec::Sim(SimSpec {
+                    DeviceSpec::Sim(Box::new(SimSpec {
                         drives: vec![n],
                         config: spec.config.clone(),
-                    })
+                    }))
                 })
                 .collect(),
         }

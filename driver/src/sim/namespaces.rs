@@ -12,7 +12,7 @@ use crate::spec::{IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status};
 /// The largest namespace ID (Identify Controller NN) unless more namespaces are configured.
 pub(super) const NAMESPACE_SLOTS: usize = 32;
 /// The sim's controller ID, the one entry of its subsystem's controller list.
-pub(super) const CNTLID: u16 = 0;
+pub(super) const CNTLID: u16 = 1;
 /// Formats a namespace may be created with (the common Identify Namespace, NSID FFFFFFFFh):
 /// (log2 of the data size, metadata bytes).
 pub(super) const FORMATS: [(u8, u16); 7] = [
