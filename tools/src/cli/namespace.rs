@@ -207,11 +207,13 @@ fn list(ctrl: &Controller) -> Result<String> {
         ),
         None => bail!("{name}: no Identify Controller data"),
     };
+    let capacity = match total {
+        0 => "the drive reports no NVM capacity".to_owned(),
+        _ => format!("{} MiB of {} MiB unallocated", free >> 20, total >> 20),
+    };
     lines.push(format!(
-        "{name}: {} namespaces allocated; {} MiB of {} MiB unallocated",
-        lines.len(),
-        free >> 20,
-        total >> 20
+        "{name}: {} namespaces allocated; {capacity}",
+        lines.len()
     ));
     Ok(lines.join("\n"))
 }
@@ -230,10 +232,14 @@ struct Request {
 fn create(ctrl: &Controller, r: &Request) -> Result<String> {
     supports_management(ctrl)?;
     let name = ctrl.name();
-    // the formats a namespace may be created with: the common Identify Namespace's
-    let page = identify(ctrl, Cns::Namespace, u32::MAX)?;
-    let common = IdentifyNamespace::from_slice(&page)
-        .ok_or_else(|| anyhow!("{name}: no common Identify Namespace data"))?;
+    // the formats a namespace may be created with: the common Identify Namespace's, or those
+    // an active namespace lists where the drive has no common one (QEMU)
+    let common = identify(ctrl, Cns::Namespace, u32::MAX)
+        .ok()
+        .and_then(|page| IdentifyNamespace::from_slice(&page))
+        .filter(|id| id.lbaf[0].data_size().is_some())
+        .or_else(|| ctrl.namespaces().first().map(|ns| *ns.identify))
+        .ok_or_else(|| anyhow!("{name}: the drive lists no LBA format to create a namespace in"))?;
     let count = common.number_of_lba_formats().min(common.lbaf.len());
     let index = common.lbaf[..count]
         .iter()

@@ -4,7 +4,9 @@
 //! namespaces), `ms=0|8|16|64` metadata bytes per block, `mset=0|1` (1: extended LBAs, the
 //! metadata after each block's data; 0: a separate buffer), `pi=0|1|2|3` (end-to-end protection
 //! type), `pil=0|1` (the PI in the first or last bytes of the metadata), `pif=0|2` (16- or
-//! 64-bit guard). Every malformed SPEC is refused before anything boots, with what to write.
+//! 64-bit guard), `detached=0|1` (1: allocated in the controller's NVM subsystem but attached
+//! to no controller, for namespace attachment; every controller then gets an `nvme-subsys`).
+//! Every malformed SPEC is refused before anything boots, with what to write.
 
 use std::str::FromStr;
 
@@ -20,6 +22,7 @@ pub struct NsSpec {
     pub pi: u8,
     pub pil: bool,
     pub pif: u8,
+    pub detached: bool,
 }
 
 const EXAMPLE: &str = "e.g. --ns bs=512,ms=8,pi=1 or --ns bs=4096,ms=64,mset=1,pi=3,size=256M";
@@ -36,6 +39,7 @@ impl FromStr for NsSpec {
             pi: 0,
             pil: false,
             pif: 0,
+            detached: false,
         };
         for pair in s.split(',').filter(|p| !p.is_empty()) {
             let (key, value) = pair
@@ -78,6 +82,7 @@ impl FromStr for NsSpec {
                         .ok_or_else(|| bad("0, 1, 2 or 3"))?
                 }
                 "pil" => ns.pil = flag()?,
+                "detached" => ns.detached = flag()?,
                 "pif" => {
                     ns.pif = match value {
                         "0" => 0,
@@ -87,7 +92,7 @@ impl FromStr for NsSpec {
                 }
                 _ => {
                     return Err(format!(
-                    "--ns {s}: unknown key {key:?}: bs, size, ms, mset, pi, pil, pif ({EXAMPLE})"
+                    "--ns {s}: unknown key {key:?}: bs, size, ms, mset, pi, pil, pif, detached ({EXAMPLE})"
                 ))
                 }
             }
@@ -121,6 +126,9 @@ impl NsSpec {
                 u8::from(self.pil),
                 self.pif
             );
+        }
+        if self.detached {
+            p += ",detached=on";
         }
         p
     }

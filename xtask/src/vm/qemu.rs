@@ -443,6 +443,14 @@ impl VmConfig {
             k + 1
         ));
         let mut nvme = format!("nvme,id=nvme{k},serial=usnvme{k},bus=rp{k}");
+        // a detached namespace lives in an NVM subsystem, where namespace attachment works
+        if self.namespaces.iter().any(|ns| ns.detached) {
+            a.push("-device".into());
+            a.push(format!(
+                "nvme-subsys,id=subsys{k},nqn=nqn.2024-01.io.usnvme:vm-subsys{k}"
+            ));
+            nvme += &format!(",subsys=subsys{k}");
+        }
         let lbs = self.logical_block_size(k);
         if let Some(drive) = drive {
             nvme += &format!(",drive={drive}");
@@ -597,6 +605,18 @@ mod tests {
         assert_eq!(images[1], (PathBuf::from("/d/nvme0n2.img"), 64 << 20));
         assert_eq!(images[0].1, (1 << 30) - (64 << 20));
         assert!(args.iter().any(|a| a.contains("filename=/d/nvme1n2.img")));
+        assert!(!args.iter().any(|a| a.contains("subsys")));
+
+        // a detached namespace: each controller in a subsystem of its own
+        c.namespaces[1] = "ms=8,pi=1,size=64M,detached=1".parse().expect("valid");
+        let args = c.qemu_args(&assets(), None, Path::new("/t"));
+        assert!(args
+            .contains(&"nvme-subsys,id=subsys1,nqn=nqn.2024-01.io.usnvme:vm-subsys1".to_string()));
+        assert!(args
+            .contains(&"nvme,id=nvme1,serial=usnvme1,bus=rp1,subsys=subsys1,mdts=2".to_string()));
+        assert!(args
+            .iter()
+            .any(|a| a.starts_with("nvme-ns,id=nvme1n2,") && a.ends_with(",detached=on")));
     }
 
     #[test]

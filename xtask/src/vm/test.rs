@@ -90,12 +90,14 @@ pub fn run(args: VmTestArgs) -> Result<()> {
 /// Suites that run on the protection bed, not the main one.
 const PROTECTION_SUITES: &[&str] = &["vm_protection"];
 /// The protection bed: 2 file-backed drives, each with a plain namespace, one formatted 512+8
-/// with PI type 1 (metadata apart), one 4096+64 with PI type 3, a 64-bit guard, extended LBAs.
+/// with PI type 1 (metadata apart), one 4096+64 with PI type 3, a 64-bit guard, extended LBAs,
+/// and a 4096-byte one allocated in the drive's subsystem but detached (namespace attachment).
 const PROTECTION_DRIVES: usize = 2;
 const PROTECTION_NAMESPACES: &[&str] = &[
     "bs=512,size=64M",
     "bs=512,ms=8,pi=1,size=64M",
     "bs=4096,ms=64,mset=1,pi=3,pif=2,size=64M",
+    "bs=4096,size=32M,detached=1",
 ];
 /// The block of drive 0's namespace 2 whose data the host corrupts in the image file before the
 /// boot (behind the drive's back: its PI no longer matches); the suite expects a guard error
