@@ -197,6 +197,11 @@ impl AsyncEvent {
             log_page: (dw0 >> 16) as u8,
         }
     }
+
+    /// The completion's dword 0 that reports this event.
+    pub fn dw0(&self) -> u32 {
+        u32::from(self.kind) | u32::from(self.info) << 8 | u32::from(self.log_page) << 16
+    }
 }
 
 impl std::fmt::Display for AsyncEvent {

@@ -408,3 +408,48 @@ fn silent_connections_are_closed_after_ten_seconds_and_max_connections_refuses_t
     other.disconnect();
     admin.disconnect();
 }
+
+#[test]
+fn a_drives_smart_warning_reaches_the_hosts_held_event_request() {
+    // the drive heats up at its 8th write: a SMART temperature event, passed on by serve
+    let serve = Serve::start_on(
+        "sim:0,backend=ram,size=16M,warn=temperature@8",
+        &["--allow-any-host"],
+    );
+    let opts = options(Digests::default());
+    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    // the host enables temperature warnings (Asynchronous Event Configuration bit 1)
+    let mut aec = Sqe::new(0x09);
+    (aec.cdw10, aec.cdw11) = (0x0b, 0b10);
+    assert_eq!(
+        admin.admin(aec, 0).expect("set features").0.status(),
+        Status::SUCCESS
+    );
+    admin.set_timeout(Duration::from_secs(60));
+    let request = std::thread::spawn(move || {
+        let cqe = admin
+            .admin(Sqe::async_event_request(), 0)
+            .map(|(cqe, _)| cqe);
+        (admin, cqe)
+    });
+    let (mut io, _) =
+        CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O queue");
+    for lba in 0..8 {
+        io.write(1, lba, 1, &[lba as u8; 512]).expect("write");
+    }
+    let (mut admin, cqe) = request.join().expect("the request's thread");
+    let cqe = cqe.expect("the event request completes");
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    assert_eq!(
+        cqe.dw0,
+        1 | 1 << 8 | 2 << 16,
+        "SMART / health, temperature, log page 02h"
+    );
+    // the SMART log the host then reads carries the drive's warning
+    let mut smart = Sqe::new(0x02);
+    smart.nsid = u32::MAX;
+    smart.cdw10 = 0x02 | ((512 / 4 - 1) << 16);
+    let (_, log) = admin.admin(smart, 512).expect("SMART log");
+    assert_eq!(log[0] & 0b10, 0b10, "critical warning: temperature");
+    io.disconnect();
+}

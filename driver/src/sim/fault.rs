@@ -129,6 +129,9 @@ pub enum FaultAction {
     /// A read completes successfully without moving any data into the host's buffer, as QEMU's
     /// NVMe does when its DMA hits an unmapped IOVA.
     ReadNoData,
+    /// Executes normally, then the controller raises this asynchronous event (a drive that
+    /// heats up under the load, say).
+    RaiseEvent(super::AsyncEventSpec),
 }
 
 /// A fault: `action` on up to `times` commands that match `when` (0: every one, forever).

@@ -684,18 +684,8 @@ impl SimController {
     /// an event no request was outstanding for). `SmartHealth` events also set `critical_warning`
     /// bits in the SMART log.
     pub fn raise_event(&self, event: AsyncEventSpec) {
-        if event.critical_warning != 0 {
-            self.inner
-                .critical_warning
-                .fetch_or(event.critical_warning, Ordering::Relaxed);
-        }
-        self.inner.pending_events.lock().push(event.dw0());
-        self.deliver_events();
-    }
-
-    /// Completes held Asynchronous Event Requests with the events waiting, oldest first.
-    pub(crate) fn deliver_events(&self) {
         let inner = &self.inner;
+        inner.note_event(event);
         let running = inner.running.read();
         let Some(run) = running.as_ref() else {
             return;
@@ -709,19 +699,7 @@ impl SimController {
         };
         let mem = inner.space.memory();
         let ctx = inner.ctx(run, &mem, shadow);
-        let mut sq = sq.lock();
-        loop {
-            let mut pending = inner.pending_events.lock();
-            let mut features = run.features.lock();
-            let (Some(&dw0), Some(cid)) = (pending.first(), features.async_events.pop()) else {
-                return;
-            };
-            pending.remove(0);
-            drop((pending, features));
-            let mut sqe = crate::spec::Sqe::new(crate::spec::AdminOpcode::AsyncEventRequest as u8);
-            sqe.set_cid(cid);
-            inner.finish(&ctx, &mut sq, &sqe, Outcome::ok(dw0), None);
-        }
+        inner.deliver_events(&ctx, &mut sq.lock());
     }
 
     /// How long a sanitize or self-test runs from now on (one under way too): a test ends one
@@ -812,6 +790,48 @@ impl Registers for SimController {
 }
 
 impl Inner {
+    /// Keeps `event` for the next Asynchronous Event Request; sets its SMART warning bits.
+    fn note_event(&self, event: AsyncEventSpec) {
+        if event.critical_warning != 0 {
+            self.critical_warning
+                .fetch_or(event.critical_warning, Ordering::Relaxed);
+        }
+        self.pending_events.lock().push(event.dw0());
+    }
+
+    /// Completes held Asynchronous Event Requests on the admin queue `sq` with the events
+    /// waiting, oldest first.
+    fn deliver_events(&self, ctx: &Ctx, sq: &mut Sq) {
+        loop {
+            let mut pending = self.pending_events.lock();
+            let mut features = ctx.run.features.lock();
+            if pending.is_empty() {
+                return;
+            }
+            let Some(cid) = features.async_events.pop() else {
+                return;
+            };
+            let dw0 = pending.remove(0);
+            drop((pending, features));
+            let mut sqe = crate::spec::Sqe::new(crate::spec::AdminOpcode::AsyncEventRequest as u8);
+            sqe.set_cid(cid);
+            self.finish(ctx, sq, &sqe, Outcome::ok(dw0), None);
+        }
+    }
+
+    /// Raises `event` while an I/O queue is being processed: delivered at once unless the
+    /// admin queue is busy (never waited for here, against the lock order), else by the next
+    /// admin command.
+    fn raise_event_while_busy(&self, ctx: &Ctx, event: AsyncEventSpec) {
+        self.note_event(event);
+        let Some(admin) = ctx.run.table.read().sqs.first().cloned().flatten() else {
+            return;
+        };
+        if let Some(mut sq) = admin.try_lock() {
+            self.deliver_events(ctx, &mut sq);
+        };
+    }
+
     fn halted(&self, run: &Running) -> bool {
         Csts(self.csts.load(Ordering::Acquire)).cfs()
             || self.removed.load(Ordering::Acquire)

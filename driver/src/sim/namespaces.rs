@@ -4,7 +4,7 @@
 //! Changed Namespace List log they raise, as NVMe Base 2.0 sections 5.22-5.23 say.
 
 use super::queue::Sq;
-use super::{io, Ctx, Outcome, SimNamespace};
+use super::{io, AsyncEventSpec, Ctx, Outcome, SimNamespace};
 use crate::protection::{Guard, MetadataFormat, PiFormat, PiType};
 use crate::spec::identify::ControllerList;
 use crate::spec::{IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status};
@@ -304,15 +304,11 @@ pub(super) fn attachment(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Result<Outcome, O
 /// Raises the Namespace Attribute Changed notice: into a held Asynchronous Event Request if
 /// one is outstanding, else kept for the next.
 fn attribute_changed(ctx: &Ctx, sq: &mut Sq) {
-    // type 2 (notice), information 0 (namespace attribute changed), log page 04h
-    let dw0 = 2 | 4 << 16;
-    let held = ctx.run.features.lock().async_events.pop();
-    match held {
-        Some(cid) => {
-            let mut aer = Sqe::new(crate::spec::AdminOpcode::AsyncEventRequest as u8);
-            aer.set_cid(cid);
-            ctx.inner.finish(ctx, sq, &aer, Outcome::ok(dw0), None);
-        }
-        None => ctx.inner.pending_events.lock().push(dw0),
-    }
+    ctx.inner.note_event(AsyncEventSpec {
+        kind: 2, // notice
+        info: 0, // namespace attribute changed
+        log_page: 4,
+        critical_warning: 0,
+    });
+    ctx.inner.deliver_events(ctx, sq);
 }

@@ -324,6 +324,11 @@ impl Inner {
                 let out = self.execute(ctx, sq, &moved, None);
                 self.finish(ctx, sq, &sqe, out, None);
             }
+            Some(FaultAction::RaiseEvent(event)) => {
+                let out = self.execute(ctx, sq, &sqe, None);
+                self.finish(ctx, sq, &sqe, out, None);
+                self.raise_event_while_busy(ctx, event);
+            }
             other => match latency {
                 Some(l) => pend(sq, l, other),
                 None => {

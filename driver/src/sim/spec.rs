@@ -50,7 +50,7 @@ corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
 nodata=<N: from the Nth read on, reads complete without moving data>, \
 logdelay=<e.g. 100ms: Get Log Page completes that much later>, \
 flushdelay=<e.g. 100ms: Flush completes that much later>, \
-warn=reliability|temperature|spare (a SMART warning raised before power-on, reported by event), \
+warn=reliability|temperature|spare[@N] (a SMART warning raised before power-on, or by the Nth write, reported by event), \
 spare=<bytes no namespace holds, for ns create, e.g. 1G>";
 
 impl SimSpec {
@@ -162,12 +162,35 @@ impl FromStr for SimSpec {
                     config.spare_capacity =
                         crate::parse_size(value).ok_or_else(|| bad("a size in bytes, e.g. 1G"))?
                 }
-                "warn" => config.events.push(AsyncEventSpec::smart(match value {
-                    "reliability" => 0,
-                    "temperature" => 1,
-                    "spare" => 2,
-                    _ => return Err(bad("reliability, temperature or spare")),
-                })),
+                "warn" => {
+                    // KIND at power-on, or KIND@N: raised by the Nth write
+                    let (kind, nth) = match value.split_once('@') {
+                        Some((kind, n)) => (kind, Some(n)),
+                        None => (value, None),
+                    };
+                    let expected =
+                        "reliability, temperature or spare, then @N to raise it at the Nth write";
+                    let event = AsyncEventSpec::smart(match kind {
+                        "reliability" => 0,
+                        "temperature" => 1,
+                        "spare" => 2,
+                        _ => return Err(bad(expected)),
+                    });
+                    match nth {
+                        None => config.events.push(event),
+                        Some(n) => {
+                            let n = n
+                                .parse()
+                                .ok()
+                                .filter(|&n| n > 0)
+                                .ok_or_else(|| bad(expected))?;
+                            let write = FaultWhen::opcode(IoOpcode::Write as u8).with_nth(n);
+                            config
+                                .faults
+                                .push(Fault::new(write, FaultAction::RaiseEvent(event)));
+                        }
+                    }
+                }
                 "mset" => metadata.extended = parse_flag(name, value)?,
                 "pi" => {
                     pi_type = match value {
@@ -418,6 +441,31 @@ mod tests {
         );
         let plain: SimSpec = "sim:0,ms=16".parse().expect("metadata only");
         assert_eq!(plain.config.namespaces[0].metadata.protection, None);
+    }
+
+    #[test]
+    fn warnings_at_power_on_or_at_a_write_and_spare_capacity() {
+        let spec: SimSpec = "sim:0,warn=spare,warn=temperature@8,spare=1G"
+            .parse()
+            .expect("valid");
+        assert_eq!(spec.config.events, [AsyncEventSpec::smart(2)]);
+        let write = FaultWhen::opcode(IoOpcode::Write as u8).with_nth(8);
+        assert_eq!(
+            spec.config.faults,
+            [Fault::new(
+                write,
+                FaultAction::RaiseEvent(AsyncEventSpec::smart(1))
+            )]
+        );
+        assert_eq!(spec.config.spare_capacity, 1 << 30);
+        for bad in [
+            "sim:0,warn=temperature@0",
+            "sim:0,warn=hot@8",
+            "sim:0,warn=spare@x",
+        ] {
+            let e = bad.parse::<SimSpec>().expect_err(bad).to_string();
+            assert!(e.contains("then @N to raise it at the Nth write"), "{e}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::PiChecks;
 use usnvme_driver::spec::SmartLog;
-use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
+use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::registry::Registry;
@@ -297,6 +297,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             }
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
+            pass_on_events(&controllers, &registry);
             let commands = counters.commands.load(Ordering::Relaxed);
             let bytes = counters.bytes.load(Ordering::Relaxed);
             let secs = last_line.elapsed().as_secs_f64();
@@ -326,6 +327,25 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         write_status(path, &status)?;
     }
     Ok(())
+}
+
+/// The drives' SMART / health events, passed on to every connected host (the SMART log the
+/// hosts read is the drives' own, aggregated). A drive's namespace notices are not: the
+/// namespaces exported are those found at start.
+fn pass_on_events(controllers: &[Controller], registry: &Registry) {
+    for ctrl in controllers {
+        for event in ctrl.events() {
+            if event.kind == 1 {
+                let hosts = registry.raise_event(event.dw0());
+                log::info!(
+                    "{}: {event}: passed on to {hosts} host controller(s)",
+                    ctrl.name()
+                );
+            } else {
+                log::info!("{}: {event}: not passed on to the hosts", ctrl.name());
+            }
+        }
+    }
 }
 
 fn status_json(

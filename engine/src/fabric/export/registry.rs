@@ -44,7 +44,14 @@ pub struct Controller {
     /// Keep Alive timer is traffic based (CTRATT.TBKAS), so I/O keeps the association alive.
     /// Counted once per tick, never per command.
     io_traffic: AtomicU64,
+    /// Asynchronous events for the host (CQE dword 0 each), oldest first, until one of its
+    /// Asynchronous Event Requests takes it; `has_events` says there are some without the lock.
+    events: Mutex<Vec<u32>>,
+    has_events: AtomicBool,
 }
+
+/// Events kept for a controller at most (more are dropped: its host is not taking them).
+const EVENTS_KEPT: usize = 16;
 
 impl Controller {
     pub fn cntlid(&self) -> u16 {
@@ -83,6 +90,28 @@ impl Controller {
     /// Changes whenever an I/O queue notes traffic.
     pub(crate) fn io_traffic(&self) -> u64 {
         self.io_traffic.load(Ordering::Relaxed)
+    }
+
+    /// Keeps event `dw0` for the host (not twice: one waiting already stands for both).
+    fn raise_event(&self, dw0: u32) {
+        let mut events = self.events.lock();
+        if !events.contains(&dw0) && events.len() < EVENTS_KEPT {
+            events.push(dw0);
+        }
+        self.has_events.store(true, Ordering::Release);
+    }
+
+    /// The oldest event waiting that `enabled` (the host's Asynchronous Event Configuration)
+    /// lets through; those it does not are dropped. Cheap when none waits.
+    pub(crate) fn take_event(&self, enabled: impl Fn(u32) -> bool) -> Option<u32> {
+        if !self.has_events.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut events = self.events.lock();
+        events.retain(|&dw0| enabled(dw0));
+        let first = (!events.is_empty()).then(|| events.remove(0));
+        self.has_events.store(!events.is_empty(), Ordering::Release);
+        first
     }
 }
 
@@ -127,6 +156,8 @@ impl Registry {
                 ready: AtomicBool::new(false),
                 gone: AtomicBool::new(false),
                 io_traffic: AtomicU64::new(0),
+                events: Mutex::new(Vec::new()),
+                has_events: AtomicBool::new(false),
             });
             c.by_id.insert(id, controller.clone());
             c.created += 1;
@@ -147,6 +178,17 @@ impl Registry {
     /// Controllers created since the start.
     pub fn created(&self) -> u64 {
         self.controllers.lock().created
+    }
+
+    /// Passes asynchronous event `dw0` (CQE dword 0) on to every live I/O controller; how
+    /// many got it.
+    pub fn raise_event(&self, dw0: u32) -> usize {
+        let c = self.controllers.lock();
+        let live = c
+            .by_id
+            .values()
+            .filter(|ctrl| !ctrl.gone() && !ctrl.discovery);
+        live.map(|ctrl| ctrl.raise_event(dw0)).count()
     }
 
     /// Controllers alive now.
@@ -179,5 +221,30 @@ mod tests {
             "a controller that went away"
         );
         assert_eq!(r.live(), 1);
+    }
+
+    #[test]
+    fn events_reach_every_live_io_controller_once_and_as_its_host_enabled_them() {
+        let r = Registry::new(None);
+        let (a, b) = (
+            r.create("h", false).expect("a"),
+            r.create("h", false).expect("b"),
+        );
+        let discovery = r.create("h", true).expect("discovery");
+        b.go_away();
+        let temperature = 1 | 1 << 8 | 2 << 16;
+        let spare = 1 | 2 << 8 | 2 << 16;
+        assert_eq!(
+            r.raise_event(temperature),
+            1,
+            "only a: b went away, discovery has none"
+        );
+        assert_eq!(r.raise_event(temperature), 1);
+        r.raise_event(spare);
+        assert_eq!(discovery.take_event(|_| true), None);
+        assert_eq!(b.take_event(|_| true), None);
+        // the same event twice waits once; one the host did not enable is dropped
+        assert_eq!(a.take_event(|dw0| dw0 != temperature), Some(spare));
+        assert_eq!(a.take_event(|_| true), None);
     }
 }

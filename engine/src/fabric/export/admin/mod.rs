@@ -49,6 +49,22 @@ pub const VERSION: Vs = Vs::new(1, 3, 0);
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const ASYNC_EVENT_LIMIT: usize = 4;
 
+/// Whether Asynchronous Event Configuration `aec` lets event `dw0` (CQE dword 0) through:
+/// a SMART / health event by its critical warning's bit (bits 7:0), a notice by its own
+/// (bits 8 and up); error events always go.
+pub fn event_enabled(aec: u32, dw0: u32) -> bool {
+    let (kind, info) = (dw0 & 7, (dw0 >> 8) & 0xff);
+    let bit = match (kind, info) {
+        (0, _) => return true,
+        (1, 0) => 1 << 2, // NVM subsystem reliability
+        (1, 1) => 1 << 1, // temperature
+        (1, 2) => 1 << 0, // spare
+        (2, 0..=3) => 1 << (8 + info),
+        _ => return false,
+    };
+    aec & bit != 0
+}
+
 /// The most data one admin command's answer carries: the size of each connection's admin
 /// buffer, preallocated, into which the answer is built (no allocation per command). Identify
 /// is 4 KiB; every log of ours is shorter than this (the discovery log is 3 KiB at most),

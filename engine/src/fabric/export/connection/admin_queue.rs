@@ -139,6 +139,30 @@ impl Connection {
         }
     }
 
+    /// Completes a held Asynchronous Event Request with an event the drives raised (see
+    /// [`Registry::raise_event`]), if the host enabled it and one is held.
+    pub(super) fn deliver_events(&mut self) {
+        let Role::Admin {
+            controller,
+            features,
+            events,
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        if events.is_empty() || self.closed.is_some() {
+            return;
+        }
+        let aec = features.async_event_config();
+        let Some(dw0) = controller.take_event(|dw0| admin::event_enabled(aec, dw0)) else {
+            return;
+        };
+        if let Some(cid) = events.pop() {
+            self.respond(cid, dw0, Status::SUCCESS);
+        }
+    }
+
     pub(super) fn complete_events(&mut self, status: Status) {
         while let Role::Admin { events, .. } = &mut self.role {
             let Some(cid) = events.pop() else {

@@ -27,6 +27,7 @@ impl Connection {
     /// collected. Call every few milliseconds.
     pub fn tick(&mut self, now: Instant, backend: &mut dyn Backend) {
         self.poll_smart(backend);
+        self.deliver_events();
         let sq_taken = self.sq_taken;
         let why = self.stalled(now).or_else(|| match &mut self.role {
             Role::Admin {

@@ -1,7 +1,8 @@
 //! The commands and their answers: Connect and its refusals, the SQ head, writes in the
 //! capsule and by R2T, reads, bad commands, Dataset Management, SMART from the drives, a
-//! shutdown's flushes.
+//! shutdown's flushes, the drives' events reaching held Asynchronous Event Requests.
 
+use usnvme_driver::spec::command::FeatureId;
 use usnvme_driver::spec::fabrics::CATTR_DISABLE_SQ_FLOW;
 use usnvme_driver::spec::log::LogPageId;
 
@@ -278,4 +279,46 @@ fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
     assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
     assert_eq!(admin.backend.flushes, [1, 1]);
     assert_eq!(csts(&mut admin) >> 2 & 3, 0b10);
+}
+
+#[test]
+fn a_drive_event_completes_a_held_request_once_the_host_enabled_it() {
+    let (mut admin, _) = Bed::admin_queue(Digests::default());
+    let temperature = 1 | 1 << 8 | 2 << 16;
+    let mut aer = Sqe::async_event_request();
+    aer.set_cid(50);
+    admin.capsule(&aer, &[]);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(admin.take().is_empty(), "held: no event yet");
+    // not enabled (Asynchronous Event Configuration is 0 after Connect): dropped
+    admin.conn.registry.raise_event(temperature);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(
+        admin.take().is_empty(),
+        "a temperature warning the host did not enable"
+    );
+    let mut aec = Sqe::set_features(FeatureId::AsyncEventConfiguration, 0b10);
+    aec.set_cid(51);
+    admin.capsule(&aec, &[]);
+    assert_eq!(admin.status(), Status::SUCCESS);
+    assert_eq!(admin.conn.registry.raise_event(temperature), 1);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Resp(c)] => assert_eq!(
+            (c.cid, c.status(), c.dw0),
+            (50, Status::SUCCESS, temperature)
+        ),
+        other => panic!("{other:?}"),
+    }
+    // no request held: the next event waits for one
+    admin.conn.registry.raise_event(temperature);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(admin.take().is_empty());
+    aer.set_cid(52);
+    admin.capsule(&aer, &[]);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Resp(c)] => assert_eq!((c.cid, c.dw0), (52, temperature)),
+        other => panic!("{other:?}"),
+    }
 }
