@@ -37,16 +37,21 @@ fn queues_dw0((sq, cq): (u16, u16)) -> u32 {
     u32::from(sq.saturating_sub(1)) | (u32::from(cq.saturating_sub(1)) << 16)
 }
 
+/// Asynchronous Event Configuration bits 4:0: every SMART / health critical warning.
+const SMART_WARNINGS: u32 = 0x1f;
+
 impl Features {
     /// A new controller's features: all of `sub`'s I/O queues until the host asks for fewer,
-    /// no keep-alive timeout, no asynchronous event enabled.
+    /// no keep-alive timeout, the drives' SMART critical warnings enabled as asynchronous
+    /// events (the Linux host enables only the notices OAES lists: without this it would never
+    /// hear of a failing drive).
     pub fn new(sub: &SubsystemInfo) -> Features {
         let io_queues = sub.io_queues.max(1);
         Features {
             io_queues,
             queues: (io_queues, io_queues),
             keep_alive_ms: 0,
-            async_events: 0,
+            async_events: SMART_WARNINGS,
         }
     }
 
@@ -92,7 +97,7 @@ impl Features {
                 true,
             ),
             FID_KEEP_ALIVE_TIMER => (self.keep_alive_ms, 0, true),
-            FID_ASYNC_EVENT_CONFIGURATION => (self.async_events, 0, true),
+            FID_ASYNC_EVENT_CONFIGURATION => (self.async_events, SMART_WARNINGS, true),
             FID_VOLATILE_WRITE_CACHE => (1, 1, false), // enabled
             _ => return Err(INVALID_FIELD),
         };

@@ -290,15 +290,18 @@ fn a_drive_event_completes_a_held_request_once_the_host_enabled_it() {
     admin.capsule(&aer, &[]);
     admin.conn.tick(Instant::now(), &mut admin.backend);
     assert!(admin.take().is_empty(), "held: no event yet");
-    // not enabled (Asynchronous Event Configuration is 0 after Connect): dropped
+    // SMART warnings are enabled after Connect; a host that turns them off gets none
+    let mut aec = Sqe::set_features(FeatureId::AsyncEventConfiguration, 0);
+    aec.set_cid(51);
+    admin.capsule(&aec, &[]);
+    assert_eq!(admin.status(), Status::SUCCESS);
     admin.conn.registry.raise_event(temperature);
     admin.conn.tick(Instant::now(), &mut admin.backend);
     assert!(
         admin.take().is_empty(),
-        "a temperature warning the host did not enable"
+        "a temperature warning the host turned off"
     );
-    let mut aec = Sqe::set_features(FeatureId::AsyncEventConfiguration, 0b10);
-    aec.set_cid(51);
+    aec.cdw11 = 0b10;
     admin.capsule(&aec, &[]);
     assert_eq!(admin.status(), Status::SUCCESS);
     assert_eq!(admin.conn.registry.raise_event(temperature), 1);
