@@ -14,7 +14,9 @@ use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits, Receive};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
-use usnvme_engine::fabric::export::server::{Counters, Incoming, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::export::server::{
+    Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
+};
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
 use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
@@ -305,13 +307,15 @@ fn serve_sim() -> (
         registry: Arc::new(Registry::new(None)),
         limits: ConnectionLimits { maxh2cdata: 32768 },
         smart: SmartService::start(usnvme_driver::spec::SmartLog::zeroed).expect("SMART"),
+        idle: IdleMode::Adaptive,
         stop: stop.clone(),
         counters: Arc::new(Counters::default()),
     };
-    let (tx, rx) = crossbeam_channel::unbounded();
+    let inbox = Inbox::new().expect("inbox");
+    let tx = inbox.clone();
     let run = engine
         .start(devices, move |_| {
-            ServeJob::new(shared.clone(), rx.clone(), 64)
+            ServeJob::new(shared.clone(), inbox.clone(), 64)
         })
         .expect("the target's reactors");
     let accepting = stop.clone();
@@ -320,7 +324,7 @@ fn serve_sim() -> (
         while !accepting.load(std::sync::atomic::Ordering::Acquire) {
             match listener.accept() {
                 Ok((s, peer)) => {
-                    let _ = tx.send(Incoming {
+                    tx.send(Incoming {
                         stream: s,
                         peer: peer.to_string(),
                         port_id: 1,

@@ -453,3 +453,32 @@ fn a_drives_smart_warning_reaches_the_hosts_held_event_request() {
     assert_eq!(log[0] & 0b10, 0b10, "critical warning: temperature");
     io.disconnect();
 }
+
+#[test]
+fn an_idle_target_sleeps_instead_of_polling_and_says_what_cpu_it_used() {
+    let serve = Serve::start(&["--allow-any-host"]);
+    // two seconds of reactor time with no host: an adaptive reactor sleeps through nearly all
+    // of it (a polling one would use all of it)
+    let status = serve.wait_for_status("two seconds of reactor time", |s| {
+        s["reactor_seconds"].as_f64().is_some_and(|t| t >= 2.0)
+    });
+    let (reactor, cpu) = (
+        status["reactor_seconds"].as_f64().expect("reactor time"),
+        status["reactor_cpu_seconds"]
+            .as_f64()
+            .expect("reactor CPU time"),
+    );
+    assert!(
+        cpu < reactor / 5.0,
+        "{cpu} s of CPU in {reactor} s: {status}"
+    );
+    assert!(
+        status["process_cpu_seconds"]
+            .as_f64()
+            .is_some_and(|p| p >= cpu),
+        "{status}"
+    );
+    // and a host that comes now is served at once
+    let (mut admin, _) = serve.admin(NQN, &options(Digests::default()));
+    assert_eq!(identify(&mut admin, 1, 0).len(), 4096);
+}

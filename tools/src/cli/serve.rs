@@ -22,7 +22,9 @@ use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::registry::Registry;
-use usnvme_engine::fabric::export::server::{Counters, Incoming, ServeJob, Shared, SmartService};
+use usnvme_engine::fabric::export::server::{
+    Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
+};
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
@@ -84,7 +86,7 @@ pub struct Args {
     )]
     max_connections: u64,
     /// Write the target's status (subsystem, namespaces, listeners, hosts, connections,
-    /// controllers, commands, bytes sent, DMA buffers in use, reactor busy time) as JSON to
+    /// controllers, commands, bytes sent, DMA buffers in use, reactor busy and CPU time) as JSON to
     /// FILE, every second (see --json-status-every) and at exit.
     #[arg(long = "json-status", value_name = "FILE")]
     json_status: Option<std::path::PathBuf>,
@@ -97,6 +99,17 @@ pub struct Args {
         requires = "json_status"
     )]
     json_status_every: Duration,
+    /// What a reactor does with no work: `adaptive` polls while there is work and sleeps on
+    /// its sockets after 2 ms without (nothing in flight); `poll` polls on, a whole core per
+    /// reactor (the lowest latency for a host's first command after a pause).
+    #[arg(long, value_enum, default_value_t = Idle::Adaptive)]
+    idle: Idle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Idle {
+    Adaptive,
+    Poll,
 }
 
 /// `--json-status-every`: seconds, 0.01 to 3600.
@@ -226,23 +239,23 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                 .collect();
             aggregate_smart(&logs)
         })?,
+        idle: match args.idle {
+            Idle::Adaptive => IdleMode::Adaptive,
+            Idle::Poll => IdleMode::Poll,
+        },
         stop: stop.clone(),
         counters: counters.clone(),
     };
     let smart = shared.smart.clone();
     let reactors = engine.placement().reactors.len();
-    let mut senders = Vec::new();
-    let mut receivers = Vec::new();
-    for _ in 0..reactors {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        senders.push(tx);
-        receivers.push(rx);
-    }
-    let receivers = Arc::new(parking_lot::Mutex::new(receivers));
+    let inboxes = (0..reactors)
+        .map(|_| Inbox::new())
+        .collect::<std::io::Result<Vec<Inbox>>>()?;
+    let job_inboxes = inboxes.clone();
     let job_shared = shared.clone();
     let run = engine.start(devices, move |info| {
-        let incoming = receivers.lock()[info.index].clone();
-        ServeJob::new(job_shared.clone(), incoming, BUFFERS_PER_REACTOR)
+        let inbox = job_inboxes[info.index].clone();
+        ServeJob::new(job_shared.clone(), inbox, BUFFERS_PER_REACTOR)
     })?;
     if let Some(path) = &args.json_status {
         write_status(
@@ -263,7 +276,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                     accepted = true;
                     // open, and accepted but not yet taken by a reactor
                     let open = counters.connections.load(Ordering::Relaxed)
-                        + senders.iter().map(|s| s.len() as u64).sum::<u64>();
+                        + inboxes.iter().map(|s| s.len() as u64).sum::<u64>();
                     if open >= args.max_connections {
                         log::warn!(
                             "{peer}: refused: {open} connections are open (--max-connections {})",
@@ -273,7 +286,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                         continue;
                     }
                     log::info!("{peer}: connected");
-                    let _ = senders[next % senders.len()].send(Incoming {
+                    inboxes[next % inboxes.len()].send(Incoming {
                         stream,
                         peer: peer.to_string(),
                         port_id: listener.port_id,
@@ -313,13 +326,15 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             last_line = Instant::now();
         }
         if !accepted {
-            std::thread::sleep(Duration::from_millis(2));
+            let status_due = args.json_status.as_ref().map(|_| args.json_status_every);
+            wait_for_hosts(&listeners, status_due.unwrap_or(Duration::MAX));
         }
     }
     if tty {
         eprintln!();
     }
     stop.store(true, Ordering::Release);
+    inboxes.iter().for_each(Inbox::wake);
     drop(listeners);
     run.wait()?;
     if let Some(path) = &args.json_status {
@@ -348,6 +363,28 @@ fn pass_on_events(controllers: &[Controller], registry: &Registry) {
     }
 }
 
+/// Waits until a listener has a host knocking, at most 100 ms (the status line's period) or
+/// `at_most` (a signal ends the wait at once).
+fn wait_for_hosts(listeners: &[(TcpListener, Listener)], at_most: Duration) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds: Vec<PollFd> = listeners
+        .iter()
+        .map(|(l, _)| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+        .collect();
+    let ms = at_most.as_millis().clamp(1, 100) as u16;
+    let _ = poll(&mut fds, PollTimeout::from(ms));
+}
+
+/// CPU time (user and system) this process used so far.
+fn process_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let s = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        s(u.user_time()) + s(u.system_time())
+    })
+}
+
 fn status_json(
     s: &SubsystemInfo,
     allowed: Option<&[String]>,
@@ -374,6 +411,9 @@ fn status_json(
         // summed over the reactors; busy: in turns that did work (the rest is polling)
         "reactor_seconds": load(&counters.reactor_ns) as f64 / 1e9,
         "reactor_busy_seconds": load(&counters.reactor_busy_ns) as f64 / 1e9,
+        // CPU time the reactor threads used, and the whole process (both user and system)
+        "reactor_cpu_seconds": load(&counters.reactor_cpu_ns) as f64 / 1e9,
+        "process_cpu_seconds": process_cpu_seconds(),
     })
 }
 

@@ -81,14 +81,19 @@ impl Serve {
     }
 
     /// Waits (at most 20 s) until the status file shows `done`.
-    pub fn wait_for_status(&self, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+    /// Waits (at most 20 s) until the status file says `done`; returns that status.
+    pub fn wait_for_status(
+        &self,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let status = std::fs::read(&self.status)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-            if status.as_ref().is_some_and(&done) {
-                return;
+            if let Some(status) = status.as_ref().filter(|s| done(s)) {
+                return status.clone();
             }
             assert!(
                 std::time::Instant::now() < deadline,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use usnvme_driver::spec::{SmartLog, Status};
 use usnvme_driver::IoBuffer;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
@@ -30,6 +31,25 @@ const TOKEN_BITS: u32 = 16;
 /// Readiness events taken per turn (more wait for the next turn).
 const EVENTS_PER_TURN: usize = 256;
 
+/// How a reactor spends a stretch without work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleMode {
+    /// Polls on: the lowest latency, a whole core per reactor even with no host.
+    Poll,
+    /// Polls while there is work; after [`IDLE_AFTER`] without any, with nothing in flight on
+    /// the drives and nothing waiting to be sent, sleeps in `epoll_wait` on its sockets (at most
+    /// [`SLEEP_AT_MOST`] at a time, for its timers and new connections).
+    #[default]
+    Adaptive,
+}
+
+/// Idle this long, an adaptive reactor sleeps: longer than the gaps between a busy host's
+/// commands, so that under load it never does.
+const IDLE_AFTER: Duration = Duration::from_millis(2);
+/// The longest sleep: the Keep Alive timers, SMART answers and drive events are seen within
+/// this (a socket's news, a new connection and a stop wake the reactor at once).
+const SLEEP_AT_MOST: Duration = Duration::from_millis(100);
+
 /// What every reactor's job shares.
 #[derive(Clone)]
 pub struct Shared {
@@ -38,6 +58,7 @@ pub struct Shared {
     pub limits: ConnectionLimits,
     /// Reads SMART / Health of the drives on its own thread (it takes milliseconds).
     pub smart: SmartService,
+    pub idle: IdleMode,
     /// Set when the target stops.
     pub stop: Arc<AtomicBool>,
     pub counters: Arc<Counters>,
@@ -130,6 +151,8 @@ pub struct Counters {
     /// its core whole, but this is the share of it the target needed.
     pub reactor_ns: AtomicU64,
     pub reactor_busy_ns: AtomicU64,
+    /// CPU time the reactor threads used (user and system): what sleeping saves.
+    pub reactor_cpu_ns: AtomicU64,
 }
 
 /// How much reactor time a job gathers before it adds it to the shared counters (one shared
@@ -144,6 +167,19 @@ struct BusyClock {
     last_busy: bool,
     total_ns: u64,
     busy_ns: u64,
+    /// The thread's CPU time when last published.
+    cpu_ns: u64,
+}
+
+/// CPU time (user and system) of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(0, |u| {
+        let ns = |t: nix::sys::time::TimeVal| {
+            t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1000
+        };
+        ns(u.user_time()) + ns(u.system_time())
+    })
 }
 
 impl BusyClock {
@@ -170,6 +206,11 @@ impl BusyClock {
         counters
             .reactor_busy_ns
             .fetch_add(std::mem::take(&mut self.busy_ns), Ordering::Relaxed);
+        let cpu = thread_cpu_ns();
+        counters
+            .reactor_cpu_ns
+            .fetch_add(cpu.saturating_sub(self.cpu_ns), Ordering::Relaxed);
+        self.cpu_ns = cpu;
     }
 }
 
@@ -196,10 +237,55 @@ pub struct Incoming {
     pub port_id: u16,
 }
 
+/// A reactor's inbox of new connections: the acceptor's end sends and rings the reactor's
+/// eventfd (which wakes it from an idle sleep); the reactor's end takes them.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    queue: crossbeam_channel::Sender<Incoming>,
+    rx: Receiver<Incoming>,
+    bell: Arc<EventFd>,
+}
+
+impl Inbox {
+    pub fn new() -> std::io::Result<Inbox> {
+        let (queue, rx) = crossbeam_channel::unbounded();
+        let bell =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Inbox {
+            queue,
+            rx,
+            bell: Arc::new(bell),
+        })
+    }
+
+    /// Hands the reactor a connection, and wakes it.
+    pub fn send(&self, incoming: Incoming) {
+        let _ = self.queue.send(incoming);
+        self.wake();
+    }
+
+    /// Wakes the reactor (a stop, say).
+    pub fn wake(&self) {
+        let _ = self.bell.write(1);
+    }
+
+    /// Connections handed and not taken yet.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// The epoll data of the inbox's eventfd (the sockets' is their slot).
+const BELL: u64 = u64::MAX;
+
 /// The job of one reactor.
 pub struct ServeJob {
     shared: Shared,
-    incoming: Receiver<Incoming>,
+    inbox: Inbox,
     conns: Vec<Option<Conn>>,
     pool: Option<BufferPool>,
     buffers_per_reactor: usize,
@@ -210,6 +296,8 @@ pub struct ServeJob {
     epoll: Option<Epoll>,
     events: Vec<EpollEvent>,
     busy: BusyClock,
+    /// Since when (the reactor's clock) no turn did work.
+    idle_since: Option<Duration>,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -222,12 +310,12 @@ impl std::fmt::Debug for ServeJob {
 }
 
 impl ServeJob {
-    /// `incoming`: the connections the acceptor gives this reactor; `buffers`: DMA buffers of
-    /// `max_transfer` bytes this reactor keeps for its commands' data.
-    pub fn new(shared: Shared, incoming: Receiver<Incoming>, buffers: usize) -> Self {
+    /// `inbox`: where the acceptor gives this reactor its connections; `buffers`: DMA buffers
+    /// of `max_transfer` bytes this reactor keeps for its commands' data.
+    pub fn new(shared: Shared, inbox: Inbox, buffers: usize) -> Self {
         ServeJob {
             shared,
-            incoming,
+            inbox,
             conns: Vec::new(),
             pool: None,
             buffers_per_reactor: buffers,
@@ -236,19 +324,46 @@ impl ServeJob {
             epoll: None,
             events: vec![EpollEvent::empty(); EVENTS_PER_TURN],
             busy: BusyClock::default(),
+            idle_since: None,
+        }
+    }
+
+    /// How long the next readiness poll may wait: an adaptive reactor idle for [`IDLE_AFTER`],
+    /// with nothing in flight, to send or to accept, sleeps until a socket has news.
+    fn sleep(&self, now: Duration) -> EpollTimeout {
+        let quiet = self.shared.idle == IdleMode::Adaptive
+            && self.stopping_since.is_none()
+            && self
+                .idle_since
+                .is_some_and(|since| now.saturating_sub(since) >= IDLE_AFTER)
+            && self.inbox.is_empty()
+            && self.conns.iter().flatten().all(|c| {
+                !c.readable
+                    && !c.smart_asked
+                    && !c.conn.has_outgoing()
+                    && c.conn.in_flight_submitted() == 0
+            });
+        if quiet {
+            EpollTimeout::try_from(SLEEP_AT_MOST).unwrap_or(EpollTimeout::ZERO)
+        } else {
+            EpollTimeout::ZERO
         }
     }
 
     /// Marks the connections whose sockets have something to read; true when one has. Without
     /// epoll (or when it fails), every connection is read.
-    fn poll_readiness(&mut self) -> bool {
+    fn poll_readiness(&mut self, timeout: EpollTimeout) -> bool {
         let ready = match &self.epoll {
-            Some(epoll) => epoll.wait(&mut self.events, EpollTimeout::ZERO).ok(),
+            Some(epoll) => epoll.wait(&mut self.events, timeout).ok(),
             None => None,
         };
         match ready {
             Some(n) => {
                 for event in &self.events[..n] {
+                    if event.data() == BELL {
+                        let _ = self.inbox.bell.read(); // (accept looks at the inbox anyway)
+                        continue;
+                    }
                     let slot = event.data() as usize;
                     if let Some(Some(c)) = self.conns.get_mut(slot) {
                         c.readable = true;
@@ -270,7 +385,7 @@ impl ServeJob {
             stream,
             peer,
             port_id,
-        }) = self.incoming.try_recv()
+        }) = self.inbox.rx.try_recv()
         {
             let set_up = stream
                 .set_nonblocking(true)
@@ -442,6 +557,14 @@ impl Job for ServeJob {
         self.pool = Some(pool);
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| format!("epoll for the target's sockets: {e}"))?;
+        epoll
+            .add(
+                self.inbox.bell.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, BELL),
+            )
+            .map_err(|e| format!("epoll for the target's inbox: {e}"))?;
+        // the reactor's CPU time counts from here, its set-up left out
+        self.busy.cpu_ns = thread_cpu_ns();
         self.epoll = Some(epoll);
         Ok(())
     }
@@ -454,7 +577,8 @@ impl Job for ServeJob {
                 self.accept(); // new connections only while running
             }
         }
-        let mut busy = self.poll_readiness();
+        let timeout = self.sleep(ctx.now());
+        let mut busy = self.poll_readiness(timeout);
         let Some(pool) = self.pool.as_mut() else {
             return false;
         };
@@ -555,6 +679,11 @@ impl Job for ServeJob {
         }
         self.busy
             .turn(ctx.now().as_nanos() as u64, busy, &self.shared.counters);
+        if busy {
+            self.idle_since = None;
+        } else {
+            self.idle_since.get_or_insert(ctx.now());
+        }
         match self.stopping_since {
             None => true,
             Some(since) => {
