@@ -326,8 +326,15 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             last_line = Instant::now();
         }
         if !accepted {
-            let status_due = args.json_status.as_ref().map(|_| args.json_status_every);
-            wait_for_hosts(&listeners, status_due.unwrap_or(Duration::MAX));
+            // the status line (on a terminal) and the drives' events are seen to every second
+            let mut at_most = Duration::from_secs(1);
+            if tty {
+                at_most = Duration::from_millis(100);
+            }
+            if args.json_status.is_some() {
+                at_most = at_most.min(args.json_status_every);
+            }
+            wait_for_hosts(&listeners, at_most);
         }
     }
     if tty {
@@ -363,8 +370,8 @@ fn pass_on_events(controllers: &[Controller], registry: &Registry) {
     }
 }
 
-/// Waits until a listener has a host knocking, at most 100 ms (the status line's period) or
-/// `at_most` (a signal ends the wait at once).
+/// Waits until a listener has a host knocking, at most `at_most` (a signal ends the wait at
+/// once).
 fn wait_for_hosts(listeners: &[(TcpListener, Listener)], at_most: Duration) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
@@ -372,7 +379,7 @@ fn wait_for_hosts(listeners: &[(TcpListener, Listener)], at_most: Duration) {
         .iter()
         .map(|(l, _)| PollFd::new(l.as_fd(), PollFlags::POLLIN))
         .collect();
-    let ms = at_most.as_millis().clamp(1, 100) as u16;
+    let ms = at_most.as_millis().clamp(1, 1000) as u16;
     let _ = poll(&mut fds, PollTimeout::from(ms));
 }
 

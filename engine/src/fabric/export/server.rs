@@ -48,7 +48,7 @@ pub enum IdleMode {
 const IDLE_AFTER: Duration = Duration::from_millis(2);
 /// The longest sleep: the Keep Alive timers, SMART answers and drive events are seen within
 /// this (a socket's news, a new connection and a stop wake the reactor at once).
-const SLEEP_AT_MOST: Duration = Duration::from_millis(100);
+const SLEEP_AT_MOST: Duration = Duration::from_millis(250);
 
 /// What every reactor's job shares.
 #[derive(Clone)]
