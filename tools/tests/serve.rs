@@ -482,3 +482,49 @@ fn an_idle_target_sleeps_instead_of_polling_and_says_what_cpu_it_used() {
     let (mut admin, _) = serve.admin(NQN, &options(Digests::default()));
     assert_eq!(identify(&mut admin, 1, 0).len(), 4096);
 }
+
+#[test]
+fn a_port_made_inaccessible_refuses_io_through_it_and_the_other_serves_on() {
+    let states = std::env::temp_dir().join(format!("usnvme-ana-{}.txt", std::process::id()));
+    std::fs::write(&states, "# every port optimized\n").expect("state file");
+    let serve = Serve::start(&[
+        "--allow-any-host",
+        "--listen",
+        "127.0.0.1:0",
+        "--ana-state-file",
+        states.to_str().expect("UTF-8"),
+    ]);
+    let (a, b) = (serve.listeners[0], serve.listeners[1]);
+    let opts = options(Digests::default());
+    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    // one controller, an I/O queue through each port
+    let (mut through_a, _) =
+        CommandQueue::connect(a, NQN, 1, 32, cntlid, &opts).expect("I/O via a");
+    let (mut through_b, _) =
+        CommandQueue::connect(b, NQN, 2, 32, cntlid, &opts).expect("I/O via b");
+    std::fs::write(&states, format!("{b} inaccessible\n{a} bogus\n")).expect("state file");
+    serve.wait_for_status("port b inaccessible", |s| {
+        s["ana_states"][b.to_string()] == "inaccessible"
+    });
+    let refused = through_b
+        .write(1, 0, 1, &[7; 512])
+        .expect_err("refused through b");
+    assert!(
+        matches!(&refused, HostError::Status { status, .. } if status.code() == Status::ANA_INACCESSIBLE),
+        "{refused}"
+    );
+    through_a
+        .write(1, 0, 1, &[7; 512])
+        .expect("written through a");
+    let mut back = [0u8; 512];
+    through_a.read(1, 0, 1, &mut back).expect("read through a");
+    assert_eq!(back, [7; 512]);
+    // the ANA log: one change; the admin queue came in through a, still optimized (the
+    // malformed line changed nothing)
+    let mut sqe = Sqe::new(0x02);
+    sqe.cdw10 = 0x0c | ((64 / 4 - 1) << 16);
+    let (cqe, log) = admin.admin(sqe, 64).expect("ANA log");
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    assert_eq!((log[0], log[32]), (1, 1), "change count 1; state optimized");
+    let _ = std::fs::remove_file(&states);
+}

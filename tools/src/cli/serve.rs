@@ -21,7 +21,7 @@ use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
-use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
 };
@@ -104,6 +104,13 @@ pub struct Args {
     /// reactor (the lowest latency for a host's first command after a pause).
     #[arg(long, value_enum, default_value_t = Idle::Adaptive)]
     idle: Idle,
+    /// Asymmetric Namespace Access: a file of `ADDR:PORT STATE` lines (a --listen address,
+    /// then optimized, non-optimized or inaccessible), read at start and again whenever it
+    /// changes (looked at every second). Hosts connected through a port see its state in the
+    /// ANA log, are told of each change, and find I/O refused through an inaccessible one;
+    /// Linux's native multipath then sends it another way. Ports not named are optimized.
+    #[arg(long = "ana-state-file", value_name = "FILE")]
+    ana_state_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -263,6 +270,10 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             &status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart),
         )?;
     }
+    let mut ana_file = AnaFile::default();
+    if let Some(path) = &args.ana_state_file {
+        ana_file.apply(path, &subsystem.listeners, &registry);
+    }
     let tty = usnvme_tools::progress::wanted();
     let mut next = 0usize;
     let mut last_line = Instant::now();
@@ -311,6 +322,9 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
             pass_on_events(&controllers, &registry);
+            if let Some(path) = &args.ana_state_file {
+                ana_file.apply(path, &subsystem.listeners, &registry);
+            }
             let commands = counters.commands.load(Ordering::Relaxed);
             let bytes = counters.bytes.load(Ordering::Relaxed);
             let secs = last_line.elapsed().as_secs_f64();
@@ -370,6 +384,63 @@ fn pass_on_events(controllers: &[Controller], registry: &Registry) {
     }
 }
 
+/// The `--ana-state-file` as last applied (its modification time).
+#[derive(Debug, Default)]
+struct AnaFile {
+    seen: Option<std::time::SystemTime>,
+}
+
+impl AnaFile {
+    /// Reads `path` if it changed since the last time and puts each port named in its state;
+    /// a bad line is logged with what is wrong and changes nothing.
+    fn apply(&mut self, path: &std::path::Path, listeners: &[Listener], registry: &Registry) {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_none() || modified == self.seen {
+            return;
+        }
+        self.seen = modified;
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) => {
+                log::warn!("--ana-state-file {}: {e}", path.display());
+                return;
+            }
+        };
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            match parse_ana_line(line, listeners) {
+                Ok((port, state)) => {
+                    if registry.set_ana_state(port.port_id, state) {
+                        log::info!("{}: ANA state {}", port.address, state.name());
+                    }
+                }
+                Err(e) => log::warn!("--ana-state-file {}: {line:?}: {e}", path.display()),
+            }
+        }
+    }
+}
+
+/// `ADDR:PORT STATE`: the listener and its new state.
+fn parse_ana_line<'a>(
+    line: &str,
+    listeners: &'a [Listener],
+) -> std::result::Result<(&'a Listener, AnaState), String> {
+    let (addr, state) = line
+        .split_once(char::is_whitespace)
+        .ok_or("expected ADDR:PORT STATE, e.g. 127.0.0.1:4421 inaccessible")?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an ADDR:PORT"))?;
+    let port = listeners
+        .iter()
+        .find(|l| l.address == addr)
+        .ok_or_else(|| format!("{addr} is not a --listen address"))?;
+    Ok((port, state.trim().parse()?))
+}
+
 /// Waits until a listener has a host knocking, at most `at_most` (a signal ends the wait at
 /// once).
 fn wait_for_hosts(listeners: &[(TcpListener, Listener)], at_most: Duration) {
@@ -406,6 +477,8 @@ fn status_json(
             "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
         })).collect::<Vec<_>>(),
         "listeners": s.listeners.iter().map(|l| l.address.to_string()).collect::<Vec<_>>(),
+        "ana_states": s.listeners.iter().map(|l| (l.address.to_string(),
+            serde_json::json!(registry.ana_state(l.port_id).name()))).collect::<serde_json::Map<_, _>>(),
         "allowed_hosts": allowed,
         "connections": load(&counters.connections),
         "controllers": registry.live(),

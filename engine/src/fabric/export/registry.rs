@@ -3,7 +3,7 @@
 //! connection teardown take its lock; no command on an established queue does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -13,12 +13,65 @@ use usnvme_driver::spec::Status;
 const FIRST_CNTLID: u16 = 1;
 const LAST_CNTLID: u16 = 0xffef;
 
-/// Who may connect, and the controllers that exist.
+/// Who may connect, the controllers that exist, and each port's Asymmetric Namespace Access
+/// state.
 #[derive(Debug)]
 pub struct Registry {
     /// Host NQNs allowed to connect; None: any host.
     allowed: Option<Vec<String>>,
     controllers: Mutex<Controllers>,
+    /// By port ID - 1: the state of the one ANA group (every namespace is in it) as the
+    /// controllers reached through that port see it. Read by every I/O command (a relaxed
+    /// load), changed at run time.
+    ana: [AtomicU8; MAX_PORTS],
+    /// ANA state changes so far (the ANA log's change count).
+    ana_changes: AtomicU64,
+}
+
+/// Ports (listeners) whose ANA state is kept; the rest are optimized.
+pub const MAX_PORTS: usize = 32;
+
+/// A port's Asymmetric Namespace Access state (NVMe Base 2.0, 8.1.1): how the hosts that
+/// reach the namespaces through it may use that path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnaState {
+    Optimized = 1,
+    NonOptimized = 2,
+    /// I/O is refused "Asymmetric Access Inaccessible": the host goes another way.
+    Inaccessible = 3,
+}
+
+impl AnaState {
+    fn from_u8(v: u8) -> AnaState {
+        match v {
+            2 => AnaState::NonOptimized,
+            3 => AnaState::Inaccessible,
+            _ => AnaState::Optimized,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AnaState::Optimized => "optimized",
+            AnaState::NonOptimized => "non-optimized",
+            AnaState::Inaccessible => "inaccessible",
+        }
+    }
+}
+
+impl std::str::FromStr for AnaState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<AnaState, String> {
+        match s {
+            "optimized" => Ok(AnaState::Optimized),
+            "non-optimized" => Ok(AnaState::NonOptimized),
+            "inaccessible" => Ok(AnaState::Inaccessible),
+            _ => Err(format!(
+                "{s:?} is not an ANA state: optimized, non-optimized or inaccessible"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -125,7 +178,43 @@ impl Registry {
                 next: FIRST_CNTLID,
                 created: 0,
             }),
+            ana: std::array::from_fn(|_| AtomicU8::new(AnaState::Optimized as u8)),
+            ana_changes: AtomicU64::new(0),
         }
+    }
+
+    /// The ANA state of port `port_id` (1-based; others are optimized).
+    pub fn ana_state(&self, port_id: u16) -> AnaState {
+        let slot = usize::from(port_id)
+            .checked_sub(1)
+            .and_then(|i| self.ana.get(i));
+        slot.map_or(AnaState::Optimized, |s| {
+            AnaState::from_u8(s.load(Ordering::Relaxed))
+        })
+    }
+
+    /// ANA state changes so far.
+    pub fn ana_changes(&self) -> u64 {
+        self.ana_changes.load(Ordering::Acquire)
+    }
+
+    /// Puts port `port_id` in `state`; on a change, counts it and raises the Asymmetric
+    /// Namespace Access Change notice on every controller (each reads its ANA log again).
+    /// False when nothing changed or there is no such port.
+    pub fn set_ana_state(&self, port_id: u16, state: AnaState) -> bool {
+        let Some(slot) = usize::from(port_id)
+            .checked_sub(1)
+            .and_then(|i| self.ana.get(i))
+        else {
+            return false;
+        };
+        if slot.swap(state as u8, Ordering::AcqRel) == state as u8 {
+            return false;
+        }
+        self.ana_changes.fetch_add(1, Ordering::AcqRel);
+        // notice (type 2), ANA change (information 3), log page 0Ch
+        self.raise_event(2 | 3 << 8 | 0x0c << 16);
+        true
     }
 
     pub fn host_allowed(&self, host_nqn: &str) -> bool {

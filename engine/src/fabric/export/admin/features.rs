@@ -12,9 +12,9 @@ const FEATURE_SAVE: u32 = 1 << 31;
 /// Get Features with SEL 3: bit 2 of DW0 says the feature is changeable.
 const FEATURE_CHANGEABLE: u32 = 1 << 2;
 /// Asynchronous Event Configuration bits a host may enable: the SMART / Health critical
-/// warnings (7:0), which every controller may report. We raise no event, so enabling one
-/// costs nothing.
-const AEC_SUPPORTED: u32 = 0xff;
+/// warnings (7:0), which the drives raise and `serve` passes on, and the Asymmetric Namespace
+/// Access Change notices (11).
+const AEC_SUPPORTED: u32 = 0xff | 1 << 11;
 
 const FID_VOLATILE_WRITE_CACHE: u8 = FeatureId::VolatileWriteCache as u8;
 const FID_NUMBER_OF_QUEUES: u8 = FeatureId::NumberOfQueues as u8;
@@ -37,21 +37,22 @@ fn queues_dw0((sq, cq): (u16, u16)) -> u32 {
     u32::from(sq.saturating_sub(1)) | (u32::from(cq.saturating_sub(1)) << 16)
 }
 
-/// Asynchronous Event Configuration bits 4:0: every SMART / health critical warning.
-const SMART_WARNINGS: u32 = 0x1f;
+/// Asynchronous Event Configuration after Connect: every SMART / health critical warning
+/// (bits 4:0) and the ANA change notices (bit 11).
+const DEFAULT_EVENTS: u32 = 0x1f | 1 << 11;
 
 impl Features {
     /// A new controller's features: all of `sub`'s I/O queues until the host asks for fewer,
-    /// no keep-alive timeout, the drives' SMART critical warnings enabled as asynchronous
-    /// events (the Linux host enables only the notices OAES lists: without this it would never
-    /// hear of a failing drive).
+    /// no keep-alive timeout, the drives' SMART critical warnings and ANA changes enabled as
+    /// asynchronous events (the Linux host enables only the notices OAES lists: without this
+    /// it would never hear of a failing drive).
     pub fn new(sub: &SubsystemInfo) -> Features {
         let io_queues = sub.io_queues.max(1);
         Features {
             io_queues,
             queues: (io_queues, io_queues),
             keep_alive_ms: 0,
-            async_events: SMART_WARNINGS,
+            async_events: DEFAULT_EVENTS,
         }
     }
 
@@ -97,7 +98,7 @@ impl Features {
                 true,
             ),
             FID_KEEP_ALIVE_TIMER => (self.keep_alive_ms, 0, true),
-            FID_ASYNC_EVENT_CONFIGURATION => (self.async_events, SMART_WARNINGS, true),
+            FID_ASYNC_EVENT_CONFIGURATION => (self.async_events, DEFAULT_EVENTS, true),
             FID_VOLATILE_WRITE_CACHE => (1, 1, false), // enabled
             _ => return Err(INVALID_FIELD),
         };

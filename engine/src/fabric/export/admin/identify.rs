@@ -11,7 +11,8 @@ use usnvme_driver::spec::{
 use super::super::{ExportedNamespace, SubsystemInfo};
 use super::properties::{IOCQES, IOSQES};
 use super::{
-    ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD, INVALID_NAMESPACE, VERSION,
+    ANA_GROUP, ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD,
+    INVALID_NAMESPACE, VERSION,
 };
 
 /// Keep Alive Support: KATO granularity in 100 ms units. The connection times Keep Alive in
@@ -27,6 +28,15 @@ const CNTRLTYPE_DISCOVERY: u8 = 2;
 /// association): with it Linux accepts a second controller of the same subsystem (multipath).
 const CMIC_MULTI_PORT: u8 = 1 << 0;
 const CMIC_MULTI_CONTROLLER: u8 = 1 << 1;
+/// CMIC bit 3: Asymmetric Namespace Access reporting (each port's state in the ANA log).
+const CMIC_ANA: u8 = 1 << 3;
+/// ANACAP: the optimized, non-optimized and inaccessible states are reported (bits 0-2); a
+/// namespace's ANA group does not change while it is attached (bit 6).
+const ANACAP: u8 = 0b0100_0111;
+/// ANATT: a state change takes effect at once; hosts wait this long (seconds) at most.
+const ANATT_SECONDS: u8 = 10;
+/// OAES bit 11: Asymmetric Namespace Access Change notices.
+const OAES_ANA_CHANGE: u32 = 1 << 11;
 /// NMIC: a namespace may be reached through several controllers (needed with the above).
 const NMIC_SHARED: u8 = 1 << 0;
 /// FRMW: slot 1 is read-only, one slot.
@@ -110,7 +120,12 @@ pub fn identify_controller(
         return id;
     }
     id.cntrltype = CNTRLTYPE_IO;
-    id.cmic = CMIC_MULTI_PORT | CMIC_MULTI_CONTROLLER;
+    id.cmic = CMIC_MULTI_PORT | CMIC_MULTI_CONTROLLER | CMIC_ANA;
+    id.anatt = ANATT_SECONDS;
+    id.anacap = ANACAP;
+    id.anagrpmax = ANA_GROUP;
+    id.nanagrpid = ANA_GROUP;
+    id.oaes = OAES_ANA_CHANGE;
     id.acl = 3; // 0's based; Abort is answered "not aborted"
     id.frmw = FRMW_ONE_READ_ONLY_SLOT;
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
@@ -131,6 +146,7 @@ pub fn identify_namespace(ns: &ExportedNamespace) -> IdentifyNamespace {
     id.nlbaf = 0;
     id.flbas = 0;
     id.nmic = NMIC_SHARED;
+    id.anagrpid = ANA_GROUP;
     // DLFEAT 0: whether deallocated blocks read back as zeroes depends on the drives under
     // the namespace (several, for a stripe), so it is not promised.
     id.dlfeat = 0;

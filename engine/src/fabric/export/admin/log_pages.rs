@@ -10,7 +10,9 @@ use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, Sqe, Status};
 
 use super::super::{Listener, SubsystemInfo};
-use super::{ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
+use super::{
+    AnaView, ANA_GROUP, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES,
+};
 
 // The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
 // per record. Every field is written as Linux's nvmet writes it
@@ -47,6 +49,7 @@ impl DiscoveryAsker<'_> {
 pub fn log_page(
     sub: &SubsystemInfo,
     discovery: Option<DiscoveryAsker>,
+    ana: AnaView,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
@@ -73,6 +76,7 @@ pub fn log_page(
             SmartLog::SIZE
         }
         (None, Some(LogPageId::FirmwareSlot)) => FirmwareSlotLog::SIZE,
+        (None, Some(LogPageId::AsymmetricNamespaceAccess)) => ana_log_len(sub, rgo(sqe)),
         _ => return Err(INVALID_LOG_PAGE),
     };
     let offset = usize::try_from(offset)
@@ -101,6 +105,9 @@ pub fn log_page(
         (Some(LogPageId::FirmwareSlot), _) => {
             put_log_part(out, offset, 0, firmware_slot_log(sub).as_bytes())
         }
+        (Some(LogPageId::AsymmetricNamespaceAccess), _) => {
+            put_ana_log(out, offset, sub, ana, rgo(sqe))
+        }
         _ => {} // the error log: no errors recorded, all zero
     }
     Ok(len)
@@ -119,6 +126,51 @@ fn put_log_part(out: &mut [u8], offset: usize, at: usize, part: &[u8]) {
     }
     let n = (part.len() - from).min(out.len() - to);
     out[to..to + n].copy_from_slice(&part[from..from + n]);
+}
+
+/// Get Log Page's LSP bit 0 for the ANA log: Return Groups Only (no namespace lists).
+fn rgo(sqe: &Sqe) -> bool {
+    sqe.cdw10 & (1 << 8) != 0
+}
+
+/// The ANA log (NVMe Base 2.0, 5.16.1.13): the change count, one group descriptor (the one
+/// group every namespace is in, in the port's state), then the group's namespace IDs unless
+/// `groups_only`. Its length, and each part put where it falls in `out` (no allocation).
+fn ana_log_len(sub: &SubsystemInfo, groups_only: bool) -> usize {
+    ANA_HEADER
+        + ANA_DESCRIPTOR
+        + if groups_only {
+            0
+        } else {
+            4 * sub.namespaces.len()
+        }
+}
+
+const ANA_HEADER: usize = 16;
+const ANA_DESCRIPTOR: usize = 32;
+
+fn put_ana_log(
+    out: &mut [u8],
+    offset: usize,
+    sub: &SubsystemInfo,
+    ana: AnaView,
+    groups_only: bool,
+) {
+    let mut header = [0u8; ANA_HEADER];
+    header[..8].copy_from_slice(&ana.changes.to_le_bytes());
+    header[8..10].copy_from_slice(&1u16.to_le_bytes()); // one group descriptor
+    put_log_part(out, offset, 0, &header);
+    let listed = if groups_only { 0 } else { sub.namespaces.len() };
+    let mut group = [0u8; ANA_DESCRIPTOR];
+    group[..4].copy_from_slice(&ANA_GROUP.to_le_bytes());
+    group[4..8].copy_from_slice(&(listed as u32).to_le_bytes());
+    group[8..16].copy_from_slice(&ana.changes.to_le_bytes());
+    group[16] = ana.state as u8;
+    put_log_part(out, offset, ANA_HEADER, &group);
+    for (i, ns) in sub.namespaces.iter().take(listed).enumerate() {
+        let at = ANA_HEADER + ANA_DESCRIPTOR + 4 * i;
+        put_log_part(out, offset, at, &ns.nsid.to_le_bytes());
+    }
 }
 
 /// One firmware slot, read-only and active, holding the usnvme version.

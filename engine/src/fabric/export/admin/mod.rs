@@ -46,6 +46,17 @@ pub use properties::ControllerRegisters;
 /// NGUID; 1.2 or later also makes it ask for the I/O command set's Identify Controller (CNS 6).
 pub const VERSION: Vs = Vs::new(1, 3, 0);
 
+/// What a controller's ANA log reports: the state of the one ANA group (every namespace) at
+/// the controller's port, and the number of state changes so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnaView {
+    pub state: super::registry::AnaState,
+    pub changes: u64,
+}
+
+/// The ANA group every namespace is in.
+pub const ANA_GROUP: u32 = 1;
+
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const ASYNC_EVENT_LIMIT: usize = 4;
 
@@ -105,6 +116,7 @@ pub fn execute(
     sub: &SubsystemInfo,
     cntlid: u16,
     discovery: Option<DiscoveryAsker>,
+    ana: AnaView,
     features: &mut Features,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
@@ -123,7 +135,7 @@ pub fn execute(
             Ok((0, IDENTIFY_BYTES))
         }
         Some(AdminOpcode::GetLogPage) => {
-            log_page(sub, discovery, sqe, smart, out).map(|len| (0, len))
+            log_page(sub, discovery, ana, sqe, smart, out).map(|len| (0, len))
         }
         Some(AdminOpcode::SetFeatures) if feature_served(sqe) => {
             features.set_feature(sqe).map(|dw0| (dw0, 0))

@@ -27,6 +27,14 @@ fn discovery_asker<'a>(
     })
 }
 
+/// The ANA state controllers reached through `port` see.
+fn ana_view(port: &Listener, registry: &Registry) -> admin::AnaView {
+    admin::AnaView {
+        state: registry.ana_state(port.port_id),
+        changes: registry.ana_changes(),
+    }
+}
+
 impl Connection {
     pub(super) fn on_admin(&mut self, sqe: &Sqe, cid: u16, opcode: u8, backend: &mut dyn Backend) {
         let Role::Admin {
@@ -69,6 +77,7 @@ impl Connection {
                 &self.subsystem,
                 cntlid,
                 discovery_asker(&self.port, &self.registry, controller),
+                ana_view(&self.port, &self.registry),
                 features,
                 sqe,
                 &mut || {
@@ -130,6 +139,7 @@ impl Connection {
                 &self.subsystem,
                 cntlid,
                 discovery_asker(&self.port, &self.registry, controller),
+                ana_view(&self.port, &self.registry),
                 features,
                 &sqe,
                 &mut || log,

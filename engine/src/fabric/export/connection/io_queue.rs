@@ -5,6 +5,7 @@
 use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
+use super::super::registry::AnaState;
 use super::{Backend, Connection, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
@@ -119,6 +120,11 @@ impl Connection {
             .iter()
             .position(|n| n.nsid == sqe.nsid)
             .ok_or(Status::INVALID_NAMESPACE)?;
+        // the path this connection is: refused where its port is inaccessible (the host then
+        // goes another way; no DNR, so it may come back once the state changes)
+        if self.registry.ana_state(self.port.port_id) == AnaState::Inaccessible {
+            return Err(Status::ANA_INACCESSIBLE);
+        }
         let info = &self.subsystem.namespaces[ns];
         let bs = u64::from(info.block_size);
         let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);

@@ -31,8 +31,8 @@ fn features_number_of_queues_keep_alive_and_events() {
     assert_eq!(f.keep_alive_ms(), 5000);
     assert_eq!(current(&f, FeatureId::KeepAliveTimer), Ok(5000));
 
-    // the drives' SMART warnings, until the host says otherwise
-    assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0x1f));
+    // the drives' SMART warnings and ANA changes, until the host says otherwise
+    assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0x81f));
     let aec = set_features(FeatureId::AsyncEventConfiguration, 0xff);
     assert_eq!(f.set_feature(&aec), Ok(0));
     assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0xff));

@@ -15,7 +15,13 @@ fn identify_controller_bytes_where_linux_reads_them() {
     assert_eq!(&b[24..30], b"usnvme");
     assert!(b[30..64].iter().all(|&c| c == b' '));
     assert_eq!(&b[64..72], b"0.1.0   ");
-    assert_eq!(b[76], 0b11, "CMIC: multi-port, multi-controller");
+    assert_eq!(
+        b[76], 0b1011,
+        "CMIC: multi-port, multi-controller, ANA reporting"
+    );
+    assert_eq!(le32(b, 92), 1 << 11, "OAES: ANA change notices");
+    assert_eq!((b[342], b[343]), (10, 0b0100_0111), "ANATT, ANACAP");
+    assert_eq!((le32(b, 344), le32(b, 348)), (1, 1), "ANAGRPMAX, NANAGRPID");
     assert_eq!(b[77], 5, "MDTS: 2^5 4 KiB pages = 128 KiB");
     assert_eq!(le16(b, 78), 7, "CNTLID");
     assert_eq!(le32(b, 80), 0x0001_0300, "VER 1.3.0");
@@ -76,6 +82,7 @@ fn identify_namespace_bytes() {
     assert_eq!((le64(b, 0), le64(b, 8), le64(b, 16)), (1000, 1000, 1000));
     assert_eq!((b[25], b[26]), (0, 0), "NLBAF, FLBAS");
     assert_eq!(b[30], 1, "NMIC: shared");
+    assert_eq!(le32(b, 92), 1, "ANAGRPID");
     assert_eq!(b[33], 0, "DLFEAT");
     assert_eq!(le16(b, 46), 0, "NOIOB");
     assert_eq!(&b[104..120], &ns.nguid);

@@ -28,8 +28,15 @@ fn log_page(
     smart: &mut dyn FnMut() -> SmartLog,
 ) -> Result<Vec<u8>, Status> {
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
-    super::log_page(sub, asker(sub, discovery), sqe, smart, &mut out).map(|n| out[..n].to_vec())
+    super::log_page(sub, asker(sub, discovery), OPTIMIZED, sqe, smart, &mut out)
+        .map(|n| out[..n].to_vec())
 }
+
+/// An optimized path, its state never changed.
+const OPTIMIZED: AnaView = AnaView {
+    state: crate::fabric::export::registry::AnaState::Optimized,
+    changes: 0,
+};
 
 /// [`super::execute`] into a buffer of its own, as a Vec.
 fn execute(
@@ -45,6 +52,7 @@ fn execute(
         sub,
         cntlid,
         asker(sub, discovery),
+        OPTIMIZED,
         features,
         sqe,
         smart,
@@ -62,7 +70,8 @@ fn discovery_log_for(sub: &SubsystemInfo, asker: DiscoveryAsker) -> Vec<u8> {
     let len = discovery_log_len(2);
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
     let sqe = get_log(0x70, 0, len as u32, 0);
-    let n = super::log_page(sub, Some(asker), &sqe, &mut no_smart, &mut out).expect("log");
+    let n =
+        super::log_page(sub, Some(asker), OPTIMIZED, &sqe, &mut no_smart, &mut out).expect("log");
     let records = le64(&out, 8) as usize;
     out[..n.min(discovery_log_len(records))].to_vec()
 }

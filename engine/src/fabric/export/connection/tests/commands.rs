@@ -325,3 +325,74 @@ fn a_drive_event_completes_a_held_request_once_the_host_enabled_it() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The ANA log as the controller behind `admin` reads it: (change count, state, NSIDs).
+fn ana_log(admin: &mut Bed) -> (u64, u8, Vec<u32>) {
+    let mut sqe = Sqe::get_log_page(LogPageId::AsymmetricNamespaceAccess, 0, 64, 0);
+    sqe.set_cid(60);
+    sqe.set_sgl(SglDescriptor::transport(64));
+    admin.capsule(&sqe, &[]);
+    match &admin.take()[..] {
+        [Got::Data(_, log), Got::Resp(c)] => {
+            assert_eq!(c.status(), Status::SUCCESS);
+            let le32 = |at: usize| u32::from_le_bytes(log[at..at + 4].try_into().expect("4"));
+            assert_eq!(
+                (u16::from_le_bytes([log[8], log[9]]), le32(16)),
+                (1, 1),
+                "one group: 1"
+            );
+            let nsids = (0..le32(20) as usize).map(|i| le32(48 + 4 * i)).collect();
+            (
+                u64::from_le_bytes(log[..8].try_into().expect("8")),
+                log[32],
+                nsids,
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_inaccessible_port_refuses_io_by_ana_status_and_its_hosts_hear_of_the_change() {
+    use crate::fabric::export::registry::AnaState;
+    let (mut admin, cntlid) = Bed::admin_queue(Digests::default());
+    let nqn = admin.sub.nqn.clone();
+    assert_eq!(
+        ana_log(&mut admin),
+        (0, 1, vec![1, 2]),
+        "optimized, both namespaces"
+    );
+    let mut aer = Sqe::async_event_request();
+    aer.set_cid(61);
+    admin.capsule(&aer, &[]);
+    // an I/O queue of the same controller through port 2
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    io.conn.port.port_id = 2;
+    assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
+    let registry = admin.conn.registry.clone();
+    assert!(registry.set_ana_state(2, AnaState::Inaccessible));
+    assert!(
+        !registry.set_ana_state(2, AnaState::Inaccessible),
+        "no change"
+    );
+    let write = io.io(IoOpcode::Write, 0, 8, 0);
+    io.capsule(&write, &[5; 4096]);
+    let refused = io.status();
+    assert_eq!(refused.code(), Status::ANA_INACCESSIBLE);
+    assert!(
+        !refused.dnr(),
+        "the host may retry, on another path or later"
+    );
+    // the admin queue's port (1) is still optimized; the notice reached its held request
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Resp(c)] => assert_eq!((c.cid, c.dw0), (61, 2 | 3 << 8 | 0x0c << 16)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ana_log(&mut admin), (1, 1, vec![1, 2]));
+    // back to optimized: the I/O goes through
+    assert!(registry.set_ana_state(2, AnaState::Optimized));
+    io.capsule(&write, &[5; 4096]);
+    assert_eq!(io.status(), Status::SUCCESS);
+}
