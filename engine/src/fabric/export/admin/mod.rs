@@ -106,7 +106,16 @@ const CONNECT_INCOMPATIBLE_FORMAT: Status = Status::CONNECT_INCOMPATIBLE_FORMAT.
 /// Abort's DW0 bit 0: the command was not aborted (we never abort: commands run to the end).
 const ABORT_NOT_ABORTED: u32 = 1;
 
-/// Runs an admin command of controller `cntlid` (the discovery controller if `discovery`);
+/// The controller an admin command is for: its ID, how a discovery controller's host reads
+/// the discovery log (None for an I/O controller), and the ANA state at its port.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub cntlid: u16,
+    pub discovery: Option<DiscoveryAsker<'a>>,
+    pub ana: AnaView,
+}
+
+/// Runs an admin command of controller `asked` (a discovery controller or an I/O one);
 /// returns the completion's DW0 and the data to send (empty for none). The discovery controller
 /// serves Identify, Get Log Page and the Keep Alive Timer and Asynchronous Event Configuration
 /// features; an I/O controller also Abort and the other features. Anything else is "Invalid
@@ -114,14 +123,17 @@ const ABORT_NOT_ABORTED: u32 = 1;
 /// Keep Alive and Asynchronous Event Request are the caller's.
 pub fn execute(
     sub: &SubsystemInfo,
-    cntlid: u16,
-    discovery: Option<DiscoveryAsker>,
-    ana: AnaView,
+    asked: Asked,
     features: &mut Features,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
 ) -> Result<(u32, usize), Status> {
+    let Asked {
+        cntlid,
+        discovery,
+        ana,
+    } = asked;
     let is_discovery = discovery.is_some();
     let feature_served = |sqe: &Sqe| {
         let fid = sqe.cdw10 as u8;

@@ -75,9 +75,11 @@ impl Connection {
             }
             _ => admin::execute(
                 &self.subsystem,
-                cntlid,
-                discovery_asker(&self.port, &self.registry, controller),
-                ana_view(&self.port, &self.registry),
+                admin::Asked {
+                    cntlid,
+                    discovery: discovery_asker(&self.port, &self.registry, controller),
+                    ana: ana_view(&self.port, &self.registry),
+                },
                 features,
                 sqe,
                 &mut || {
@@ -137,9 +139,11 @@ impl Connection {
             let cntlid = controller.cntlid();
             let result = admin::execute(
                 &self.subsystem,
-                cntlid,
-                discovery_asker(&self.port, &self.registry, controller),
-                ana_view(&self.port, &self.registry),
+                admin::Asked {
+                    cntlid,
+                    discovery: discovery_asker(&self.port, &self.registry, controller),
+                    ana: ana_view(&self.port, &self.registry),
+                },
                 features,
                 &sqe,
                 &mut || log,

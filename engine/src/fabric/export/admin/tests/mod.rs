@@ -48,17 +48,13 @@ fn execute(
     smart: &mut dyn FnMut() -> SmartLog,
 ) -> Result<(u32, Vec<u8>), Status> {
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
-    super::execute(
-        sub,
+    let asked = Asked {
         cntlid,
-        asker(sub, discovery),
-        OPTIMIZED,
-        features,
-        sqe,
-        smart,
-        &mut out,
-    )
-    .map(|(dw0, n)| (dw0, out[..n].to_vec()))
+        discovery: asker(sub, discovery),
+        ana: OPTIMIZED,
+    };
+    super::execute(sub, asked, features, sqe, smart, &mut out)
+        .map(|(dw0, n)| (dw0, out[..n].to_vec()))
 }
 
 /// The whole discovery log, as an allowed host on the first listener reads it.
