@@ -81,6 +81,13 @@ pub struct Connected(String);
 impl Connected {
     /// `nvme connect` to subsystem `nqn` on 127.0.0.1:4420 as [`HOSTNQN`].
     pub fn new(nqn: &str, extra: &[&str]) -> Connected {
+        Connected::to_port(nqn, 4420, extra)
+    }
+
+    /// `nvme connect` to subsystem `nqn` on 127.0.0.1:`port` as [`HOSTNQN`] (again to
+    /// another port: a second path).
+    pub fn to_port(nqn: &str, port: u16, extra: &[&str]) -> Connected {
+        let port = port.to_string();
         let mut connect = vec![
             "connect",
             "-t",
@@ -90,7 +97,7 @@ impl Connected {
             "-a",
             "127.0.0.1",
             "-s",
-            "4420",
+            &port,
             "--hostnqn",
             HOSTNQN,
         ];

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use usnvme_tests::kernel_host::{
@@ -768,4 +768,166 @@ fn nvme_connect_all_attaches_usnvme_serve_and_nvmet_alike() {
     assert_eq!(status.code(), Some(143));
     drop(nvmet);
     drop(on_vfio);
+}
+
+/// The multipath test's subsystem, drive and region (clear of the other tests' checked ones).
+const MULTIPATH_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-multipath";
+const MULTIPATH_DRIVE: usize = 2;
+const MULTIPATH_OFFSET: u64 = 640 << 20;
+const MULTIPATH_SIZE: &str = "96M";
+
+/// The kernel's path devices of subsystem `nqn` (`nvme3c4n1`), each with its controller's
+/// port (trsvcid).
+fn kernel_paths(nqn: &str) -> Vec<(String, String)> {
+    let mut paths = Vec::new();
+    for ctrl in kernel_controllers(nqn) {
+        let name = ctrl.trim_start_matches("/dev/");
+        let dir = Path::new("/sys/class/nvme").join(name);
+        let address = std::fs::read_to_string(dir.join("address")).unwrap_or_default();
+        let port = address
+            .split(',')
+            .find_map(|kv| kv.trim().strip_prefix("trsvcid="))
+            .unwrap_or_default()
+            .to_string();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten() {
+            let path = entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if path.starts_with("nvme") && path.contains('c') && path.ends_with("n1") {
+                paths.push((path, port.clone()));
+            }
+        }
+    }
+    paths.sort();
+    paths
+}
+
+/// A path device's sysfs attribute.
+fn path_attr(path: &str, attr: &str) -> String {
+    std::fs::read_to_string(Path::new("/sys/block").join(path).join(attr))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Reads and writes completed through a path device so far.
+fn path_ios(path: &str) -> u64 {
+    let stat = path_attr(path, "stat");
+    let fields: Vec<u64> = stat
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    fields.first().copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0)
+}
+
+/// Waits (at most 60 s) until `done`.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after 60 s still not {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn linux_multipath_sees_both_ports_and_moves_io_off_one_made_inaccessible() {
+    let bed = VmBed::from_env();
+    let address = vfio_controllers()[MULTIPATH_DRIVE].to_string();
+    let states = std::env::temp_dir().join("usnvme-vm-ana-states");
+    std::fs::write(&states, "").expect("state file");
+    let states_arg = states.display().to_string();
+    let (mut target, namespaces) = serve(
+        &bed,
+        MULTIPATH_NQN,
+        &[address],
+        &[
+            "--listen",
+            "127.0.0.1:4420",
+            "--listen",
+            "127.0.0.1:4421",
+            "--ana-state-file",
+            &states_arg,
+        ],
+    );
+    assert_eq!(namespaces.len(), 1, "{namespaces:?}");
+    let first = Connected::to_port(MULTIPATH_NQN, 4420, &[]);
+    let second = Connected::to_port(MULTIPATH_NQN, 4421, &[]);
+    let head = kernel_namespaces(MULTIPATH_NQN, 1)[&1]
+        .display()
+        .to_string();
+    // one subsystem, one head, two live optimized paths
+    wait_until("two paths", || kernel_paths(MULTIPATH_NQN).len() == 2);
+    let paths = kernel_paths(MULTIPATH_NQN);
+    for (path, _) in &paths {
+        assert_eq!(path_attr(path, "ana_state"), "optimized", "{paths:?}");
+    }
+    let subsys = run(NVME, &["list-subsys"]);
+    assert!(
+        subsys.contains("trsvcid=4420")
+            && subsys.contains("trsvcid=4421")
+            && subsys.matches("live").count() >= 2,
+        "{subsys}"
+    );
+    // fio writes and verifies through the head; once I/O flows on a path, that path's port
+    // becomes inaccessible: the rest goes the other way, nothing lost
+    let fio = Command::new(FIO)
+        .args([
+            "--name=multipath",
+            &format!("--filename={head}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+            &format!("--offset={MULTIPATH_OFFSET}"),
+            &format!("--size={MULTIPATH_SIZE}"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio runs");
+    let before: Vec<u64> = paths.iter().map(|(p, _)| path_ios(p)).collect();
+    wait_until("I/O on a path", || {
+        paths
+            .iter()
+            .zip(&before)
+            .any(|((p, _), b)| path_ios(p) > *b)
+    });
+    let busy = paths
+        .iter()
+        .zip(&before)
+        .position(|((p, _), b)| path_ios(p) > *b)
+        .expect("a busy path");
+    let (off, other) = (&paths[busy], &paths[1 - busy]);
+    let other_before = path_ios(&other.0);
+    std::fs::write(&states, format!("127.0.0.1:{} inaccessible\n", off.1)).expect("state file");
+    wait_until("the kernel sees the path inaccessible", || {
+        path_attr(&off.0, "ana_state") == "inaccessible"
+    });
+    let out = fio.wait_with_output().expect("fio ends");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("verify: bad"),
+        "{text}"
+    );
+    assert!(
+        path_ios(&other.0) > other_before,
+        "the other path took the I/O: {paths:?}"
+    );
+    drop((first, second));
+    signal(&target, "TERM");
+    assert_eq!(target.wait().expect("serve exits").code(), Some(143));
+    let _ = std::fs::remove_file(&states);
 }

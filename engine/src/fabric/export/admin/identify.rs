@@ -132,6 +132,8 @@ pub fn identify_controller(
     id.sqes = (IOSQES << 4) | IOSQES;
     id.cqes = (IOCQES << 4) | IOCQES;
     id.nn = max_nsid(sub);
+    // MNAN: Linux refuses an ANA-reporting controller without it (it sizes the ANA log by it)
+    id.mnan = id.nn;
     id.oncs = Oncs::DATASET_MANAGEMENT | Oncs::WRITE_ZEROES;
     id.vwc = VWC_PRESENT;
     id

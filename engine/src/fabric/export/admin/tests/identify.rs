@@ -22,6 +22,7 @@ fn identify_controller_bytes_where_linux_reads_them() {
     assert_eq!(le32(b, 92), 1 << 11, "OAES: ANA change notices");
     assert_eq!((b[342], b[343]), (10, 0b0100_0111), "ANATT, ANACAP");
     assert_eq!((le32(b, 344), le32(b, 348)), (1, 1), "ANAGRPMAX, NANAGRPID");
+    assert_eq!(le32(b, 540), le32(b, 516), "MNAN: NN");
     assert_eq!(b[77], 5, "MDTS: 2^5 4 KiB pages = 128 KiB");
     assert_eq!(le16(b, 78), 7, "CNTLID");
     assert_eq!(le32(b, 80), 0x0001_0300, "VER 1.3.0");
