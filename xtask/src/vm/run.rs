@@ -47,7 +47,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PROPS")]
     pub nvme_opts: Option<String>,
     /// A namespace of every controller (repeatable: NSIDs 1, 2, ... in order), as QEMU's
-    /// nvme-ns: bs=512|4096, size=SIZE, ms=0|8|16|64, mset=0|1, pi=0-3, pil=0|1, pif=0|2; e.g.
+    /// nvme-ns: bs=512|4096, size=SIZE, ms=0|8|16|64, mset=0|1, pi=0-3, pil=0|1, pif=0|2,
+    /// detached=0|1 (in the controller's NVM subsystem, attached to none); e.g.
     /// `--ns bs=512 --ns bs=4096,ms=8,pi=1`. Default: one namespace, the whole disk.
     #[arg(long = "ns", value_name = "SPEC")]
     pub namespaces: Vec<super::namespaces::NsSpec>,
