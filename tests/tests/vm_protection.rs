@@ -394,7 +394,15 @@ fn a_detached_namespace_is_attached_driven_with_verify_and_detached_again() {
     // Management answers Invalid Command Opcode (the sim implements both; the host tests
     // create, attach, write, detach, delete and create again there)
     for args in [
-        &["ns", "create", &address, "--size", "16M"][..],
+        &[
+            "ns",
+            "create",
+            &address,
+            "--size",
+            "16M",
+            "--block-size",
+            "512",
+        ][..],
         &["ns", "delete", &address, "-n", "4", "--yes"][..],
     ] {
         let (code, _, err) = usnvme(&bed, args);

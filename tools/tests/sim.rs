@@ -248,7 +248,15 @@ fn namespaces_are_listed_created_attached_detached_and_deleted_by_name() {
         "{}",
         text(&out)
     );
-    let out = usnvme(&["ns", "create", "sim:0", "--size", "32M"]);
+    let out = usnvme(&[
+        "ns",
+        "create",
+        "sim:0",
+        "--size",
+        "32M",
+        "--block-size",
+        "512",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         text(&out).contains("Namespace Insufficient Capacity"),

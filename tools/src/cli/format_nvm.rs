@@ -38,28 +38,70 @@ pub struct Args {
     #[arg(short = 'n', long = "namespace", value_name = "NSID",
           value_parser = clap::value_parser!(u32).range(1..0xffff_ffff))]
     namespace: Option<u32>,
-    /// Data bytes per block of the new format, e.g. 512 or 4096.
-    #[arg(long = "block-size", value_name = "BYTES")]
-    block_size: u64,
-    /// Metadata bytes per block of the new format.
-    #[arg(long = "metadata", value_name = "BYTES", default_value_t = 0)]
-    metadata: u16,
-    /// The metadata follows each block's data (extended LBA) rather than a buffer apart.
-    #[arg(long)]
-    extended: bool,
-    /// End-to-end protection information type: 0 (none), 1, 2 or 3 (needs metadata).
-    #[arg(long = "pi", value_name = "TYPE", default_value_t = 0,
-          value_parser = clap::value_parser!(u8).range(0..=3))]
-    pi: u8,
-    /// The protection information in the first bytes of the metadata (default: the last).
-    #[arg(long)]
-    pi_first: bool,
+    #[command(flatten)]
+    format: LbaFormatArgs,
     /// Erase the data securely while formatting.
     #[arg(long, value_enum, default_value_t = Erase::None)]
     erase: Erase,
     /// Yes, destroy every block of the namespaces formatted.
     #[arg(long)]
     yes: bool,
+}
+
+/// An LBA format and its protection information, as `format` and `ns create` take them.
+#[derive(Debug, clap::Args)]
+pub struct LbaFormatArgs {
+    /// Data bytes per block, e.g. 512 or 4096.
+    #[arg(long = "block-size", value_name = "BYTES")]
+    pub block_size: u64,
+    /// Metadata bytes per block.
+    #[arg(long = "metadata", value_name = "BYTES", default_value_t = 0)]
+    pub metadata: u16,
+    /// The metadata follows each block's data (extended LBA) rather than a buffer apart.
+    #[arg(long)]
+    pub extended: bool,
+    /// End-to-end protection information type: 0 (none), 1, 2 or 3 (needs metadata).
+    #[arg(long = "pi", value_name = "TYPE", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub pi: u8,
+    /// The protection information in the first bytes of the metadata (default: the last).
+    #[arg(long)]
+    pub pi_first: bool,
+}
+
+impl LbaFormatArgs {
+    /// A [`usage`] error for protection information without room for it.
+    pub fn check(&self) -> Result<()> {
+        if self.pi > 0 && self.metadata < 8 {
+            return Err(usage(format!(
+                "--pi {}: protection information needs at least 8 bytes of metadata per block (--metadata 8)",
+                self.pi
+            )));
+        }
+        Ok(())
+    }
+
+    /// The index of the format asked for among those `id` lists, or an error naming them.
+    pub fn index_in(&self, name: &str, id: &IdentifyNamespace) -> Result<usize> {
+        let count = id.number_of_lba_formats().min(id.lbaf.len());
+        let formats = &id.lbaf[..count];
+        if let Some(i) = formats
+            .iter()
+            .position(|f| f.data_size() == Some(self.block_size) && f.ms == self.metadata)
+        {
+            return Ok(i);
+        }
+        let offered: Vec<String> = formats
+            .iter()
+            .filter_map(|f| Some(format!("{}+{}", f.data_size()?, f.ms)))
+            .collect();
+        bail!(
+            "{name}: no LBA format of {} B data + {} B metadata; this drive offers {}",
+            self.block_size,
+            self.metadata,
+            offered.join(", ")
+        )
+    }
 }
 
 /// Formats; a [`usage`] error has been printed and exits the process with status 2.
@@ -80,12 +122,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             drives.join(", ")
         )));
     }
-    if args.pi > 0 && args.metadata < 8 {
-        return Err(usage(format!(
-            "--pi {}: protection information needs at least 8 bytes of metadata per block (--metadata 8)",
-            args.pi
-        )));
-    }
+    args.format.check()?;
     open::each_line(sysfs, &args.devices, out, |ctrl| format(ctrl, args))
 }
 
@@ -102,15 +139,10 @@ fn format(ctrl: &Controller, args: &Args) -> Result<String> {
     let Some(&first) = nsids.first() else {
         bail!("{name}: no active namespace to format");
     };
-    let id = &ctrl.namespace(first)?.identify;
-    let index = lba_format(id, args.block_size, args.metadata).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{name}: no LBA format of {} B data + {} B metadata; this drive offers {}",
-            args.block_size,
-            args.metadata,
-            formats(id)
-        )
-    })?;
+    let index = args
+        .format
+        .index_in(name, &ctrl.namespace(first)?.identify)?;
+    let f = &args.format;
     let ses = match args.erase {
         Erase::None => 0,
         Erase::User => 1,
@@ -119,9 +151,9 @@ fn format(ctrl: &Controller, args: &Args) -> Result<String> {
     let mut sqe = Sqe::new(AdminOpcode::FormatNvm as u8);
     sqe.nsid = args.namespace.unwrap_or(u32::MAX);
     sqe.cdw10 = (index as u32 & 0xf)
-        | u32::from(args.extended) << 4
-        | u32::from(args.pi) << 5
-        | u32::from(args.pi_first) << 8
+        | u32::from(f.extended) << 4
+        | u32::from(f.pi) << 5
+        | u32::from(f.pi_first) << 8
         | ses << 9
         | ((index as u32 >> 4) & 3) << 12;
     ctrl.admin_waiting(sqe, FORMAT_TIMEOUT)?;
@@ -138,22 +170,4 @@ fn format(ctrl: &Controller, args: &Args) -> Result<String> {
         })
         .collect::<Result<Vec<String>>>()
         .map(|lines| lines.join("\n"))
-}
-
-/// The index of the LBA format with these data and metadata sizes.
-fn lba_format(id: &IdentifyNamespace, block_size: u64, metadata: u16) -> Option<usize> {
-    let count = id.number_of_lba_formats().min(id.lbaf.len());
-    id.lbaf[..count]
-        .iter()
-        .position(|f| f.data_size() == Some(block_size) && f.ms == metadata)
-}
-
-/// The LBA formats a namespace offers: `512+0, 512+8, 4096+0`.
-fn formats(id: &IdentifyNamespace) -> String {
-    let count = id.number_of_lba_formats().min(id.lbaf.len());
-    let list: Vec<String> = id.lbaf[..count]
-        .iter()
-        .filter_map(|f| Some(format!("{}+{}", f.data_size()?, f.ms)))
-        .collect();
-    list.join(", ")
 }

@@ -14,6 +14,7 @@ use usnvme_driver::spec::identify::{ControllerList, Oacs};
 use usnvme_driver::spec::{IdentifyNamespace, NamespaceList, Sqe};
 use usnvme_driver::{Controller, DeviceSpec};
 
+use crate::format_nvm::LbaFormatArgs;
 use crate::open;
 use crate::perf::{exit_on_usage, usage};
 
@@ -31,22 +32,8 @@ pub enum Args {
         /// Its size in bytes, e.g. 1G (a whole number of blocks).
         #[arg(long, value_parser = parse_size)]
         size: u64,
-        /// Data bytes per block, e.g. 512 or 4096.
-        #[arg(long = "block-size", value_name = "BYTES", default_value_t = 512)]
-        block_size: u64,
-        /// Metadata bytes per block.
-        #[arg(long = "metadata", value_name = "BYTES", default_value_t = 0)]
-        metadata: u16,
-        /// The metadata follows each block's data (extended LBA) rather than a buffer apart.
-        #[arg(long)]
-        extended: bool,
-        /// End-to-end protection information type: 0 (none), 1, 2 or 3 (needs metadata).
-        #[arg(long = "pi", value_name = "TYPE", default_value_t = 0,
-              value_parser = clap::value_parser!(u8).range(0..=3))]
-        pi: u8,
-        /// The protection information in the first bytes of the metadata (default: the last).
-        #[arg(long)]
-        pi_first: bool,
+        #[command(flatten)]
+        format: LbaFormatArgs,
         /// Private to one controller (default: may be shared by the subsystem's controllers).
         #[arg(long)]
         private: bool,
@@ -95,33 +82,19 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         Args::Create {
             devices,
             size,
-            block_size,
-            metadata,
-            extended,
-            pi,
-            pi_first,
+            format,
             private,
         } => {
-            if *pi > 0 && *metadata < 8 {
-                return Err(usage(format!(
-                    "--pi {pi}: protection information needs at least 8 bytes of metadata per block (--metadata 8)"
-                )));
-            }
-            if size % block_size != 0 {
+            format.check()?;
+            let block_size = format.block_size;
+            if block_size == 0 || size % block_size != 0 {
                 return Err(usage(format!(
                     "--size {size}: not a whole number of {block_size}-byte blocks"
                 )));
             }
-            let request = Request {
-                blocks: size / block_size,
-                block_size: *block_size,
-                metadata: *metadata,
-                extended: *extended,
-                pi: *pi,
-                pi_first: *pi_first,
-                shared: !private,
-            };
-            open::each_line(sysfs, devices, out, |ctrl| create(ctrl, &request))
+            open::each_line(sysfs, devices, out, |ctrl| {
+                create(ctrl, format, size / block_size, !private)
+            })
         }
         Args::Attach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, true)),
         Args::Detach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, false)),
@@ -218,18 +191,9 @@ fn list(ctrl: &Controller) -> Result<String> {
     Ok(lines.join("\n"))
 }
 
-/// What `ns create` asks for.
-struct Request {
-    blocks: u64,
-    block_size: u64,
-    metadata: u16,
-    extended: bool,
-    pi: u8,
-    pi_first: bool,
-    shared: bool,
-}
-
-fn create(ctrl: &Controller, r: &Request) -> Result<String> {
+/// Creates a namespace of `blocks` blocks in `format`, shared by the subsystem's controllers
+/// or not.
+fn create(ctrl: &Controller, format: &LbaFormatArgs, blocks: u64, shared: bool) -> Result<String> {
     supports_management(ctrl)?;
     let name = ctrl.name();
     // the formats a namespace may be created with: the common Identify Namespace's, or those
@@ -240,27 +204,12 @@ fn create(ctrl: &Controller, r: &Request) -> Result<String> {
         .filter(|id| id.lbaf[0].data_size().is_some())
         .or_else(|| ctrl.namespaces().first().map(|ns| *ns.identify))
         .ok_or_else(|| anyhow!("{name}: the drive lists no LBA format to create a namespace in"))?;
-    let count = common.number_of_lba_formats().min(common.lbaf.len());
-    let index = common.lbaf[..count]
-        .iter()
-        .position(|f| f.data_size() == Some(r.block_size) && f.ms == r.metadata)
-        .ok_or_else(|| {
-            let offered: Vec<String> = common.lbaf[..count]
-                .iter()
-                .filter_map(|f| Some(format!("{}+{}", f.data_size()?, f.ms)))
-                .collect();
-            anyhow!(
-                "{name}: no LBA format of {} B data + {} B metadata; this drive offers {}",
-                r.block_size,
-                r.metadata,
-                offered.join(", ")
-            )
-        })?;
+    let index = format.index_in(name, &common)? as u8;
     let mut id = IdentifyNamespace::zeroed();
-    (id.nsze, id.ncap) = (r.blocks, r.blocks);
-    id.flbas = (index as u8 & 0xf) | u8::from(r.extended) << 4 | ((index as u8 >> 4) & 3) << 5;
-    id.dps = r.pi | u8::from(r.pi_first) << 3;
-    id.nmic = u8::from(r.shared);
+    (id.nsze, id.ncap) = (blocks, blocks);
+    id.flbas = (index & 0xf) | u8::from(format.extended) << 4 | ((index >> 4) & 3) << 5;
+    id.dps = format.pi | u8::from(format.pi_first) << 3;
+    id.nmic = u8::from(shared);
     let nsid = ctrl.admin_write(Sqe::namespace_create(), id.as_bytes())?;
     let page = identify(ctrl, Cns::AllocatedNamespace, nsid)?;
     let made = IdentifyNamespace::from_slice(&page)
