@@ -588,8 +588,8 @@ mod tests {
         let noise: Vec<u8> = (0..2000u32).map(|i| (i * 7919 % 251) as u8).collect();
         let report = run_identify(&noise);
         assert!(report.brought_up);
-        // keep_nsid: the sim refuses the namespaces it does not have, an honest error
-        let data = input(0x10, &[7], &controller(), &[namespace(9, 8)]);
+        // keep_nsid: the sim refuses a namespace ID above its NN (32), an honest error
+        let data = input(0x10, &[40], &controller(), &[namespace(9, 8)]);
         assert!(!run_identify(&data).brought_up);
     }
 
