@@ -236,13 +236,19 @@ fn sweep_runs_over_tcp() {
     }
 }
 
-/// 3 s of perf on a local RAM drive and namespace 1 of `remote`, one core, QD 8.
+/// How long perf runs beside a target that goes away: long enough that, on a loaded machine
+/// too, the target goes while perf still sends it I/O (with 3 s, a CI run once killed the
+/// target only after perf's time was up, and no I/O was left to fail).
+const BESIDE_SECONDS: u64 = 10;
+
+/// [`BESIDE_SECONDS`] of perf on a local RAM drive and namespace 1 of `remote`, one core, QD 8.
 fn beside_a_local_drive(
     root: &Path,
     remote: &str,
     extra: &[&str],
     when_measuring: impl FnOnce(),
 ) -> (Output, Value) {
+    let seconds = BESIDE_SECONDS.to_string();
     let mut args = vec![
         "-r",
         "sim:6,backend=ram,size=4M",
@@ -253,7 +259,7 @@ fn beside_a_local_drive(
         "-c",
         "0",
         "-t",
-        "3",
+        &seconds,
         "-q",
         "8",
     ];
@@ -286,7 +292,10 @@ fn check_lost_remote(out: &Output, doc: &Value, remote: &str, why: &str) {
             assert_eq!(job["removed"], false, "{job:#}");
             assert_eq!(job["failed_ios"], 0, "{job:#}");
             assert!(ios(job, "read") + ios(job, "write") > 0, "{job:#}");
-            assert!(job["elapsed_ms"].as_u64() >= Some(2900), "{job:#}");
+            assert!(
+                job["elapsed_ms"].as_u64() >= Some(BESIDE_SECONDS * 1000 - 100),
+                "{job:#}"
+            );
         }
     }
     let failed: u64 = doc["jobs"]
@@ -301,11 +310,11 @@ fn check_lost_remote(out: &Output, doc: &Value, remote: &str, why: &str) {
     );
 }
 
-/// Waits until perf's I/O queue is connected to `serve` and its I/O flows (far more commands
-/// than attaching takes): then the target has I/Os in flight to lose.
+/// Waits until perf's I/O queue is connected to `serve` and its I/O flows (`commands` counts
+/// I/O commands only): then the target has I/Os in flight to lose.
 fn io_flows_to(serve: &Serve) {
     serve.wait_for_status("serving perf's I/O", |s| {
-        s["connections"].as_u64() >= Some(2) && s["commands"].as_u64() >= Some(200)
+        s["connections"].as_u64() >= Some(2) && s["commands"].as_u64() >= Some(50)
     });
 }
 
