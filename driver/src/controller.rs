@@ -876,7 +876,7 @@ impl Controller {
             let mut admin = s.admin.lock();
             s.progress(&mut admin);
             if admin.events.len() >= KEPT_EVENTS && admin.async_event.is_none() {
-                let aer = Sqe::new(AdminOpcode::AsyncEventRequest as u8);
+                let aer = Sqe::async_event_request();
                 admin.async_event = admin.submit(&s.name, aer).ok().flatten();
             }
             std::mem::take(&mut admin.events)
@@ -1033,7 +1033,7 @@ impl Admin {
         if let Err(e) = self.execute(name, regs, config, Data::None, timeout) {
             log::info!("{name}: Asynchronous Event Configuration refused ({e}): the controller's default events only");
         }
-        let aer = Sqe::new(AdminOpcode::AsyncEventRequest as u8);
+        let aer = Sqe::async_event_request();
         self.async_event = self.submit(name, aer).ok().flatten();
     }
 
@@ -1064,10 +1064,7 @@ impl Admin {
                 return;
             }
         }
-        self.async_event = self
-            .submit(name, Sqe::new(AdminOpcode::AsyncEventRequest as u8))
-            .ok()
-            .flatten();
+        self.async_event = self.submit(name, Sqe::async_event_request()).ok().flatten();
     }
 
     /// Polls the admin queue once, filing the completions of the commands waited for; returns

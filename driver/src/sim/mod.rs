@@ -813,7 +813,7 @@ impl Inner {
             };
             let dw0 = pending.remove(0);
             drop((pending, features));
-            let mut sqe = crate::spec::Sqe::new(crate::spec::AdminOpcode::AsyncEventRequest as u8);
+            let mut sqe = crate::spec::Sqe::async_event_request();
             sqe.set_cid(cid);
             self.finish(ctx, sq, &sqe, Outcome::ok(dw0), None);
         }

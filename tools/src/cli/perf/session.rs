@@ -311,14 +311,15 @@ impl Session {
         let measure_from = Instant::now() + spec.warmup;
         // Side actions at a time into the measurement; dropping `cancel` ends those not yet due.
         let (cancel, cancelled) = mpsc::channel::<()>();
+        let controllers: Vec<Controller> = self
+            .engine
+            .drives()
+            .iter()
+            .map(|d| d.controller.clone())
+            .collect();
         let resetter = match (self.settings.reset_after, reset_done) {
             (Some(after), Some(done)) => {
-                let controllers: Vec<Controller> = self
-                    .engine
-                    .drives()
-                    .iter()
-                    .map(|d| d.controller.clone())
-                    .collect();
+                let controllers = controllers.clone();
                 let at = measure_from + after;
                 Some(std::thread::spawn(move || {
                     reset_all(&controllers, at, &cancelled, &done).map(|o| (after, o))
@@ -336,12 +337,6 @@ impl Session {
                 }
             }))
         });
-        let controllers: Vec<Controller> = self
-            .engine
-            .drives()
-            .iter()
-            .map(|d| d.controller.clone())
-            .collect();
         watch(&run, live, &controllers);
         drop((cancel, cancel_remove));
         let reset = resetter.and_then(|t| t.join().ok().flatten());
