@@ -26,7 +26,7 @@ use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
 use usnvme_engine::topology::Topology;
-use usnvme_engine::transport::{QueueIds, RemoteQueues};
+use usnvme_engine::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Engine, EngineOptions, Job, Op, ReactorContext,
 };
@@ -212,14 +212,13 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
         name: format!("tcp://{addr}/{}", sub.nqn),
         addr,
         subnqn: sub.nqn.clone(),
-        cntlid,
         host,
         in_capsule: sub.in_capsule_bytes,
         max_transfer: sub.max_transfer,
         max_entries: sub.queue_entries,
         qids: Arc::new(QueueIds::new(sub.io_queues)),
         namespaces: 1,
-        lost: Arc::default(),
+        link: Arc::new(ControllerLink::new(cntlid)),
         dma: DmaTarget {
             space: IovaSpace::new(Arc::new(NoIommu)),
             page: PageSize::Small4K,
@@ -554,7 +553,8 @@ fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
         space: IovaSpace::new(Arc::new(NoIommu)),
         page: PageSize::Small4K,
     };
-    let remote = RemoteSubsystem::attach(&address, &host, 4, dma).expect("attached");
+    let remote =
+        RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, 4, dma).expect("attached");
     let devices = remote.devices(None).expect("its namespaces");
     assert_eq!(devices.len(), 4);
     let run = engine

@@ -931,3 +931,106 @@ fn linux_multipath_sees_both_ports_and_moves_io_off_one_made_inaccessible() {
     assert_eq!(target.wait().expect("serve exits").code(), Some(143));
     let _ = std::fs::remove_file(&states);
 }
+
+/// The reconnect test's subsystem, drive and region (clear of the other tests' checked ones).
+const RECONNECT_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-reconnect";
+const RECONNECT_DRIVE: usize = 3;
+const RECONNECT_OFFSET: &str = "640M";
+/// 1024 I/Os of 4 KiB: every block of the region once.
+const RECONNECT_SIZE: u64 = 4 << 20;
+
+/// `usnvme perf` over NVMe/TCP on the reconnect test's region: a pass of `workload` over
+/// every block of it once, verified with one seed, reconnecting after 1 s for up to 60 s.
+fn reconnecting_perf(bed: &VmBed, workload: &str, json: &Path, extra: &[&str]) -> Command {
+    let target = format!("tcp://127.0.0.1:4420/{RECONNECT_NQN}");
+    let mut cmd = Command::new(&bed.usnvme);
+    cmd.args([
+        "perf",
+        "-r",
+        &target,
+        "--hostnqn",
+        HOSTNQN,
+        "-c",
+        "1",
+        "-w",
+        workload,
+    ])
+    .args([
+        "--verify", "--seed", "21", "-o", "4k", "-q", "8", "--offset",
+    ])
+    .args([RECONNECT_OFFSET, "--size", "4M", "--io-count", "1024"])
+    .args(["--reconnect-delay", "1", "--ctrl-loss-tmo", "60", "--json"])
+    .arg(json)
+    .args(extra)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn usnvme_perf_over_tcp_runs_on_when_its_target_is_killed_and_restarted() {
+    let bed = VmBed::from_env();
+    let address = vfio_controllers()[RECONNECT_DRIVE].to_string();
+    let status = std::env::temp_dir().join("usnvme-vm-reconnect-status.json");
+    let status_arg = status.display().to_string();
+    let serve_args = [
+        "-c",
+        "0",
+        "--json-status",
+        &status_arg,
+        "--json-status-every",
+        "0.1",
+    ];
+    let (mut target, namespaces) = serve(
+        &bed,
+        RECONNECT_NQN,
+        std::slice::from_ref(&address),
+        &serve_args,
+    );
+    assert_eq!(namespaces.len(), 1, "{namespaces:?}");
+    let json = std::env::temp_dir().join("perf-reconnect.json");
+    // the write pass, slowed to ~10 s (100 IOPS) so the target can die in the middle of it
+    let perf = reconnecting_perf(&bed, "write", &json, &["--rate", "100"])
+        .spawn()
+        .expect("usnvme perf runs");
+    wait_until("perf's writes flowing through serve", || {
+        std::fs::read(&status)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|s| s["commands"].as_u64() >= Some(50))
+    });
+    target.kill().expect("SIGKILL"); // no clean shutdown: the host sees its connections reset
+    target.wait().expect("serve ends");
+    let (mut target, _) = serve(&bed, RECONNECT_NQN, &[address], &serve_args);
+    let out = perf.wait_with_output().expect("perf ends");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    let total = &doc["total"];
+    assert_eq!(total["failed_ios"], 0, "{text}");
+    assert_eq!(total["reconnects"], 1, "{text}");
+    assert_eq!(total_ios(&doc, "write"), 1024, "{text}");
+    assert!(text.contains("reconnected 1 time(s)"), "{text}");
+
+    // every block of the region reads back as written: none lost in the reconnect (it would
+    // read as zeroes, unchecked), none misplaced (a mismatch)
+    let out = reconnecting_perf(&bed, "read", &json, &[])
+        .output()
+        .expect("usnvme perf runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    // the bed's drives have QEMU's 512-byte blocks
+    assert_eq!(doc["verified_blocks"], RECONNECT_SIZE / 512, "{text}");
+    signal(&target, "TERM");
+    assert_eq!(target.wait().expect("serve exits").code(), Some(143));
+    let _ = std::fs::remove_file(&status);
+}

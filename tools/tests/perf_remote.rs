@@ -5,11 +5,11 @@
 //! every mistake a user can make is named before any I/O.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -329,68 +329,198 @@ fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
     let mut serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
     let root = host_root();
     let remote = format!("tcp://{}/{NQN}", serve.addr);
-    let (out, doc) =
-        beside_a_local_drive(root.path(), &remote, &["-w", "randrw", "--verify"], || {
-            io_flows_to(&serve);
-            let _ = serve.child.kill(); // SIGKILL: no clean shutdown
-        });
+    let extra = ["-w", "randrw", "--verify", "--ctrl-loss-tmo", "0"];
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &extra, || {
+        io_flows_to(&serve);
+        let _ = serve.child.kill(); // SIGKILL: no clean shutdown
+    });
     check_lost_remote(&out, &doc, &remote, "the target closed the connection");
 }
 
-/// A TCP relay to `to` that, once `frozen`, forwards nothing more in either direction but
-/// keeps every connection open: a target that went silent (a cut cable, a hung host).
-fn silent_after(to: SocketAddr, frozen: Arc<AtomicBool>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address");
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let Ok(server) = TcpStream::connect(to) else {
-                return;
-            };
-            for (mut from, mut into) in [
-                (
-                    client.try_clone().expect("clone"),
-                    server.try_clone().expect("clone"),
-                ),
-                (server, client),
-            ] {
-                let frozen = frozen.clone();
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = from.read(&mut buf) {
-                        while frozen.load(Ordering::Relaxed) {
-                            std::thread::sleep(Duration::from_millis(50));
+/// A TCP relay in front of a target: it can go silent ([`Relay::freeze`]: nothing more is
+/// forwarded, every connection stays open: a cut cable, a hung host) or drop every connection
+/// and refuse new ones ([`Relay::cut`]: a target that went away) until [`Relay::restore`].
+struct Relay {
+    addr: SocketAddr,
+    frozen: Arc<AtomicBool>,
+    refusing: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Relay {
+    fn to(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let relay = Relay {
+            addr: listener.local_addr().expect("address"),
+            frozen: Arc::default(),
+            refusing: Arc::default(),
+            open: Arc::default(),
+        };
+        let (frozen, refusing, open) = (
+            relay.frozen.clone(),
+            relay.refusing.clone(),
+            relay.open.clone(),
+        );
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if refusing.load(Ordering::Relaxed) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    return;
+                };
+                for s in [&client, &server] {
+                    open.lock()
+                        .expect("not poisoned")
+                        .push(s.try_clone().expect("clone"));
+                }
+                for (mut from, mut into) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        server.try_clone().expect("clone"),
+                    ),
+                    (server, client),
+                ] {
+                    let frozen = frozen.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 65536];
+                        while let Ok(n) = from.read(&mut buf) {
+                            while frozen.load(Ordering::Relaxed) {
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                            if n == 0 || into.write_all(&buf[..n]).is_err() {
+                                let _ = into.shutdown(Shutdown::Both);
+                                return;
+                            }
                         }
-                        if n == 0 || into.write_all(&buf[..n]).is_err() {
-                            return;
-                        }
-                    }
-                });
+                        let _ = into.shutdown(Shutdown::Both);
+                    });
+                }
             }
+        });
+        relay
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::Relaxed);
+    }
+
+    /// Drops every connection (both ends see it closed) and refuses new ones.
+    fn cut(&self) {
+        self.refusing.store(true, Ordering::Relaxed);
+        for s in self.open.lock().expect("not poisoned").drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
         }
-    });
-    addr
+    }
+
+    fn restore(&self) {
+        self.refusing.store(false, Ordering::Relaxed);
+    }
 }
 
 #[test]
 fn a_target_gone_silent_is_lost_by_keep_alive_and_the_local_drive_runs_to_the_end() {
     let serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
     let root = host_root();
-    let frozen = Arc::new(AtomicBool::new(false));
-    let relay = silent_after(serve.addr, frozen.clone());
-    let remote = format!("tcp://{relay}/{NQN}");
+    let relay = Relay::to(serve.addr);
+    let remote = format!("tcp://{}/{NQN}", relay.addr);
     let started = std::time::Instant::now();
-    let (out, doc) = beside_a_local_drive(root.path(), &remote, &["--keep-alive-tmo", "1"], || {
-        io_flows_to(&serve);
-        frozen.store(true, Ordering::Relaxed)
-    });
+    let (out, doc) = beside_a_local_drive(
+        root.path(),
+        &remote,
+        &["--keep-alive-tmo", "1", "--ctrl-loss-tmo", "0"],
+        || {
+            io_flows_to(&serve);
+            relay.freeze()
+        },
+    );
     check_lost_remote(&out, &doc, &remote, "keep-alive lost");
     // long before the I/O queues' own 30 s command timeout
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "{:?}",
         started.elapsed()
+    );
+}
+
+/// A write pass over every block of a region, the target going away in the middle and coming
+/// back: the write pass ends with no failure and one reconnect; a read pass then finds every
+/// block of the region written and intact (a write lost in the reconnect would read as zeroes,
+/// unchecked; one sent twice to the wrong place, as a mismatch).
+#[test]
+fn a_target_that_goes_away_and_comes_back_gets_its_unfinished_ios_again_and_loses_none() {
+    let serve = Serve::start_on(
+        "sim:0,backend=ram,size=16M,bs=4096",
+        &["--allow-host", HOST, "--json-status-every", "0.05"],
+    );
+    let root = host_root();
+    let relay = Relay::to(serve.addr);
+    let remote = format!("tcp://{}/{NQN}", relay.addr);
+    // 1024 I/Os of 4 KiB: every block of 4 MiB once, over 5 s (the rate) to go away in
+    let pass = |workload: &str| {
+        vec![
+            "-r",
+            &remote,
+            "-c",
+            "0",
+            "-w",
+            workload,
+            "--verify",
+            "--seed",
+            "5",
+            "--size",
+            "4M",
+            "--io-count",
+            "1024",
+            "--rate",
+            "200",
+            "-q",
+            "8",
+            "--reconnect-delay",
+            "1",
+            "--ctrl-loss-tmo",
+            "30",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<String>>()
+    };
+    let args = pass("write");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (out, doc) = perf_then(root.path(), &args, || {
+        io_flows_to(&serve);
+        relay.cut();
+        // the target saw its host go: then let the reconnect through
+        serve.wait_for_status("the host's connections gone", |s| {
+            s["connections"].as_u64() == Some(0)
+        });
+        relay.restore();
+    });
+    assert!(out.status.success(), "{}", text(&out));
+    let job = &doc["jobs"][0];
+    assert_eq!(
+        (job["failed_ios"].as_u64(), job["reconnects"].as_u64()),
+        (Some(0), Some(1)),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(ios(job, "write"), 1024, "{job:#}");
+    assert!(
+        stdout(&out).contains("reconnected 1 time(s)"),
+        "{}",
+        text(&out)
+    );
+
+    let args = pass("read");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (out, doc) = perf(root.path(), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        doc["verified_blocks"].as_u64(),
+        Some(1024),
+        "{}",
+        text(&out)
     );
 }
 

@@ -451,6 +451,15 @@ impl Channel {
             Channel::Gone(_) => None,
         }
     }
+
+    /// How many times the remote queues under the channel connected again.
+    pub fn reconnects(&self) -> u32 {
+        match self {
+            Channel::Namespace(c) => c.reconnects(),
+            Channel::Stripe(c) => c.reconnects(),
+            Channel::Gone(_) => 0,
+        }
+    }
 }
 
 /// Checks offset, length and buffer against the device.

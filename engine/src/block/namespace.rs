@@ -489,6 +489,10 @@ impl NamespaceChannel {
     pub(crate) fn ended(&self) -> Option<String> {
         self.queue.ended()
     }
+
+    pub(crate) fn reconnects(&self) -> u32 {
+        self.queue.reconnects()
+    }
 }
 
 /// Hands `on_finished` the I/O a command's completion finishes, if any: itself, or its parent
@@ -534,6 +538,7 @@ mod tests {
     use crate::fabric::initiator::queue::tests::target_of;
     use crate::fabric::initiator::HostOptions;
     use crate::fabric::subsystem::RemoteSubsystem;
+    use crate::transport::ReconnectPolicy;
 
     /// A remote subsystem of `namespaces` namespaces served on `connections` connections.
     fn remote(
@@ -553,7 +558,8 @@ mod tests {
             space: space.clone(),
             page: PageSize::Small4K,
         };
-        let remote = RemoteSubsystem::attach(&address, &host, 1, dma).expect("attached");
+        let remote = RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, 1, dma)
+            .expect("attached");
         (remote, space, server)
     }
 

@@ -361,6 +361,10 @@ impl StripeChannel {
         self.members.iter().find_map(NamespaceChannel::ended)
     }
 
+    pub(crate) fn reconnects(&self) -> u32 {
+        self.members.iter().map(NamespaceChannel::reconnects).sum()
+    }
+
     pub(crate) fn busy(&self) -> bool {
         self.members.iter().any(NamespaceChannel::busy)
     }

@@ -185,6 +185,12 @@ impl DeviceChannel {
         self.in_flight
     }
 
+    /// How many times the remote queues under this device reconnected (a target that went
+    /// away and came back within the reconnect policy).
+    pub fn reconnects(&self) -> u32 {
+        self.channel.reconnects()
+    }
+
     /// Whether another I/O can be queued now (it may still need more commands than are free).
     pub fn has_room(&self) -> bool {
         self.channel.free_commands() > 0

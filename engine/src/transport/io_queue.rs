@@ -2,13 +2,12 @@
 //! dispatches with a match and inlines down to the queue pair.
 
 use usnvme_driver::protection::{MetadataFormat, PiChecks, PiFields, PiType};
-use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, MetadataIo, QueuePair, SubmitError};
 
 use super::tcp::RemoteQueue;
 use super::SharedQueue;
 use crate::block::Op;
-use crate::fabric::initiator::{Failure, IoNamespace};
+use crate::fabric::initiator::IoNamespace;
 
 /// The namespace a command goes to: its ID and shape, and how its metadata is moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +221,7 @@ impl IoQueue {
                     nsid: ns.nsid,
                     block_size: ns.block_size,
                 };
-                q.queue.submit_to(to, op, lba, blocks, buf, token)
+                q.submit(to, op, lba, blocks, buf, token)
             }
             IoQueue::Shared {
                 queue, in_flight, ..
@@ -239,7 +238,7 @@ impl IoQueue {
     pub fn in_flight(&self) -> usize {
         match self {
             IoQueue::Pcie(qp) => usize::from(qp.in_flight()),
-            IoQueue::Tcp(q) => q.queue.in_flight(),
+            IoQueue::Tcp(q) => q.in_flight(),
             IoQueue::Shared { in_flight, .. } => *in_flight,
         }
     }
@@ -247,16 +246,10 @@ impl IoQueue {
     /// Sends what was queued and hands every completion that came to `on_done`; returns how
     /// many.
     #[inline]
-    pub fn poll(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+    pub fn poll(&mut self, on_done: impl FnMut(Completion)) -> usize {
         match self {
             IoQueue::Pcie(qp) => qp.poll(on_done),
-            IoQueue::Tcp(q) => {
-                if q.lost.get().is_some() && q.queue.ended().is_none() {
-                    // the controller is lost (its keep-alive failed): its queues end
-                    return q.queue.close(|c| on_done(tcp_completion(c, true)));
-                }
-                q.queue.poll(|c| on_done(tcp_completion(c, false)))
-            }
+            IoQueue::Tcp(q) => q.poll(on_done),
             IoQueue::Shared {
                 queue,
                 nsid,
@@ -274,7 +267,7 @@ impl IoQueue {
     pub fn flush(&mut self) {
         match self {
             IoQueue::Pcie(qp) => qp.flush(),
-            IoQueue::Tcp(q) => q.queue.flush(),
+            IoQueue::Tcp(q) => q.flush(),
             IoQueue::Shared { queue, .. } => queue.flush(),
         }
     }
@@ -284,7 +277,7 @@ impl IoQueue {
     pub fn set_now(&mut self, now_ns: u64) {
         match self {
             IoQueue::Pcie(qp) => qp.set_now(now_ns),
-            IoQueue::Tcp(q) => q.queue.set_now(now_ns),
+            IoQueue::Tcp(q) => q.set_now(now_ns),
             IoQueue::Shared { queue, .. } => queue.set_now(now_ns),
         }
     }
@@ -294,7 +287,7 @@ impl IoQueue {
     pub fn free(&self) -> usize {
         match self {
             IoQueue::Pcie(qp) => (qp.capacity() as usize).saturating_sub(qp.in_flight() as usize),
-            IoQueue::Tcp(q) => q.queue.free(),
+            IoQueue::Tcp(q) => q.free(),
             IoQueue::Shared { queue, .. } => queue.free(),
         }
     }
@@ -311,7 +304,7 @@ impl IoQueue {
                 });
                 n
             }
-            IoQueue::Tcp(q) => q.queue.close(|c| on_done(tcp_completion(c, true))),
+            IoQueue::Tcp(q) => q.abandon(on_done),
             IoQueue::Shared {
                 queue,
                 nsid,
@@ -323,16 +316,23 @@ impl IoQueue {
         }
     }
 
-    /// Why the queue ended, once it has: a remote target went away or was lost. (A local
-    /// controller's queue pair does not end: a removed device is found by its registers.)
+    /// Why the queue ended, once it has: a remote target was given up (it went away and
+    /// did not come back in time). (A local controller's queue pair does not end: a removed
+    /// device is found by its registers.)
     pub fn ended(&self) -> Option<String> {
         match self {
             IoQueue::Pcie(_) => None,
-            IoQueue::Tcp(q) => match (q.lost.get(), q.queue.ended()) {
-                (Some(why), _) => Some(why.clone()),
-                (None, ended) => ended.map(|f| f.to_string()),
-            },
+            IoQueue::Tcp(q) => q.ended(),
             IoQueue::Shared { queue, .. } => queue.ended(),
+        }
+    }
+
+    /// How many times a remote queue connected again (0 for a local one).
+    pub fn reconnects(&self) -> u32 {
+        match self {
+            IoQueue::Pcie(_) => 0,
+            IoQueue::Tcp(q) => q.reconnects(),
+            IoQueue::Shared { queue, .. } => queue.reconnects(),
         }
     }
 
@@ -390,28 +390,4 @@ fn check_remote(
         });
     }
     Ok(())
-}
-
-/// An NVMe/TCP completion in the driver's terms: a queue that ended fails its commands as
-/// from a removed device; a timed-out one as aborted on request; the target's status as is.
-#[inline]
-fn tcp_completion(c: crate::fabric::initiator::Completion, removed: bool) -> Completion {
-    let status = match c.result {
-        Ok(()) => Status::SUCCESS,
-        Err(_) if removed => Status::HOST_PATHING_ERROR,
-        Err(Failure::Status(status)) => status,
-        Err(Failure::TimedOut) => Status::ABORT_REQUESTED,
-        Err(Failure::Aborted) => Status::ABORTED_BY_HOST,
-        Err(Failure::Closed | Failure::Protocol(_) | Failure::Terminated { .. }) => {
-            Status::HOST_PATHING_ERROR
-        }
-        Err(Failure::DataDigest) => Status::DATA_TRANSFER_ERROR,
-    };
-    Completion {
-        token: c.token,
-        status,
-        dw0: 0,
-        submitted_ns: c.submitted_ns,
-        bytes: c.bytes,
-    }
 }

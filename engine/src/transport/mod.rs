@@ -22,4 +22,6 @@ pub mod tcp;
 pub use controller::{Controller, ControllerError, Reach};
 pub use io_queue::{IoQueue, NamespaceProtection, QueueNamespace};
 pub use queues::{QueueSource, Queues, SharedQueue};
-pub use tcp::{QueueIds, RemoteController, RemoteError, RemoteQueues};
+pub use tcp::{
+    ControllerLink, QueueIds, ReconnectPolicy, RemoteController, RemoteError, RemoteQueues,
+};

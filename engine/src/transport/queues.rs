@@ -309,4 +309,9 @@ impl SharedQueue {
     pub fn ended(&self) -> Option<String> {
         self.0.try_borrow().ok().and_then(|s| s.queue.ended())
     }
+
+    /// How many times the queue connected again.
+    pub fn reconnects(&self) -> u32 {
+        self.0.try_borrow().map_or(0, |s| s.queue.reconnects())
+    }
 }

@@ -14,6 +14,7 @@ use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::identity::host_identity;
 use usnvme_engine::fabric::initiator::HostOptions;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
+use usnvme_engine::transport::ReconnectPolicy;
 use usnvme_engine::{BlockDevice, NamespaceDevice};
 use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
@@ -111,6 +112,7 @@ impl Attached {
                     let subsystem = RemoteSubsystem::attach(
                         address,
                         &host_options()?,
+                        ReconnectPolicy::default(),
                         REMOTE_IO_QUEUES,
                         self.remote_dma.clone(),
                     )

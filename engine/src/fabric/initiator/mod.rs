@@ -24,4 +24,4 @@ pub use command::{CommandQueue, Payload};
 pub use gated::Gated;
 pub use options::{HostError, HostOptions};
 pub use queue::IoQueue;
-pub use session::{Completion, Data, Failure, IoNamespace, QueueParams, Session};
+pub use session::{Completion, Data, Failure, IoNamespace, QueueParams, Session, Unfinished};

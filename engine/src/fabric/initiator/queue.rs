@@ -18,7 +18,9 @@ use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaMemory, IovaSpace};
 
 use super::options::{HostError, HostOptions};
-use super::session::{Completion, Data, Failure, IoNamespace, QueueParams, Receive, Session};
+use super::session::{
+    Completion, Data, Failure, IoNamespace, QueueParams, Receive, Session, Unfinished,
+};
 use crate::block::Op;
 
 /// Where the queue's I/O buffers live.
@@ -208,6 +210,14 @@ impl IoQueue {
         }
     }
 
+    /// Sends again an I/O another queue of the controller had not finished (see
+    /// [`Session::resubmit`]).
+    pub fn resubmit(&mut self, u: Unfinished) -> Result<(), SubmitError> {
+        let fresh = self.buffers.snapshot();
+        self.memory = fresh;
+        self.session.resubmit(u, &self.memory)
+    }
+
     /// Sends what was queued.
     pub fn flush(&mut self) {
         if self.closed || !self.session.has_outgoing() {
@@ -284,6 +294,16 @@ impl IoQueue {
     /// The protocol state, for settings made between commands.
     pub(crate) fn session_mut(&mut self) -> &mut Session {
         &mut self.session
+    }
+
+    /// When the queue ends, keep its unfinished I/Os for [`IoQueue::take_unfinished`].
+    pub fn keep_unfinished(&mut self, keep: bool) {
+        self.session.keep_unfinished(keep);
+    }
+
+    /// Once the queue ended, the I/Os it had not finished (see [`Session::take_unfinished`]).
+    pub fn take_unfinished(&mut self, take: impl FnMut(Unfinished)) {
+        self.session.take_unfinished(take);
     }
 
     /// Ends the queue: what is in flight fails as aborted (handed to `on_done`).

@@ -300,6 +300,11 @@ impl RemoteController {
         self.shut_down_controller()
     }
 
+    /// The connection is lost: close it without a shutdown (its commands could only time out).
+    pub fn abandon(mut self) {
+        self.shut_down = true;
+    }
+
     fn shut_down_controller(&mut self) -> Result<(), RemoteError> {
         if self.shut_down {
             return Ok(());

@@ -37,6 +37,7 @@ use usnvme_engine::block::DmaTarget;
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
+use usnvme_engine::transport::ReconnectPolicy;
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, PiMode,
     Share, StripeDevice,
@@ -151,6 +152,17 @@ pub struct Args {
     #[arg(long = "keep-alive-tmo", value_name = "S", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(0..=3600))]
     keep_alive_tmo: u32,
+    /// Seconds between attempts to reconnect to an NVMe/TCP target that went away (its
+    /// unfinished I/Os are kept and sent again once reconnected), as Linux's host has it.
+    #[arg(long = "reconnect-delay", value_name = "S", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=3600))]
+    reconnect_delay: u32,
+    /// Seconds after losing an NVMe/TCP target before giving up on it (its I/Os then fail as
+    /// from a removed drive); 0: give up at once, -1: never, as Linux's host has it.
+    #[arg(long = "ctrl-loss-tmo", value_name = "S", default_value_t = 600,
+          allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1..=86400))]
+    ctrl_loss_tmo: i32,
     #[command(flatten)]
     remote: RemoteArgs,
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).

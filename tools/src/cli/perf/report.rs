@@ -28,13 +28,14 @@
 //!       "failed_ios": 0,                        // failed I/Os over the whole run
 //!       "aborted_ios": 0,                       // of those, aborted by a controller reset
 //!       "removed": false,                       // the device was removed during the run
+//!       "reconnects": 0,                        // times its NVMe/TCP queues reconnected
 //!       "ios_after_reset": 5120,                // with --reset-after only
 //!       "read": Direction, "write": Direction, "trim": Direction (all zero),
 //!       "usr_cpu": 99.1, "sys_cpu": 0.8,        // its reactor's CPU time, % of the window
 //!       "latency_ns": {"2": %, ...}, "latency_us": {...}, "latency_ms": {...} }
 //!   ],
 //!   "total": { "jobname": "total", "elapsed_ms": ..., "error": ..., "failed_ios": ...,
-//!              "aborted_ios": ..., "read": Direction, "write": Direction, ... },
+//!              "aborted_ios": ..., "reconnects": ..., "read": Direction, "write": Direction, ... },
 //!   "reset": { "after_s": 1.0,                  // with --reset-after only
 //!              "controllers": [ { "device": "sim:0", "ok": true, "ms": 3 } ] },
 //!   "verified_blocks": 81920                    // with --verify: blocks read back and checked
@@ -84,6 +85,8 @@ pub struct Row {
     pub after_reset: Option<u64>,
     /// What was found gone under the device during the run ("0000:05:00.0 is gone"), if anything.
     pub removed: Option<String>,
+    /// Times its remote queues connected again (their unfinished I/Os were sent again).
+    pub reconnects: u32,
     /// Its reactor's CPU time over the measured window, `[user, system]`.
     pub cpu: [Duration; 2],
 }
@@ -206,7 +209,8 @@ pub fn table(rows: &[Row], latency: u8) -> String {
     out
 }
 
-/// One line per row that had failed I/Os or lost its device, under an `Errors:` heading; empty
+/// One line per row that had failed I/Os, lost its device or reconnected to it, under an
+/// `Errors:` heading; empty
 /// when there is nothing to say.
 pub fn errors(rows: &[Row]) -> String {
     let mut out = String::new();
@@ -229,6 +233,12 @@ pub fn errors(rows: &[Row]) -> String {
                 let _ = write!(text, ", {after} completed after it");
             }
             parts.push(text);
+        }
+        if r.reconnects > 0 {
+            parts.push(format!(
+                "the target went away: reconnected {} time(s), unfinished I/Os sent again",
+                r.reconnects
+            ));
         }
         if !parts.is_empty() {
             let _ = writeln!(out, "  {}: {}", r.name(), parts.join("; "));
@@ -520,6 +530,7 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
             v["failed_ios"] = json!(r.failed);
             v["aborted_ios"] = json!(r.aborted);
             v["removed"] = json!(r.removed.is_some());
+            v["reconnects"] = json!(r.reconnects);
             let [usr, sys] = cpu_pct(r.cpu, r.elapsed);
             (v["usr_cpu"], v["sys_cpu"]) = (json!(usr), json!(sys));
             if let Some(after) = r.after_reset {
@@ -557,6 +568,7 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
     (total["usr_cpu"], total["sys_cpu"]) = (json!(usr), json!(sys));
     total["failed_ios"] = json!(rows.iter().map(|r| r.failed).sum::<u64>());
     total["aborted_ios"] = json!(rows.iter().map(|r| r.aborted).sum::<u64>());
+    total["reconnects"] = json!(rows.iter().map(|r| u64::from(r.reconnects)).sum::<u64>());
     for (key, kind) in [("read", OpKind::Read), ("write", OpKind::Write)] {
         total[key]["iops"] = json!(sum(kind, &|d| d.iops));
         total[key]["bw_bytes"] = json!(sum(kind, &|d| d.bw_bytes as f64) as u64);
@@ -601,6 +613,7 @@ mod tests {
             aborted: 0,
             after_reset: None,
             removed: None,
+            reconnects: 0,
             cpu: [Duration::ZERO; 2],
         }
     }

@@ -378,6 +378,7 @@ impl Session {
                     aborted: d.aborted,
                     after_reset: m.reset.as_ref().map(|_| d.after_reset),
                     removed: d.removed,
+                    reconnects: d.reconnects,
                     cpu: d.cpu,
                 });
             }
@@ -401,6 +402,12 @@ fn attach_remotes(
     }
     let mut host = args.remote.host_options(sysfs.root())?;
     host.kato_ms = args.keep_alive_tmo.saturating_mul(1000);
+    let policy = ReconnectPolicy {
+        delay: Duration::from_secs(u64::from(args.reconnect_delay)),
+        give_up_after: u64::try_from(args.ctrl_loss_tmo)
+            .ok()
+            .map(Duration::from_secs),
+    };
     let dma = match drives.first() {
         Some(d) => DmaTarget {
             space: d.controller.iova_space().clone(),
@@ -416,7 +423,7 @@ fn attach_remotes(
         .remotes
         .iter()
         .map(|addr| {
-            RemoteSubsystem::attach(addr, &host, wanted, dma.clone())
+            RemoteSubsystem::attach(addr, &host, policy, wanted, dma.clone())
                 .map_err(|e| crate::remote::explain(e, addr))
         })
         .collect()

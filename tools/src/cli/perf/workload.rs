@@ -91,6 +91,8 @@ pub struct DeviceResult {
     pub after_reset: u64,
     /// What was found gone under this device ("0000:05:00.0 is gone"), if anything.
     pub removed: Option<String>,
+    /// Times its remote queues connected again.
+    pub reconnects: u32,
     /// The first I/O that failed other than by a reset or a removal, or a setup failure.
     pub error: Option<String>,
     /// The reactor's CPU time over the measured window, `[user, system]` (shared by the
@@ -373,6 +375,7 @@ impl Job for Workload {
                     aborted: st.aborted,
                     after_reset: st.after_reset,
                     removed: dev.removed().map(str::to_owned),
+                    reconnects: dev.reconnects(),
                     error: st.error.take(),
                     cpu,
                 }
@@ -438,12 +441,12 @@ fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: D
             pct if st.rng.u32(..100) < pct => Op::Read,
             _ => Op::Write,
         };
+        // (a sequential run moves on only once the I/O is submitted: one refused for now, by
+        // a full queue or a reconnecting target, is tried again, no block is skipped)
         let index = if run.random {
             st.rng.u64(..blocks)
         } else {
-            let i = st.cursor;
-            st.cursor = if i + 1 == blocks { 0 } else { i + 1 };
-            i
+            st.cursor
         };
         let offset = st.region.start + index * run.io_size;
         let s = &mut st.slots[slot];
@@ -459,6 +462,9 @@ fn submit_some(run: &RunSpec, dev: &mut DeviceChannel, st: &mut DevState, now: D
             Ok(()) => {
                 if op == Op::Write {
                     st.writes += 1;
+                }
+                if !run.random {
+                    st.cursor = if index + 1 == blocks { 0 } else { index + 1 };
                 }
             }
             Err(e) => {

@@ -3,7 +3,9 @@
 
 use usnvme_driver::spec::Status;
 
-use super::{Completion, Dir, Failure, Phase, Session, Slot};
+use usnvme_driver::IoBuffer;
+
+use super::{Completion, Dir, Failure, IoNamespace, Phase, Session, Slot, Unfinished};
 
 impl Session {
     /// Command `index` completed with `status`: to the handler, unless its data is still
@@ -54,7 +56,7 @@ impl Session {
             token: s.token,
             nsid: s.nsid,
             result,
-            submitted_ns: s.submitted_ns,
+            submitted_ns: s.since_ns,
             bytes: if s.dir == Dir::None { 0 } else { s.len },
             dw0: s.dw[0],
             dw1: s.dw[1],
@@ -70,12 +72,14 @@ impl Session {
             self.deferred = 0;
             for index in 0..self.slots.len() as u16 {
                 let s = self.slots[index as usize];
+                let result = match s.deferred {
+                    Some(r) => r,
+                    // kept for `take_unfinished`
+                    None if self.keep_unfinished && s.io.is_some() => continue,
+                    None if s.timed_out => Err(Failure::TimedOut),
+                    None => Err(reason),
+                };
                 if s.busy {
-                    let result = match s.deferred {
-                        Some(r) => r,
-                        None if s.timed_out => Err(Failure::TimedOut),
-                        None => Err(reason),
-                    };
                     self.finish(index, result, on_done);
                 }
             }
@@ -90,6 +94,51 @@ impl Session {
                 self.deferred -= 1;
                 self.finish(index, result, on_done);
             }
+        }
+    }
+
+    /// When the queue ends, keep its unfinished I/Os (those the target did not complete) for
+    /// [`Session::take_unfinished`] instead of failing them: the owner sends them again on a
+    /// new connection.
+    pub fn keep_unfinished(&mut self, keep: bool) {
+        self.keep_unfinished = keep;
+    }
+
+    /// Once the queue ended: hands over every I/O it had not finished (see
+    /// [`Session::keep_unfinished`]); they are no longer in flight here.
+    pub fn take_unfinished(&mut self, mut take: impl FnMut(Unfinished)) {
+        if self.ended.is_none() {
+            return;
+        }
+        for index in 0..self.slots.len() {
+            let s = self.slots[index];
+            let (true, None, Some(io)) = (s.busy, s.deferred, s.io) else {
+                continue;
+            };
+            self.slots[index] = Slot {
+                generation: s.generation,
+                ..Slot::default()
+            };
+            self.free.push(index as u16);
+            self.in_flight -= 1;
+            if s.dir == Dir::FromController {
+                self.reads -= 1;
+            }
+            take(Unfinished {
+                ns: IoNamespace {
+                    nsid: s.nsid,
+                    block_size: io.block_size,
+                },
+                op: io.op,
+                slba: io.slba,
+                blocks: io.blocks,
+                buf: io.op.has_data().then_some(IoBuffer {
+                    iova: s.iova,
+                    len: s.len,
+                }),
+                token: s.token,
+                since_ns: s.since_ns,
+            });
         }
     }
 

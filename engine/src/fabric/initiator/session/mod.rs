@@ -46,6 +46,7 @@ use self::receive::Transfer;
 use self::setup::Negotiated;
 use self::submit::Chunk;
 use super::options::{HostError, HostOptions};
+use crate::block::Op;
 use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, FatalError, IcReq, PFV_1_0};
 
@@ -191,9 +192,39 @@ struct Slot {
     deferred: Option<Result<(), Failure>>,
     corrupt: bool,
     timed_out: bool,
+    /// When it was sent on this queue: the timeout counts from then.
     submitted_ns: u64,
+    /// When it was first submitted (before a reconnect, if it was sent again): its latency
+    /// counts from then.
+    since_ns: u64,
+    /// What it takes to send it again on a new connection (an I/O; None for other commands).
+    io: Option<IoShape>,
     /// The response's DW0 and DW1.
     dw: [u32; 2],
+}
+
+/// An I/O command's op and blocks (with the slot's namespace, buffer and token, all it takes
+/// to send it again).
+#[derive(Debug, Clone, Copy)]
+struct IoShape {
+    op: Op,
+    slba: u64,
+    blocks: u32,
+    block_size: u32,
+}
+
+/// An I/O the queue had not finished when its connection ended (with
+/// [`Session::keep_unfinished`]): what it takes to send it again on a new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unfinished {
+    pub ns: IoNamespace,
+    pub op: Op,
+    pub slba: u64,
+    pub blocks: u32,
+    pub buf: Option<IoBuffer>,
+    pub token: u64,
+    /// When it was first submitted: its latency counts from then.
+    pub since_ns: u64,
 }
 
 /// The state machine of one I/O queue.
@@ -219,6 +250,9 @@ pub struct Session {
     connect: Option<Box<ConnectData>>,
     /// Keep Alive Timeout asked for in the Connect of an admin queue, ms.
     kato_ms: u32,
+    /// When the queue ends, its unfinished I/Os stay for [`Session::take_unfinished`] instead
+    /// of failing (an owner that reconnects sends them again).
+    keep_unfinished: bool,
 }
 
 fn field(offset: u32, name: &'static str) -> FatalError {
@@ -268,6 +302,7 @@ impl Session {
             connect: Some(Box::new(connect)),
             // only an admin queue has a keep-alive timer
             kato_ms: if params.qid == 0 { host.kato_ms } else { 0 },
+            keep_unfinished: false,
             params,
         };
         let req = IcReq {

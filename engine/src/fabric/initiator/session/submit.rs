@@ -9,7 +9,10 @@ use usnvme_hugepages::IovaMemory;
 use vm_memory::VolatileSlice;
 
 use super::receive::range_end;
-use super::{field, slice, Data, Dir, IoNamespace, Phase, Session, Slot, DSM_RANGE, SLOT_BITS};
+use super::{
+    field, slice, Data, Dir, IoNamespace, IoShape, Phase, Session, Slot, Unfinished, DSM_RANGE,
+    SLOT_BITS,
+};
 use crate::block::Op;
 use crate::fabric::export::wire::WriteWire;
 use crate::fabric::framing::Buffers;
@@ -69,6 +72,30 @@ impl Session {
         token: u64,
         mem: &IovaMemory,
     ) -> Result<(), SubmitError> {
+        self.queue_io(ns, op, slba, blocks, buf, token, mem)
+            .map(|_| ())
+    }
+
+    /// Sends again an I/O a queue of the same controller had not finished when its connection
+    /// ended; its latency still counts from its first submission.
+    pub fn resubmit(&mut self, u: Unfinished, mem: &IovaMemory) -> Result<(), SubmitError> {
+        let index = self.queue_io(u.ns, u.op, u.slba, u.blocks, u.buf, u.token, mem)?;
+        self.slots[index as usize].since_ns = u.since_ns;
+        Ok(())
+    }
+
+    /// [`Session::submit_to`]; the slot it took.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_io(
+        &mut self,
+        ns: IoNamespace,
+        op: Op,
+        slba: u64,
+        blocks: u32,
+        buf: Option<IoBuffer>,
+        token: u64,
+        mem: &IovaMemory,
+    ) -> Result<u16, SubmitError> {
         if self.phase != Phase::Ready {
             return Err(SubmitError::Dead);
         }
@@ -119,13 +146,16 @@ impl Session {
             nsid,
             iova,
             len,
+            io: Some(IoShape {
+                op,
+                slba,
+                blocks,
+                block_size: ns.block_size,
+            }),
             ..Slot::default()
         };
-        if op == Op::Deallocate {
-            let range = DsmRange::new(slba, blocks);
-            return self.start(sqe, command, Some(range.as_bytes()), mem);
-        }
-        self.start(sqe, command, None, mem)
+        let range = (op == Op::Deallocate).then(|| DsmRange::new(slba, blocks));
+        self.start(sqe, command, range.as_ref().map(|r| r.as_bytes()), mem)
     }
 
     /// Queues any command (admin and Fabrics ones included) with `data` in `mem`: all or
@@ -163,7 +193,7 @@ impl Session {
             len: buf.len,
             ..Slot::default()
         };
-        self.start(sqe, command, None, mem)
+        self.start(sqe, command, None, mem).map(|_| ())
     }
 
     /// Takes a free slot for `command` (its direction, buffer and token) and queues its
@@ -175,7 +205,7 @@ impl Session {
         command: Slot,
         range: Option<&[u8; DSM_RANGE]>,
         mem: &IovaMemory,
-    ) -> Result<(), SubmitError> {
+    ) -> Result<u16, SubmitError> {
         let Some(index) = self.free.pop() else {
             return Err(SubmitError::QueueFull {
                 in_flight: self.in_flight as u16,
@@ -192,6 +222,7 @@ impl Session {
             generation,
             in_capsule,
             submitted_ns: self.now_ns,
+            since_ns: self.now_ns,
             ..command
         };
         self.in_flight += 1;
@@ -219,7 +250,7 @@ impl Session {
             let header = OutHeader::capsule_cmd(&sqe, 0, digests);
             self.push_bytes(header.as_slice());
         }
-        Ok(())
+        Ok(index)
     }
 
     /// Queues `len` bytes of slot `index`'s buffer from `offset`, and their data digest.

@@ -1,0 +1,236 @@
+//! A remote controller's association as its I/O queues and its controller thread share it:
+//! which association is current (a generation, bumped at each reconnect), whether it is live,
+//! down (being reconnected) or lost for good, and how many times it was reconnected.
+//!
+//! An I/O queue reads the generation once per poll (one atomic load) and does anything more
+//! only when it changed or its own connection ended: then it reports the association down
+//! ([`ControllerLink::report_down`]), keeps its unfinished I/Os, and waits for the next
+//! generation (it connects to the new controller and sends them again) or the loss (it fails
+//! them). The controller thread ([`crate::fabric::subsystem`]) reconnects as the
+//! [`ReconnectPolicy`] says, as Linux's host does (`reconnect_delay`, `ctrl_loss_tmo`).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// The generation of a controller given up for good.
+const LOST: u64 = u64::MAX;
+
+/// When and for how long a lost connection is tried again (Linux's `reconnect_delay` and
+/// `ctrl_loss_tmo`, with its defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectPolicy {
+    /// Between two attempts (the first too: a restarting target needs a moment).
+    pub delay: Duration,
+    /// How long after the loss attempts go on; `None`: for ever. `Some(0)`: no attempt, the
+    /// controller's I/O fails at once.
+    pub give_up_after: Option<Duration>,
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        ReconnectPolicy {
+            delay: Duration::from_secs(10),
+            give_up_after: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+impl ReconnectPolicy {
+    /// No reconnecting: a lost connection fails the controller's I/O at once.
+    pub const NEVER: ReconnectPolicy = ReconnectPolicy {
+        delay: Duration::ZERO,
+        give_up_after: Some(Duration::ZERO),
+    };
+
+    /// How many attempts before giving up, as Linux counts them (`ctrl_loss_tmo` over
+    /// `reconnect_delay`, rounded up); `None`: no limit.
+    pub fn attempts(&self) -> Option<u64> {
+        self.give_up_after.map(|limit| {
+            let delay = self.delay.as_millis().max(1);
+            limit.as_millis().div_ceil(delay).min(u128::from(u64::MAX)) as u64
+        })
+    }
+}
+
+/// Where the association stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    /// Connected: the controller ID I/O queues connect to.
+    Live { cntlid: u16 },
+    /// Lost, being reconnected (since when, and why).
+    Down { since: Instant, why: String },
+    /// Given up (why): every I/O to it fails.
+    Lost { why: String },
+}
+
+/// The shared state of one remote controller's association.
+#[derive(Debug)]
+pub struct ControllerLink {
+    generation: AtomicU64,
+    state: Mutex<(LinkState, bool)>,
+    /// Wakes the controller thread: an association reported down, or stop.
+    wake: Condvar,
+    reconnects: AtomicU32,
+}
+
+/// What the controller thread woke up for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Its period passed (time for a Keep Alive).
+    Period,
+    /// The association is down (a queue reported it): reconnect.
+    Down,
+    Stop,
+}
+
+impl ControllerLink {
+    /// A live association with controller `cntlid`, generation 1.
+    pub fn new(cntlid: u16) -> ControllerLink {
+        ControllerLink {
+            generation: AtomicU64::new(1),
+            state: Mutex::new((LinkState::Live { cntlid }, false)),
+            wake: Condvar::new(),
+            reconnects: AtomicU32::new(0),
+        }
+    }
+
+    /// The current association (changes at each reconnect, and when given up).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Where the association stands now.
+    pub fn state(&self) -> LinkState {
+        self.state.lock().0.clone()
+    }
+
+    /// Why the controller was given up, once it was.
+    pub fn lost(&self) -> Option<String> {
+        match self.state() {
+            LinkState::Lost { why } => Some(why),
+            _ => None,
+        }
+    }
+
+    /// How many times the association was made again.
+    pub fn reconnects(&self) -> u32 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// A connection of association `generation` ended (`why`): if that is still the live
+    /// one, it is down and the controller thread reconnects. (Reports of an older association,
+    /// or while already down, change nothing.)
+    pub fn report_down(&self, generation: u64, why: &str) {
+        let mut state = self.state.lock();
+        if generation == self.generation() && matches!(state.0, LinkState::Live { .. }) {
+            log::warn!("connection lost ({why}): reconnecting");
+            state.0 = LinkState::Down {
+                since: Instant::now(),
+                why: why.to_owned(),
+            };
+            self.wake.notify_all();
+        }
+    }
+
+    /// The controller thread: waits at most `period` (for ever when `None`) for the
+    /// association to go down, or for stop.
+    pub fn wait(&self, period: Option<Duration>) -> Wake {
+        let deadline = period.map(|p| Instant::now() + p);
+        let mut state = self.state.lock();
+        loop {
+            if state.1 {
+                return Wake::Stop;
+            }
+            if matches!(state.0, LinkState::Down { .. }) {
+                return Wake::Down;
+            }
+            match deadline {
+                Some(at) => {
+                    if self.wake.wait_until(&mut state, at).timed_out() {
+                        return if state.1 { Wake::Stop } else { Wake::Period };
+                    }
+                }
+                None => self.wake.wait(&mut state),
+            }
+        }
+    }
+
+    /// Sleeps `d`; false if told to stop meanwhile.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let at = Instant::now() + d;
+        let mut state = self.state.lock();
+        while !state.1 {
+            if self.wake.wait_until(&mut state, at).timed_out() {
+                break;
+            }
+        }
+        !state.1
+    }
+
+    /// The controller thread made a new association with controller `cntlid`: the queues
+    /// connect to it and send their unfinished I/Os again.
+    pub fn reconnected(&self, cntlid: u16) {
+        let mut state = self.state.lock();
+        state.0 = LinkState::Live { cntlid };
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The controller thread gave up (`why`): every queue fails its I/O.
+    pub fn give_up(&self, why: String) {
+        let mut state = self.state.lock();
+        state.0 = LinkState::Lost { why };
+        self.generation.store(LOST, Ordering::Release);
+    }
+
+    /// Tells the controller thread to stop.
+    pub fn stop(&self) {
+        self.state.lock().1 = true;
+        self.wake.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_of_the_live_association_takes_it_down_once_and_a_reconnect_makes_the_next() {
+        let link = ControllerLink::new(7);
+        assert_eq!(link.wait(Some(Duration::from_millis(1))), Wake::Period);
+        link.report_down(0, "an old one");
+        assert_eq!(link.state(), LinkState::Live { cntlid: 7 });
+        link.report_down(1, "closed");
+        assert!(matches!(link.state(), LinkState::Down { why, .. } if why == "closed"));
+        link.report_down(1, "again");
+        assert!(matches!(link.state(), LinkState::Down { why, .. } if why == "closed"));
+        assert_eq!(link.wait(None), Wake::Down);
+        link.reconnected(9);
+        assert_eq!(
+            (link.generation(), link.state(), link.reconnects()),
+            (2, LinkState::Live { cntlid: 9 }, 1)
+        );
+        link.give_up("gone".into());
+        assert_eq!(link.lost().as_deref(), Some("gone"));
+        assert_eq!(link.generation(), LOST);
+        link.stop();
+        assert_eq!(link.wait(None), Wake::Stop);
+        assert!(!link.sleep(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn the_policy_counts_attempts_as_linux_does() {
+        assert_eq!(ReconnectPolicy::default().attempts(), Some(60));
+        assert_eq!(ReconnectPolicy::NEVER.attempts(), Some(0));
+        let policy = |delay, limit: Option<u64>| ReconnectPolicy {
+            delay: Duration::from_secs(delay),
+            give_up_after: limit.map(Duration::from_secs),
+        };
+        assert_eq!(policy(10, None).attempts(), None);
+        assert_eq!(policy(10, Some(5)).attempts(), Some(1));
+        assert_eq!(policy(2, Some(5)).attempts(), Some(3));
+    }
+}
