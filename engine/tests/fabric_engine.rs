@@ -26,6 +26,7 @@ use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
 use usnvme_engine::topology::Topology;
+use usnvme_engine::transport::tcp::queues::RemotePath;
 use usnvme_engine::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Engine, EngineOptions, Job, Op, ReactorContext,
@@ -210,19 +211,21 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     let ns = &sub.namespaces[0];
     let queues = RemoteQueues {
         name: format!("tcp://{addr}/{}", sub.nqn),
-        addr,
         subnqn: sub.nqn.clone(),
         host,
         in_capsule: sub.in_capsule_bytes,
         max_transfer: sub.max_transfer,
         max_entries: sub.queue_entries,
-        qids: Arc::new(QueueIds::new(sub.io_queues)),
         namespaces: 1,
-        link: Arc::new(ControllerLink::new(cntlid)),
         dma: DmaTarget {
             space: IovaSpace::new(Arc::new(NoIommu)),
             page: PageSize::Small4K,
         },
+        paths: vec![RemotePath {
+            addr,
+            qids: Arc::new(QueueIds::new(sub.io_queues)),
+            link: Arc::new(ControllerLink::new(cntlid)),
+        }],
     };
     let device = NamespaceDevice::remote(
         queues.name.clone(),

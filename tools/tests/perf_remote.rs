@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -342,6 +342,8 @@ fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
 /// and refuse new ones ([`Relay::cut`]: a target that went away) until [`Relay::restore`].
 struct Relay {
     addr: SocketAddr,
+    /// Bytes forwarded from the host to the target.
+    bytes: Arc<AtomicU64>,
     frozen: Arc<AtomicBool>,
     refusing: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
@@ -352,14 +354,16 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let relay = Relay {
             addr: listener.local_addr().expect("address"),
+            bytes: Arc::default(),
             frozen: Arc::default(),
             refusing: Arc::default(),
             open: Arc::default(),
         };
-        let (frozen, refusing, open) = (
+        let (frozen, refusing, open, bytes) = (
             relay.frozen.clone(),
             relay.refusing.clone(),
             relay.open.clone(),
+            relay.bytes.clone(),
         );
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -375,17 +379,21 @@ impl Relay {
                         .expect("not poisoned")
                         .push(s.try_clone().expect("clone"));
                 }
-                for (mut from, mut into) in [
+                for (mut from, mut into, counted) in [
                     (
                         client.try_clone().expect("clone"),
                         server.try_clone().expect("clone"),
+                        Some(bytes.clone()),
                     ),
-                    (server, client),
+                    (server, client, None),
                 ] {
                     let frozen = frozen.clone();
                     std::thread::spawn(move || {
                         let mut buf = [0u8; 65536];
                         while let Ok(n) = from.read(&mut buf) {
+                            if let Some(c) = &counted {
+                                c.fetch_add(n as u64, Ordering::Relaxed);
+                            }
                             while frozen.load(Ordering::Relaxed) {
                                 std::thread::sleep(Duration::from_millis(50));
                             }
@@ -522,6 +530,121 @@ fn a_target_that_goes_away_and_comes_back_gets_its_unfinished_ios_again_and_lose
         "{}",
         text(&out)
     );
+}
+
+/// A target with two ports, a relay in front of each, and perf given both addresses of its
+/// NQN: one subsystem on two paths. `then` runs once I/O flows on both; perf runs
+/// [`BESIDE_SECONDS`] of verified random reads and writes, reconnecting only after 30 s: what
+/// goes on after `then` goes the other way. The run must end clean: no I/O failed, blocks
+/// read back verified, well before the reconnect delay.
+fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (Output, Value) {
+    let mut args = vec![
+        "--allow-host",
+        HOST,
+        "--json-status-every",
+        "0.05",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    args.extend(extra_serve);
+    let serve = Serve::start(&args);
+    let relays = [Relay::to(serve.listeners[0]), Relay::to(serve.listeners[1])];
+    let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
+    let root = host_root();
+    let seconds = BESIDE_SECONDS.to_string();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let core = if cores > 1 { "1" } else { "0" };
+    let started = std::time::Instant::now();
+    let (out, doc) = perf_then(
+        root.path(),
+        &[
+            "-r",
+            &a,
+            "-r",
+            &b,
+            "-n",
+            "1",
+            "-c",
+            core,
+            "-t",
+            &seconds,
+            "-q",
+            "8",
+            "-w",
+            "randrw",
+            "--verify",
+            "--reconnect-delay",
+            "30",
+            "--ctrl-loss-tmo",
+            "60",
+        ],
+        || {
+            io_flows_to(&serve);
+            for r in &relays {
+                let before = r.bytes.load(Ordering::Relaxed);
+                wait_for("I/O on both paths", || {
+                    r.bytes.load(Ordering::Relaxed) > before + (64 << 10)
+                });
+            }
+            then(&serve, &relays)
+        },
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stderr(&out).contains("2 paths"), "{}", text(&out));
+    assert_eq!(doc["total"]["failed_ios"], 0, "{}", text(&out));
+    assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the I/O went the other way, not after a reconnect: {:?}",
+        started.elapsed()
+    );
+    (out, doc)
+}
+
+/// Waits (at most 20 s) until `done`.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after 20 s still no {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn over_two_paths_the_io_of_a_path_cut_goes_the_other_way_at_once() {
+    two_paths(&[], |_, [a, b]| {
+        // I/O stuck in flight on A (sent after it went silent), then A's connections gone
+        a.freeze();
+        let stuck = a.bytes.load(Ordering::Relaxed);
+        wait_for("I/O sent on the silent path", || {
+            a.bytes.load(Ordering::Relaxed) > stuck + 1024
+        });
+        a.cut();
+        let before = b.bytes.load(Ordering::Relaxed);
+        wait_for("I/O on the other path", || {
+            b.bytes.load(Ordering::Relaxed) > before + (256 << 10)
+        });
+    });
+}
+
+#[test]
+fn over_two_paths_the_io_leaves_a_port_made_inaccessible() {
+    let states = tempfile::NamedTempFile::new().expect("a state file");
+    let file = states.path().to_str().expect("UTF-8 temp path").to_owned();
+    two_paths(&["--ana-state-file", &file], |serve, [_, b]| {
+        let port = serve.listeners[0];
+        std::fs::write(states.path(), format!("{port} inaccessible\n")).expect("written");
+        serve.wait_for_status("port A inaccessible", |s| {
+            s["ana_states"].to_string().contains("inaccessible")
+        });
+        let before = b.bytes.load(Ordering::Relaxed);
+        wait_for("I/O on the other path", || {
+            b.bytes.load(Ordering::Relaxed) > before + (256 << 10)
+        });
+    });
 }
 
 #[test]

@@ -22,13 +22,16 @@ use super::address::TcpAddress;
 use super::initiator::HostOptions;
 use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
 use crate::transport::tcp::link::{LinkState, Wake};
+use crate::transport::tcp::queues::RemotePath;
 use crate::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
 use crate::transport::{RemoteController, RemoteError};
 
 /// The largest transfer when the controller sets no limit (MDTS 0): I/Os beyond it are split.
 const NO_LIMIT_TRANSFER: u32 = 1 << 20;
+/// How often the ANA state of a controller that reports it is read.
+const ANA_PERIOD: Duration = Duration::from_secs(1);
 
-/// A remote subsystem, attached: what its controller said, and its namespaces.
+/// A remote subsystem, attached: what its controllers said, and its namespaces.
 #[derive(Debug)]
 pub struct RemoteSubsystem {
     address: TcpAddress,
@@ -38,10 +41,10 @@ pub struct RemoteSubsystem {
     namespaces: Vec<(u32, u32, u64)>,
     /// The most commands in flight on one of its I/O queues (CAP.MQES).
     max_depth: u32,
-    controller: Arc<ControllerThread>,
+    controllers: Arc<Vec<ControllerThread>>,
 }
 
-/// The thread that keeps the controller alive and reconnects it; dropping this stops the
+/// The thread that keeps a controller alive and reconnects it; dropping this stops the
 /// thread, which shuts the controller down.
 struct ControllerThread {
     link: Arc<ControllerLink>,
@@ -63,18 +66,20 @@ impl Drop for ControllerThread {
     }
 }
 
-impl RemoteSubsystem {
-    /// Connects to the subsystem at `address` (which names its NQN), enables and identifies
-    /// its controller and asks for `io_queues` I/O queues. `host.kato_ms` above 0 sends a
-    /// Keep Alive every third of it; a lost association is made again as `policy` says. I/O
-    /// buffers come from `dma`.
-    pub fn attach(
-        address: &TcpAddress,
-        host: &HostOptions,
-        policy: ReconnectPolicy,
-        io_queues: u16,
-        dma: DmaTarget,
-    ) -> Result<RemoteSubsystem, RemoteError> {
+/// One controller, enabled and identified.
+struct Attached {
+    ctrl: RemoteController,
+    granted: u16,
+    namespaces: Vec<(u32, u32, u64)>,
+    max_transfer: u32,
+    in_capsule: u32,
+    mqes: u16,
+    /// It reports ANA (CMIC bit 3): its state is read, and read again every period.
+    ana: bool,
+}
+
+impl Attached {
+    fn new(address: &TcpAddress, host: &HostOptions, io_queues: u16) -> Result<Self, RemoteError> {
         let subnqn = address.subnqn.clone().unwrap_or_default();
         let mut ctrl = RemoteController::connect(address.addr, &subnqn, host)?;
         let id = ctrl.identify_controller()?;
@@ -91,53 +96,135 @@ impl RemoteSubsystem {
             0 => NO_LIMIT_TRANSFER,
             m => (page << m.min(20)).min(u64::from(NO_LIMIT_TRANSFER)) as u32,
         };
-        // IOCCSZ counts 16-byte units, the 64-byte command included
-        let in_capsule = (id.ioccsz.saturating_mul(16)).saturating_sub(64);
-        let link = Arc::new(ControllerLink::new(ctrl.cntlid()));
+        if host.kato_ms > 0 {
+            // a Keep Alive not answered within KATO: the association is down
+            ctrl.set_command_timeout(Duration::from_millis(u64::from(host.kato_ms)));
+        }
+        Ok(Attached {
+            ctrl,
+            granted,
+            namespaces,
+            max_transfer,
+            // IOCCSZ counts 16-byte units, the 64-byte command included
+            in_capsule: (id.ioccsz.saturating_mul(16)).saturating_sub(64),
+            mqes: cap.mqes(),
+            ana: id.cmic & 8 != 0,
+        })
+    }
+}
+
+impl RemoteSubsystem {
+    /// Connects to the subsystem at `address` (which names its NQN): see
+    /// [`RemoteSubsystem::attach_paths`].
+    pub fn attach(
+        address: &TcpAddress,
+        host: &HostOptions,
+        policy: ReconnectPolicy,
+        io_queues: u16,
+        dma: DmaTarget,
+    ) -> Result<RemoteSubsystem, RemoteError> {
+        Self::attach_paths(std::slice::from_ref(address), host, policy, io_queues, dma)
+    }
+
+    /// Connects to the subsystem at each of `paths` (addresses of one subsystem NQN): enables
+    /// and identifies a controller on each (their namespaces must be the same) and asks each
+    /// for `io_queues` I/O queues. `host.kato_ms` above 0 sends a Keep Alive every third of
+    /// it; a lost association is made again as `policy` says. I/O buffers come from `dma`.
+    pub fn attach_paths(
+        paths: &[TcpAddress],
+        host: &HostOptions,
+        policy: ReconnectPolicy,
+        io_queues: u16,
+        dma: DmaTarget,
+    ) -> Result<RemoteSubsystem, RemoteError> {
+        let Some(address) = paths.first() else {
+            return Err(RemoteError::Malformed {
+                during: "attach",
+                what: "no address",
+            });
+        };
+        let subnqn = address.subnqn.clone().unwrap_or_default();
+        let mut attached = Vec::with_capacity(paths.len());
+        for path in paths {
+            let a = Attached::new(path, host, io_queues)?;
+            if let Some(first) = attached.first() {
+                let first: &Attached = first;
+                if first.namespaces != a.namespaces {
+                    return Err(RemoteError::Malformed {
+                        during: "attach",
+                        what: "two paths of one subsystem NQN show different namespaces: \
+                               not two paths to one subsystem",
+                    });
+                }
+            }
+            attached.push(a);
+        }
+        let namespaces = attached[0].namespaces.clone();
+        let mut remote_paths = Vec::with_capacity(attached.len());
+        let mut controllers = Vec::with_capacity(attached.len());
+        for (a, path) in attached.iter_mut().zip(paths) {
+            let link = Arc::new(ControllerLink::new(a.ctrl.cntlid()));
+            if a.ana {
+                link.set_ana(a.ctrl.ana_state()?);
+            }
+            remote_paths.push(RemotePath {
+                addr: path.addr,
+                qids: Arc::new(QueueIds::new(a.granted)),
+                link: link.clone(),
+            });
+        }
         let queues = RemoteQueues {
             name: address.to_string(),
-            addr: address.addr,
             subnqn: subnqn.clone(),
             host: HostOptions {
                 kato_ms: 0,
                 ..host.clone()
             },
-            in_capsule,
-            max_transfer,
-            max_entries: cap.mqes().saturating_add(1),
-            qids: Arc::new(QueueIds::new(granted)),
+            in_capsule: attached.iter().map(|a| a.in_capsule).min().unwrap_or(0),
+            max_transfer: attached.iter().map(|a| a.max_transfer).min().unwrap_or(0),
+            max_entries: attached
+                .iter()
+                .map(|a| a.mqes.saturating_add(1))
+                .min()
+                .unwrap_or(2),
             namespaces: 1, // set to those the run uses by `devices`
-            link: link.clone(),
             dma,
+            paths: remote_paths,
         };
-        if host.kato_ms > 0 {
-            // a Keep Alive not answered within KATO: the association is down
-            ctrl.set_command_timeout(Duration::from_millis(u64::from(host.kato_ms)));
+        let max_depth = attached
+            .iter()
+            .map(|a| u32::from(a.mqes))
+            .min()
+            .unwrap_or(0);
+        for ((a, path), rp) in attached.into_iter().zip(paths).zip(&queues.paths) {
+            let again = Reconnect {
+                name: path.to_string(),
+                addr: path.addr,
+                subnqn: subnqn.clone(),
+                host: host.clone(),
+                policy,
+                io_queues,
+                granted: a.granted,
+                namespaces: namespaces.clone(),
+                ana: a.ana,
+                link: rp.link.clone(),
+            };
+            let ctrl = a.ctrl;
+            let thread = std::thread::Builder::new()
+                .name("usnvme-controller".into())
+                .spawn(move || again.run(ctrl))
+                .map_err(RemoteError::Thread)?;
+            controllers.push(ControllerThread {
+                link: rp.link.clone(),
+                thread: Some(thread),
+            });
         }
-        let again = Reconnect {
-            name: address.to_string(),
-            addr: address.addr,
-            subnqn,
-            host: host.clone(),
-            policy,
-            io_queues,
-            granted,
-            namespaces: namespaces.clone(),
-            link: link.clone(),
-        };
-        let thread = std::thread::Builder::new()
-            .name("usnvme-controller".into())
-            .spawn(move || again.run(ctrl))
-            .map_err(RemoteError::Thread)?;
         Ok(RemoteSubsystem {
             address: address.clone(),
             queues,
             namespaces,
-            max_depth: u32::from(cap.mqes()),
-            controller: Arc::new(ControllerThread {
-                link,
-                thread: Some(thread),
-            }),
+            max_depth,
+            controllers: Arc::new(controllers),
         })
     }
 
@@ -177,7 +264,7 @@ impl RemoteSubsystem {
                 } else {
                     format!("{}/ns{nsid}", self.address)
                 };
-                let keep: Box<dyn fmt::Debug + Send + Sync> = Box::new(self.controller.clone());
+                let keep: Box<dyn fmt::Debug + Send + Sync> = Box::new(self.controllers.clone());
                 let device = NamespaceDevice::remote(
                     name,
                     queues.clone(),
@@ -205,6 +292,8 @@ struct Reconnect {
     granted: u16,
     /// The namespaces the devices were made of: a new association must have them unchanged.
     namespaces: Vec<(u32, u32, u64)>,
+    /// The controller reports ANA: its state is read again every period.
+    ana: bool,
     link: Arc<ControllerLink>,
 }
 
@@ -212,15 +301,35 @@ impl Reconnect {
     /// The controller thread: a Keep Alive every third of the KATO (if any); when the
     /// association goes down, reconnects; stops when told, shutting the controller down.
     fn run(self, ctrl: RemoteController) {
-        let period = (self.host.kato_ms > 0)
+        // a Keep Alive every third of the KATO; the ANA state read at least every second
+        let keep_alive = (self.host.kato_ms > 0)
             .then(|| Duration::from_millis(u64::from(self.host.kato_ms) / 3))
             .map(|p| p.max(Duration::from_millis(10)));
+        let period = match (keep_alive, self.ana) {
+            (Some(p), true) => Some(p.min(ANA_PERIOD)),
+            (None, true) => Some(ANA_PERIOD),
+            (p, false) => p,
+        };
         let mut ctrl = Some(ctrl);
         loop {
             match self.link.wait(period) {
                 Wake::Stop => return, // `ctrl` is shut down as it drops
                 Wake::Period => {
-                    if let Some(Err(e)) = ctrl.as_mut().map(|c| c.keep_alive()) {
+                    let Some(c) = ctrl.as_mut() else { continue };
+                    let ana = match self.ana {
+                        true => c.ana_state().map(Some),
+                        false => Ok(None),
+                    };
+                    let checked = ana.and_then(|state| {
+                        if let Some(state) = state.filter(|s| self.link.set_ana(*s)) {
+                            log::info!("{}: ANA state {state:?}", self.name);
+                        }
+                        match self.host.kato_ms {
+                            0 => Ok(()),
+                            _ => c.keep_alive(),
+                        }
+                    });
+                    if let Err(e) = checked {
                         let why = format!("keep-alive lost ({e})");
                         log::error!("{}: {why}", self.name);
                         self.link.report_down(self.link.generation(), &why);
@@ -261,7 +370,18 @@ impl Reconnect {
             }
             tried += 1;
             match self.connect() {
-                Ok(ctrl) => {
+                Ok(mut ctrl) => {
+                    if self.ana {
+                        match ctrl.ana_state() {
+                            Ok(state) => {
+                                self.link.set_ana(state);
+                            }
+                            Err(e) => {
+                                log::warn!("{}: reconnect attempt {tried}: {e}", self.name);
+                                continue;
+                            }
+                        }
+                    }
                     log::info!(
                         "{}: reconnected (controller {}, attempt {tried})",
                         self.name,

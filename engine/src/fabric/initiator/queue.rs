@@ -301,6 +301,16 @@ impl IoQueue {
         self.session.keep_unfinished(keep);
     }
 
+    /// Keep I/Os refused for a path-related reason for [`IoQueue::take_rerouted`].
+    pub fn reroute_path_errors(&mut self) {
+        self.session.reroute_path_errors();
+    }
+
+    /// The I/Os the target refused for a path-related reason since the last call.
+    pub fn take_rerouted(&mut self, take: impl FnMut(Unfinished, usnvme_driver::spec::Status)) {
+        self.session.take_rerouted(take);
+    }
+
     /// Once the queue ended, the I/Os it had not finished (see [`Session::take_unfinished`]).
     pub fn take_unfinished(&mut self, take: impl FnMut(Unfinished)) {
         self.session.take_unfinished(take);

@@ -25,6 +25,7 @@ use usnvme_driver::spec::{
 };
 use usnvme_driver::Namespace;
 
+use super::link::AnaState;
 use crate::fabric::discovery::{parse_discovery_log, DiscoveryLog, DISCOVERY_RECORD};
 use crate::fabric::initiator::{CommandQueue, HostError, HostOptions, Payload};
 use crate::fabric::pdu::Digests;
@@ -261,6 +262,29 @@ impl RemoteController {
     /// The newest `count` Error Information entries (`elpe`: Identify Controller's ELPE).
     pub fn error_log(&mut self, elpe: u8, count: usize) -> Result<Vec<ErrorLogEntry>, RemoteError> {
         bringup::error_log(&mut self.fabric(), elpe, count)
+    }
+
+    /// The ANA state of the first ANA group (a target of one group, as `usnvme serve` and the
+    /// kernel's nvmet by default are): the ANA log's header and first group descriptor.
+    pub fn ana_state(&mut self) -> Result<AnaState, RemoteError> {
+        const NAME: &str = "Get Log Page Asymmetric Namespace Access";
+        // header (16 bytes), then the descriptor: group ID, NSIDs, change count, state (byte 16)
+        let raw = bringup::log_page(
+            &mut self.fabric(),
+            NAME,
+            LogPageId::AsymmetricNamespaceAccess,
+            u32::MAX,
+            48,
+        )?;
+        match (raw.get(8..10), raw.get(32)) {
+            (Some(&[lo, hi]), Some(&state)) if u16::from_le_bytes([lo, hi]) > 0 => {
+                Ok(AnaState::from_log(state))
+            }
+            _ => Err(RemoteError::Malformed {
+                during: NAME,
+                what: "no ANA group",
+            }),
+        }
     }
 
     pub fn firmware_log(&mut self) -> Result<FirmwareSlotLog, RemoteError> {

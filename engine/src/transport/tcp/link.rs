@@ -9,13 +9,63 @@
 //! them). The controller thread ([`crate::fabric::subsystem`]) reconnects as the
 //! [`ReconnectPolicy`] says, as Linux's host does (`reconnect_delay`, `ctrl_loss_tmo`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 /// The generation of a controller given up for good.
 const LOST: u64 = u64::MAX;
+
+/// A path's Asymmetric Namespace Access state, as the ANA log and path statuses give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnaState {
+    Optimized,
+    NonOptimized,
+    Inaccessible,
+    PersistentLoss,
+    Change,
+}
+
+impl AnaState {
+    /// From the ANA log's state field (unknown values: optimized, as a controller without
+    /// ANA is).
+    pub fn from_log(state: u8) -> AnaState {
+        match state & 0xf {
+            2 => AnaState::NonOptimized,
+            3 => AnaState::Inaccessible,
+            4 => AnaState::PersistentLoss,
+            0xf => AnaState::Change,
+            _ => AnaState::Optimized,
+        }
+    }
+
+    /// What a path-related status (SCT 3) says of the path, if anything.
+    pub fn from_status(status: usnvme_driver::spec::Status) -> Option<AnaState> {
+        use usnvme_driver::spec::Status;
+        match status {
+            Status::ANA_INACCESSIBLE => Some(AnaState::Inaccessible),
+            Status::ANA_PERSISTENT_LOSS => Some(AnaState::PersistentLoss),
+            Status::ANA_TRANSITION => Some(AnaState::Change),
+            _ => None,
+        }
+    }
+
+    /// Whether I/O goes this way: optimized first, non-optimized when no path is.
+    pub fn usable(self) -> bool {
+        matches!(self, AnaState::Optimized | AnaState::NonOptimized)
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            AnaState::Optimized => 1,
+            AnaState::NonOptimized => 2,
+            AnaState::Inaccessible => 3,
+            AnaState::PersistentLoss => 4,
+            AnaState::Change => 0xf,
+        }
+    }
+}
 
 /// When and for how long a lost connection is tried again (Linux's `reconnect_delay` and
 /// `ctrl_loss_tmo`, with its defaults).
@@ -73,6 +123,8 @@ pub struct ControllerLink {
     /// Wakes the controller thread: an association reported down, or stop.
     wake: Condvar,
     reconnects: AtomicU32,
+    /// The path's ANA state ([`AnaState`]'s log code).
+    ana: AtomicU8,
 }
 
 /// What the controller thread woke up for.
@@ -93,6 +145,7 @@ impl ControllerLink {
             state: Mutex::new((LinkState::Live { cntlid }, false)),
             wake: Condvar::new(),
             reconnects: AtomicU32::new(0),
+            ana: AtomicU8::new(1),
         }
     }
 
@@ -113,6 +166,17 @@ impl ControllerLink {
             LinkState::Lost { why } => Some(why),
             _ => None,
         }
+    }
+
+    /// The path's ANA state, as last read or learned from a status.
+    #[inline]
+    pub fn ana(&self) -> AnaState {
+        AnaState::from_log(self.ana.load(Ordering::Relaxed))
+    }
+
+    /// Sets the path's ANA state; whether it changed.
+    pub fn set_ana(&self, state: AnaState) -> bool {
+        self.ana.swap(state.code(), Ordering::Relaxed) != state.code()
     }
 
     /// How many times the association was made again.

@@ -1,9 +1,13 @@
-//! Where a remote (NVMe/TCP) controller's I/O queues come from: its address, the association
-//! its admin queue made (subsystem, the controller's [`ControllerLink`]), its limits, and the
-//! I/O queue IDs it granted, one per reactor; and a reactor's queue to it ([`RemoteQueue`]),
-//! which outlives its connections: when one ends, it keeps the I/Os the target had not
-//! finished, connects again once the controller thread made a new association, and sends
-//! them again (none is lost, none doubled: only I/Os the target never completed go again).
+//! Where a remote (NVMe/TCP) subsystem's I/O queues come from: its controllers, one per path
+//! (address), each with its association ([`ControllerLink`]: controller ID, reconnects, ANA
+//! state) and the I/O queue IDs it granted, one per reactor; and a reactor's queue to it
+//! ([`RemoteQueue`]), one connection per path, which outlives its connections.
+//!
+//! When a connection ends, its path keeps the I/Os the target had not finished; another path
+//! takes them at once, or the same one once the controller thread made a new association
+//! (none is lost, none doubled: only I/Os the target never completed go again). I/O goes to
+//! every optimized path in turn (non-optimized ones when none is); an I/O the target refuses
+//! for a path-related reason (ANA inaccessible, ...) goes the other way.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +17,7 @@ use parking_lot::Mutex;
 use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, SubmitError};
 
-use super::link::{ControllerLink, LinkState};
+use super::link::{AnaState, ControllerLink, LinkState};
 use crate::block::{ChannelOptions, DmaTarget, Op};
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
@@ -21,13 +25,12 @@ use crate::fabric::initiator::{self, Failure, HostOptions, IoNamespace, Unfinish
 use crate::fabric::initiator::{IoQueue, QueueParams};
 use crate::transport::QueueNamespace;
 
-/// What the owner learned from a remote controller (its admin queue), shared by the devices
-/// of its namespaces: enough to connect I/O queues to it.
+/// What the owner learned from a remote subsystem (the admin queues of its controllers),
+/// shared by the devices of its namespaces: enough to connect I/O queues to it.
 #[derive(Debug, Clone)]
 pub struct RemoteQueues {
-    /// The controller's name in messages (e.g. `tcp://127.0.0.1:4420/nqn…`).
+    /// The subsystem's name in messages (e.g. `tcp://127.0.0.1:4420/nqn…`: its first path).
     pub name: String,
-    pub addr: SocketAddr,
     pub subnqn: String,
     pub host: HostOptions,
     /// In-capsule data of an I/O command (IOCCSZ * 16 - 64).
@@ -36,14 +39,22 @@ pub struct RemoteQueues {
     pub max_transfer: u32,
     /// Entries an I/O queue may have (CAP.MQES + 1).
     pub max_entries: u16,
-    /// The I/O queue IDs it granted: one per reactor.
-    pub qids: Arc<QueueIds>,
     /// How many of its namespaces the run uses: a reactor's queue holds commands for each.
     pub namespaces: u16,
-    /// The association: the controller ID, reconnects, whether it is lost for good.
-    pub link: Arc<ControllerLink>,
     /// Where I/O buffers come from (any DMA space: no device reaches them).
     pub dma: DmaTarget,
+    /// Its controllers, one per path.
+    pub paths: Vec<RemotePath>,
+}
+
+/// One path to a remote subsystem: a controller at an address.
+#[derive(Debug, Clone)]
+pub struct RemotePath {
+    pub addr: SocketAddr,
+    /// The I/O queue IDs it granted: one per reactor.
+    pub qids: Arc<QueueIds>,
+    /// The association: the controller ID, reconnects, ANA state, whether it is lost.
+    pub link: Arc<ControllerLink>,
 }
 
 /// The I/O queue IDs of one remote controller: a reactor's queue takes the lowest one free and
@@ -75,35 +86,50 @@ impl QueueIds {
     }
 }
 
-/// A reactor's NVMe/TCP I/O queue to a remote controller, across reconnects; gives its queue
-/// ID back when it goes.
+/// A reactor's NVMe/TCP I/O queue to a remote subsystem: a connection per path, across
+/// reconnects.
 #[derive(Debug)]
 pub struct RemoteQueue {
+    paths: Vec<PathQueue>,
+    /// The path the next I/O tries first (round robin over the usable ones).
+    next: usize,
+    /// Why the queue takes no more I/O, once every path was given up.
+    lost: Option<String>,
+    source: Arc<RemoteQueues>,
+}
+
+/// A reactor's connection on one path.
+#[derive(Debug)]
+struct PathQueue {
+    /// Its index in the source's paths.
+    index: usize,
     queue: IoQueue,
     /// The association `queue` belongs to ([`ControllerLink::generation`]).
     generation: u64,
     /// `queue` ended: its unfinished I/Os are in `held` until the next association.
     disconnected: bool,
-    /// I/Os taken from a connection that ended, sent again on the next (its entries at most).
+    /// I/Os to send (again): from a connection that ended, or refused for a path-related
+    /// reason (the queue's entries at most).
     held: Vec<Unfinished>,
     /// How to connect it again (the controller ID is the new association's).
     params: QueueParams,
     now_ns: u64,
     reconnects: u32,
-    /// Why the controller was given up, once it was (no more I/O).
+    /// The path was given up.
     lost: Option<String>,
-    source: Arc<RemoteQueues>,
 }
 
 impl Drop for RemoteQueue {
     fn drop(&mut self) {
-        self.source.qids.give(self.params.qid);
+        for p in &self.paths {
+            self.source.paths[p.index].qids.give(p.params.qid);
+        }
     }
 }
 
 impl RemoteQueue {
-    /// Queues an I/O to namespace `ns` (see [`IoQueue::submit_to`]); while reconnecting the
-    /// queue is full.
+    /// Queues an I/O to namespace `ns` on the next usable path (see [`IoQueue::submit_to`]);
+    /// while no path is usable (reconnecting, ANA inaccessible) the queue is full.
     #[inline]
     pub fn submit(
         &mut self,
@@ -114,35 +140,198 @@ impl RemoteQueue {
         buf: Option<IoBuffer>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        if self.disconnected && self.lost.is_none() {
-            return Err(SubmitError::QueueFull {
-                in_flight: self.in_flight().min(usize::from(u16::MAX)) as u16,
-            });
-        }
-        self.queue.submit_to(ns, op, lba, blocks, buf, token)
+        let path = match self.paths.as_mut_slice() {
+            [only] if !only.disconnected => only,
+            _ => match self.choose() {
+                Some(i) => &mut self.paths[i],
+                None if self.lost.is_some() => return Err(SubmitError::Dead),
+                None => {
+                    return Err(SubmitError::QueueFull {
+                        in_flight: self.in_flight().min(usize::from(u16::MAX)) as u16,
+                    })
+                }
+            },
+        };
+        path.queue.submit_to(ns, op, lba, blocks, buf, token)
     }
 
-    /// Sends what was queued and hands completions to `on_done`; a connection that ended, or
-    /// an association that changed, goes to [`RemoteQueue::recover`].
+    /// The next path for an I/O: an optimized one in turn, else a non-optimized one; none
+    /// while every path is reconnecting or inaccessible.
+    fn choose(&mut self) -> Option<usize> {
+        let n = self.paths.len();
+        for wanted in [AnaState::Optimized, AnaState::NonOptimized] {
+            for k in 0..n {
+                let i = (self.next + k) % n;
+                let p = &self.paths[i];
+                if !p.disconnected && self.source.paths[p.index].link.ana() == wanted {
+                    self.next = (i + 1) % n;
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Sends what was queued and hands completions to `on_done`: every path's; then the
+    /// I/Os a path holds go to another (or, alone, wait for its reconnect).
     #[inline]
     pub fn poll(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
-        if !self.disconnected && self.source.link.generation() == self.generation {
+        let alone = self.paths.len() == 1;
+        let mut done = 0;
+        for p in &mut self.paths {
+            done += p.poll(&self.source, alone, &mut on_done);
+        }
+        if !alone && self.paths.iter().any(|p| !p.held.is_empty()) {
+            done += self.fail_over(&mut on_done);
+        }
+        done
+    }
+
+    /// Sends the I/Os paths hold on the paths usable now; once every path was given up,
+    /// fails them.
+    #[cold]
+    #[inline(never)]
+    fn fail_over(&mut self, on_done: &mut impl FnMut(Completion)) -> usize {
+        if self.paths.iter().all(|p| p.lost.is_some()) {
+            let why = self
+                .paths
+                .iter()
+                .find_map(|p| p.lost.clone())
+                .unwrap_or_default();
+            let mut done = 0;
+            for p in &mut self.paths {
+                done += fail_held(&mut p.held, on_done);
+            }
+            self.lost = Some(why);
+            return done;
+        }
+        for from in 0..self.paths.len() {
+            while let Some(&u) = self.paths[from].held.last() {
+                let Some(to) = self.choose() else {
+                    return 0; // no usable path yet: they wait
+                };
+                let path = &mut self.paths[to];
+                if path.queue.resubmit(u).is_err() {
+                    return 0; // full for now: the rest go at a later poll
+                }
+                self.paths[from].held.pop();
+            }
+        }
+        0
+    }
+
+    #[inline]
+    pub fn flush(&mut self) {
+        for p in &mut self.paths {
+            p.queue.flush();
+        }
+    }
+
+    #[inline]
+    pub fn set_now(&mut self, now_ns: u64) {
+        for p in &mut self.paths {
+            p.now_ns = now_ns;
+            p.queue.set_now(now_ns);
+        }
+    }
+
+    /// Commands in flight, those held to be sent again too.
+    #[inline]
+    pub fn in_flight(&self) -> usize {
+        self.paths
+            .iter()
+            .map(|p| p.queue.in_flight() + p.held.len())
+            .sum()
+    }
+
+    /// Commands that can be submitted now: the queue's entries (shared by its paths) less
+    /// those in flight, while a path takes I/O.
+    #[inline]
+    pub fn free(&self) -> usize {
+        match self.paths.as_slice() {
+            [only] if !only.disconnected => only.queue.free(),
+            paths if paths.iter().any(|p| !p.disconnected) => {
+                let entries = usize::from(paths[0].params.entries);
+                entries.saturating_sub(self.in_flight())
+            }
+            _ => 0,
+        }
+    }
+
+    /// The device is gone: every command in flight and held fails, and the queue takes no more.
+    pub fn abandon(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+        let mut n = 0;
+        for p in &mut self.paths {
+            p.queue.keep_unfinished(false);
+            n += p.queue.close(|c| on_done(completion(c, true)));
+            n += fail_held(&mut p.held, &mut on_done);
+            p.lost = Some("abandoned".into());
+        }
+        n
+    }
+
+    /// Why the queue takes no more I/O, once it does not: every path was given up.
+    pub fn ended(&self) -> Option<String> {
+        match self.paths.as_slice() {
+            [only] => only.lost.clone(),
+            _ => self.lost.clone(),
+        }
+    }
+
+    /// How many times its connections connected again.
+    pub fn reconnects(&self) -> u32 {
+        self.paths.iter().map(|p| p.reconnects).sum()
+    }
+}
+
+impl PathQueue {
+    fn link<'a>(&self, source: &'a RemoteQueues) -> &'a ControllerLink {
+        &source.paths[self.index].link
+    }
+
+    /// Polls the connection; one that ended, or an association that changed, goes to
+    /// [`PathQueue::recover`]. I/Os refused for a path-related reason are held (the path's
+    /// ANA state noted) when there are other paths.
+    #[inline]
+    fn poll(
+        &mut self,
+        source: &RemoteQueues,
+        alone: bool,
+        on_done: &mut impl FnMut(Completion),
+    ) -> usize {
+        let link = self.link(source);
+        if !self.disconnected && link.generation() == self.generation {
             let done = self.queue.poll(|c| on_done(completion(c, false)));
+            if !alone {
+                let held = &mut self.held;
+                self.queue.take_rerouted(|u, status| {
+                    if let Some(state) = AnaState::from_status(status) {
+                        link.set_ana(state);
+                    }
+                    held.push(u);
+                });
+            }
             if self.queue.ended().is_none() {
                 return done;
             }
-            return done + self.recover(on_done);
+            return done + self.recover(source, alone, on_done);
         }
-        self.recover(on_done)
+        self.recover(source, alone, on_done)
     }
 
     /// The connection ended or the association changed: keeps the unfinished I/Os, reports
     /// the association down, and once there is a new one connects to it and sends them again;
-    /// once the controller is given up, fails them.
+    /// once the path is given up, fails them (alone) or leaves them to the other paths.
     #[cold]
     #[inline(never)]
-    fn recover(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
+    fn recover(
+        &mut self,
+        source: &RemoteQueues,
+        alone: bool,
+        on_done: &mut impl FnMut(Completion),
+    ) -> usize {
         let mut done = 0;
+        let link = self.link(source);
         if !self.disconnected {
             if self.queue.ended().is_none() {
                 // a new association (or none): this connection's controller is gone
@@ -160,50 +349,56 @@ impl RemoteQueue {
             self.disconnected = true;
             log::debug!(
                 "{}: I/O queue {}: {why}: {} I/O(s) kept to send again",
-                self.source.name,
+                source.paths[self.index].addr,
                 self.params.qid,
                 self.held.len()
             );
-            self.source.link.report_down(self.generation, &why);
+            link.report_down(self.generation, &why);
         }
-        let generation = self.source.link.generation();
+        let generation = link.generation();
         if generation == self.generation || self.lost.is_some() {
             return done; // still waiting for the next association, or given up
         }
-        match self.source.link.state() {
-            LinkState::Lost { why } => done + self.fail_held(why, on_done),
-            LinkState::Live { cntlid } => {
-                self.reconnect(generation, cntlid);
-                done
+        match link.state() {
+            LinkState::Lost { why } => {
+                if alone {
+                    done += fail_held(&mut self.held, on_done);
+                }
+                self.lost = Some(why);
             }
+            LinkState::Live { cntlid } => self.reconnect(source, generation, cntlid),
             // the association went down again before this queue saw it live
-            LinkState::Down { .. } => done,
+            LinkState::Down { .. } => {}
         }
+        done
     }
 
     /// Connects to controller `cntlid` of association `generation` and sends the held I/Os.
-    fn reconnect(&mut self, generation: u64, cntlid: u16) {
+    fn reconnect(&mut self, source: &RemoteQueues, generation: u64, cntlid: u16) {
+        let path = &source.paths[self.index];
         let params = QueueParams {
             cntlid,
             ..self.params.clone()
         };
-        let buffers = Buffers::Space(self.source.dma.space.clone());
+        let buffers = Buffers::Space(source.dma.space.clone());
         self.generation = generation;
-        let mut queue = match IoQueue::connect(self.source.addr, params, &self.source.host, buffers)
-        {
+        let mut queue = match IoQueue::connect(path.addr, params, &source.host, buffers) {
             Ok(q) => q,
             Err(e) => {
                 let why = format!("I/O queue {}: {e}", self.params.qid);
-                self.source.link.report_down(generation, &why);
+                path.link.report_down(generation, &why);
                 return;
             }
         };
         queue.keep_unfinished(true);
+        if source.paths.len() > 1 {
+            queue.reroute_path_errors();
+        }
         queue.set_now(self.now_ns);
         for u in self.held.drain(..) {
             if let Err(e) = queue.resubmit(u) {
                 // the queue has the entries the old one had: this does not happen
-                log::error!("{}: could not send an I/O again: {e}", self.source.name);
+                log::error!("{}: could not send an I/O again: {e}", path.addr);
             }
         }
         self.queue = queue;
@@ -211,69 +406,25 @@ impl RemoteQueue {
         self.reconnects += 1;
         log::info!(
             "{}: I/O queue {} reconnected (controller {cntlid})",
-            self.source.name,
+            path.addr,
             self.params.qid
         );
     }
+}
 
-    /// The controller was given up: every held I/O fails as from a removed device.
-    fn fail_held(&mut self, why: String, mut on_done: impl FnMut(Completion)) -> usize {
-        let n = self.held.len();
-        for u in self.held.drain(..) {
-            on_done(Completion {
-                token: u.token,
-                status: Status::HOST_PATHING_ERROR,
-                dw0: 0,
-                submitted_ns: u.since_ns,
-                bytes: u.buf.map_or(0, |b| b.len),
-            });
-        }
-        self.lost = Some(why);
-        n
+/// Every held I/O fails as from a removed device.
+fn fail_held(held: &mut Vec<Unfinished>, on_done: &mut impl FnMut(Completion)) -> usize {
+    let n = held.len();
+    for u in held.drain(..) {
+        on_done(Completion {
+            token: u.token,
+            status: Status::HOST_PATHING_ERROR,
+            dw0: 0,
+            submitted_ns: u.since_ns,
+            bytes: u.buf.map_or(0, |b| b.len),
+        });
     }
-
-    #[inline]
-    pub fn flush(&mut self) {
-        self.queue.flush();
-    }
-
-    #[inline]
-    pub fn set_now(&mut self, now_ns: u64) {
-        self.now_ns = now_ns;
-        self.queue.set_now(now_ns);
-    }
-
-    /// Commands in flight, those held for the next connection too.
-    #[inline]
-    pub fn in_flight(&self) -> usize {
-        self.queue.in_flight() + self.held.len()
-    }
-
-    #[inline]
-    pub fn free(&self) -> usize {
-        if self.disconnected {
-            0
-        } else {
-            self.queue.free()
-        }
-    }
-
-    /// The device is gone: every command in flight and held fails, and the queue takes no more.
-    pub fn abandon(&mut self, mut on_done: impl FnMut(Completion)) -> usize {
-        self.queue.keep_unfinished(false);
-        let n = self.queue.close(|c| on_done(completion(c, true)));
-        n + self.fail_held("abandoned".into(), on_done)
-    }
-
-    /// Why the queue takes no more I/O, once it does not: the controller was given up.
-    pub fn ended(&self) -> Option<String> {
-        self.lost.clone()
-    }
-
-    /// How many times this queue connected again.
-    pub fn reconnects(&self) -> u32 {
-        self.reconnects
-    }
+    n
 }
 
 /// An NVMe/TCP completion in the driver's terms: a queue that ended fails its commands as
@@ -310,29 +461,51 @@ impl RemoteQueues {
             as u16
     }
 
-    /// Connects an I/O queue of `entries` entries on the lowest queue ID free; `ns` is the
-    /// namespace its Connect names (any of those it carries).
+    /// Connects an I/O queue of `entries` entries on each path, on the lowest queue ID free
+    /// there; `ns` is the namespace its Connect names (any of those it carries).
     pub fn connect(
         self: &Arc<Self>,
         ns: QueueNamespace,
         entries: u16,
         options: &ChannelOptions,
     ) -> Result<RemoteQueue, usnvme_driver::Error> {
+        let mut queue = RemoteQueue {
+            paths: Vec::with_capacity(self.paths.len()),
+            next: 0,
+            lost: None,
+            source: self.clone(),
+        };
+        for index in 0..self.paths.len() {
+            // (on an error, the queue IDs taken so far go back as `queue` drops)
+            let path = self.connect_path(index, ns, entries, options)?;
+            queue.paths.push(path);
+        }
+        Ok(queue)
+    }
+
+    fn connect_path(
+        &self,
+        index: usize,
+        ns: QueueNamespace,
+        entries: u16,
+        options: &ChannelOptions,
+    ) -> Result<PathQueue, usnvme_driver::Error> {
+        let path = &self.paths[index];
         let invalid = |what: String| usnvme_driver::Error::Invalid {
-            device: self.name.clone(),
+            device: format!("tcp://{}/{}", path.addr, self.subnqn),
             what,
         };
-        let Some(qid) = self.qids.take() else {
+        let Some(qid) = path.qids.take() else {
             return Err(invalid(format!(
                 "the controller grants {} I/O queues: one per reactor; use fewer cores (-c)",
-                self.qids.granted
+                path.qids.granted
             )));
         };
         let timeout = options.timeout.unwrap_or(Duration::from_secs(30));
         let block_size = u64::from(ns.block_size.max(1));
-        let generation = self.link.generation();
-        let LinkState::Live { cntlid } = self.link.state() else {
-            self.qids.give(qid);
+        let generation = path.link.generation();
+        let LinkState::Live { cntlid } = path.link.state() else {
+            path.qids.give(qid);
             return Err(invalid("the controller is not connected".into()));
         };
         let params = QueueParams {
@@ -348,10 +521,14 @@ impl RemoteQueues {
             timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
         };
         let buffers = Buffers::Space(self.dma.space.clone());
-        match IoQueue::connect(self.addr, params.clone(), &self.host, buffers) {
+        match IoQueue::connect(path.addr, params.clone(), &self.host, buffers) {
             Ok(mut queue) => {
                 queue.keep_unfinished(true);
-                Ok(RemoteQueue {
+                if self.paths.len() > 1 {
+                    queue.reroute_path_errors();
+                }
+                Ok(PathQueue {
+                    index,
                     queue,
                     generation,
                     disconnected: false,
@@ -360,11 +537,10 @@ impl RemoteQueues {
                     now_ns: 0,
                     reconnects: 0,
                     lost: None,
-                    source: self.clone(),
                 })
             }
             Err(e) => {
-                self.qids.give(qid);
+                path.qids.give(qid);
                 Err(invalid(format!("I/O queue {qid}: {e}")))
             }
         }

@@ -387,9 +387,10 @@ impl Session {
     }
 }
 
-/// Connects to every remote subsystem given (`-r tcp://…`), asking each for an I/O queue per
-/// reactor (its namespaces share it). Their I/O buffers are the local drives' (a stripe may mix both), or
-/// ordinary memory when there are none: no device reads them but the socket.
+/// Connects to every remote subsystem given (`-r tcp://…`; addresses of one subsystem NQN are
+/// paths to it), asking each controller for an I/O queue per reactor (its namespaces share
+/// it). Their I/O buffers are the local drives' (a stripe may mix both), or ordinary memory
+/// when there are none: no device reads them but the socket.
 fn attach_remotes(
     sysfs: &Sysfs,
     args: &Args,
@@ -419,12 +420,28 @@ fn attach_remotes(
         },
     };
     let wanted = reactors.clamp(1, usize::from(u16::MAX - 1)) as u16;
-    settings
-        .remotes
+    // addresses of one subsystem NQN are paths to it, as Linux's native multipath has them
+    let mut subsystems: Vec<Vec<TcpAddress>> = Vec::new();
+    for addr in &settings.remotes {
+        match subsystems.iter_mut().find(|s| s[0].subnqn == addr.subnqn) {
+            Some(paths) => paths.push(addr.clone()),
+            None => subsystems.push(vec![addr.clone()]),
+        }
+    }
+    subsystems
         .iter()
-        .map(|addr| {
-            RemoteSubsystem::attach(addr, &host, policy, wanted, dma.clone())
-                .map_err(|e| crate::remote::explain(e, addr))
+        .map(|paths| {
+            if paths.len() > 1 {
+                let list: Vec<String> = paths.iter().map(|p| p.addr.to_string()).collect();
+                eprintln!(
+                    "usnvme perf: {}: {} paths ({}): I/O goes to every optimized one",
+                    paths[0].subnqn.as_deref().unwrap_or_default(),
+                    paths.len(),
+                    list.join(", ")
+                );
+            }
+            RemoteSubsystem::attach_paths(paths, &host, policy, wanted, dma.clone())
+                .map_err(|e| crate::remote::explain(e, &paths[0]))
         })
         .collect()
 }

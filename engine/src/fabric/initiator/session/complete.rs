@@ -5,7 +5,7 @@ use usnvme_driver::spec::Status;
 
 use usnvme_driver::IoBuffer;
 
-use super::{Completion, Dir, Failure, IoNamespace, Phase, Session, Slot, Unfinished};
+use super::{Completion, Dir, Failure, IoNamespace, IoShape, Phase, Session, Slot, Unfinished};
 
 impl Session {
     /// Command `index` completed with `status`: to the handler, unless its data is still
@@ -51,6 +51,14 @@ impl Session {
         self.in_flight -= 1;
         if s.dir == Dir::FromController {
             self.reads -= 1;
+        }
+        if let (Some(rerouted), Err(Failure::Status(status)), Some(io)) =
+            (&mut self.rerouted, result, s.io)
+        {
+            if status.sct() == 3 && rerouted.len() < rerouted.capacity() {
+                rerouted.push((unfinished(&s, io), status));
+                return;
+            }
         }
         on_done(Completion {
             token: s.token,
@@ -124,21 +132,23 @@ impl Session {
             if s.dir == Dir::FromController {
                 self.reads -= 1;
             }
-            take(Unfinished {
-                ns: IoNamespace {
-                    nsid: s.nsid,
-                    block_size: io.block_size,
-                },
-                op: io.op,
-                slba: io.slba,
-                blocks: io.blocks,
-                buf: io.op.has_data().then_some(IoBuffer {
-                    iova: s.iova,
-                    len: s.len,
-                }),
-                token: s.token,
-                since_ns: s.since_ns,
-            });
+            take(unfinished(&s, io));
+        }
+    }
+
+    /// Keep I/Os the target refuses for a path-related reason (SCT 3) for
+    /// [`Session::take_rerouted`] instead of completing them: the owner has other paths.
+    pub fn reroute_path_errors(&mut self) {
+        self.rerouted = Some(Vec::with_capacity(self.slots.len()));
+    }
+
+    /// The I/Os kept by [`Session::reroute_path_errors`] since the last call, with the
+    /// status each was refused with.
+    pub fn take_rerouted(&mut self, mut take: impl FnMut(Unfinished, Status)) {
+        if let Some(rerouted) = &mut self.rerouted {
+            for (u, status) in rerouted.drain(..) {
+                take(u, status);
+            }
         }
     }
 
@@ -193,5 +203,24 @@ impl Session {
             self.ended = Some(reason);
             self.phase = Phase::Ended;
         }
+    }
+}
+
+/// What it takes to send slot `s`'s I/O again.
+fn unfinished(s: &Slot, io: IoShape) -> Unfinished {
+    Unfinished {
+        ns: IoNamespace {
+            nsid: s.nsid,
+            block_size: io.block_size,
+        },
+        op: io.op,
+        slba: io.slba,
+        blocks: io.blocks,
+        buf: io.op.has_data().then_some(IoBuffer {
+            iova: s.iova,
+            len: s.len,
+        }),
+        token: s.token,
+        since_ns: s.since_ns,
     }
 }

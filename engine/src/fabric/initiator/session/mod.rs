@@ -253,6 +253,9 @@ pub struct Session {
     /// When the queue ends, its unfinished I/Os stay for [`Session::take_unfinished`] instead
     /// of failing (an owner that reconnects sends them again).
     keep_unfinished: bool,
+    /// I/Os the target refused for a path-related reason (SCT 3: ANA inaccessible, ...), kept
+    /// for [`Session::take_rerouted`] when the owner has other paths (sized at set-up).
+    rerouted: Option<Vec<(Unfinished, Status)>>,
 }
 
 fn field(offset: u32, name: &'static str) -> FatalError {
@@ -303,6 +306,7 @@ impl Session {
             // only an admin queue has a keep-alive timer
             kato_ms: if params.qid == 0 { host.kato_ms } else { 0 },
             keep_unfinished: false,
+            rerouted: None,
             params,
         };
         let req = IcReq {
