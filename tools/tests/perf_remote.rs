@@ -338,8 +338,9 @@ fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
 }
 
 /// A TCP relay in front of a target: it can go silent ([`Relay::freeze`]: nothing more is
-/// forwarded, every connection stays open: a cut cable, a hung host) or drop every connection
-/// and refuse new ones ([`Relay::cut`]: a target that went away) until [`Relay::restore`].
+/// forwarded (what comes is counted), every connection stays open: a cut cable, a hung host)
+/// or drop every connection and refuse new ones ([`Relay::cut`]: a target that went away)
+/// until [`Relay::restore`].
 struct Relay {
     addr: SocketAddr,
     /// Bytes forwarded from the host to the target.
@@ -394,8 +395,13 @@ impl Relay {
                             if let Some(c) = &counted {
                                 c.fetch_add(n as u64, Ordering::Relaxed);
                             }
-                            while frozen.load(Ordering::Relaxed) {
-                                std::thread::sleep(Duration::from_millis(50));
+                            if frozen.load(Ordering::Relaxed) {
+                                // silent: what comes is taken and dropped, the connection
+                                // stays open
+                                if n == 0 {
+                                    return;
+                                }
+                                continue;
                             }
                             if n == 0 || into.write_all(&buf[..n]).is_err() {
                                 let _ = into.shutdown(Shutdown::Both);

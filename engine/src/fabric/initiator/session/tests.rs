@@ -511,3 +511,130 @@ fn mutated_target_streams_never_panic_and_every_io_completes_once() {
         assert_eq!(s.in_flight(), 0);
     }
 }
+
+/// The CIDs of the command capsules in `wire` (no digests), the Connect's left out.
+fn capsule_cids(wire: &[u8]) -> Vec<u16> {
+    let mut cids = Vec::new();
+    let mut at = 0;
+    while at + 8 + 64 <= wire.len() {
+        let plen = u32::from_le_bytes([wire[at + 4], wire[at + 5], wire[at + 6], wire[at + 7]]);
+        let cid = u16::from_le_bytes([wire[at + 10], wire[at + 11]]);
+        if cid != CONNECT_CID {
+            cids.push(cid);
+        }
+        at += plen as usize;
+    }
+    cids
+}
+
+/// The target answers `cid` with `status`.
+fn answer(s: &mut Session, mem: &IovaMemory, cid: u16, status: Status) -> Vec<Completion> {
+    let cqe = Cqe::new(0, 0, 1, cid, status, false);
+    let h = OutHeader::capsule_resp(&cqe, pdu::Digests::default());
+    let mut done = Vec::new();
+    let mut on_done = |c: Completion| done.push(c);
+    s.receive_from(&mut Gated(h.as_slice()), mem, &mut on_done);
+    s.deliver(&mut on_done);
+    done
+}
+
+#[test]
+fn unfinished_ios_of_an_ended_queue_are_kept_and_sent_again_with_their_first_stamp() {
+    let (mut s, mem) = scripted(pdu::Digests::default());
+    s.keep_unfinished(true);
+    let buf = Some(IoBuffer {
+        iova: BASE,
+        len: 512,
+    });
+    s.set_now(100);
+    s.submit(Op::Write, 9, 1, buf, 1, &mem).expect("room");
+    s.submit(Op::Flush, 0, 0, None, 2, &mem).expect("room");
+    s.submit(Op::Write, 11, 1, buf, 3, &mem).expect("room");
+    let mut wire = Vec::new();
+    s.transmit(&mut wire, &mem).expect("memory");
+    let cids = capsule_cids(&wire);
+    assert_eq!(cids.len(), 3, "{cids:?}");
+    // the first completes; then the connection goes
+    let done = answer(&mut s, &mem, cids[0], Status::SUCCESS);
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].token, done[0].result), (1, Ok(())));
+    s.peer_gone();
+    let mut failed = Vec::new();
+    s.deliver(&mut |c| failed.push(c));
+    assert!(failed.is_empty(), "kept, not failed: {failed:?}");
+    let mut kept = Vec::new();
+    s.take_unfinished(|u| kept.push(u));
+    kept.sort_by_key(|u| u.token);
+    assert_eq!(s.in_flight(), 0);
+    let ns = IoNamespace {
+        nsid: 1,
+        block_size: 512,
+    };
+    assert_eq!(
+        kept,
+        [
+            Unfinished {
+                ns,
+                op: Op::Flush,
+                slba: 0,
+                blocks: 0,
+                buf: None,
+                token: 2,
+                since_ns: 100
+            },
+            Unfinished {
+                ns,
+                op: Op::Write,
+                slba: 11,
+                blocks: 1,
+                buf,
+                token: 3,
+                since_ns: 100
+            },
+        ]
+    );
+    // a new connection sends them again; their latency counts from the first submission
+    let (mut again, mem) = scripted(pdu::Digests::default());
+    again.set_now(900);
+    for u in &kept {
+        again.resubmit(*u, &mem).expect("room");
+    }
+    let mut wire = Vec::new();
+    again.transmit(&mut wire, &mem).expect("memory");
+    let mut done = Vec::new();
+    for cid in capsule_cids(&wire) {
+        done.extend(answer(&mut again, &mem, cid, Status::SUCCESS));
+    }
+    let got: Vec<(u64, u64, Result<(), Failure>)> = done
+        .iter()
+        .map(|c| (c.token, c.submitted_ns, c.result))
+        .collect();
+    assert_eq!(got, [(2, 100, Ok(())), (3, 100, Ok(()))]);
+}
+
+#[test]
+fn with_other_paths_an_io_refused_for_a_path_reason_is_kept_to_go_the_other_way() {
+    let (mut s, mem) = scripted(pdu::Digests::default());
+    s.reroute_path_errors();
+    let buf = Some(IoBuffer {
+        iova: BASE,
+        len: 512,
+    });
+    s.submit(Op::Write, 5, 1, buf, 1, &mem).expect("room");
+    s.submit(Op::Write, 6, 1, buf, 2, &mem).expect("room");
+    let mut wire = Vec::new();
+    s.transmit(&mut wire, &mem).expect("memory");
+    let cids = capsule_cids(&wire);
+    assert!(answer(&mut s, &mem, cids[0], Status::ANA_INACCESSIBLE).is_empty());
+    // a status of the command itself completes it as ever
+    let done = answer(&mut s, &mem, cids[1], Status::LBA_OUT_OF_RANGE);
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (done[0].token, done[0].result),
+        (2, Err(Failure::Status(Status::LBA_OUT_OF_RANGE)))
+    );
+    let mut rerouted = Vec::new();
+    s.take_rerouted(|u, status| rerouted.push((u.token, u.slba, status)));
+    assert_eq!(rerouted, [(1, 5, Status::ANA_INACCESSIBLE)]);
+    assert_eq!(s.in_flight(), 0);
+}
