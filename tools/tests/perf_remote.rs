@@ -241,6 +241,17 @@ fn sweep_runs_over_tcp() {
 /// target only after perf's time was up, and no I/O was left to fail).
 const BESIDE_SECONDS: u64 = 10;
 
+/// The core perf runs on beside serve: one of its own. (Sharing the target's, serve polling
+/// core 0, the remote I/O trickled under load, 11 IOPS, at times with none in flight.)
+fn perf_core() -> &'static str {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 {
+        "1"
+    } else {
+        "0"
+    }
+}
+
 /// [`BESIDE_SECONDS`] of perf on a local RAM drive and namespace 1 of `remote`, one core (not
 /// the target's), QD 8.
 fn beside_a_local_drive(
@@ -250,10 +261,6 @@ fn beside_a_local_drive(
     when_measuring: impl FnOnce(),
 ) -> (Output, Value) {
     let seconds = BESIDE_SECONDS.to_string();
-    // perf on a core of its own: sharing the target's (serve polls core 0), both polling, the
-    // remote I/O trickled under load (11 IOPS), with at times none in flight to fail
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let core = if cores > 1 { "1" } else { "0" };
     let mut args = vec![
         "-r",
         "sim:6,backend=ram,size=4M",
@@ -262,7 +269,7 @@ fn beside_a_local_drive(
         "-n",
         "1",
         "-c",
-        core,
+        perf_core(),
         "-t",
         &seconds,
         "-q",
@@ -558,8 +565,6 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
     let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
     let root = host_root();
     let seconds = BESIDE_SECONDS.to_string();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let core = if cores > 1 { "1" } else { "0" };
     let started = std::time::Instant::now();
     let (out, doc) = perf_then(
         root.path(),
@@ -571,7 +576,7 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
             "-n",
             "1",
             "-c",
-            core,
+            perf_core(),
             "-t",
             &seconds,
             "-q",

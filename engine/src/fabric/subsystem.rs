@@ -147,15 +147,15 @@ impl RemoteSubsystem {
         let mut attached = Vec::with_capacity(paths.len());
         for path in paths {
             let a = Attached::new(path, host, io_queues)?;
-            if let Some(first) = attached.first() {
-                let first: &Attached = first;
-                if first.namespaces != a.namespaces {
-                    return Err(RemoteError::Malformed {
-                        during: "attach",
-                        what: "two paths of one subsystem NQN show different namespaces: \
-                               not two paths to one subsystem",
-                    });
-                }
+            if attached
+                .first()
+                .is_some_and(|first: &Attached| first.namespaces != a.namespaces)
+            {
+                return Err(RemoteError::Malformed {
+                    during: "attach",
+                    what: "two addresses of one subsystem NQN show different namespaces: \
+                           they are not two paths to one subsystem",
+                });
             }
             attached.push(a);
         }
