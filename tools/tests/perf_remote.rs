@@ -59,6 +59,15 @@ fn perf(root: &Path, args: &[&str]) -> (Output, Value) {
 /// [`perf`], calling `when_measuring` once perf says it is measuring: its devices, the remote
 /// ones too, are attached and their I/O starts (an event, not a delay a busy machine outruns).
 fn perf_then(root: &Path, args: &[&str], when_measuring: impl FnOnce()) -> (Output, Value) {
+    perf_then_with_pid(root, args, |_| when_measuring())
+}
+
+/// [`perf_then`], `when_measuring` given perf's process ID.
+fn perf_then_with_pid(
+    root: &Path,
+    args: &[&str],
+    when_measuring: impl FnOnce(u32),
+) -> (Output, Value) {
     let path = root.join("perf.json");
     let mut all = vec!["perf"];
     all.extend(args);
@@ -81,7 +90,7 @@ fn perf_then(root: &Path, args: &[&str], when_measuring: impl FnOnce()) -> (Outp
     while err.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
         if line.windows(9).any(|w| w == b"measuring") {
             if let Some(f) = when_measuring.take() {
-                f();
+                f(child.id());
             }
         }
         stderr.append(&mut line);
@@ -342,6 +351,37 @@ fn a_target_killed_mid_run_fails_its_ios_and_the_local_drive_runs_to_the_end() {
         let _ = serve.child.kill(); // SIGKILL: no clean shutdown
     });
     check_lost_remote(&out, &doc, &remote, "the target closed the connection");
+}
+
+#[test]
+fn ctrl_c_while_a_target_is_being_reconnected_ends_perf_at_once() {
+    let mut serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let mut interrupted = None;
+    // the default policy: an attempt every 10 s for 600 s
+    let args = ["-r", &remote, "-c", perf_core(), "-t", "60", "-q", "8"];
+    let (out, _) = perf_then_with_pid(root.path(), &args, |pid| {
+        io_flows_to(&serve);
+        let _ = serve.child.kill();
+        let _ = serve.child.wait();
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+        interrupted = Some(std::time::Instant::now());
+    });
+    let waited = interrupted.expect("perf measured").elapsed();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("interrupted by SIGINT: not reconnecting"),
+        "{}",
+        text(&out)
+    );
+    // not after the first attempt (10 s), nor the drain's limit
+    assert!(
+        waited < Duration::from_secs(10),
+        "{waited:?}: {}",
+        text(&out)
+    );
 }
 
 /// A TCP relay in front of a target: it can go silent ([`Relay::freeze`]: nothing more is

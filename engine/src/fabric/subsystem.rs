@@ -237,6 +237,11 @@ impl RemoteSubsystem {
         self.max_depth
     }
 
+    /// Its controllers' associations (one per path): for [`ControllerLink::stop_reconnecting`].
+    pub fn links(&self) -> Vec<Arc<ControllerLink>> {
+        self.queues.paths.iter().map(|p| p.link.clone()).collect()
+    }
+
     /// The active namespace IDs.
     pub fn nsids(&self) -> Vec<u32> {
         self.namespaces.iter().map(|&(nsid, ..)| nsid).collect()
@@ -382,12 +387,14 @@ impl Reconnect {
                             }
                         }
                     }
+                    if !self.link.reconnected(ctrl.cntlid()) {
+                        return None; // given up meanwhile: `ctrl` is shut down as it drops
+                    }
                     log::info!(
                         "{}: reconnected (controller {}, attempt {tried})",
                         self.name,
                         ctrl.cntlid()
                     );
-                    self.link.reconnected(ctrl.cntlid());
                     return Some(ctrl);
                 }
                 Err(e) => log::warn!("{}: reconnect attempt {tried}: {e}", self.name),

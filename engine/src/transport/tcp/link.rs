@@ -119,12 +119,22 @@ pub enum LinkState {
 #[derive(Debug)]
 pub struct ControllerLink {
     generation: AtomicU64,
-    state: Mutex<(LinkState, bool)>,
+    state: Mutex<Shared>,
     /// Wakes the controller thread: an association reported down, or stop.
     wake: Condvar,
     reconnects: AtomicU32,
     /// The path's ANA state ([`AnaState`]'s log code).
     ana: AtomicU8,
+}
+
+/// What the lock guards.
+#[derive(Debug)]
+struct Shared {
+    state: LinkState,
+    /// The controller thread is told to stop.
+    stopping: bool,
+    /// No more reconnecting (why): the owner is ending (Ctrl-C); a loss is final.
+    final_loss: Option<String>,
 }
 
 /// What the controller thread woke up for.
@@ -142,7 +152,11 @@ impl ControllerLink {
     pub fn new(cntlid: u16) -> ControllerLink {
         ControllerLink {
             generation: AtomicU64::new(1),
-            state: Mutex::new((LinkState::Live { cntlid }, false)),
+            state: Mutex::new(Shared {
+                state: LinkState::Live { cntlid },
+                stopping: false,
+                final_loss: None,
+            }),
             wake: Condvar::new(),
             reconnects: AtomicU32::new(0),
             ana: AtomicU8::new(1),
@@ -157,7 +171,7 @@ impl ControllerLink {
 
     /// Where the association stands now.
     pub fn state(&self) -> LinkState {
-        self.state.lock().0.clone()
+        self.state.lock().state.clone()
     }
 
     /// Why the controller was given up, once it was.
@@ -188,71 +202,103 @@ impl ControllerLink {
     /// one, it is down and the controller thread reconnects. (Reports of an older association,
     /// or while already down, change nothing.)
     pub fn report_down(&self, generation: u64, why: &str) {
-        let mut state = self.state.lock();
-        if generation == self.generation() && matches!(state.0, LinkState::Live { .. }) {
-            log::warn!("connection lost ({why}): reconnecting");
-            state.0 = LinkState::Down {
-                since: Instant::now(),
-                why: why.to_owned(),
-            };
-            self.wake.notify_all();
+        let mut shared = self.state.lock();
+        if generation != self.generation() || !matches!(shared.state, LinkState::Live { .. }) {
+            return;
         }
+        if let Some(end) = &shared.final_loss {
+            let why = format!("{why} ({end}: not reconnecting)");
+            self.lose(&mut shared, why);
+            return;
+        }
+        log::warn!("connection lost ({why}): reconnecting");
+        shared.state = LinkState::Down {
+            since: Instant::now(),
+            why: why.to_owned(),
+        };
+        self.wake.notify_all();
     }
 
     /// The controller thread: waits at most `period` (for ever when `None`) for the
     /// association to go down, or for stop.
     pub fn wait(&self, period: Option<Duration>) -> Wake {
         let deadline = period.map(|p| Instant::now() + p);
-        let mut state = self.state.lock();
+        let mut shared = self.state.lock();
         loop {
-            if state.1 {
+            if shared.stopping {
                 return Wake::Stop;
             }
-            if matches!(state.0, LinkState::Down { .. }) {
+            if matches!(shared.state, LinkState::Down { .. }) {
                 return Wake::Down;
             }
             match deadline {
                 Some(at) => {
-                    if self.wake.wait_until(&mut state, at).timed_out() {
-                        return if state.1 { Wake::Stop } else { Wake::Period };
+                    if self.wake.wait_until(&mut shared, at).timed_out() {
+                        return if shared.stopping {
+                            Wake::Stop
+                        } else {
+                            Wake::Period
+                        };
                     }
                 }
-                None => self.wake.wait(&mut state),
+                None => self.wake.wait(&mut shared),
             }
         }
     }
 
-    /// Sleeps `d`; false if told to stop meanwhile.
+    /// Sleeps `d` between reconnect attempts; false if told to stop, or given up, meanwhile.
     pub fn sleep(&self, d: Duration) -> bool {
         let at = Instant::now() + d;
-        let mut state = self.state.lock();
-        while !state.1 {
-            if self.wake.wait_until(&mut state, at).timed_out() {
+        let mut shared = self.state.lock();
+        let over = |s: &Shared| s.stopping || matches!(s.state, LinkState::Lost { .. });
+        while !over(&shared) {
+            if self.wake.wait_until(&mut shared, at).timed_out() {
                 break;
             }
         }
-        !state.1
+        !over(&shared)
     }
 
     /// The controller thread made a new association with controller `cntlid`: the queues
-    /// connect to it and send their unfinished I/Os again.
-    pub fn reconnected(&self, cntlid: u16) {
-        let mut state = self.state.lock();
-        state.0 = LinkState::Live { cntlid };
+    /// connect to it and send their unfinished I/Os again. False if it was given up meanwhile
+    /// (the new controller is not used).
+    pub fn reconnected(&self, cntlid: u16) -> bool {
+        let mut shared = self.state.lock();
+        if matches!(shared.state, LinkState::Lost { .. }) {
+            return false;
+        }
+        shared.state = LinkState::Live { cntlid };
         self.reconnects.fetch_add(1, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::Release);
+        true
     }
 
     /// The controller thread gave up (`why`): every queue fails its I/O.
     pub fn give_up(&self, why: String) {
-        let mut state = self.state.lock();
-        state.0 = LinkState::Lost { why };
+        let mut shared = self.state.lock();
+        self.lose(&mut shared, why);
+    }
+
+    /// No more reconnecting (the owner ends, `why`): a controller being reconnected is given
+    /// up now, one lost later at once.
+    pub fn stop_reconnecting(&self, why: &str) {
+        let mut shared = self.state.lock();
+        shared.final_loss = Some(why.to_owned());
+        if let LinkState::Down { why: lost, .. } = &shared.state {
+            let why = format!("{lost} ({why}: not reconnecting)");
+            self.lose(&mut shared, why);
+        }
+    }
+
+    fn lose(&self, shared: &mut Shared, why: String) {
+        shared.state = LinkState::Lost { why };
         self.generation.store(LOST, Ordering::Release);
+        self.wake.notify_all();
     }
 
     /// Tells the controller thread to stop.
     pub fn stop(&self) {
-        self.state.lock().1 = true;
+        self.state.lock().stopping = true;
         self.wake.notify_all();
     }
 }
@@ -280,9 +326,33 @@ mod tests {
         link.give_up("gone".into());
         assert_eq!(link.lost().as_deref(), Some("gone"));
         assert_eq!(link.generation(), LOST);
+        assert!(!link.reconnected(3), "a controller given up stays so");
+        assert!(
+            !link.sleep(Duration::from_secs(60)),
+            "no attempt after giving up"
+        );
         link.stop();
         assert_eq!(link.wait(None), Wake::Stop);
         assert!(!link.sleep(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn once_told_to_stop_reconnecting_a_loss_is_final() {
+        let link = ControllerLink::new(1);
+        link.report_down(1, "closed");
+        link.stop_reconnecting("interrupted");
+        assert_eq!(
+            link.lost().as_deref(),
+            Some("closed (interrupted: not reconnecting)")
+        );
+        let live = ControllerLink::new(1);
+        live.stop_reconnecting("interrupted");
+        assert_eq!(live.state(), LinkState::Live { cntlid: 1 });
+        live.report_down(1, "reset");
+        assert_eq!(
+            live.lost().as_deref(),
+            Some("reset (interrupted: not reconnecting)")
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use usnvme_engine::block::DmaTarget;
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
-use usnvme_engine::transport::ReconnectPolicy;
+use usnvme_engine::transport::{ControllerLink, ReconnectPolicy};
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, PiMode,
     Share, StripeDevice,

@@ -13,6 +13,8 @@ pub(crate) struct Session {
     pub(super) names: Vec<String>,
     /// Keeps the simulated controllers reachable (`--remove`).
     pub(super) opener: Opener,
+    /// The remote controllers' associations: told not to reconnect any more on Ctrl-C.
+    pub(super) links: Vec<Arc<ControllerLink>>,
 }
 
 /// One controller's reset (`--reset-after`).
@@ -263,6 +265,7 @@ impl Session {
             );
         }
         let names = devices.iter().map(|d| d.info().name.clone()).collect();
+        let links = remotes.iter().flat_map(RemoteSubsystem::links).collect();
         Ok(Session {
             settings,
             engine,
@@ -270,6 +273,7 @@ impl Session {
             spans,
             names,
             opener,
+            links,
         })
     }
 
@@ -337,7 +341,7 @@ impl Session {
                 }
             }))
         });
-        watch(&run, live, &controllers);
+        watch(&run, live, &controllers, &self.links);
         drop((cancel, cancel_remove));
         let reset = resetter.and_then(|t| t.join().ok().flatten());
         if let Some(t) = remover {

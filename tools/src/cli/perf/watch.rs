@@ -3,19 +3,23 @@
 
 use super::*;
 
-/// Waits for the run: stops it on Ctrl-C / SIGTERM, shows progress where a person watches
-/// (see `progress::wanted`), and collects the `controllers`' asynchronous events.
+/// Waits for the run: stops it on Ctrl-C / SIGTERM (a remote target being reconnected is then
+/// given up: its I/Os fail rather than keep the run waiting), shows progress where a person
+/// watches (see `progress::wanted`), and collects the `controllers`' asynchronous events.
 pub(super) fn watch(
     run: &usnvme_engine::Run<Vec<workload::DeviceResult>>,
     live: bool,
     controllers: &[Controller],
+    links: &[Arc<ControllerLink>],
 ) {
     let tty = live && usnvme_tools::progress::wanted();
     let mut last = (Instant::now(), 0u64, 0u64);
     let mut next_progress = Instant::now() + Duration::from_secs(1);
     let mut next_events = Instant::now() + Duration::from_secs(1);
     while !run.is_finished() {
-        if signals::received().is_some() {
+        if let Some(signal) = signals::received() {
+            let why = format!("interrupted by {}", signals::name(signal));
+            links.iter().for_each(|l| l.stop_reconnecting(&why));
             run.stop();
             break;
         }
