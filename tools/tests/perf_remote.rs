@@ -586,11 +586,12 @@ fn a_target_that_goes_away_and_comes_back_gets_its_unfinished_ios_again_and_lose
 }
 
 /// A target with two ports, a relay in front of each, and perf given both addresses of its
-/// NQN: one subsystem on two paths. `then` runs once I/O flows on both; perf runs
-/// [`BESIDE_SECONDS`] of verified random reads and writes, reconnecting only after 30 s: what
-/// goes on after `then` goes the other way. The run must end clean: no I/O failed, blocks
-/// read back verified, well before the reconnect delay.
-fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (Output, Value) {
+/// NQN: one subsystem on two paths, verified random reads and writes, reconnecting only after
+/// 30 s. `then` runs once I/O flows on both; what goes on after it goes the other way. Once
+/// `then` saw it, Ctrl-C ends perf (an event, not a run time a loaded machine outlasts). The
+/// run must end clean: no I/O failed (one left on a path given up at Ctrl-C would), blocks
+/// read back verified.
+fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) {
     let mut args = vec![
         "--allow-host",
         HOST,
@@ -604,9 +605,8 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
     let relays = [Relay::to(serve.listeners[0]), Relay::to(serve.listeners[1])];
     let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
     let root = host_root();
-    let seconds = BESIDE_SECONDS.to_string();
-    let started = std::time::Instant::now();
-    let (out, doc) = perf_then(
+    let mut interrupted = None;
+    let (out, doc) = perf_then_with_pid(
         root.path(),
         &[
             "-r",
@@ -618,7 +618,7 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
             "-c",
             perf_core(),
             "-t",
-            &seconds,
+            "120",
             "-q",
             "8",
             "-w",
@@ -629,7 +629,7 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
             "--ctrl-loss-tmo",
             "60",
         ],
-        || {
+        |pid| {
             io_flows_to(&serve);
             for r in &relays {
                 let before = r.bytes.load(Ordering::Relaxed);
@@ -637,19 +637,23 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) -> (O
                     r.bytes.load(Ordering::Relaxed) > before + (64 << 10)
                 });
             }
-            then(&serve, &relays)
+            then(&serve, &relays);
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+            interrupted = Some(std::time::Instant::now());
         },
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(stderr(&out).contains("2 paths"), "{}", text(&out));
+    // an I/O left on the path that went would keep perf draining (up to 90 s)
+    let drained = interrupted.expect("perf measured").elapsed();
+    assert!(
+        drained < Duration::from_secs(30),
+        "{drained:?}: {}",
+        text(&out)
+    );
     assert_eq!(doc["total"]["failed_ios"], 0, "{}", text(&out));
     assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "the I/O went the other way, not after a reconnect: {:?}",
-        started.elapsed()
-    );
-    (out, doc)
 }
 
 /// Waits (at most 20 s) until `done`.
@@ -676,7 +680,7 @@ fn over_two_paths_the_io_of_a_path_cut_goes_the_other_way_at_once() {
         a.cut();
         let before = b.bytes.load(Ordering::Relaxed);
         wait_for("I/O on the other path", || {
-            b.bytes.load(Ordering::Relaxed) > before + (256 << 10)
+            b.bytes.load(Ordering::Relaxed) > before + (64 << 10)
         });
     });
 }
@@ -693,7 +697,7 @@ fn over_two_paths_the_io_leaves_a_port_made_inaccessible() {
         });
         let before = b.bytes.load(Ordering::Relaxed);
         wait_for("I/O on the other path", || {
-            b.bytes.load(Ordering::Relaxed) > before + (256 << 10)
+            b.bytes.load(Ordering::Relaxed) > before + (64 << 10)
         });
     });
 }

@@ -144,7 +144,7 @@ impl RemoteQueue {
             [only] if !only.disconnected => only,
             _ => match self.choose() {
                 Some(i) => &mut self.paths[i],
-                None if self.lost.is_some() => return Err(SubmitError::Dead),
+                None if self.ended().is_some() => return Err(SubmitError::Dead),
                 None => {
                     return Err(SubmitError::QueueFull {
                         in_flight: self.in_flight().min(usize::from(u16::MAX)) as u16,
@@ -181,14 +181,20 @@ impl RemoteQueue {
         for p in &mut self.paths {
             done += p.poll(&self.source, alone, &mut on_done);
         }
-        if !alone && self.paths.iter().any(|p| !p.held.is_empty()) {
+        if !alone
+            && self.lost.is_none()
+            && self
+                .paths
+                .iter()
+                .any(|p| !p.held.is_empty() || p.lost.is_some())
+        {
             done += self.fail_over(&mut on_done);
         }
         done
     }
 
     /// Sends the I/Os paths hold on the paths usable now; once every path was given up,
-    /// fails them.
+    /// fails them and takes no more.
     #[cold]
     #[inline(never)]
     fn fail_over(&mut self, on_done: &mut impl FnMut(Completion)) -> usize {
