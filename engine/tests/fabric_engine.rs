@@ -224,7 +224,7 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
         paths: vec![RemotePath {
             addr,
             qids: Arc::new(QueueIds::new(sub.io_queues)),
-            link: Arc::new(ControllerLink::new(cntlid)),
+            link: Arc::new(ControllerLink::new("t".into(), cntlid)),
         }],
     };
     let device = NamespaceDevice::remote(

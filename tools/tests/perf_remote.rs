@@ -792,3 +792,56 @@ fn serve_exports_a_pi_namespace_as_plain_blocks_and_leaves_out_one_whose_metadat
         "one namespace exported: {doc:#}"
     );
 }
+
+#[test]
+fn over_two_paths_the_device_fails_only_once_both_paths_are_gone() {
+    let serve = Serve::start(&[
+        "--allow-host",
+        HOST,
+        "--json-status-every",
+        "0.05",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let relays = [Relay::to(serve.listeners[0]), Relay::to(serve.listeners[1])];
+    let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
+    let root = host_root();
+    let args = [
+        "-r",
+        &a,
+        "-r",
+        &b,
+        "-n",
+        "1",
+        "-c",
+        perf_core(),
+        "-t",
+        "120",
+        "-q",
+        "8",
+        "-w",
+        "randrw",
+        "--verify",
+        "--ctrl-loss-tmo",
+        "0",
+    ];
+    let (out, doc) = perf_then(root.path(), &args, || {
+        io_flows_to(&serve);
+        // one path goes: the I/O goes on over the other
+        relays[0].cut();
+        let before = relays[1].bytes.load(Ordering::Relaxed);
+        wait_for("I/O on the other path", || {
+            relays[1].bytes.load(Ordering::Relaxed) > before + (64 << 10)
+        });
+        // then the other: now the device is gone
+        relays[1].cut();
+    });
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let job = &doc["jobs"][0];
+    assert_eq!(job["removed"], true, "{job:#}");
+    assert!(
+        stdout(&out).contains("the target is gone: the target closed the connection"),
+        "{}",
+        text(&out)
+    );
+}

@@ -90,8 +90,13 @@ impl DeviceChannel {
             self.set_now(self.clock.now_ns());
             self.fresh = true;
         }
-        self.channel
-            .submit(op, offset, len, buf, token | (kind as u64) << KIND_SHIFT)?;
+        if let Err(e) =
+            self.channel
+                .submit(op, offset, len, buf, token | (kind as u64) << KIND_SHIFT)
+        {
+            self.note_ended();
+            return Err(e);
+        }
         if self.in_flight == 0 {
             self.last_progress_ns = self.now_ns; // the channel was idle: the stall clock starts
         }
@@ -126,13 +131,7 @@ impl DeviceChannel {
             self.set_now(now);
             self.fresh = true;
             self.last_progress_ns = now;
-            if self.controllers.is_empty() && self.removed.is_none() {
-                // a remote target has no registers to probe: its queue tells it is gone
-                if let Some(why) = self.channel.ended() {
-                    log::error!("{}: {why}: no more I/O to it", self.name);
-                    self.removed = Some(Arc::from(format!("the target is gone: {why}")));
-                }
-            }
+            self.note_ended();
             return done;
         }
         let now = self.now_ns;
@@ -144,6 +143,18 @@ impl DeviceChannel {
             return self.probe(on_complete);
         }
         done
+    }
+
+    /// A remote target has no registers to probe: its queue tells it is gone (checked when
+    /// completions come, and when a submission is refused).
+    #[cold]
+    fn note_ended(&mut self) {
+        if self.controllers.is_empty() && self.removed.is_none() {
+            if let Some(why) = self.channel.ended() {
+                log::error!("{}: {why}: no more I/O to it", self.name);
+                self.removed = Some(Arc::from(format!("the target is gone: {why}")));
+            }
+        }
     }
 
     /// The reactor's clock for this turn.

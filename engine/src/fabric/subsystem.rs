@@ -163,7 +163,7 @@ impl RemoteSubsystem {
         let mut remote_paths = Vec::with_capacity(attached.len());
         let mut controllers = Vec::with_capacity(attached.len());
         for (a, path) in attached.iter_mut().zip(paths) {
-            let link = Arc::new(ControllerLink::new(a.ctrl.cntlid()));
+            let link = Arc::new(ControllerLink::new(path.to_string(), a.ctrl.cntlid()));
             if a.ana {
                 link.set_ana(a.ctrl.ana_state()?);
             }

@@ -118,6 +118,8 @@ pub enum LinkState {
 /// The shared state of one remote controller's association.
 #[derive(Debug)]
 pub struct ControllerLink {
+    /// The controller's name in messages (`tcp://ADDR:PORT/NQN`).
+    name: String,
     generation: AtomicU64,
     state: Mutex<Shared>,
     /// Wakes the controller thread: an association reported down, or stop.
@@ -148,9 +150,10 @@ pub enum Wake {
 }
 
 impl ControllerLink {
-    /// A live association with controller `cntlid`, generation 1.
-    pub fn new(cntlid: u16) -> ControllerLink {
+    /// A live association with controller `cntlid` of `name`, generation 1.
+    pub fn new(name: String, cntlid: u16) -> ControllerLink {
         ControllerLink {
+            name,
             generation: AtomicU64::new(1),
             state: Mutex::new(Shared {
                 state: LinkState::Live { cntlid },
@@ -211,7 +214,7 @@ impl ControllerLink {
             self.lose(&mut shared, why);
             return;
         }
-        log::warn!("connection lost ({why}): reconnecting");
+        log::warn!("{}: connection lost ({why}): reconnecting", self.name);
         shared.state = LinkState::Down {
             since: Instant::now(),
             why: why.to_owned(),
@@ -309,7 +312,7 @@ mod tests {
 
     #[test]
     fn a_report_of_the_live_association_takes_it_down_once_and_a_reconnect_makes_the_next() {
-        let link = ControllerLink::new(7);
+        let link = ControllerLink::new("t".into(), 7);
         assert_eq!(link.wait(Some(Duration::from_millis(1))), Wake::Period);
         link.report_down(0, "an old one");
         assert_eq!(link.state(), LinkState::Live { cntlid: 7 });
@@ -338,14 +341,14 @@ mod tests {
 
     #[test]
     fn once_told_to_stop_reconnecting_a_loss_is_final() {
-        let link = ControllerLink::new(1);
+        let link = ControllerLink::new("t".into(), 1);
         link.report_down(1, "closed");
         link.stop_reconnecting("interrupted");
         assert_eq!(
             link.lost().as_deref(),
             Some("closed (interrupted: not reconnecting)")
         );
-        let live = ControllerLink::new(1);
+        let live = ControllerLink::new("t".into(), 1);
         live.stop_reconnecting("interrupted");
         assert_eq!(live.state(), LinkState::Live { cntlid: 1 });
         live.report_down(1, "reset");
