@@ -585,13 +585,9 @@ fn a_target_that_goes_away_and_comes_back_gets_its_unfinished_ios_again_and_lose
     );
 }
 
-/// A target with two ports, a relay in front of each, and perf given both addresses of its
-/// NQN: one subsystem on two paths, verified random reads and writes, reconnecting only after
-/// 30 s. `then` runs once I/O flows on both; what goes on after it goes the other way. Once
-/// `then` saw it, Ctrl-C ends perf (an event, not a run time a loaded machine outlasts). The
-/// run must end clean: no I/O failed (one left on a path given up at Ctrl-C would), blocks
-/// read back verified.
-fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) {
+/// `usnvme serve` with two ports (and `extra`), a relay in front of each, and the subsystem's
+/// address through each relay.
+fn two_ports(extra: &[&str]) -> (Serve, [Relay; 2], [String; 2]) {
     let mut args = vec![
         "--allow-host",
         HOST,
@@ -600,35 +596,54 @@ fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) {
         "--listen",
         "127.0.0.1:0",
     ];
-    args.extend(extra_serve);
+    args.extend(extra);
     let serve = Serve::start(&args);
     let relays = [Relay::to(serve.listeners[0]), Relay::to(serve.listeners[1])];
-    let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
+    let addresses = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
+    (serve, relays, addresses)
+}
+
+/// perf on both addresses of one subsystem (two paths), verified random reads and writes until
+/// interrupted or gone, and `extra`.
+fn two_path_args<'a>(a: &'a str, b: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "-r",
+        a,
+        "-r",
+        b,
+        "-n",
+        "1",
+        "-c",
+        perf_core(),
+        "-t",
+        "120",
+        "-q",
+        "8",
+        "-w",
+        "randrw",
+        "--verify",
+    ];
+    args.extend(extra);
+    args
+}
+
+/// A target with two ports, a relay in front of each, and perf given both addresses of its
+/// NQN: one subsystem on two paths, verified random reads and writes, reconnecting only after
+/// 30 s. `then` runs once I/O flows on both; what goes on after it goes the other way. Once
+/// `then` saw it, Ctrl-C ends perf (an event, not a run time a loaded machine outlasts). The
+/// run must end clean: no I/O failed (one left on a path given up at Ctrl-C would), blocks
+/// read back verified.
+fn two_paths(extra_serve: &[&str], then: impl FnOnce(&Serve, &[Relay; 2])) {
+    let (serve, relays, [a, b]) = two_ports(extra_serve);
     let root = host_root();
     let mut interrupted = None;
     let (out, doc) = perf_then_with_pid(
         root.path(),
-        &[
-            "-r",
+        &two_path_args(
             &a,
-            "-r",
             &b,
-            "-n",
-            "1",
-            "-c",
-            perf_core(),
-            "-t",
-            "120",
-            "-q",
-            "8",
-            "-w",
-            "randrw",
-            "--verify",
-            "--reconnect-delay",
-            "30",
-            "--ctrl-loss-tmo",
-            "60",
-        ],
+            &["--reconnect-delay", "30", "--ctrl-loss-tmo", "60"],
+        ),
         |pid| {
             io_flows_to(&serve);
             for r in &relays {
@@ -795,36 +810,9 @@ fn serve_exports_a_pi_namespace_as_plain_blocks_and_leaves_out_one_whose_metadat
 
 #[test]
 fn over_two_paths_the_device_fails_only_once_both_paths_are_gone() {
-    let serve = Serve::start(&[
-        "--allow-host",
-        HOST,
-        "--json-status-every",
-        "0.05",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    let relays = [Relay::to(serve.listeners[0]), Relay::to(serve.listeners[1])];
-    let [a, b] = [0, 1].map(|i| format!("tcp://{}/{NQN}", relays[i].addr));
+    let (serve, relays, [a, b]) = two_ports(&[]);
     let root = host_root();
-    let args = [
-        "-r",
-        &a,
-        "-r",
-        &b,
-        "-n",
-        "1",
-        "-c",
-        perf_core(),
-        "-t",
-        "120",
-        "-q",
-        "8",
-        "-w",
-        "randrw",
-        "--verify",
-        "--ctrl-loss-tmo",
-        "0",
-    ];
+    let args = two_path_args(&a, &b, &["--ctrl-loss-tmo", "0"]);
     let (out, doc) = perf_then(root.path(), &args, || {
         io_flows_to(&serve);
         // one path goes: the I/O goes on over the other
