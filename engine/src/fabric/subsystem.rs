@@ -13,7 +13,6 @@
 //! is reported. The controller is shut down (CC.SHN) when the last of its devices goes.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -198,9 +197,7 @@ impl RemoteSubsystem {
             .unwrap_or(0);
         for ((a, path), rp) in attached.into_iter().zip(paths).zip(&queues.paths) {
             let again = Reconnect {
-                name: path.to_string(),
-                addr: path.addr,
-                subnqn: subnqn.clone(),
+                address: path.clone(),
                 host: host.clone(),
                 policy,
                 io_queues,
@@ -287,9 +284,8 @@ impl RemoteSubsystem {
 
 /// What the controller thread needs to make the association again.
 struct Reconnect {
-    name: String,
-    addr: SocketAddr,
-    subnqn: String,
+    /// The path's address (which names the subsystem).
+    address: TcpAddress,
     host: HostOptions,
     policy: ReconnectPolicy,
     io_queues: u16,
@@ -327,7 +323,7 @@ impl Reconnect {
                     };
                     let checked = ana.and_then(|state| {
                         if let Some(state) = state.filter(|s| self.link.set_ana(*s)) {
-                            log::info!("{}: ANA state {state:?}", self.name);
+                            log::info!("{}: ANA state {state:?}", self.address);
                         }
                         match self.host.kato_ms {
                             0 => Ok(()),
@@ -336,7 +332,7 @@ impl Reconnect {
                     });
                     if let Err(e) = checked {
                         let why = format!("keep-alive lost ({e})");
-                        log::error!("{}: {why}", self.name);
+                        log::error!("{}: {why}", self.address);
                         self.link.report_down(self.link.generation(), &why);
                     }
                 }
@@ -366,7 +362,7 @@ impl Reconnect {
                     0 => why,
                     n => format!("{why}; no reconnect in {n} attempt(s)"),
                 };
-                log::error!("{}: {why}: giving up", self.name);
+                log::error!("{}: {why}: giving up", self.address);
                 self.link.give_up(why);
                 return None;
             }
@@ -382,7 +378,7 @@ impl Reconnect {
                                 self.link.set_ana(state);
                             }
                             Err(e) => {
-                                log::warn!("{}: reconnect attempt {tried}: {e}", self.name);
+                                log::warn!("{}: reconnect attempt {tried}: {e}", self.address);
                                 continue;
                             }
                         }
@@ -392,12 +388,12 @@ impl Reconnect {
                     }
                     log::info!(
                         "{}: reconnected (controller {}, attempt {tried})",
-                        self.name,
+                        self.address,
                         ctrl.cntlid()
                     );
                     return Some(ctrl);
                 }
-                Err(e) => log::warn!("{}: reconnect attempt {tried}: {e}", self.name),
+                Err(e) => log::warn!("{}: reconnect attempt {tried}: {e}", self.address),
             }
         }
     }
@@ -405,35 +401,26 @@ impl Reconnect {
     /// A new admin queue, the controller enabled, as many I/O queues as before, the same
     /// namespaces.
     fn connect(&self) -> Result<RemoteController, String> {
-        let mut ctrl = RemoteController::connect(self.addr, &self.subnqn, &self.host)
-            .map_err(|e| e.to_string())?;
-        let id = ctrl.identify_controller().map_err(|e| e.to_string())?;
-        let granted = ctrl
-            .set_io_queues(self.io_queues)
-            .map_err(|e| e.to_string())?;
-        if granted < self.granted {
+        let a =
+            Attached::new(&self.address, &self.host, self.io_queues).map_err(|e| e.to_string())?;
+        if a.granted < self.granted {
             return Err(format!(
-                "it grants {granted} I/O queues, {} before",
-                self.granted
+                "it grants {} I/O queues, {} before",
+                a.granted, self.granted
             ));
         }
-        let now = ctrl.namespaces(id.nn).map_err(|e| e.to_string())?;
         for &(nsid, block_size, blocks) in &self.namespaces {
-            match now.iter().find(|n| n.nsid == nsid) {
+            match a.namespaces.iter().find(|n| n.0 == nsid) {
                 None => return Err(format!("namespace {nsid} is gone")),
-                Some(n) if (n.block_size, n.blocks) != (block_size, blocks) => {
+                Some(&(_, bs, n)) if (bs, n) != (block_size, blocks) => {
                     return Err(format!(
-                        "namespace {nsid} changed: {} blocks of {} bytes, {blocks} of \
-                         {block_size} before",
-                        n.blocks, n.block_size
+                        "namespace {nsid} changed: {n} blocks of {bs} bytes, {blocks} of \
+                         {block_size} before"
                     ))
                 }
                 Some(_) => {}
             }
         }
-        if self.host.kato_ms > 0 {
-            ctrl.set_command_timeout(Duration::from_millis(u64::from(self.host.kato_ms)));
-        }
-        Ok(ctrl)
+        Ok(a.ctrl)
     }
 }

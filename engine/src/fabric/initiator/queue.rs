@@ -213,8 +213,8 @@ impl IoQueue {
     /// Sends again an I/O another queue of the controller had not finished (see
     /// [`Session::resubmit`]).
     pub fn resubmit(&mut self, u: Unfinished) -> Result<(), SubmitError> {
-        let fresh = self.buffers.snapshot();
-        self.memory = fresh;
+        // (cold: a buffer may have been mapped since the last snapshot)
+        self.memory = self.buffers.snapshot();
         self.session.resubmit(u, &self.memory)
     }
 

@@ -109,8 +109,8 @@ impl ReconnectPolicy {
 pub enum LinkState {
     /// Connected: the controller ID I/O queues connect to.
     Live { cntlid: u16 },
-    /// Lost, being reconnected (since when, and why).
-    Down { since: Instant, why: String },
+    /// Lost, being reconnected (why).
+    Down { why: String },
     /// Given up (why): every I/O to it fails.
     Lost { why: String },
 }
@@ -216,7 +216,6 @@ impl ControllerLink {
         }
         log::warn!("{}: connection lost ({why}): reconnecting", self.name);
         shared.state = LinkState::Down {
-            since: Instant::now(),
             why: why.to_owned(),
         };
         self.wake.notify_all();
