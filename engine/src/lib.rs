@@ -24,6 +24,6 @@ pub use block::{
     NamespaceDevice, Op, PiMode, StripeDevice,
 };
 pub use engine::{
-    attach, Assignment, Drive, Engine, EngineError, EngineOptions, Job, QueueLimited,
-    ReactorContext, ReactorInfo, Run, Share,
+    attach, drive_namespaces, Assignment, Drive, Engine, EngineError, EngineOptions, Job,
+    QueueLimited, ReactorContext, ReactorInfo, Run, Share,
 };

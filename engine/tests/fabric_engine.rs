@@ -289,6 +289,7 @@ fn serve_sim() -> (
             block_size: info.block_size,
             blocks: info.size_bytes / u64::from(info.block_size),
             nguid: [1; 16],
+            device: 0,
         }],
         listeners: vec![Listener {
             address: addr,

@@ -13,6 +13,7 @@
 
 #[cfg(any(test, feature = "fake-sysfs"))]
 pub mod fake;
+pub mod uevent;
 
 use std::fmt;
 use std::fs;

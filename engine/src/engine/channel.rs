@@ -64,6 +64,49 @@ const KIND_SHIFT: u32 = 62;
 const KIND_OF_TAG: [OpKind; 4] = [OpKind::Read, OpKind::Write, OpKind::Other, OpKind::Other];
 
 impl DeviceChannel {
+    pub(super) fn new(
+        index: usize,
+        device: &Arc<dyn BlockDevice>,
+        channel: Channel,
+        controllers: Vec<Controller>,
+        node: Option<u32>,
+        clock: &ReactorClock,
+        options: &ChannelOptions,
+    ) -> DeviceChannel {
+        DeviceChannel {
+            device: index,
+            info: device.info().clone(),
+            name: Arc::from(device.info().name.as_str()),
+            dma: device.dma(),
+            node,
+            channel,
+            stats: IoStats::with_histograms(options.latency_histograms),
+            in_flight: 0,
+            controllers,
+            clock: clock.clone(),
+            now_ns: 0,
+            fresh: false,
+            last_progress_ns: 0,
+            last_probe_ns: 0,
+            removed: None,
+        }
+    }
+
+    /// Lets the device go while the reactor runs (it was removed, or is no longer used): its
+    /// queue pairs are dropped and every later submission is refused. Only with nothing in
+    /// flight (false, and nothing done, otherwise): the device may still be writing into the
+    /// buffers of what is.
+    pub fn close(&mut self, why: &str) -> bool {
+        if self.in_flight > 0 {
+            return false;
+        }
+        if !matches!(self.channel, Channel::Gone(_)) {
+            self.channel = Channel::Gone(Arc::from(format!("{}: {why}", self.name)));
+            self.removed.get_or_insert_with(|| Arc::from(why));
+        }
+        true
+    }
+
     /// Queues an I/O (see [`Channel::submit`]); `token` (at most [`MAX_TOKEN`]) comes back
     /// with its completion. Doorbells ring on [`DeviceChannel::flush`] or the next poll.
     #[inline]

@@ -84,6 +84,23 @@ pub struct Engine {
     options: EngineOptions,
 }
 
+/// Every namespace of drive `index` (whose controller is `controller`) as a block device,
+/// those formatted with metadata driven as `pi` says (left out with a warning without it).
+pub fn drive_namespaces(
+    index: usize,
+    controller: &Controller,
+    pi: Option<PiMode>,
+) -> Vec<Arc<dyn BlockDevice>> {
+    let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
+    for ns in controller.namespaces() {
+        match NamespaceDevice::with_pi(controller.clone(), ns.nsid, index, pi) {
+            Ok(dev) => devices.push(Arc::new(dev)),
+            Err(e) => log::warn!("{}: namespace {} skipped: {e}", controller.name(), ns.nsid),
+        }
+    }
+    devices
+}
+
 /// What a reactor is, for the job it runs.
 #[derive(Debug, Clone)]
 pub struct ReactorInfo {
@@ -194,16 +211,10 @@ impl Engine {
     /// Every namespace of every drive as a block device, those formatted with metadata driven
     /// as `pi` says (left out with a warning without it).
     pub fn namespaces_with_pi(&self, pi: Option<PiMode>) -> Vec<Arc<dyn BlockDevice>> {
-        let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
-        for (i, d) in self.drives.iter().enumerate() {
-            for ns in d.controller.namespaces() {
-                match NamespaceDevice::with_pi(d.controller.clone(), ns.nsid, i, pi) {
-                    Ok(dev) => devices.push(Arc::new(dev)),
-                    Err(e) => log::warn!("{}: namespace {} skipped: {e}", d.spec, ns.nsid),
-                }
-            }
-        }
-        devices
+        let drives = self.drives.iter().enumerate();
+        drives
+            .flat_map(|(i, d)| drive_namespaces(i, &d.controller, pi))
+            .collect()
     }
 
     /// The reactors the placement gives `device`: those that serve all of its drives; else

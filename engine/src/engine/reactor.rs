@@ -10,6 +10,9 @@ pub struct ReactorContext {
     pub devices: Vec<DeviceChannel>,
     /// How many I/O queues the channels use: one per controller.
     queue_count: usize,
+    /// How channels are made, on the reactor's memory node (devices added while the reactor
+    /// runs get the same).
+    channel_options: ChannelOptions,
     started: Instant,
     clock: ReactorClock,
     /// The clock this turn, in nanoseconds since the reactor was set up.
@@ -64,6 +67,42 @@ impl ReactorContext {
             d.set_now(now);
             d.fresh = false;
         }
+    }
+
+    /// Adds `device` (index `index` of the run's devices, on `controllers`) to this reactor
+    /// while it runs: its I/O queue pairs are created now (admin commands on its controllers,
+    /// which take milliseconds), on the reactor's memory node. The device becomes the last of
+    /// [`ReactorContext::devices`], even when its queues cannot be had: then it is there as a
+    /// gone device (every submission refused), so that every reactor's list stays in step, and
+    /// the error says why.
+    pub fn add_device(
+        &mut self,
+        index: usize,
+        device: &Arc<dyn BlockDevice>,
+        controllers: Vec<Controller>,
+    ) -> Result<(), String> {
+        let mut queues = Queues::new();
+        let (channel, result) = match device.channel(&mut queues, &self.channel_options) {
+            Ok(channel) => (channel.settle(), Ok(())),
+            Err(e) => {
+                let why = format!("{}: {e}", device.info().name);
+                (Channel::Gone(Arc::from(why.as_str())), Err(why))
+            }
+        };
+        self.queue_count += queues.len();
+        queues.release();
+        let mut added = DeviceChannel::new(
+            index,
+            device,
+            channel,
+            controllers,
+            self.info.memory_node,
+            &self.clock,
+            &self.channel_options,
+        );
+        added.set_now(self.now_ns);
+        self.devices.push(added);
+        result
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -137,35 +176,27 @@ pub(super) fn reactor<J: Job>(
     let mut devices = Vec::with_capacity(channels.len());
     for (&i, channel) in setup.info.devices.iter().zip(channels) {
         let device = &setup.devices[i];
-        let channel = channel.settle();
         let controllers = device
             .drives()
             .iter()
             .filter_map(|&d| setup.controllers.get(d).cloned())
             .collect();
-        devices.push(DeviceChannel {
-            device: i,
-            info: device.info().clone(),
-            name: Arc::from(device.info().name.as_str()),
-            dma: device.dma(),
-            node: setup.info.memory_node,
-            channel,
-            stats: IoStats::with_histograms(setup.channel.latency_histograms),
-            in_flight: 0,
+        devices.push(DeviceChannel::new(
+            i,
+            device,
+            channel.settle(),
             controllers,
-            clock: clock.clone(),
-            now_ns: 0,
-            fresh: false,
-            last_progress_ns: 0,
-            last_probe_ns: 0,
-            removed: None,
-        });
+            setup.info.memory_node,
+            &clock,
+            &setup.channel,
+        ));
     }
     let mut job = make_job(&setup.info);
     let mut ctx = ReactorContext {
         info: setup.info,
         devices,
         queue_count,
+        channel_options: setup.channel,
         started: Instant::now(),
         clock,
         now_ns: 0,

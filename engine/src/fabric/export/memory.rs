@@ -89,7 +89,7 @@ impl Backend for MemoryBackend {
     }
 
     fn submit(&mut self, token: u16, request: Request) -> Result<(), Status> {
-        let ns = request.ns;
+        let ns = request.device;
         let disk_len = self
             .namespaces
             .get(ns)
@@ -162,6 +162,7 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
                 block_size: 512,
                 blocks: 2048,
                 nguid: [nsid as u8; 16],
+                device: nsid as usize - 1,
             })
             .collect(),
         listeners: vec![Listener {

@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod connection;
 pub mod memory;
+pub mod namespaces;
 pub mod registry;
 pub mod server;
 pub mod wire;
@@ -57,6 +58,10 @@ const NQN_PREFIX: &str = "nqn.2024-01.io.usnvme";
 const SUBSYSTEM_NAMESPACE: uuid::Uuid =
     uuid::Uuid::from_u128(0x3d5e_81a2_c7f4_5b09_a6e3_52c1_98d7_0f4b);
 
+/// Namespace IDs are 1 ..= this (NN): namespaces added while the target runs take the lowest
+/// free one.
+pub const MAX_NAMESPACES: u32 = 1024;
+
 /// One exported block device, as a namespace of the subsystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedNamespace {
@@ -68,6 +73,30 @@ pub struct ExportedNamespace {
     pub blocks: u64,
     /// Stable across restarts for the same device (derived from its name and the subsystem).
     pub nguid: [u8; 16],
+    /// The block device behind it: its index among the reactors' devices (the one every
+    /// request for this namespace names; never reused while the target runs).
+    pub device: usize,
+}
+
+impl ExportedNamespace {
+    /// Block device `device` (the reactors' index `index`) as namespace `nsid`, its NGUID from
+    /// its name.
+    pub fn of(
+        nsid: u32,
+        index: usize,
+        device: &dyn crate::block::BlockDevice,
+        nguid: &dyn Fn(&str) -> [u8; 16],
+    ) -> ExportedNamespace {
+        let info = device.info();
+        ExportedNamespace {
+            nsid,
+            name: info.name.clone(),
+            block_size: info.block_size,
+            blocks: info.size_bytes / u64::from(info.block_size),
+            nguid: nguid(&info.name),
+            device: index,
+        }
+    }
 }
 
 /// Where the subsystem listens (the discovery log lists it).

@@ -101,10 +101,20 @@ pub struct Controller {
     /// Asynchronous Event Requests takes it; `has_events` says there are some without the lock.
     events: Mutex<Vec<u32>>,
     has_events: AtomicBool,
+    /// The Changed Namespace List log: IDs of namespaces added or removed since the host last
+    /// read it (more than the log holds: it says "too many" and the host scans them all).
+    changed: Mutex<Vec<u32>>,
 }
 
 /// Events kept for a controller at most (more are dropped: its host is not taking them).
 const EVENTS_KEPT: usize = 16;
+
+/// Namespace IDs the Changed Namespace List log holds (4 KiB).
+pub const CHANGED_LIST_ENTRIES: usize = 1024;
+
+/// Asynchronous event "Namespace Attribute Changed": a notice (type 2, information 0) whose
+/// log page is the Changed Namespace List (04h).
+pub const NAMESPACE_ATTRIBUTE_CHANGED: u32 = 2 | 0x04 << 16;
 
 impl Controller {
     pub fn cntlid(&self) -> u16 {
@@ -152,6 +162,49 @@ impl Controller {
             events.push(dw0);
         }
         self.has_events.store(true, Ordering::Release);
+    }
+
+    /// Notes namespaces `nsids` as changed; the host is told (a Namespace Attribute Changed
+    /// event) only if the list was empty: until it reads the log, one notice stands for all.
+    fn namespaces_changed(&self, nsids: &[u32]) {
+        let mut changed = self.changed.lock();
+        let first = changed.is_empty();
+        for &nsid in nsids {
+            if !changed.contains(&nsid) && changed.len() <= CHANGED_LIST_ENTRIES {
+                changed.push(nsid);
+            }
+        }
+        drop(changed);
+        if first {
+            self.raise_event(NAMESPACE_ATTRIBUTE_CHANGED);
+        }
+    }
+
+    /// The Changed Namespace List log as it is now: the namespace IDs, ascending, or
+    /// `[0xFFFFFFFF]` when more changed than the log holds.
+    pub fn changed_namespaces(&self) -> Vec<u32> {
+        let mut list = self.changed.lock().clone();
+        if list.len() > CHANGED_LIST_ENTRIES {
+            return vec![u32::MAX];
+        }
+        list.sort_unstable();
+        list
+    }
+
+    /// The host read the log (without Retain Asynchronous Event): what it saw is cleared, and
+    /// the next change is notified again (at once, for one that came while it read).
+    pub fn clear_changed_namespaces(&self, seen: &[u32]) {
+        let mut changed = self.changed.lock();
+        if seen == [u32::MAX] {
+            changed.clear();
+        } else {
+            changed.retain(|nsid| !seen.contains(nsid));
+        }
+        let left = !changed.is_empty();
+        drop(changed);
+        if left {
+            self.raise_event(NAMESPACE_ATTRIBUTE_CHANGED);
+        }
     }
 
     /// The oldest event waiting that `enabled` (the host's Asynchronous Event Configuration)
@@ -247,6 +300,7 @@ impl Registry {
                 io_traffic: AtomicU64::new(0),
                 events: Mutex::new(Vec::new()),
                 has_events: AtomicBool::new(false),
+                changed: Mutex::new(Vec::new()),
             });
             c.by_id.insert(id, controller.clone());
             c.created += 1;
@@ -278,6 +332,17 @@ impl Registry {
             .values()
             .filter(|ctrl| !ctrl.gone() && !ctrl.discovery);
         live.map(|ctrl| ctrl.raise_event(dw0)).count()
+    }
+
+    /// Namespaces `nsids` were added or removed: every live I/O controller lists them in its
+    /// Changed Namespace List log and tells its host; how many controllers were told.
+    pub fn namespaces_changed(&self, nsids: &[u32]) -> usize {
+        let c = self.controllers.lock();
+        let live = c
+            .by_id
+            .values()
+            .filter(|ctrl| !ctrl.gone() && !ctrl.discovery);
+        live.map(|ctrl| ctrl.namespaces_changed(nsids)).count()
     }
 
     /// Controllers alive now.
@@ -335,5 +400,37 @@ mod tests {
         // the same event twice waits once; one the host did not enable is dropped
         assert_eq!(a.take_event(|dw0| dw0 != temperature), Some(spare));
         assert_eq!(a.take_event(|_| true), None);
+    }
+
+    #[test]
+    fn namespace_changes_are_listed_per_controller_and_notified_once_until_the_log_is_read() {
+        let r = Registry::new(None);
+        let a = r.create("h", false).expect("a");
+        assert_eq!(r.namespaces_changed(&[3]), 1);
+        assert_eq!(r.namespaces_changed(&[2, 3]), 1);
+        assert_eq!(a.changed_namespaces(), [2, 3]);
+        // one notice for both changes: the second came before the host read the log
+        assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
+        assert_eq!(a.take_event(|_| true), None);
+        // a change between the host's read and its clear stays listed, and is notified then
+        let seen = a.changed_namespaces();
+        r.namespaces_changed(&[7]);
+        assert_eq!(a.take_event(|_| true), None, "not while the host reads");
+        a.clear_changed_namespaces(&seen);
+        assert_eq!(a.changed_namespaces(), [7]);
+        assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
+        a.clear_changed_namespaces(&[7]);
+        assert!(a.changed_namespaces().is_empty());
+        assert_eq!(a.take_event(|_| true), None);
+        // once read, the next change is notified again
+        r.namespaces_changed(&[4]);
+        assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
+        a.clear_changed_namespaces(&[4]);
+        // more than the log holds: "too many" (FFFFFFFFh alone), then cleared whole
+        let many: Vec<u32> = (1..=CHANGED_LIST_ENTRIES as u32 + 1).collect();
+        r.namespaces_changed(&many);
+        assert_eq!(a.changed_namespaces(), [u32::MAX]);
+        a.clear_changed_namespaces(&[u32::MAX]);
+        assert!(a.changed_namespaces().is_empty());
     }
 }

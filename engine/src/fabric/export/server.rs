@@ -19,6 +19,7 @@ use usnvme_hugepages::{BufferPool, DmaBuffer};
 use vm_memory::VolatileSlice;
 
 use super::connection::{Backend, Connection, ConnectionLimits, Receive, Request};
+use super::namespaces::NamespaceChange;
 use super::registry::Registry;
 use super::{Listener, SubsystemInfo};
 use crate::block::IoError;
@@ -237,23 +238,29 @@ pub struct Incoming {
     pub port_id: u16,
 }
 
-/// A reactor's inbox of new connections: the acceptor's end sends and rings the reactor's
-/// eventfd (which wakes it from an idle sleep); the reactor's end takes them.
+/// A reactor's inbox of new connections and namespace changes: the sender's end sends and
+/// rings the reactor's eventfd (which wakes it from an idle sleep); the reactor's end takes
+/// them.
 #[derive(Debug, Clone)]
 pub struct Inbox {
     queue: crossbeam_channel::Sender<Incoming>,
     rx: Receiver<Incoming>,
+    changes: crossbeam_channel::Sender<NamespaceChange>,
+    changes_rx: Receiver<NamespaceChange>,
     bell: Arc<EventFd>,
 }
 
 impl Inbox {
     pub fn new() -> std::io::Result<Inbox> {
         let (queue, rx) = crossbeam_channel::unbounded();
+        let (changes, changes_rx) = crossbeam_channel::unbounded();
         let bell =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Inbox {
             queue,
             rx,
+            changes,
+            changes_rx,
             bell: Arc::new(bell),
         })
     }
@@ -261,6 +268,12 @@ impl Inbox {
     /// Hands the reactor a connection, and wakes it.
     pub fn send(&self, incoming: Incoming) {
         let _ = self.queue.send(incoming);
+        self.wake();
+    }
+
+    /// Hands the reactor a change of the namespaces, and wakes it.
+    pub(super) fn change(&self, change: NamespaceChange) {
+        let _ = self.changes.send(change);
         self.wake();
     }
 
@@ -275,7 +288,7 @@ impl Inbox {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.queue.is_empty() && self.changes.is_empty()
     }
 }
 
@@ -298,6 +311,8 @@ pub struct ServeJob {
     busy: BusyClock,
     /// Since when (the reactor's clock) no turn did work.
     idle_since: Option<Duration>,
+    /// Devices whose namespaces were removed, to let go of once nothing is in flight on them.
+    letting_go: Vec<usize>,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -325,6 +340,42 @@ impl ServeJob {
             events: vec![EpollEvent::empty(); EVENTS_PER_TURN],
             busy: BusyClock::default(),
             idle_since: None,
+            letting_go: Vec::new(),
+        }
+    }
+
+    /// Applies the namespace changes handed to this reactor: channels to added devices are
+    /// opened (before any connection can name them), the connections get the new subsystem,
+    /// and removed devices are let go of once nothing is in flight on them.
+    fn apply_changes(&mut self, ctx: &mut ReactorContext) {
+        while let Ok(change) = self.inbox.changes_rx.try_recv() {
+            let mut result = Ok(());
+            for (index, new) in change.added {
+                let opened = if index == ctx.devices.len() {
+                    ctx.add_device(index, &new.device, new.controllers)
+                } else {
+                    // (cannot happen: every reactor takes every change, in order)
+                    Err(format!(
+                        "{}: out of step: device {index} added to a reactor with {} devices",
+                        new.device.info().name,
+                        ctx.devices.len()
+                    ))
+                };
+                result = result.and(opened);
+            }
+            self.letting_go.extend(change.removed);
+            for c in self.conns.iter_mut().flatten() {
+                c.conn.set_subsystem(change.subsystem.clone());
+            }
+            self.shared.subsystem = change.subsystem;
+            let _ = change.done.send(result);
+        }
+        if !self.letting_go.is_empty() {
+            self.letting_go.retain(|&i| {
+                ctx.devices
+                    .get_mut(i)
+                    .is_some_and(|d| !d.close("its namespace was removed"))
+            });
         }
     }
 
@@ -501,7 +552,7 @@ impl Backend for ReactorBackend<'_> {
         let Request { op, len, .. } = request;
         let device = self
             .devices
-            .get_mut(request.ns)
+            .get_mut(request.device)
             .ok_or(Status::INVALID_NAMESPACE)?;
         let buf = match self.buffers.get(token as usize) {
             Some(Some(b)) if op.has_data() => Some(IoBuffer {
@@ -570,6 +621,7 @@ impl Job for ServeJob {
     }
 
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        self.apply_changes(ctx);
         if self.stopping_since.is_none() {
             if self.shared.stop.load(Ordering::Acquire) {
                 self.stopping_since = Some(Instant::now());

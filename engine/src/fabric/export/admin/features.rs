@@ -14,7 +14,7 @@ const FEATURE_CHANGEABLE: u32 = 1 << 2;
 /// Asynchronous Event Configuration bits a host may enable: the SMART / Health critical
 /// warnings (7:0), which the drives raise and `serve` passes on, and the Asymmetric Namespace
 /// Access Change notices (11).
-const AEC_SUPPORTED: u32 = 0xff | 1 << 11;
+const AEC_SUPPORTED: u32 = 0xff | 1 << 8 | 1 << 11;
 
 const FID_VOLATILE_WRITE_CACHE: u8 = FeatureId::VolatileWriteCache as u8;
 const FID_NUMBER_OF_QUEUES: u8 = FeatureId::NumberOfQueues as u8;
@@ -38,8 +38,9 @@ fn queues_dw0((sq, cq): (u16, u16)) -> u32 {
 }
 
 /// Asynchronous Event Configuration after Connect: every SMART / health critical warning
-/// (bits 4:0) and the ANA change notices (bit 11).
-const DEFAULT_EVENTS: u32 = 0x1f | 1 << 11;
+/// (bits 4:0), the namespace attribute notices (bit 8: namespaces added and removed) and the
+/// ANA change notices (bit 11).
+const DEFAULT_EVENTS: u32 = 0x1f | 1 << 8 | 1 << 11;
 
 impl Features {
     /// A new controller's features: all of `sub`'s I/O queues until the host asks for fewer,

@@ -8,7 +8,7 @@ use usnvme_driver::spec::{
     put_ascii, IdentifyController, IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status,
 };
 
-use super::super::{ExportedNamespace, SubsystemInfo};
+use super::super::{ExportedNamespace, SubsystemInfo, MAX_NAMESPACES};
 use super::properties::{IOCQES, IOSQES};
 use super::{
     ANA_GROUP, ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD,
@@ -35,7 +35,9 @@ const CMIC_ANA: u8 = 1 << 3;
 const ANACAP: u8 = 0b0100_0111;
 /// ANATT: a state change takes effect at once; hosts wait this long (seconds) at most.
 const ANATT_SECONDS: u8 = 10;
-/// OAES bit 11: Asymmetric Namespace Access Change notices.
+/// OAES bit 8: Namespace Attribute Changed notices (namespaces added and removed while the
+/// target runs); bit 11: Asymmetric Namespace Access Change notices.
+const OAES_NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
 const OAES_ANA_CHANGE: u32 = 1 << 11;
 /// NMIC: a namespace may be reached through several controllers (needed with the above).
 const NMIC_SHARED: u8 = 1 << 0;
@@ -67,11 +69,6 @@ const CSI_NVM: u8 = 0;
 pub(super) fn mdts(max_transfer: u32) -> u8 {
     let pages = (max_transfer / 4096).max(2);
     pages.ilog2() as u8
-}
-
-/// The largest namespace ID (NN: every ID up to it is valid, active or not).
-fn max_nsid(sub: &SubsystemInfo) -> u32 {
-    sub.namespaces.iter().map(|ns| ns.nsid).max().unwrap_or(0)
 }
 
 /// Identify Controller (CNS 01h) of controller `cntlid`: an I/O controller of `sub`, or the
@@ -125,15 +122,17 @@ pub fn identify_controller(
     id.anacap = ANACAP;
     id.anagrpmax = ANA_GROUP;
     id.nanagrpid = ANA_GROUP;
-    id.oaes = OAES_ANA_CHANGE;
+    id.oaes = OAES_NAMESPACE_ATTRIBUTE | OAES_ANA_CHANGE;
     id.acl = 3; // 0's based; Abort is answered "not aborted"
     id.frmw = FRMW_ONE_READ_ONLY_SLOT;
     id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
     id.sqes = (IOSQES << 4) | IOSQES;
     id.cqes = (IOCQES << 4) | IOCQES;
-    id.nn = max_nsid(sub);
-    // MNAN: Linux refuses an ANA-reporting controller without it (it sizes the ANA log by it)
-    id.mnan = id.nn;
+    // NN: every ID a namespace added while the target runs may take, so that it is valid
+    // from the start. MNAN: Linux refuses an ANA-reporting controller without it (it sizes
+    // its ANA log buffer by it, so it must cover every namespace there may be).
+    id.nn = MAX_NAMESPACES;
+    id.mnan = MAX_NAMESPACES;
     id.oncs = Oncs::DATASET_MANAGEMENT | Oncs::WRITE_ZEROES;
     id.vwc = VWC_PRESENT;
     id
@@ -202,7 +201,7 @@ pub fn identify(
         Some(Cns::Controller) => Ok(*identify_controller(sub, cntlid, discovery).as_bytes()),
         Some(Cns::Namespace) => match active {
             Some(ns) => Ok(*identify_namespace(ns).as_bytes()),
-            None if nsid != 0 && nsid <= max_nsid(sub) => Ok([0; IDENTIFY_BYTES]),
+            None if nsid != 0 && nsid <= MAX_NAMESPACES => Ok([0; IDENTIFY_BYTES]),
             None => Err(INVALID_NAMESPACE),
         },
         Some(Cns::ActiveNamespaceList) => {

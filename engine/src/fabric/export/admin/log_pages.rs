@@ -11,8 +11,9 @@ use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, S
 
 use super::super::{Listener, SubsystemInfo};
 use super::{
-    AnaView, ANA_GROUP, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES,
+    AnaView, Asked, ANA_GROUP, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES,
 };
+use crate::fabric::export::registry::CHANGED_LIST_ENTRIES;
 
 // The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
 // per record. Every field is written as Linux's nvmet writes it
@@ -45,11 +46,11 @@ impl DiscoveryAsker<'_> {
 /// CDW12/13 and must be a dword multiple. Bytes past the log's end read as zero; an offset past
 /// it is refused. The discovery controller has only the discovery log (70h); an I/O
 /// controller has Error Information (01h, empty), SMART / Health (02h, from `smart`, asked only
-/// for it, controller-wide: NSID 0 or FFFFFFFFh) and Firmware Slot Information (03h).
+/// for it, controller-wide: NSID 0 or FFFFFFFFh), Firmware Slot Information (03h), the Changed
+/// Namespace List (04h, from `asked`) and the ANA log (0Ch).
 pub fn log_page(
     sub: &SubsystemInfo,
-    discovery: Option<DiscoveryAsker>,
-    ana: AnaView,
+    asked: Asked,
     sqe: &Sqe,
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
@@ -64,6 +65,7 @@ pub fn log_page(
     if offset % 4 != 0 {
         return Err(INVALID_FIELD);
     }
+    let (discovery, ana) = (asked.discovery, asked.ana);
     let lid = LogPageId::from_raw(sqe.cdw10 as u8);
     let log_len = match (discovery, lid) {
         (Some(asker), Some(LogPageId::Discovery)) => discovery_log_len(asker.records()),
@@ -76,6 +78,7 @@ pub fn log_page(
             SmartLog::SIZE
         }
         (None, Some(LogPageId::FirmwareSlot)) => FirmwareSlotLog::SIZE,
+        (None, Some(LogPageId::ChangedNamespaceList)) => 4 * CHANGED_LIST_ENTRIES,
         (None, Some(LogPageId::AsymmetricNamespaceAccess)) => ana_log_len(sub, rgo(sqe)),
         _ => return Err(INVALID_LOG_PAGE),
     };
@@ -107,6 +110,11 @@ pub fn log_page(
         }
         (Some(LogPageId::AsymmetricNamespaceAccess), _) => {
             put_ana_log(out, offset, sub, ana, rgo(sqe))
+        }
+        (Some(LogPageId::ChangedNamespaceList), _) => {
+            for (i, nsid) in asked.changed_namespaces.iter().enumerate() {
+                put_log_part(out, offset, 4 * i, &nsid.to_le_bytes());
+            }
         }
         _ => {} // the error log: no errors recorded, all zero
     }

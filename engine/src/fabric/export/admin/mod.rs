@@ -107,12 +107,14 @@ const CONNECT_INCOMPATIBLE_FORMAT: Status = Status::CONNECT_INCOMPATIBLE_FORMAT.
 const ABORT_NOT_ABORTED: u32 = 1;
 
 /// The controller an admin command is for: its ID, how a discovery controller's host reads
-/// the discovery log (None for an I/O controller), and the ANA state at its port.
+/// the discovery log (None for an I/O controller), the ANA state at its port, and its Changed
+/// Namespace List log.
 #[derive(Debug, Clone, Copy)]
 pub struct Asked<'a> {
     pub cntlid: u16,
     pub discovery: Option<DiscoveryAsker<'a>>,
     pub ana: AnaView,
+    pub changed_namespaces: &'a [u32],
 }
 
 /// Runs an admin command of controller `asked` (a discovery controller or an I/O one);
@@ -129,12 +131,7 @@ pub fn execute(
     smart: &mut dyn FnMut() -> SmartLog,
     out: &mut [u8],
 ) -> Result<(u32, usize), Status> {
-    let Asked {
-        cntlid,
-        discovery,
-        ana,
-    } = asked;
-    let is_discovery = discovery.is_some();
+    let (cntlid, is_discovery) = (asked.cntlid, asked.discovery.is_some());
     let feature_served = |sqe: &Sqe| {
         let fid = sqe.cdw10 as u8;
         !is_discovery || fid == FID_KEEP_ALIVE_TIMER || fid == FID_ASYNC_EVENT_CONFIGURATION
@@ -146,9 +143,7 @@ pub fn execute(
             dst.copy_from_slice(&page);
             Ok((0, IDENTIFY_BYTES))
         }
-        Some(AdminOpcode::GetLogPage) => {
-            log_page(sub, discovery, ana, sqe, smart, out).map(|len| (0, len))
-        }
+        Some(AdminOpcode::GetLogPage) => log_page(sub, asked, sqe, smart, out).map(|len| (0, len)),
         Some(AdminOpcode::SetFeatures) if feature_served(sqe) => {
             features.set_feature(sqe).map(|dw0| (dw0, 0))
         }

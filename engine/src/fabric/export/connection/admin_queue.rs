@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{SmartLog, Sqe, Status};
 
 use super::super::admin;
@@ -13,6 +14,15 @@ use super::{Backend, Connection, Role, SMART_WAITING};
 /// Admin opcodes handled by the connection itself (the rest go to [`admin`]).
 const ASYNC_EVENT_REQUEST: u8 = 0x0c;
 const KEEP_ALIVE: u8 = 0x18;
+const GET_LOG_PAGE: u8 = 0x02;
+
+/// Get Log Page CDW10 bit 15: Retain Asynchronous Event (the log is read, not cleared).
+const RETAIN_ASYNC_EVENT: u32 = 1 << 15;
+
+/// Whether `sqe` reads the Changed Namespace List log.
+fn reads_changed_namespaces(sqe: &Sqe, opcode: u8) -> bool {
+    opcode == GET_LOG_PAGE && sqe.cdw10 as u8 == LogPageId::ChangedNamespaceList as u8
+}
 
 /// How a discovery controller's host reads the discovery log: at the port it came in on, with
 /// the NVM subsystem listed only if the host may connect to it. None for an I/O controller.
@@ -63,6 +73,12 @@ impl Connection {
         // SMART comes from the drives, which take milliseconds: the command waits for the
         // backend's answer (see `poll_smart`) while the reactor serves everything else.
         let mut wants_smart = false;
+        // the log as it is now; what the host saw is cleared once it is answered
+        let changed = if reads_changed_namespaces(sqe, opcode) {
+            controller.changed_namespaces()
+        } else {
+            Vec::new()
+        };
         let result: Result<(u32, usize), Status> = match opcode {
             KEEP_ALIVE => Ok((0, 0)),
             ASYNC_EVENT_REQUEST => {
@@ -79,6 +95,7 @@ impl Connection {
                     cntlid,
                     discovery: discovery_asker(&self.port, &self.registry, controller),
                     ana: ana_view(&self.port, &self.registry),
+                    changed_namespaces: &changed,
                 },
                 features,
                 sqe,
@@ -98,6 +115,9 @@ impl Connection {
                 smart_waiting.push(*sqe);
             }
             return;
+        }
+        if result.is_ok() && !changed.is_empty() && sqe.cdw10 & RETAIN_ASYNC_EVENT == 0 {
+            controller.clear_changed_namespaces(&changed);
         }
         self.answer_admin(cid, sqe, result);
     }
@@ -143,6 +163,7 @@ impl Connection {
                     cntlid,
                     discovery: discovery_asker(&self.port, &self.registry, controller),
                     ana: ana_view(&self.port, &self.registry),
+                    changed_namespaces: &[],
                 },
                 features,
                 &sqe,

@@ -24,7 +24,7 @@ impl Connection {
     ) -> Result<(), FatalError> {
         let token = self.free_slot()?;
         let checked = self.check_io(sqe, opcode, sgl_type, sgl_len, data.len());
-        let (ns, op, offset, len) = match checked {
+        let (device, op, offset, len) = match checked {
             Ok(c) => c,
             Err(status) => {
                 self.respond(cid, 0, status);
@@ -32,14 +32,14 @@ impl Connection {
             }
         };
         if opcode == IoOpcode::DatasetManagement as u8 {
-            self.deallocate(sqe, cid, token, ns, data, backend);
+            self.deallocate(sqe, cid, token, data, backend);
             return Ok(());
         }
         if op.has_data() && !backend.reserve(token, len as usize) {
             self.respond(cid, 0, Status::NAMESPACE_NOT_READY);
             return Ok(());
         }
-        self.occupy(token, cid, ns, op, offset, len);
+        self.occupy(token, cid, device, op, offset, len);
         if op == Op::Write {
             if data.is_empty() {
                 // ask for all of it at once; the host sends it in PDUs of MAXH2CDATA at most
@@ -87,7 +87,7 @@ impl Connection {
         &mut self,
         token: u16,
         cid: u16,
-        ns: usize,
+        device: usize,
         op: Op,
         offset: u64,
         len: u32,
@@ -95,7 +95,7 @@ impl Connection {
         self.slots[token as usize] = Slot {
             busy: true,
             cid,
-            ns,
+            device,
             op: Some(op),
             offset,
             len,
@@ -105,7 +105,8 @@ impl Connection {
         self.in_flight += 1;
     }
 
-    /// The namespace index, op, byte offset and length of an I/O command, or its status.
+    /// The block device (the namespace's), op, byte offset and length of an I/O command, or
+    /// its status.
     pub(super) fn check_io(
         &self,
         sqe: &Sqe,
@@ -114,28 +115,28 @@ impl Connection {
         sgl_len: u32,
         in_capsule: usize,
     ) -> Result<(usize, Op, u64, u32), Status> {
-        let ns = self
+        let info = self
             .subsystem
             .namespaces
             .iter()
-            .position(|n| n.nsid == sqe.nsid)
+            .find(|n| n.nsid == sqe.nsid)
             .ok_or(Status::INVALID_NAMESPACE)?;
+        let device = info.device;
         // the path this connection is: refused where its port is inaccessible (the host then
         // goes another way; no DNR, so it may come back once the state changes)
         if self.registry.ana_state(self.port.port_id) == AnaState::Inaccessible {
             return Err(Status::ANA_INACCESSIBLE);
         }
-        let info = &self.subsystem.namespaces[ns];
         let bs = u64::from(info.block_size);
         let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
         let blocks = u64::from(sqe.cdw12 & 0xffff) + 1;
         let (op, moves_data) = match IoOpcode::from_raw(opcode) {
             Some(IoOpcode::Read) => (Op::Read, true),
             Some(IoOpcode::Write) => (Op::Write, true),
-            Some(IoOpcode::Flush) => return Ok((ns, Op::Flush, 0, 0)),
+            Some(IoOpcode::Flush) => return Ok((device, Op::Flush, 0, 0)),
             Some(IoOpcode::WriteZeroes) => (Op::WriteZeroes, false),
             // see `deallocate`
-            Some(IoOpcode::DatasetManagement) => return Ok((ns, Op::Deallocate, 0, 0)),
+            Some(IoOpcode::DatasetManagement) => return Ok((device, Op::Deallocate, 0, 0)),
             _ => return Err(Status::INVALID_OPCODE),
         };
         if slba.checked_add(blocks).is_none_or(|end| end > info.blocks) {
@@ -158,7 +159,7 @@ impl Connection {
                 return Err(Status::INVALID_FIELD);
             }
         }
-        Ok((ns, op, slba * bs, len as u32))
+        Ok((device, op, slba * bs, len as u32))
     }
 
     /// Dataset Management: with the Deallocate attribute, each range (in the capsule, 16 bytes
@@ -169,7 +170,6 @@ impl Connection {
         sqe: &Sqe,
         cid: u16,
         token: u16,
-        ns: usize,
         data: std::ops::Range<usize>,
         backend: &mut dyn Backend,
     ) {
@@ -182,8 +182,17 @@ impl Connection {
             self.respond(cid, 0, Status::DATA_SGL_LENGTH_INVALID);
             return;
         }
-        let info = &self.subsystem.namespaces[ns];
-        let (bs, size) = (u64::from(info.block_size), info.blocks);
+        // (checked by `check_io`: the namespace is there)
+        let Some(info) = self
+            .subsystem
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == sqe.nsid)
+        else {
+            self.respond(cid, 0, Status::INVALID_NAMESPACE);
+            return;
+        };
+        let (bs, size, device) = (u64::from(info.block_size), info.blocks, info.device);
         // Each range as (byte offset, bytes); empty ranges are skipped. Checked in a first
         // pass, so that a bad range fails the command before any part of it ran.
         let range = |r: &[u8]| {
@@ -207,7 +216,7 @@ impl Connection {
         self.slots[token as usize] = Slot {
             busy: true,
             cid,
-            ns,
+            device,
             op: Some(Op::Deallocate),
             submitted: true,
             pending: count,
@@ -221,7 +230,7 @@ impl Connection {
                 continue;
             }
             let request = Request {
-                ns,
+                device,
                 op: Op::Deallocate,
                 offset: slba * bs,
                 len: blocks * bs,
@@ -246,7 +255,7 @@ impl Connection {
             return;
         };
         let request = Request {
-            ns: s.ns,
+            device: s.device,
             op,
             offset: s.offset,
             len: u64::from(s.len),

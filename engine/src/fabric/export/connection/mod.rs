@@ -88,11 +88,12 @@ pub trait Backend {
     fn smart_answer(&mut self) -> Option<SmartLog>;
 }
 
-/// What a command (or one part of it) asks of the drives: `op` on namespace index `ns`,
-/// `len` bytes at byte `offset` (0 and 0 for a Flush).
+/// What a command (or one part of it) asks of the drives: `op` on block device `device` (the
+/// namespace's [`ExportedNamespace::device`](super::ExportedNamespace)), `len` bytes at byte
+/// `offset` (0 and 0 for a Flush).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
-    pub ns: usize,
+    pub device: usize,
     pub op: Op,
     pub offset: u64,
     pub len: u64,
@@ -154,7 +155,9 @@ enum Role {
 struct Slot {
     busy: bool,
     cid: u16,
-    ns: usize,
+    /// The block device (see [`Request::device`]): kept by device, not by the namespace's
+    /// place in the list, which a namespace removed meanwhile would shift.
+    device: usize,
     op: Option<Op>,
     offset: u64,
     len: u32,
@@ -274,6 +277,12 @@ impl Connection {
             progress: None,
             opened: None,
         }
+    }
+
+    /// The subsystem's namespaces changed (one added or removed while the target runs): later
+    /// commands see `subsystem`; those in flight go on to the devices they were sent to.
+    pub fn set_subsystem(&mut self, subsystem: Arc<SubsystemInfo>) {
+        self.subsystem = subsystem;
     }
 
     /// The connection came in on `port`, at its address (the connection's local one).

@@ -201,13 +201,13 @@ impl Connection {
                 self.check_in_capsule(opcode, sgl_type, sgl_len, layout.data)?;
                 let token = self.free_slot()?;
                 let checked = self.check_io(&sqe, opcode, sgl_type, sgl_len, layout.data);
-                let Ok((ns, op, offset, len)) = checked else {
+                let Ok((device, op, offset, len)) = checked else {
                     return Ok(None);
                 };
                 if !backend.reserve(token, len as usize) {
                     return Ok(None);
                 }
-                self.occupy(token, (sqe.cdw0 >> 16) as u16, ns, op, offset, len);
+                self.occupy(token, (sqe.cdw0 >> 16) as u16, device, op, offset, len);
                 // taken from the SQ here (`on_capsule` does it for the others)
                 self.sq_taken = self.sq_taken.wrapping_add(1);
                 Ok(Some(DataInto {

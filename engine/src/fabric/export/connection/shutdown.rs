@@ -136,9 +136,9 @@ impl Connection {
             ..Slot::default()
         };
         self.in_flight += 1;
-        for ns in 0..count {
+        for (i, ns) in self.subsystem.namespaces.iter().enumerate() {
             let flush = Request {
-                ns,
+                device: ns.device,
                 op: Op::Flush,
                 offset: 0,
                 len: 0,
@@ -147,7 +147,7 @@ impl Connection {
                 // the parts not submitted will not complete: count them now
                 let s = &mut self.slots[token];
                 s.failed = s.failed.or(Some(status));
-                s.pending -= (count - ns) as u16;
+                s.pending -= (count - i) as u16;
                 if s.pending == 0 {
                     self.finish(token as u16, status, backend);
                 }

@@ -31,14 +31,15 @@ fn features_number_of_queues_keep_alive_and_events() {
     assert_eq!(f.keep_alive_ms(), 5000);
     assert_eq!(current(&f, FeatureId::KeepAliveTimer), Ok(5000));
 
-    // the drives' SMART warnings and ANA changes, until the host says otherwise
-    assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0x81f));
+    // the drives' SMART warnings, namespace changes and ANA changes, until the host says
+    // otherwise
+    assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0x91f));
     let aec = set_features(FeatureId::AsyncEventConfiguration, 0xff);
     assert_eq!(f.set_feature(&aec), Ok(0));
     assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0xff));
-    let namespace_notices = set_features(FeatureId::AsyncEventConfiguration, 1 << 8);
+    let firmware_notices = set_features(FeatureId::AsyncEventConfiguration, 1 << 9);
     assert_eq!(
-        f.set_feature(&namespace_notices).map_err(|s| s.code()),
+        f.set_feature(&firmware_notices).map_err(|s| s.code()),
         Err(Status::INVALID_FIELD)
     );
     assert_eq!(f.async_event_config(), 0xff, "unchanged by a refused set");

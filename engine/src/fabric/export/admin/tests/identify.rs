@@ -19,7 +19,11 @@ fn identify_controller_bytes_where_linux_reads_them() {
         b[76], 0b1011,
         "CMIC: multi-port, multi-controller, ANA reporting"
     );
-    assert_eq!(le32(b, 92), 1 << 11, "OAES: ANA change notices");
+    assert_eq!(
+        le32(b, 92),
+        1 << 8 | 1 << 11,
+        "OAES: namespace attribute and ANA change notices"
+    );
     assert_eq!((b[342], b[343]), (10, 0b0100_0111), "ANATT, ANACAP");
     assert_eq!((le32(b, 344), le32(b, 348)), (1, 1), "ANAGRPMAX, NANAGRPID");
     assert_eq!(le32(b, 540), le32(b, 516), "MNAN: NN");
@@ -35,7 +39,7 @@ fn identify_controller_bytes_where_linux_reads_them() {
     assert_eq!(le16(b, 320), 1, "KAS: 100 ms");
     assert_eq!((b[512], b[513]), (0x66, 0x44), "SQES, CQES");
     assert_eq!(le16(b, 514), 128, "MAXCMD");
-    assert_eq!(le32(b, 516), 3, "NN: the largest NSID");
+    assert_eq!(le32(b, 516), 1024, "NN: every ID a namespace may take");
     assert_eq!(le16(b, 520), (1 << 2) | (1 << 3), "ONCS: DSM, Write Zeroes");
     assert_eq!(b[525], 1, "VWC present");
     assert_eq!(le32(b, 536), 1 | (1 << 20), "SGLS");
@@ -98,7 +102,7 @@ fn identify_namespace_bytes() {
 
 #[test]
 fn identify_dispatch_by_cns_and_nsid() {
-    let sub = subsystem(); // NSIDs 1 and 3: 2 is inactive, NN is 3
+    let sub = subsystem(); // NSIDs 1 and 3: 2 and 4 are inactive, NN is 1024
     let ask = |cns: u8, nsid: u32| {
         let mut sqe = Sqe::new(AdminOpcode::Identify as u8);
         sqe.cdw10 = u32::from(cns);
@@ -109,11 +113,17 @@ fn identify_dispatch_by_cns_and_nsid() {
 
     let ns1 = ask(0, 1).expect("NSID 1");
     assert_eq!(le64(&ns1, 0), 1 << 21);
-    assert_eq!(ask(0, 2), Ok([0; IDENTIFY_BYTES]), "inactive: zeroes");
-    for nsid in [0, 4, u32::MAX] {
+    for inactive in [2, 4, 1024] {
+        assert_eq!(
+            ask(0, inactive),
+            Ok([0; IDENTIFY_BYTES]),
+            "inactive: zeroes"
+        );
+    }
+    for nsid in [0, 1025, u32::MAX] {
         assert_eq!(code(ask(0, nsid)), Err(Status::INVALID_NAMESPACE), "{nsid}");
     }
-    assert!(ask(0, 4).expect_err("invalid").dnr());
+    assert!(ask(0, 1025).expect_err("invalid").dnr());
 
     let list = |after| NamespaceList::from_bytes(&ask(2, after).expect("a list"));
     assert_eq!(list(0).iter().collect::<Vec<_>>(), [1, 3]);

@@ -28,8 +28,13 @@ fn log_page(
     smart: &mut dyn FnMut() -> SmartLog,
 ) -> Result<Vec<u8>, Status> {
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
-    super::log_page(sub, asker(sub, discovery), OPTIMIZED, sqe, smart, &mut out)
-        .map(|n| out[..n].to_vec())
+    let asked = Asked {
+        cntlid: 1,
+        discovery: asker(sub, discovery),
+        ana: OPTIMIZED,
+        changed_namespaces: &[],
+    };
+    super::log_page(sub, asked, sqe, smart, &mut out).map(|n| out[..n].to_vec())
 }
 
 /// An optimized path, its state never changed.
@@ -52,6 +57,7 @@ fn execute(
         cntlid,
         discovery: asker(sub, discovery),
         ana: OPTIMIZED,
+        changed_namespaces: &[],
     };
     super::execute(sub, asked, features, sqe, smart, &mut out)
         .map(|(dw0, n)| (dw0, out[..n].to_vec()))
@@ -66,8 +72,13 @@ fn discovery_log_for(sub: &SubsystemInfo, asker: DiscoveryAsker) -> Vec<u8> {
     let len = discovery_log_len(2);
     let mut out = vec![0xEE; MAX_ADMIN_DATA];
     let sqe = get_log(0x70, 0, len as u32, 0);
-    let n =
-        super::log_page(sub, Some(asker), OPTIMIZED, &sqe, &mut no_smart, &mut out).expect("log");
+    let asked = Asked {
+        cntlid: 1,
+        discovery: Some(asker),
+        ana: OPTIMIZED,
+        changed_namespaces: &[],
+    };
+    let n = super::log_page(sub, asked, &sqe, &mut no_smart, &mut out).expect("log");
     let records = le64(&out, 8) as usize;
     out[..n.min(discovery_log_len(records))].to_vec()
 }
@@ -82,6 +93,7 @@ fn namespace(nsid: u32, block_size: u32, blocks: u64) -> ExportedNamespace {
         block_size,
         blocks,
         nguid,
+        device: nsid as usize - 1,
     }
 }
 

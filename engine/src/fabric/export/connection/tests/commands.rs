@@ -396,3 +396,102 @@ fn an_inaccessible_port_refuses_io_by_ana_status_and_its_hosts_hear_of_the_chang
     io.capsule(&write, &[5; 4096]);
     assert_eq!(io.status(), Status::SUCCESS);
 }
+
+/// The Changed Namespace List as the controller behind `admin` reads it (`retain`: with
+/// Retain Asynchronous Event): the IDs before the first zero.
+fn changed_namespaces(admin: &mut Bed, retain: bool) -> Vec<u32> {
+    let mut sqe = Sqe::get_log_page(LogPageId::ChangedNamespaceList, u32::MAX, 4096, 0);
+    sqe.set_cid(70);
+    sqe.set_sgl(SglDescriptor::transport(4096));
+    if retain {
+        sqe.cdw10 |= 1 << 15;
+    }
+    admin.capsule(&sqe, &[]);
+    match &admin.take()[..] {
+        [Got::Data(_, log), Got::Resp(c)] => {
+            assert_eq!((c.status(), log.len()), (Status::SUCCESS, 4096));
+            let ids = log
+                .chunks(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            ids.take_while(|&id| id != 0).collect()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_namespace_removed_while_a_write_waits_for_its_data_keeps_that_write_on_its_device() {
+    use crate::fabric::export::registry::NAMESPACE_ATTRIBUTE_CHANGED;
+    let (mut admin, cntlid) = Bed::admin_queue(Digests::default());
+    let mut io = Bed::new(None, Digests::default());
+    io.conn.registry = admin.conn.registry.clone();
+    let nqn = io.sub.nqn.clone();
+    assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
+    let mut aer = Sqe::async_event_request();
+    aer.set_cid(80);
+    admin.capsule(&aer, &[]);
+    // a write to namespace 2 (device 1) asks for its data by R2T
+    let mut write = io.io(IoOpcode::Write, 16, 8, 4096);
+    write.nsid = 2;
+    write.set_cid(9);
+    io.capsule(&write, &[]);
+    let got = io.take();
+    let Some(Got::R2T(r2t)) = got.first() else {
+        panic!("an R2T: {got:?}");
+    };
+    // namespace 1 goes away meanwhile: namespace 2 is now first in the list
+    let without_1 = Arc::new(SubsystemInfo {
+        namespaces: io.sub.namespaces[1..].to_vec(),
+        ..(*io.sub).clone()
+    });
+    io.conn.set_subsystem(without_1.clone());
+    admin.conn.set_subsystem(without_1);
+    io.send(&h2c_pdu(
+        9,
+        r2t.ttag,
+        0,
+        &[0x5a; 4096],
+        true,
+        Digests::default(),
+    ));
+    assert_eq!(io.status(), Status::SUCCESS);
+    assert!(
+        io.backend.namespaces[1][16 * 512..16 * 512 + 4096]
+            .iter()
+            .all(|&b| b == 0x5a),
+        "on namespace 2's device"
+    );
+    // and so does a new one, though namespace 2 is first in the list now
+    let mut again = io.io(IoOpcode::Write, 32, 8, 0);
+    again.nsid = 2;
+    io.capsule(&again, &[0xa5; 4096]);
+    assert_eq!(io.status(), Status::SUCCESS);
+    assert!(io.backend.namespaces[1][32 * 512..32 * 512 + 4096]
+        .iter()
+        .all(|&b| b == 0xa5));
+    assert!(
+        io.backend.namespaces[0].iter().all(|&b| b == 0),
+        "not on 1's"
+    );
+    // namespace 1 is refused now, by name
+    let write1 = io.io(IoOpcode::Write, 0, 8, 0);
+    io.capsule(&write1, &[1; 4096]);
+    assert_eq!(io.status().code(), Status::INVALID_NAMESPACE);
+    // the host hears of it once, and reads which namespace changed
+    assert_eq!(admin.conn.registry.namespaces_changed(&[1]), 1);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Resp(c)] => assert_eq!((c.cid, c.dw0), (80, NAMESPACE_ATTRIBUTE_CHANGED)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(changed_namespaces(&mut admin, true), [1], "retained");
+    assert_eq!(changed_namespaces(&mut admin, false), [1]);
+    assert!(changed_namespaces(&mut admin, false).is_empty(), "cleared");
+    let mut list = Sqe::identify(Cns::ActiveNamespaceList, 0);
+    list.set_sgl(SglDescriptor::transport(4096));
+    admin.capsule(&list, &[]);
+    match &admin.take()[..] {
+        [Got::Data(_, ids), Got::Resp(_)] => assert_eq!(&ids[..8], [2, 0, 0, 0, 0, 0, 0, 0]),
+        other => panic!("{other:?}"),
+    }
+}

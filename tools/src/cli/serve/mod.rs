@@ -4,9 +4,11 @@
 //! (`nvme discover`, `nvme connect -t tcp`).
 //!
 //! The listeners are polled here; each accepted connection goes to one reactor, round robin,
-//! which owns it from then on (`usnvme_engine::fabric::export::server`). Ctrl-C / SIGTERM:
-//! stop accepting, complete what is in flight, close the connections, shut the controllers
-//! down, exit 130 / 143.
+//! which owns it from then on (`usnvme_engine::fabric::export::server`). Drives come and go
+//! while it runs ([`hotplug`]). Ctrl-C / SIGTERM: stop accepting, complete what is in flight,
+//! close the connections, shut the controllers down, exit 130 / 143.
+
+mod hotplug;
 
 use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -15,12 +17,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use usnvme_driver::pci::uevent::UeventSocket;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::PiChecks;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
+use usnvme_engine::fabric::export::namespaces::LiveNamespaces;
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
@@ -47,7 +51,9 @@ const BUFFERS_PER_REACTOR: usize = 256;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
-    /// controller bound to vfio-pci.
+    /// controller bound to vfio-pci, now and later: one bound while the target runs (a drive
+    /// hot added, then `usnvme setup bind`) is exported as the next namespace. A drive removed
+    /// or unbound while it runs takes its namespaces away.
     #[arg(short = 'r', long = "device")]
     devices: Vec<String>,
     /// Export stripes (RAID 0) of N drives each, chunk size default 128K: N or N:CHUNK.
@@ -169,16 +175,26 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             },
         ));
     }
+    // With no drive named, those bound to vfio-pci later are exported too: their events are
+    // watched from before the drives are listed, so that none falls between.
+    let watch_inserts = specs.is_empty() && sysfs.root() == std::path::Path::new("/");
+    let uevents = match watch_inserts.then(UeventSocket::open) {
+        Some(Err(e)) => {
+            eprintln!("usnvme: warning: cannot watch the kernel's device events ({e}): drives bound to vfio-pci while the target runs will not be exported");
+            None
+        }
+        Some(Ok(socket)) => Some(socket),
+        None => None,
+    };
     let targets = crate::open::targets(sysfs, &specs)?;
     if targets.is_empty() {
         anyhow::bail!("{}", crate::open::NO_CONTROLLERS);
     }
-    let opener = Opener::new(sysfs.root().join("sys"));
+    let opener = Arc::new(Opener::new(sysfs.root().join("sys")));
     let mut drives = Vec::new();
     for attached in attach(&opener, sysfs, &targets, &ControllerOptions::default()) {
         drives.push(attached?);
     }
-    let controllers: Vec<_> = drives.iter().map(|d| d.controller.clone()).collect();
     let engine = Engine::new(
         topology,
         drives,
@@ -199,11 +215,22 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         exportable(namespaces),
         args.stripe.as_ref().map(|s| s.value),
     )?;
+    let served = hotplug::Drives::default();
+    for (i, drive) in engine.drives().iter().enumerate() {
+        let on_it = (0..devices.len()).filter(|&k| devices[k].drives().contains(&i));
+        served.add(
+            drive.spec.clone(),
+            drive.controller.clone(),
+            on_it.collect(),
+        );
+    }
     let subsystem = Arc::new(SubsystemInfo {
         namespaces: devices
             .iter()
             .enumerate()
-            .map(|(i, d)| exported(&nqn, i, d.as_ref()))
+            .map(|(i, d)| {
+                ExportedNamespace::of(i as u32 + 1, i, d.as_ref(), &|name| nguid(&nqn, name))
+            })
             .collect(),
         listeners: listeners.iter().map(|(_, l)| l.clone()).collect(),
         serial: serial(&nqn),
@@ -230,7 +257,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
-    let smart_controllers = controllers.clone();
+    let smart_drives = served.clone();
     let registry = Arc::new(Registry::new(allowed.clone()));
     let shared = Shared {
         subsystem: subsystem.clone(),
@@ -240,7 +267,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         },
         // on a thread of its own: a drive's admin queue takes milliseconds
         smart: SmartService::start(move || {
-            let logs: Vec<SmartLog> = smart_controllers
+            let logs: Vec<SmartLog> = smart_drives
+                .controllers()
                 .iter()
                 .filter_map(|c| c.smart_log().ok())
                 .collect();
@@ -260,15 +288,38 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         .collect::<std::io::Result<Vec<Inbox>>>()?;
     let job_inboxes = inboxes.clone();
     let job_shared = shared.clone();
+    let first_device = devices.first().cloned();
+    let device_count = devices.len();
     let run = engine.start(devices, move |info| {
         let inbox = job_inboxes[info.index].clone();
         ServeJob::new(job_shared.clone(), inbox, BUFFERS_PER_REACTOR)
     })?;
+    let live = Arc::new(LiveNamespaces::new(
+        subsystem.clone(),
+        device_count,
+        inboxes.clone(),
+        registry.clone(),
+    ));
+    let inserts = uevents
+        .zip(first_device)
+        .map(|(events, like)| hotplug::Inserts {
+            events,
+            opener: opener.clone(),
+            next_drive: engine.drives().len(),
+            like,
+        });
+    let watcher = hotplug::watch(served.clone(), live.clone(), inserts)?;
+    let status = |live: &LiveNamespaces| {
+        status_json(
+            &live.subsystem(),
+            allowed.as_deref(),
+            &counters,
+            &registry,
+            &smart,
+        )
+    };
     if let Some(path) = &args.json_status {
-        write_status(
-            path,
-            &status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart),
-        )?;
+        write_status(path, &status(&live))?;
     }
     let mut ana_file = AnaFile::default();
     if let Some(path) = &args.ana_state_file {
@@ -314,14 +365,12 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         }
         if let Some(path) = &args.json_status {
             if last_status.elapsed() >= args.json_status_every {
-                let status =
-                    status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart);
-                write_status(path, &status)?;
+                write_status(path, &status(&live))?;
                 last_status = Instant::now();
             }
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
-            pass_on_events(&controllers, &registry);
+            pass_on_events(&served.controllers(), &registry);
             if let Some(path) = &args.ana_state_file {
                 ana_file.apply(path, &subsystem.listeners, &registry);
             }
@@ -354,20 +403,21 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     if tty {
         eprintln!();
     }
+    // no namespace change from here on (one under way waits for the reactors: they still run)
+    drop(watcher);
     stop.store(true, Ordering::Release);
     inboxes.iter().for_each(Inbox::wake);
     drop(listeners);
     run.wait()?;
     if let Some(path) = &args.json_status {
-        let status = status_json(&subsystem, allowed.as_deref(), &counters, &registry, &smart);
-        write_status(path, &status)?;
+        write_status(path, &status(&live))?;
     }
     Ok(())
 }
 
 /// The drives' SMART / health events, passed on to every connected host (the SMART log the
 /// hosts read is the drives' own, aggregated). A drive's namespace notices are not: the
-/// namespaces exported are those found at start.
+/// namespaces exported are those found when the drive was attached.
 fn pass_on_events(controllers: &[Controller], registry: &Registry) {
     for ctrl in controllers {
         for event in ctrl.events() {
@@ -503,18 +553,6 @@ fn write_status(path: &std::path::Path, status: &serde_json::Value) -> Result<()
     std::fs::write(&tmp, serde_json::to_string_pretty(status)? + "\n")
         .and_then(|()| std::fs::rename(&tmp, path))
         .with_context(|| format!("--json-status {}: cannot write it", path.display()))
-}
-
-/// One device as a namespace: NSID from its place, an NGUID from the subsystem and its name.
-fn exported(nqn: &str, index: usize, d: &dyn BlockDevice) -> ExportedNamespace {
-    let info = d.info();
-    ExportedNamespace {
-        nsid: index as u32 + 1,
-        name: info.name.clone(),
-        block_size: info.block_size,
-        blocks: info.size_bytes / u64::from(info.block_size),
-        nguid: nguid(nqn, &info.name),
-    }
 }
 
 /// 16 bytes that stay the same for the same device under the same subsystem NQN.
