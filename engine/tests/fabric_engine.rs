@@ -13,6 +13,7 @@ use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits, Receive};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
+use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
@@ -267,6 +268,7 @@ fn serve_sim() -> (
     Arc<SubsystemInfo>,
     Arc<std::sync::atomic::AtomicBool>,
     usnvme_engine::Run<()>,
+    Arc<LiveNamespaces>,
 ) {
     let options = EngineOptions {
         policy: Policy::AllToAll,
@@ -305,9 +307,10 @@ fn serve_sim() -> (
         io_queues: 8,
     });
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let registry = Arc::new(Registry::new(None));
     let shared = Shared {
         subsystem: sub.clone(),
-        registry: Arc::new(Registry::new(None)),
+        registry: registry.clone(),
         limits: ConnectionLimits { maxh2cdata: 32768 },
         smart: SmartService::start(usnvme_driver::spec::SmartLog::zeroed).expect("SMART"),
         idle: IdleMode::Adaptive,
@@ -316,6 +319,12 @@ fn serve_sim() -> (
     };
     let inbox = Inbox::new().expect("inbox");
     let tx = inbox.clone();
+    let live = Arc::new(LiveNamespaces::new(
+        sub.clone(),
+        1,
+        vec![inbox.clone()],
+        registry,
+    ));
     let run = engine
         .start(devices, move |_| {
             ServeJob::new(shared.clone(), inbox.clone(), 64)
@@ -337,12 +346,12 @@ fn serve_sim() -> (
             }
         }
     });
-    (addr, sub, stop, run)
+    (addr, sub, stop, run, live)
 }
 
 #[test]
 fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
-    let (addr, sub, stop, run) = serve_sim();
+    let (addr, sub, stop, run, _) = serve_sim();
     const BASE: u64 = 0x10_0000;
     for digests in [
         Digests::default(),
@@ -430,6 +439,87 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
         drop(q);
         admin.disconnect();
     }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    run.wait().expect("the target stops");
+}
+
+#[test]
+fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed() {
+    use usnvme_driver::spec::command::Cns;
+    use usnvme_driver::spec::log::LogPageId;
+    use usnvme_driver::spec::{NamespaceList, Sqe, Status};
+    let (addr, sub, stop, run, live) = serve_sim();
+    let host = HostOptions {
+        timeout: Duration::from_secs(10),
+        ..HostOptions::default()
+    };
+    let (mut admin, cntlid) =
+        CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
+    admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
+    let (mut io, _) = CommandQueue::connect(addr, &sub.nqn, 1, 32, cntlid, &host).expect("I/O");
+    let mut admin_data = |admin: &mut CommandQueue, sqe: Sqe| {
+        let (cqe, data) = admin.admin(sqe, 4096).expect("an admin command");
+        assert_eq!(cqe.status(), Status::SUCCESS);
+        data
+    };
+    let active = |admin: &mut CommandQueue| -> Vec<u32> {
+        let list = admin_data(admin, Sqe::identify(Cns::ActiveNamespaceList, 0));
+        let list: &[u8; 4096] = list[..].try_into().expect("4 KiB");
+        NamespaceList::from_bytes(list).iter().collect()
+    };
+    let changed = |admin: &mut CommandQueue| -> Vec<u32> {
+        let sqe = Sqe::get_log_page(LogPageId::ChangedNamespaceList, u32::MAX, 4096, 0);
+        let log = admin_data(admin, sqe);
+        let ids = log
+            .chunks(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        ids.take_while(|&id| id != 0).collect()
+    };
+    assert_eq!(active(&mut admin), [1]);
+    // a second simulated drive, brought up while the target runs
+    let opened = Opener::new("/sys")
+        .open(
+            &"sim:1,backend=ram".parse().expect("a spec"),
+            ControllerOptions::default(),
+        )
+        .expect("sim:1");
+    let controller = opened[0].clone();
+    let devices = usnvme_engine::drive_namespaces(1, &controller, None);
+    let new = devices
+        .into_iter()
+        .map(|device| NewDevice {
+            device,
+            controllers: vec![controller.clone()],
+        })
+        .collect();
+    let added = live.add(new, |_| [2; 16]).expect("exported");
+    assert_eq!((added.len(), added[0].nsid, added[0].device), (1, 2, 1));
+    assert_eq!(active(&mut admin), [1, 2], "the host sees it");
+    assert_eq!(changed(&mut admin), [2]);
+    // data written to namespace 2 is on sim:1, and namespace 1 is still sim:0
+    let ones = vec![0x11u8; 4096];
+    let twos = vec![0x22u8; 4096];
+    io.write(1, 0, 8, &ones).expect("write to 1");
+    io.write(2, 0, 8, &twos).expect("write to 2");
+    let mut got = vec![0u8; 4096];
+    io.read(2, 0, 8, &mut got).expect("read 2");
+    assert!(got == twos, "namespace 2 reads back what was written");
+    io.read(1, 0, 8, &mut got).expect("read 1");
+    assert!(got == ones, "namespace 1 is untouched");
+    // gone: namespace 2 is refused by name, namespace 1 goes on
+    let removed = live.remove(&[1]);
+    assert_eq!(removed.iter().map(|n| n.nsid).collect::<Vec<_>>(), [2]);
+    assert_eq!(active(&mut admin), [1]);
+    assert_eq!(changed(&mut admin), [2]);
+    let refused = io.write(2, 0, 8, &twos).expect_err("namespace 2 is gone");
+    assert!(
+        refused.to_string().contains("Invalid Namespace"),
+        "{refused}"
+    );
+    io.read(1, 0, 8, &mut got).expect("read 1");
+    assert!(got == ones);
+    drop(io);
+    admin.disconnect();
     stop.store(true, std::sync::atomic::Ordering::Release);
     run.wait().expect("the target stops");
 }
