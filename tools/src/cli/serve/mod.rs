@@ -51,11 +51,15 @@ const BUFFERS_PER_REACTOR: usize = 256;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
-    /// controller bound to vfio-pci, now and later: one bound while the target runs (a drive
-    /// hot added, then `usnvme setup bind`) is exported as the next namespace. A drive removed
-    /// or unbound while it runs takes its namespaces away.
+    /// controller bound to vfio-pci, now and later (see --hotplug). A drive removed or
+    /// unbound while the target runs takes its namespaces (and a stripe it is in) away.
     #[arg(short = 'r', long = "device")]
     devices: Vec<String>,
+    /// Export NVMe controllers bound to vfio-pci while the target runs (a drive hot added,
+    /// then `usnvme setup bind`), each namespace as the next namespace of the subsystem (not
+    /// in a stripe), also when -r names the drives of the start. The default without -r.
+    #[arg(long)]
+    hotplug: bool,
     /// Export stripes (RAID 0) of N drives each, chunk size default 128K: N or N:CHUNK.
     #[arg(long = "stripe", value_name = "N[:CHUNK]", value_parser = stripe)]
     stripe: Option<Given<(usize, u64)>>,
@@ -175,9 +179,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             },
         ));
     }
-    // With no drive named, those bound to vfio-pci later are exported too: their events are
-    // watched from before the drives are listed, so that none falls between.
-    let watch_inserts = specs.is_empty() && sysfs.root() == std::path::Path::new("/");
+    // Drives bound to vfio-pci later are exported too: their events are watched from before
+    // the drives are listed, so that none falls between. (Not under a test's sysfs tree: the
+    // events are this machine's.)
+    let watch_inserts =
+        (specs.is_empty() || args.hotplug) && sysfs.root() == std::path::Path::new("/");
     let uevents = match watch_inserts.then(UeventSocket::open) {
         Some(Err(e)) => {
             eprintln!("usnvme: warning: cannot watch the kernel's device events ({e}): drives bound to vfio-pci while the target runs will not be exported");
