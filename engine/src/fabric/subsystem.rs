@@ -317,8 +317,12 @@ impl Reconnect {
                 Wake::Stop => return, // `ctrl` is shut down as it drops
                 Wake::Period => {
                     let Some(c) = ctrl.as_mut() else { continue };
+                    // the admin queue's failure, named by what failed
                     let ana = match self.ana {
-                        true => c.ana_state().map(Some),
+                        true => c
+                            .ana_state()
+                            .map(Some)
+                            .map_err(|e| format!("ANA log read: {e}")),
                         false => Ok(None),
                     };
                     let checked = ana.and_then(|state| {
@@ -327,7 +331,7 @@ impl Reconnect {
                         }
                         match self.host.kato_ms {
                             0 => Ok(()),
-                            _ => c.keep_alive(),
+                            _ => c.keep_alive().map_err(|e| format!("Keep Alive: {e}")),
                         }
                     });
                     if let Err(e) = checked {
