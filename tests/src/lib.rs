@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 pub mod fio;
+pub mod hotplug;
 pub mod kernel_host;
 pub mod verify;
 

@@ -1,6 +1,7 @@
 //! The VM test bed: a QEMU guest with emulated NVMe controllers behind an emulated Intel IOMMU,
 //! bound to vfio-pci, running host-built programs over virtio-9p.
 
+pub mod hotplug;
 pub mod initramfs;
 pub mod kmod;
 pub mod namespaces;

@@ -71,6 +71,14 @@ pub struct VmConfig {
 }
 
 pub const MAX_DRIVES: usize = 64;
+/// The first slot of the drives' root ports on pcie.0 (8 ports a slot).
+const FIRST_DRIVE_SLOT: usize = 0x10;
+/// Empty root ports that a guest test fills by asking vm-run to hot-add a drive (`hotplug add N`).
+pub const SPARE_PORTS: usize = 2;
+/// Their slot on pcie.0: below the drives'. Bridges are given bus numbers from the highest
+/// address down (seen under qboot: ports 10.1, 10.0 get buses 1, 2), so the spare ports come
+/// last and the drives keep their buses (with two NUMA nodes the drives' buses are fixed anyway).
+const SPARE_SLOT: usize = FIRST_DRIVE_SLOT - 1;
 const MIB: u64 = 1 << 20;
 /// x86's COMMAND_LINE_SIZE, with its NUL: the kernel cuts a longer command line.
 const MAX_CMDLINE: usize = 2047;
@@ -365,6 +373,15 @@ impl VmConfig {
         for k in 0..self.drives {
             a.extend(self.drive_args(k));
         }
+        for n in 0..SPARE_PORTS {
+            let multifunction = if n == 0 { ",multifunction=on" } else { "" };
+            a.push("-device".into());
+            a.push(format!(
+                "pcie-root-port,id={},chassis={},bus=pcie.0,addr={SPARE_SLOT:x}.{n}{multifunction},hotplug=on",
+                spare_port(n),
+                MAX_DRIVES + 1 + n
+            ));
+        }
         a
     }
 
@@ -429,7 +446,7 @@ impl VmConfig {
             };
             (format!("pxb{node}"), k - first)
         } else {
-            ("pcie.0".to_string(), k + 0x10 * 8)
+            ("pcie.0".to_string(), k + FIRST_DRIVE_SLOT * 8)
         };
         let (slot, function) = (index / 8, index % 8);
         let multifunction = if function == 0 {
@@ -465,6 +482,11 @@ impl VmConfig {
         a.push(nvme);
         a
     }
+}
+
+/// The QEMU id of spare root port `n` (`n < SPARE_PORTS`).
+pub fn spare_port(n: usize) -> String {
+    format!("spare{n}")
 }
 
 /// A path inside a QEMU option list, where a comma is written twice.
@@ -566,7 +588,7 @@ mod tests {
         let args = config(24, 1).qemu_args(&assets(), None, Path::new("/t"));
         let ports: Vec<&String> = args
             .iter()
-            .filter(|a| a.starts_with("pcie-root-port"))
+            .filter(|a| a.starts_with("pcie-root-port,id=rp"))
             .collect();
         assert_eq!(ports.len(), 24);
         assert!(ports[0].contains("bus=pcie.0,addr=10.0,multifunction=on"));
@@ -635,6 +657,49 @@ mod tests {
             .any(|a| a.contains("pxb-pcie,id=pxb1,bus_nr=128,numa_node=1")));
         assert!(args.contains(&SEABIOS.to_string()));
         assert_eq!((c.drive_node(11), c.drive_node(12)), (0, 1));
+    }
+
+    #[test]
+    fn spare_hotplug_ports_sit_below_every_drive_port_on_pcie0() {
+        for (drives, numa) in [(24, 1), (MAX_DRIVES, 1), (24, 2)] {
+            let args = config(drives, numa).qemu_args(&assets(), None, Path::new("/t"));
+            let ports: Vec<&String> = args
+                .iter()
+                .filter(|a| a.starts_with("pcie-root-port"))
+                .collect();
+            assert_eq!(ports.len(), drives + SPARE_PORTS);
+            // the drives' ports first and where they always were (bus numbers follow this order)
+            assert!(ports[..drives]
+                .iter()
+                .all(|p| p.starts_with("pcie-root-port,id=rp")));
+            assert_eq!(
+                &ports[drives..],
+                [
+                    "pcie-root-port,id=spare0,chassis=65,bus=pcie.0,addr=f.0,multifunction=on,hotplug=on",
+                    "pcie-root-port,id=spare1,chassis=66,bus=pcie.0,addr=f.1,hotplug=on",
+                ]
+            );
+            // every port its own chassis, every pcie.0 address used once
+            let field = |p: &str, k: &str| {
+                p.split(',')
+                    .find_map(|f| f.strip_prefix(k))
+                    .map(str::to_owned)
+            };
+            let mut chassis: Vec<_> = ports.iter().filter_map(|p| field(p, "chassis=")).collect();
+            chassis.sort();
+            chassis.dedup();
+            assert_eq!(chassis.len(), ports.len());
+            let mut on_root: Vec<_> = ports
+                .iter()
+                .filter(|p| p.contains("bus=pcie.0,"))
+                .filter_map(|p| field(p, "addr="))
+                .collect();
+            let n = on_root.len();
+            on_root.sort();
+            on_root.dedup();
+            assert_eq!(on_root.len(), n);
+        }
+        assert_eq!(spare_port(1), "spare1");
     }
 
     #[test]

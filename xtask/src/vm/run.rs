@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use super::hotplug::Hotplug;
 use super::qemu::{self, Backend, KernelNvme, TcgThreads, VmConfig};
 use super::watchdog::{self, IdleWatch, StuckWatch};
 use super::{setup, vm_dir};
@@ -76,7 +77,8 @@ pub struct RunArgs {
     /// (a program may sleep that long).
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub hang_after: u64,
-    /// A QMP socket, e.g. to hot-remove a drive with device_del while I/O runs.
+    /// A QMP socket, e.g. to hot-remove a drive with device_del while I/O runs (default: one
+    /// of vm-run's own, for its hang watchdog and the guest's hot-plug requests).
     #[arg(long, value_name = "SOCKET")]
     pub qmp: Option<PathBuf>,
     /// Do not fail the run on DMA faults (still reported).
@@ -197,20 +199,18 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         .trace_log
         .clone()
         .unwrap_or_else(|| run_dir.join("qemu-trace.log"));
-    // The hang watchdog asks the guest why it hangs through QMP: a socket of our own unless the
-    // caller gave one. Under the host's /tmp: a clone's deep path could outgrow a socket name.
-    let own_qmp = config.qmp.is_none() && args.hang_after > 0;
-    if own_qmp {
-        config.qmp = Some(std::env::temp_dir().join(format!(
-            "usnvme-vm-{}-{}.qmp",
-            std::process::id(),
-            unique()
-        )));
-    }
+    // Every run has a QMP socket: the hang watchdog asks a hung guest why through it, and guest
+    // tests have drives hot-plugged through it. Our own unless the caller gave one; under the
+    // host's /tmp: a clone's deep path could outgrow a socket name.
+    let own_qmp = config.qmp.is_none();
+    let qmp = config
+        .qmp
+        .get_or_insert_with(|| {
+            std::env::temp_dir().join(format!("usnvme-vm-{}-{}.qmp", std::process::id(), unique()))
+        })
+        .clone();
     let qemu_args = config.qemu_args(&assets, Some(&script), &trace_log);
-    if let Some(qmp) = &config.qmp {
-        let _ = std::fs::remove_file(qmp);
-    }
+    let _ = std::fs::remove_file(&qmp);
 
     let started = Instant::now();
     let mut child = Command::new("qemu-system-x86_64")
@@ -232,9 +232,27 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     // The console is also kept in the run folder (with a hung guest's task dump in it).
     let console_log = std::fs::File::create(run_dir.join("console.log")).ok();
     let last_output = Arc::new(Mutex::new(started));
+    // The guest's hot-plug requests, carried out in order on a thread of their own: a removal
+    // waits for the guest, and the console must be read meanwhile.
+    let (hotplug_requests, requests) = std::sync::mpsc::channel::<String>();
+    let hotplug = {
+        let hotplug = Hotplug {
+            socket: qmp.clone(),
+            run_dir: run_dir.clone(),
+        };
+        std::thread::spawn(move || requests.iter().for_each(|r| hotplug.handle(&r)))
+    };
     let console = {
         let last_output = last_output.clone();
-        std::thread::spawn(move || stream_console(stdout, started, console_log, &last_output))
+        std::thread::spawn(move || {
+            stream_console(
+                stdout,
+                started,
+                console_log,
+                &last_output,
+                &hotplug_requests,
+            )
+        })
     };
     let qemu_errors = std::thread::spawn(move || {
         let mut s = String::new();
@@ -245,7 +263,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let deadline = started + Duration::from_secs(args.timeout);
     let window = Duration::from_secs(args.hang_after.max(1));
     let mut idle_watch = IdleWatch::new(qemu_pid, window);
-    let mut stuck_watch = config.qmp.as_deref().map(|q| StuckWatch::new(q, window));
+    let mut stuck_watch = StuckWatch::new(&qmp, window);
     let mut last_sample = started;
     let mut last_registers = started;
     let mut hung = false;
@@ -267,20 +285,20 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             if registers_due {
                 last_registers = now;
             }
-            let stuck = registers_due && stuck_watch.as_mut().is_some_and(|w| w.stuck(now));
+            let stuck = registers_due && stuck_watch.stuck(now);
             if idle_watch.idle(now) || stuck {
                 hung = true;
-                report_hang(args.hang_after, config.qmp.as_deref(), &last_output);
+                report_hang(args.hang_after, &qmp, &last_output);
             }
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    if own_qmp {
-        if let Some(qmp) = &config.qmp {
-            let _ = std::fs::remove_file(qmp);
-        }
-    }
     let console = console.join().unwrap_or_default();
+    // (the console's end closed the requests: this ends with the one under way)
+    let _ = hotplug.join();
+    if own_qmp {
+        let _ = std::fs::remove_file(&qmp);
+    }
     let qemu_errors = qemu_errors.join().unwrap_or_default();
     let dma_faults = qemu::dma_faults(&std::fs::read_to_string(&trace_log).unwrap_or_default());
 
@@ -354,16 +372,15 @@ pub fn run(args: &RunArgs) -> Result<u8> {
 
 /// Says that the guest looks hung and has it dump its blocked tasks and CPUs on the console,
 /// then waits for the dump to come out: until the console has been quiet for a few seconds.
-fn report_hang(idle_secs: u64, qmp: Option<&Path>, last_output: &Mutex<Instant>) {
+fn report_hang(idle_secs: u64, qmp: &Path, last_output: &Mutex<Instant>) {
     eprintln!(
         "vm-run: the guest has been idle, or a vCPU of it in its kernel with interrupts off, \
          for {idle_secs} s while its program runs: asking its kernel for its blocked tasks and \
          every task's stack (SysRq 9, w, t) before killing it"
     );
-    match qmp.map(watchdog::ask_why) {
-        Some(Ok(state)) => eprintln!("vm-run: {state}"),
-        Some(Err(e)) => eprintln!("vm-run: QMP: {e:#}"),
-        None => eprintln!("vm-run: no QMP socket"),
+    match watchdog::ask_why(qmp) {
+        Ok(state) => eprintln!("vm-run: {state}"),
+        Err(e) => eprintln!("vm-run: QMP: {e:#}"),
     }
     // A guest whose timers stopped still prints: the console is driven by its keyboard and
     // serial interrupts. Done once the dump has begun and the console has then been quiet
@@ -388,12 +405,11 @@ fn report_hang(idle_secs: u64, qmp: Option<&Path>, last_output: &Mutex<Instant>)
     eprintln!(
         "vm-run: the guest answered no SysRq key: injecting an NMI (it panics with a task dump)"
     );
-    match qmp.map(watchdog::inject_nmi) {
-        Some(Ok(())) => {
+    match watchdog::inject_nmi(qmp) {
+        Ok(()) => {
             dumped(Instant::now());
         }
-        Some(Err(e)) => eprintln!("vm-run: QMP: {e:#}"),
-        None => {}
+        Err(e) => eprintln!("vm-run: QMP: {e:#}"),
     }
 }
 
@@ -437,12 +453,14 @@ struct Console {
     kernel_panic: bool,
 }
 
-/// Prints the program's output as it comes; interprets and hides the harness's own lines.
+/// Prints the program's output as it comes; interprets and hides the harness's own lines, and
+/// passes the guest's hot-plug requests (`hotplug add N`, `hotplug del N`) on to `hotplug`.
 fn stream_console(
     stdout: impl Read,
     started: Instant,
     mut log: Option<std::fs::File>,
     last_output: &Mutex<Instant>,
+    hotplug: &std::sync::mpsc::Sender<String>,
 ) -> Console {
     let mut console = Console::default();
     let reader = BufReader::new(stdout);
@@ -474,6 +492,10 @@ fn stream_console(
                     field("modules="),
                     field("uptime=")
                 );
+            } else if let Some(request) = msg.strip_prefix("hotplug ") {
+                if hotplug.send(request.to_string()).is_err() {
+                    eprintln!("vm-run: hotplug: {request} FAILED: the hot-plug thread is gone");
+                }
             } else if !msg.starts_with("exit code") {
                 eprintln!("vm-run: guest: {msg}");
             }
@@ -581,8 +603,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{hidden_in_guest, parse_size, program_dir, RunArgs};
+    use super::{hidden_in_guest, parse_size, program_dir, stream_console, RunArgs};
     use std::path::PathBuf;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    #[test]
+    fn the_guests_hotplug_requests_are_passed_on_in_order() {
+        // as a guest test writes them: after the harness's `test NAME ... `, on a line of its own
+        let console =
+            "test t ... \r\nUSNVME-VM: hotplug add 0\r\nUSNVME-VM: hotplug del 1\r\nok\r\n";
+        let (tx, rx) = std::sync::mpsc::channel();
+        let last_output = Mutex::new(Instant::now());
+        stream_console(console.as_bytes(), Instant::now(), None, &last_output, &tx);
+        drop(tx);
+        assert_eq!(rx.iter().collect::<Vec<_>>(), ["add 0", "del 1"]);
+    }
 
     #[test]
     fn folders_under_the_guests_own_mounts_are_kept_visible_parents_first() {
