@@ -1,10 +1,15 @@
-//! The test bed's PCIe hot plug alone (`usnvme_tests::hotplug`): a drive vm-run hot-adds at the
-//! guest's request appears on the guest's PCI bus, and goes again when it is deleted.
+//! PCIe hot plug in the test bed (`usnvme_tests::hotplug`): a drive vm-run hot-adds at the
+//! guest's request appears on the guest's PCI bus and goes again when it is deleted; and
+//! `usnvme serve` exports a drive bound to vfio-pci while it runs, to a connected kernel host,
+//! and lets it go when it is hot removed while fio runs on the other namespace.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Instant;
 
 use usnvme_tests::hotplug::{self, LIMIT, POLL};
+use usnvme_tests::kernel_host::{block_bytes, kernel_namespaces, run, serve, Connected, FIO};
+use usnvme_tests::{signal, vfio_controllers, VmBed};
 
 /// Waits (bounded) until `done` holds; panics saying `what` did not happen.
 fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -80,4 +85,150 @@ fn a_drive_added_through_qmp_appears_in_the_guest_and_goes_when_deleted() {
         added.as_secs_f64(),
         asked.elapsed().as_secs_f64()
     );
+}
+
+/// The subsystem the hot-plug test serves, and its drive from the start.
+const SERVE_NQN: &str = "nqn.2024-01.io.usnvme:vm-hotplug";
+const SERVE_DRIVE: usize = 6;
+/// Where fio works on that drive all along: clear of what the host checks in its image.
+const FIO_OFFSET: u64 = 704 << 20;
+const FIO_SIZE: u64 = 16 << 20;
+
+/// A process killed when the test ends, passed or not (serve holds drives the next suites use).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Hot-removes drive `n` at `bdf` when the test ends, if it is still there.
+struct RemoveOnDrop(usize, String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if Path::new("/sys/bus/pci/devices").join(&self.1).exists() {
+            hotplug::remove_drive(self.0, &self.1);
+        }
+    }
+}
+
+/// Writes completed on kernel block device `dev` (its `stat`'s fifth field).
+fn writes_completed(dev: &Path) -> u64 {
+    let name = dev.file_name().map(|n| n.to_string_lossy().into_owned());
+    let stat = std::fs::read_to_string(format!(
+        "/sys/class/block/{}/stat",
+        name.unwrap_or_default()
+    ));
+    let field = stat
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(4).map(str::to_string));
+    field.and_then(|f| f.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed() {
+    let bed = VmBed::from_env();
+    let base = vfio_controllers()[SERVE_DRIVE].to_string();
+    let (target, namespaces) = serve(&bed, SERVE_NQN, &[base], &["--hotplug", "-c", "0"]);
+    let mut target = KillOnDrop(target);
+    assert_eq!(namespaces.len(), 1, "{namespaces:?}");
+    let _connected = Connected::new(SERVE_NQN, &[]);
+    let first = kernel_namespaces(SERVE_NQN, 1)[&1].clone();
+
+    // A drive hot added, then handed to vfio-pci as a user would: serve exports it, and the
+    // kernel host, told by a Namespace Attribute Changed event, shows it without reconnecting.
+    let bdf = hotplug::add_drive(0);
+    let _remove = RemoveOnDrop(0, bdf.clone());
+    let bound = bed.usnvme(&["setup", "bind", &bdf]);
+    assert!(
+        bound.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bound.stderr)
+    );
+    let since_bind = Instant::now();
+    let devices = kernel_namespaces(SERVE_NQN, 2);
+    println!(
+        "{bdf}: namespace 2 on the kernel host {:.1} s after the bind",
+        since_bind.elapsed().as_secs_f64()
+    );
+    let new = devices[&2].clone();
+    assert_eq!(block_bytes(&new), 256 << 20, "{}", new.display());
+    let out = run(
+        FIO,
+        &[
+            "--name=hot",
+            &format!("--filename={}", new.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bsrange=4k-128k",
+            "--size=16m",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+
+    // fio verifying on namespace 1 all along while the new drive goes
+    let report = std::env::temp_dir().join("usnvme-vm-hotplug-fio.json");
+    let fio = Command::new(FIO)
+        .args([
+            "--name=first",
+            &format!("--filename={}", first.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--offset={FIO_OFFSET}"),
+            &format!("--size={FIO_SIZE}"),
+            "--iodepth=4",
+            "--verify=crc32c",
+            "--verify_backlog=32",
+            "--verify_fatal=1",
+            "--time_based",
+            "--runtime=600",
+            "--output-format=json",
+            &format!("--output={}", report.display()),
+        ])
+        .spawn()
+        .expect("fio runs");
+    let fio = KillOnDrop(fio);
+    let before = writes_completed(&first);
+    wait_for("fio writing to namespace 1", || {
+        writes_completed(&first) > before
+    });
+    let asked = Instant::now();
+    hotplug::remove_drive(0, &bdf);
+    kernel_namespaces(SERVE_NQN, 1);
+    println!(
+        "{bdf}: namespace 2 gone from the kernel host {:.1} s after its removal was asked",
+        asked.elapsed().as_secs_f64()
+    );
+    let written = writes_completed(&first);
+    wait_for("fio writing on to namespace 1", || {
+        writes_completed(&first) > written
+    });
+    let mut fio = fio;
+    signal(&fio.0, "INT");
+    let status = fio.0.wait().expect("fio ends");
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&report).unwrap_or_else(|e| panic!("fio's report: {e} ({status})")),
+    )
+    .expect("fio's JSON report");
+    let job = &report["jobs"][0];
+    assert_eq!(job["error"], 0, "fio on namespace 1: {job:#}");
+    assert!(job["write"]["io_bytes"].as_u64() > Some(0), "{job:#}");
+    // serve runs on, and stops cleanly
+    assert!(
+        target.0.try_wait().expect("serve's status").is_none(),
+        "serve ended"
+    );
+    drop(_connected);
+    signal(&target.0, "INT");
+    assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
 }
