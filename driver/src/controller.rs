@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::sys::eventfd::EventFd;
 use parking_lot::Mutex;
 use usnvme_hugepages::{DmaRegion, IovaSpace, Memory, PageSize};
 use vm_memory::Bytes;
@@ -18,10 +19,10 @@ use crate::pci::PciAddress;
 use crate::protection::MetadataFormat;
 use crate::prp::PAGE;
 use crate::queue::{
-    ring_entries, Doorbells, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair,
+    ring_entries, Doorbells, Interrupt, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair,
     QueueSetup, Release, Shadow, Ticket,
 };
-use crate::regs::Registers;
+use crate::regs::{Interrupts, Registers};
 use crate::spec::command::{FeatureId, QueuePriority};
 use crate::spec::identify::{Oacs, SglSupport};
 use crate::spec::log::LogPageId;
@@ -88,6 +89,11 @@ pub struct QueuePairOptions {
     /// A command older than this is aborted; if it is still there after another timeout, the
     /// controller is reset (None: never, e.g. for benchmarks that must not read the clock).
     pub timeout: Option<Duration>,
+    /// The CQ raises an MSI-X interrupt when the controller posts to it (IEN, on vector qid),
+    /// so that its owner can sleep until one comes ([`QueuePair::interrupt`]). MSI-X is enabled
+    /// with the first such queue pair; without one the controller's interrupts stay off. Needs
+    /// a vector of its own: refused (by name) where the device has fewer vectors than queues.
+    pub interrupts: bool,
 }
 
 impl Default for QueuePairOptions {
@@ -96,6 +102,7 @@ impl Default for QueuePairOptions {
             depth: 256,
             node: None,
             timeout: Some(Duration::from_secs(30)),
+            interrupts: false,
         }
     }
 }
@@ -135,6 +142,10 @@ impl std::fmt::Debug for Controller {
 struct Shared {
     name: String,
     regs: Arc<dyn Registers>,
+    /// The device's MSI-X vectors (None: it has no interrupts the driver can take).
+    interrupts: Option<Arc<dyn Interrupts>>,
+    /// Each vector's eventfd, once the first interrupt-driven queue pair enabled MSI-X.
+    msix: Mutex<Option<Vec<Arc<EventFd>>>>,
     space: Arc<IovaSpace>,
     cap: Cap,
     version: Vs,
@@ -274,6 +285,7 @@ impl Controller {
         Controller::init(
             addr.to_string(),
             regs,
+            Some(device.interrupts()),
             vfio.iova_space(),
             Some(device),
             link,
@@ -281,11 +293,13 @@ impl Controller {
         )
     }
 
-    /// Brings up the controller behind `regs`, with DMA memory mapped in `space`.
-    /// `device` keeps a VFIO device open for the controller's lifetime.
+    /// Brings up the controller behind `regs`, with DMA memory mapped in `space`; `interrupts`
+    /// are its MSI-X vectors (for queue pairs that want them). `device` keeps a VFIO device open
+    /// for the controller's lifetime.
     pub fn init(
         name: String,
         regs: Arc<dyn Registers>,
+        interrupts: Option<Arc<dyn Interrupts>>,
         space: Arc<IovaSpace>,
         device: Option<VfioPciDevice>,
         link: Option<PcieLink>,
@@ -336,6 +350,8 @@ impl Controller {
             timeout: None,
             generation: 0,
             owner: None,
+            // polled: admin completions raise vector 0 once MSI-X is on, nobody waits for it
+            interrupt: None,
         });
         // Whatever fails from here on leaves the controller disabled, not half configured.
         let mut guard = DisableOnError {
@@ -403,6 +419,8 @@ impl Controller {
         let shared = Shared {
             name,
             regs,
+            interrupts,
+            msix: Mutex::new(None),
             space,
             cap,
             version,
@@ -514,6 +532,13 @@ impl Controller {
             }
         };
         let release = |s: &Shared| s.qids.lock()[qid as usize] = false;
+        let interrupt = match opts.interrupts.then(|| s.interrupt_for(qid)).transpose() {
+            Ok(i) => i,
+            Err(e) => {
+                release(s);
+                return Err(e);
+            }
+        };
         let max_entries = s.cap.max_queue_entries().min(u16::MAX as u32) as u16;
         let layout = Layout::new(
             ring_entries(depth, max_entries),
@@ -548,7 +573,8 @@ impl Controller {
         // The generation before creating: a reset racing with us makes the queue pair reconnect.
         let generation = self.generation();
         let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
-        if let Err(e) = self.create_queues(qid, layout.depth, sq_iova, cq_iova) {
+        let vector = interrupt.as_ref().map(|i| i.vector);
+        if let Err(e) = self.create_queues(qid, layout.depth, sq_iova, cq_iova, vector) {
             release(s);
             return Err(e);
         }
@@ -576,18 +602,21 @@ impl Controller {
             timeout: opts.timeout,
             generation,
             owner: Some(Arc::new(self.clone())),
+            interrupt,
         }))
     }
 
-    /// Creates I/O completion queue `qid` and its submission queue on the controller.
+    /// Creates I/O completion queue `qid` (raising MSI-X `vector`, if one is given) and its
+    /// submission queue on the controller.
     pub(crate) fn create_queues(
         &self,
         qid: u16,
         depth: u16,
         sq_iova: u64,
         cq_iova: u64,
+        vector: Option<u16>,
     ) -> Result<(), Error> {
-        self.admin(Sqe::create_io_cq(qid, depth as u32, cq_iova))?;
+        self.admin(Sqe::create_io_cq_with(qid, depth as u32, cq_iova, vector))?;
         let sq = Sqe::create_io_sq(qid, depth as u32, sq_iova, qid, QueuePriority::Urgent);
         if let Err(e) = self.admin(sq) {
             let _ = self.admin(Sqe::delete_io_cq(qid));
@@ -764,6 +793,8 @@ impl Controller {
         let result = self.reset_steps(&mut admin);
         s.failed.store(result.is_err(), Ordering::Release);
         s.generation.fetch_add(1, Ordering::AcqRel);
+        // Owners asleep until an interrupt learn of the reset on their next poll: wake them.
+        s.raise_interrupts();
         result
     }
 
@@ -1488,6 +1519,57 @@ impl Shared {
         let qid = qids.iter().skip(1).position(|used| !used)? + 1;
         qids[qid] = true;
         Some(qid as u16)
+    }
+
+    /// The interrupt of I/O queue `qid`: MSI-X vector `qid` and its eventfd. MSI-X is enabled
+    /// on the first call, with every vector the granted queues can use at once (VFIO re-programs
+    /// all of them whenever it is enabled). Vector 0 is the admin queue's, which stays polled.
+    /// A queue id beyond the vectors gets none: sharing a vector with another queue pair,
+    /// perhaps another thread's, would let one owner's clearing eat the other's wake-up.
+    fn interrupt_for(&self, qid: u16) -> Result<Interrupt, Error> {
+        let unavailable = |what: String| Error::Unsupported {
+            device: self.name.clone(),
+            what,
+        };
+        let mut msix = self.msix.lock();
+        if msix.is_none() {
+            let Some(device) = &self.interrupts else {
+                return Err(unavailable("interrupts (no MSI-X here)".into()));
+            };
+            let count = device.vectors().min(self.granted.saturating_add(1));
+            if count < 2 {
+                return Err(unavailable(format!(
+                    "interrupts for I/O queues ({count} MSI-X vectors)"
+                )));
+            }
+            let fds = device.enable(count).map_err(|e| {
+                unavailable(format!("MSI-X interrupts (enabling {count} vectors: {e})"))
+            })?;
+            *msix = Some(fds);
+        }
+        let fds = msix.as_deref().unwrap_or_default();
+        match fds.get(usize::from(qid)) {
+            Some(fd) if qid > 0 => Ok(Interrupt {
+                vector: qid,
+                fd: fd.clone(),
+            }),
+            _ => Err(unavailable(format!(
+                "an interrupt for I/O queue {qid}: MSI-X vectors 1 to {} serve I/O queues 1 to {0} \
+                 (vector 0 is the admin queue's); use fewer queue pairs or polling",
+                fds.len().saturating_sub(1)
+            ))),
+        }
+    }
+
+    /// Raises every I/O queue's vector, as if completions had come (MSI-X survives a controller
+    /// reset; the queue pairs on them poll, fail what they held and re-create their queues).
+    fn raise_interrupts(&self) {
+        if let Some(fds) = &*self.msix.lock() {
+            for fd in fds.iter().skip(1) {
+                // only fails when the counter would overflow: it is raised then
+                let _ = fd.write(1);
+            }
+        }
     }
 
     fn free_qid(&self, qid: u16) {

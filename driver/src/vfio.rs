@@ -9,8 +9,8 @@
 //! device went away (`vfio_device_remove_group`; seen on the test VM's 6.1): on that EINVAL it
 //! keeps the group's file open for the process's lifetime.
 //! Also here: the ioctl vfio-ioctls lacks (the IOMMU's valid IOVA ranges), and the one it
-//! offers only as a method of its `VfioDevice` (`enable_irq`, wiring the device's request
-//! interrupt to an eventfd).
+//! offers only as a method of its `VfioDevice` (`enable_irq`: wiring the device's request
+//! interrupt, and its MSI-X vectors when a queue pair wants interrupts, to eventfds).
 //!
 //! Around each device:
 //! - its owner lock (`lock.rs`), taken before the device is touched;
@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -41,7 +41,7 @@ use vfio_ioctls::VfioContainer;
 use crate::lock::{LockError, OwnerLock};
 use crate::mmio::Bar;
 use crate::pci::PciAddress;
-use crate::regs::Registers;
+use crate::regs::{interrupt_eventfd, Interrupts, Registers};
 use crate::spec::registers::reg;
 use crate::spec::{Cap, Cc, Csts};
 
@@ -55,9 +55,18 @@ const VFIO_GROUP_GET_STATUS: libc::c_ulong = 0x3b67;
 const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = 0x3b68;
 const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = 0x3b6a;
 const VFIO_DEVICE_GET_REGION_INFO: libc::c_ulong = 0x3b6c;
+const VFIO_DEVICE_GET_IRQ_INFO: libc::c_ulong = 0x3b6d;
+const VFIO_DEVICE_SET_IRQS: libc::c_ulong = 0x3b6e;
 const VFIO_IOMMU_GET_INFO: libc::c_ulong = 0x3b70;
 const VFIO_TYPE1V2_IOMMU: libc::c_ulong = 3;
 const VFIO_GROUP_FLAGS_VIABLE: u32 = 1;
+/// Interrupt indices of a PCI device, and `vfio_irq_set` flags.
+const VFIO_PCI_MSIX_IRQ_INDEX: u32 = 2;
+const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
+const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+/// The largest MSI-X table PCI allows.
+const MSIX_MAX_VECTORS: u32 = 2048;
 
 /// PCI config space: command register bits, capability list.
 const PCI_COMMAND: u64 = 0x04;
@@ -452,36 +461,89 @@ fn iommu_iova_ranges(container: &impl AsRawFd) -> Option<Vec<std::ops::Range<u64
 /// The kernel's request interrupt of `device` on a new eventfd: the kernel signals it when it
 /// wants the device back (hot removal, unbind) and waits until the device file is closed.
 fn request_eventfd(device: &File) -> std::io::Result<EventFd> {
-    const VFIO_DEVICE_SET_IRQS: libc::c_ulong = 0x3b6e; // _IO(';', 100 + 10)
-    const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
-    const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
-    const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
-    /// `struct vfio_irq_set` with one eventfd as its data.
+    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
+    set_irq_eventfds(device, VFIO_PCI_REQ_IRQ_INDEX, &[fd.as_raw_fd()])?;
+    Ok(fd)
+}
+
+/// How many interrupts of `index` the device has (VFIO_DEVICE_GET_IRQ_INFO): for MSI-X, its
+/// table size.
+fn irq_count(device: &File, index: u32) -> std::io::Result<u32> {
+    /// `struct vfio_irq_info`.
     #[repr(C)]
-    struct IrqSet {
+    struct IrqInfo {
         argsz: u32,
         flags: u32,
         index: u32,
-        start: u32,
         count: u32,
-        fd: i32,
     }
-    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
-    let set = IrqSet {
-        argsz: std::mem::size_of::<IrqSet>() as u32,
-        flags: VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-        index: VFIO_PCI_REQ_IRQ_INDEX,
-        start: 0,
-        count: 1,
-        fd: fd.as_raw_fd(),
+    let mut info = IrqInfo {
+        argsz: std::mem::size_of::<IrqInfo>() as u32,
+        flags: 0,
+        index,
+        count: 0,
     };
-    // SAFETY: the argument is a complete vfio_irq_set with one eventfd, argsz bytes long, which
-    // the kernel only reads; the device descriptor is valid.
-    let rc = unsafe { libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_SET_IRQS, &set) };
+    // SAFETY: the argument is the kernel's struct, argsz bytes long, which it reads and fills
+    // in; the fd is the device's.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_GET_IRQ_INFO, &mut info) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(info.count)
+}
+
+/// Triggers `fds[i]` on interrupt `i` of `index` (VFIO_DEVICE_SET_IRQS, starting at 0). For
+/// MSI-X this enables that many vectors, re-programming every one.
+fn set_irq_eventfds(device: &File, index: u32, fds: &[RawFd]) -> std::io::Result<()> {
+    // `struct vfio_irq_set`: argsz, flags, index, start, count, then `count` i32 eventfds
+    const HEADER: usize = 5;
+    let count = u32::try_from(fds.len()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let argsz =
+        u32::try_from((HEADER + fds.len()) * 4).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    let mut set: Vec<u32> = Vec::with_capacity(HEADER + fds.len());
+    set.extend([argsz, flags, index, 0, count]);
+    // (the kernel reads the fds back as i32)
+    set.extend(fds.iter().map(|&fd| fd as u32));
+    // SAFETY: the argument is a complete vfio_irq_set with its `count` eventfds, argsz bytes
+    // long, which the kernel only reads; the device descriptor is valid.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_SET_IRQS, set.as_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The device's MSI-X vectors, through VFIO: the kernel takes each vector's interrupt and
+/// signals its eventfd. (Given back to the kernel, the device has none: its file is closed,
+/// which frees them.)
+impl Interrupts for DeviceShared {
+    fn vectors(&self) -> u16 {
+        let Some(open) = &*self.open.lock() else {
+            return 0;
+        };
+        match irq_count(&open.device, VFIO_PCI_MSIX_IRQ_INDEX) {
+            Ok(n) => n.min(MSIX_MAX_VECTORS) as u16,
+            Err(e) => {
+                log::info!("{}: no MSI-X interrupt information: {e}", self.addr);
+                0
+            }
+        }
+    }
+
+    fn enable(&self, count: u16) -> std::io::Result<Vec<Arc<EventFd>>> {
+        let open = self.open.lock();
+        let Some(open) = &*open else {
+            return Err(std::io::ErrorKind::NotConnected.into());
+        };
+        let fds = (0..count)
+            .map(|_| interrupt_eventfd().map(Arc::new))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+        set_irq_eventfds(&open.device, VFIO_PCI_MSIX_IRQ_INDEX, &raw)?;
+        log::info!("{}: MSI-X enabled: {count} vectors", self.addr);
+        Ok(fds)
+    }
 }
 
 /// What a device and the thread watching for its removal share.
@@ -495,6 +557,14 @@ struct DeviceShared {
     /// Set when the device is closed normally: the watcher then just ends.
     closing: AtomicBool,
     removed: AtomicBool,
+}
+
+impl std::fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShared")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Closed in this order: the device file (which a removal waits for), its group (if no other
@@ -726,6 +796,11 @@ impl VfioPciDevice {
 
     pub fn bar0(&self) -> &Arc<Bar> {
         &self.bar0
+    }
+
+    /// The device's MSI-X vectors (enabled only when asked: see [`Interrupts`]).
+    pub fn interrupts(&self) -> Arc<dyn Interrupts> {
+        self.shared.clone()
     }
 
     /// Whether the device was given back to the kernel (hot removal): its registers and config

@@ -202,6 +202,7 @@ impl Harness {
             timeout: None,
             generation: 0,
             owner: None,
+            interrupt: None,
         });
         Harness {
             qp,

@@ -244,15 +244,24 @@ impl Harness {
         };
         let space = crate::sim::iova_space();
         let sim = SimController::new(config, space.clone());
-        let ctrl =
-            match Controller::init("sim:fuzz".into(), sim.clone(), space, None, None, options) {
-                Ok(ctrl) => ctrl,
-                Err(e) => panic!("a healthy sim does not come up: {e}"),
-            };
+        let ctrl = match Controller::init(
+            "sim:fuzz".into(),
+            sim.clone(),
+            Some(sim.clone()),
+            space,
+            None,
+            None,
+            options,
+        ) {
+            Ok(ctrl) => ctrl,
+            Err(e) => panic!("a healthy sim does not come up: {e}"),
+        };
         let qp = match ctrl.create_queue_pair(QueuePairOptions {
             depth,
             node: None,
             timeout: Some(TIMEOUT),
+            // acknowledges every CQ head, checks timeouts on every poll, re-created with IEN
+            interrupts: flags & 32 != 0,
         }) {
             Ok(qp) => qp,
             Err(e) => panic!("no queue pair on a healthy sim: {e}"),

@@ -169,6 +169,7 @@ fn start(script: Script) -> (Result<Controller, Error>, Arc<Scripted>) {
     let ctrl = Controller::init(
         "sim:fuzz".into(),
         regs.clone(),
+        None,
         space,
         None,
         None,
@@ -307,6 +308,7 @@ fn io_on_namespaces(ctrl: &Controller) -> usize {
         depth: 4,
         node: None,
         timeout: Some(Duration::from_millis(500)),
+        interrupts: false,
     }) else {
         panic!("no I/O queue pair after a bring-up");
     };

@@ -6,13 +6,20 @@
 //! completions by phase tag, frees trackers, takes the SQ head from `sqhd`, hands the caller's
 //! token back, and rings the CQ head doorbell once. No allocation, lock or system call per I/O. With shadow doorbells (Doorbell Buffer
 //! Config) MMIO is written only when the controller's EventIdx asks for it.
+//!
+//! A queue pair made with interrupts (`QueuePairOptions::interrupts`) is polled the same way;
+//! its CQ also raises an MSI-X vector, whose eventfd its owner may sleep on when it has nothing
+//! else to do: [`QueuePair::interrupt`], [`QueuePair::clear_interrupt`].
 
 mod recovery;
 mod ring;
 
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+use nix::sys::eventfd::EventFd;
 
 use usnvme_hugepages::DmaRegion;
 use vm_memory::Bytes;
@@ -195,6 +202,13 @@ pub(crate) struct Shadow {
     pub always_mmio: bool,
 }
 
+/// The MSI-X vector a queue pair's CQ raises, and the eventfd that vector signals.
+#[derive(Debug)]
+pub(crate) struct Interrupt {
+    pub vector: u16,
+    pub fd: Arc<EventFd>,
+}
+
 /// Completions between two writes of an I/O queue's CQ head doorbell, at least, where the
 /// controller allows rings that large (see [`ring_entries`]).
 const CQ_HEAD_BATCH: u16 = 64;
@@ -293,8 +307,9 @@ pub struct QueuePair {
     /// The clock commands are stamped with, in nanoseconds: given by the owner once per turn
     /// ([`QueuePair::set_now`]), else read from `clock` when timeouts are checked.
     now_ns: u64,
-    /// Polls since the last timeout check.
+    /// Polls since the last timeout check, and how many make one.
     polls: u32,
+    timeout_check_polls: u32,
     /// When `check_timeouts` last ran, and when it next scans the trackers.
     checked_ns: u64,
     next_scan_ns: u64,
@@ -311,6 +326,8 @@ pub struct QueuePair {
     recreate: Option<recovery::Recreate>,
     /// Aborts submitted and not completed yet: command id and ticket.
     aborts: Vec<(u16, Ticket)>,
+    /// The interrupt the CQ raises (None: polled only).
+    interrupt: Option<Interrupt>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -372,6 +389,8 @@ pub(crate) struct QueueSetup {
     pub timeout: Option<std::time::Duration>,
     pub generation: u64,
     pub owner: Option<Arc<dyn QueueOwner>>,
+    /// The MSI-X vector the CQ was created with, and its eventfd (None: polled only).
+    pub interrupt: Option<Interrupt>,
 }
 
 impl QueuePair {
@@ -392,7 +411,13 @@ impl QueuePair {
             sq_tail_rung: 0,
             cq_head: 0,
             cq_head_rung: 0,
-            cq_slack: depth - 1 - commands,
+            // With interrupts the controller is told the head after every poll that consumed
+            // entries: a controller may send no new MSI-X message for a vector until the host
+            // has acknowledged what was posted, and the owner sleeps after its last poll.
+            cq_slack: match setup.interrupt {
+                Some(_) => 0,
+                None => depth - 1 - commands,
+            },
             cq_phase: true,
             depth,
             in_flight: 0,
@@ -411,6 +436,12 @@ impl QueuePair {
             stats: QueueStats::default(),
             now_ns: 0,
             polls: 0,
+            // An owner that sleeps until an interrupt polls once per wake-up, not in a loop:
+            // there every poll checks (on the owner's clock; a scan is still rare).
+            timeout_check_polls: match setup.interrupt {
+                Some(_) => 1,
+                None => TIMEOUT_CHECK_POLLS,
+            },
             checked_ns: 0,
             next_scan_ns: 0,
             timeout_ns: setup.timeout.map_or(0, |t| {
@@ -423,6 +454,38 @@ impl QueuePair {
             owner: setup.owner,
             recreate: None,
             aborts: Vec::new(),
+            interrupt: setup.interrupt,
+        }
+    }
+
+    /// The eventfd the controller signals when it posts a completion to this queue pair's CQ
+    /// (its MSI-X vector's), for the owner's epoll or poll; None for a polled queue pair.
+    ///
+    /// The owner with nothing else to do sleeps until it is readable, then calls
+    /// [`QueuePair::clear_interrupt`] and only then [`QueuePair::poll`]: a completion posted
+    /// after that poll raises it again, so no wake-up is lost. A device that is removed raises
+    /// nothing more: sleep with a timeout, and poll after it (timeouts and removal are found by
+    /// polls).
+    pub fn interrupt(&self) -> Option<BorrowedFd<'_>> {
+        self.interrupt.as_ref().map(|i| i.fd.as_fd())
+    }
+
+    /// The MSI-X vector the CQ raises (None for a polled queue pair).
+    pub fn interrupt_vector(&self) -> Option<u16> {
+        self.interrupt.as_ref().map(|i| i.vector)
+    }
+
+    /// Clears the interrupt (reads its eventfd without blocking); returns whether it was
+    /// raised. One system call: after a wake-up, before polling, never on the I/O path.
+    pub fn clear_interrupt(&self) -> bool {
+        self.interrupt.as_ref().is_some_and(|i| i.fd.read().is_ok())
+    }
+
+    /// Raises the interrupt as the controller would, so that the owner's next sleep ends at once.
+    fn raise_interrupt(&self) {
+        if let Some(i) = &self.interrupt {
+            // only fails when the counter would overflow: it is raised then
+            let _ = i.fd.write(1);
         }
     }
 
@@ -937,6 +1000,11 @@ impl QueuePair {
         if self.lost_queues() {
             self.reconnect(&mut on_completion);
             if self.lost_queues() {
+                // Re-creating the queues takes one admin command per poll, whose completion
+                // raises no I/O vector: an owner asleep until an interrupt must come back.
+                if self.recreating() {
+                    self.raise_interrupt();
+                }
                 return 0; // a reset is under way: no doorbells, nothing to reap
             }
         }
@@ -1014,7 +1082,7 @@ impl QueuePair {
         }
         if self.timeout_ns > 0 {
             self.polls += 1;
-            if self.polls >= TIMEOUT_CHECK_POLLS {
+            if self.polls >= self.timeout_check_polls {
                 self.polls = 0;
                 self.check_timeouts(&mut on_completion);
             }

@@ -104,6 +104,17 @@ impl QueuePair {
         self.advance_recreate(&*owner);
     }
 
+    /// Whether its queues are being re-created after the reset that ended last (each poll moves
+    /// that on), not waiting for a reset or given up.
+    pub(super) fn recreating(&self) -> bool {
+        let Some(owner) = &self.owner else {
+            return false;
+        };
+        self.recreate.is_some_and(|r| {
+            r.generation == owner.generation() && !matches!(r.step, Step::Failed { .. })
+        })
+    }
+
     /// A reset ended since the last call: start over from its generation.
     fn restart(
         &mut self,
@@ -150,7 +161,9 @@ impl QueuePair {
         loop {
             r.step = match r.step {
                 Step::CreateCq => {
-                    let sqe = Sqe::create_io_cq(qid, entries, self.cq_iova());
+                    // with the vector it had: MSI-X stays enabled through a controller reset
+                    let vector = self.interrupt_vector();
+                    let sqe = Sqe::create_io_cq_with(qid, entries, self.cq_iova(), vector);
                     match owner.submit_admin(sqe, r.generation) {
                         Ok(Some(t)) => Step::CqSent(t),
                         Ok(None) => break, // the admin queue is busy: the next poll tries again

@@ -308,11 +308,17 @@ fn create_cq(ctx: &Ctx, sqe: &Sqe) -> Result<Outcome, Outcome> {
         return Err(Outcome::fail(Status::INVALID_QID).at(40));
     }
     let (qid, entries) = check_queue(ctx, sqe, CQE_BYTES)?;
-    let (ien, iv) = (sqe.cdw11 & 2 != 0, sqe.cdw11 >> 16);
-    if ien && iv != 0 {
-        return Err(Outcome::fail(Status::INVALID_INTERRUPT_VECTOR).at(46));
+    let (ien, iv) = (sqe.cdw11 & 2 != 0, (sqe.cdw11 >> 16) as usize);
+    let mut cq = Cq::new(qid, sqe.prp1, entries);
+    if ien {
+        let msix = ctx.inner.msix.lock();
+        // beyond the MSI-X table, or a vector other than 0 (pin-based) while MSI-X is off
+        if iv >= usize::from(ctx.inner.config.msix_vectors) || (iv != 0 && msix.is_empty()) {
+            return Err(Outcome::fail(Status::INVALID_INTERRUPT_VECTOR).at(46));
+        }
+        // (IV 0 without MSI-X is the pin interrupt, which the host keeps disabled: nothing)
+        cq.irq = msix.get(iv).cloned();
     }
-    let cq = Cq::new(qid, sqe.prp1, entries);
     let c = with_shadow(ctx, table.shadow);
     if let Some(v) = c.read_shadow(qid, true) {
         if v != 0 {

@@ -12,6 +12,12 @@
 //! - Threaded mode: a controller thread fetches I/O commands and completes them after a latency,
 //!   optionally out of order. Admin commands always run inline.
 //!
+//! Interrupts: an MSI-X table of [`SimConfig::msix_vectors`] vectors, enabled through
+//! [`Interrupts`] as VFIO enables a device's (each vector an eventfd, made by the sim). A CQ
+//! created with IEN signals its vector's eventfd whenever completions are posted to it (as
+//! QEMU's controller sends a message per batch it posts); Create I/O CQ refuses a vector beyond
+//! the table, or other than 0 while MSI-X is off, with "Invalid Interrupt Vector".
+//!
 //! Faults ([`Fault`]) make chosen commands fail, complete late, twice, never or only when a test
 //! releases them, or the controller fail (CSTS.CFS) or disappear (registers read all ones).
 //!
@@ -44,6 +50,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use nix::sys::eventfd::EventFd;
 use parking_lot::{Mutex, RwLock};
 use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 use vm_memory::{Bytes, GuestAddress};
@@ -55,7 +62,7 @@ pub use spec::{SimSpec, SimSpecError};
 use crate::controller::{Controller, ControllerOptions};
 use crate::error::Error;
 use crate::protection::MetadataFormat;
-use crate::regs::Registers;
+use crate::regs::{interrupt_eventfd, Interrupts, Registers};
 use crate::spec::registers::{reg, ShutdownStatus};
 use crate::spec::{Cap, Cc, Csts, ErrorLogEntry, IdentifyController, Status};
 use backend::Store;
@@ -137,6 +144,8 @@ pub struct SimConfig {
     pub mdts: u8,
     /// I/O queue pairs granted at most (1 ..= 65535).
     pub io_queues: u16,
+    /// MSI-X vectors (the table size, 0 ..= 2048; QEMU's `msix_qsize`).
+    pub msix_vectors: u16,
     /// SGLs for I/O commands (Identify SGLS).
     pub sgl: bool,
     /// Doorbell Buffer Config (OACS bit 8).
@@ -179,6 +188,7 @@ impl Default for SimConfig {
             mqes: 2047,
             mdts: 7,
             io_queues: 64,
+            msix_vectors: 65,
             sgl: true,
             doorbell_buffer: true,
             timeout: 20,
@@ -220,6 +230,9 @@ impl SimConfig {
         }
         if self.io_queues == 0 || self.io_queues == u16::MAX {
             return Err(format!("{} I/O queues: 1 to 65534", self.io_queues));
+        }
+        if self.msix_vectors > 2048 {
+            return Err(format!("{} MSI-X vectors: 0 to 2048", self.msix_vectors));
         }
         if self.mdts > 20 || self.dstrd > 15 {
             return Err(format!(
@@ -328,6 +341,9 @@ pub(crate) struct Inner {
     faults: Faults,
     errors: Mutex<ErrorLog>,
     counters: Counters,
+    /// The MSI-X table: each enabled vector's eventfd (empty: MSI-X off). A PCI function's
+    /// state: a controller reset keeps it.
+    msix: Mutex<Vec<Arc<EventFd>>>,
 }
 
 /// Where Doorbell Buffer Config put the shadow doorbells and EventIdx entries.
@@ -534,6 +550,7 @@ impl SimController {
                 faults: Faults::default(),
                 errors: Mutex::default(),
                 counters: Counters::default(),
+                msix: Mutex::new(Vec::new()),
             }),
         });
         if let Some(n) = misdirect {
@@ -722,6 +739,25 @@ impl SimController {
         nsid.checked_sub(1)
             .and_then(|i| self.inner.stores.get(i as usize))
             .map_or(0, Store::chunks)
+    }
+}
+
+/// The sim's MSI-X table: enabling makes one eventfd per vector, as VFIO takes them.
+impl Interrupts for SimController {
+    fn vectors(&self) -> u16 {
+        self.inner.config.msix_vectors
+    }
+
+    fn enable(&self, count: u16) -> std::io::Result<Vec<Arc<EventFd>>> {
+        if count == 0 || count > self.inner.config.msix_vectors {
+            // as VFIO refuses more vectors than the table has
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fds = (0..count)
+            .map(|_| interrupt_eventfd().map(Arc::new))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        *self.inner.msix.lock() = fds.clone();
+        Ok(fds)
     }
 }
 
@@ -1195,6 +1231,7 @@ pub fn open_with_handles(
             let ctrl = Controller::init(
                 format!("sim:{n}"),
                 sim.clone(),
+                Some(sim.clone()),
                 space.clone(),
                 None,
                 None,

@@ -6,6 +6,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::sys::eventfd::EventFd;
 use parking_lot::Mutex;
 use vm_memory::GuestAddress;
 
@@ -167,6 +168,10 @@ pub(crate) struct Cq {
     pub overflow: VecDeque<Cqe>,
     pub deleted: bool,
     pub shadow: ShadowState,
+    /// The MSI-X vector's eventfd of a CQ created with interrupts enabled, and whether entries
+    /// were posted since it was last signalled.
+    pub irq: Option<Arc<EventFd>>,
+    posted: bool,
 }
 
 /// Why a completion could not be written: the CQ is not mapped.
@@ -185,6 +190,8 @@ impl Cq {
             overflow: VecDeque::new(),
             deleted: false,
             shadow: ShadowState::default(),
+            irq: None,
+            posted: false,
         }
     }
 
@@ -213,18 +220,32 @@ impl Cq {
             self.overflow.push_back(cqe);
             return self.drain(mem);
         }
-        self.write(mem, cqe)
+        let written = self.write(mem, cqe);
+        self.interrupt();
+        written
     }
 
     /// Posts queued completions while there is room.
     pub fn drain(&mut self, mem: &super::IovaMemory) -> Result<(), CqFault> {
-        while !self.full() {
+        let mut written = Ok(());
+        while !self.full() && written.is_ok() {
             let Some(cqe) = self.overflow.pop_front() else {
                 break;
             };
-            self.write(mem, cqe)?;
+            written = self.write(mem, cqe);
         }
-        Ok(())
+        self.interrupt();
+        written
+    }
+
+    /// Signals the CQ's vector if entries were posted since the last time: the MSI-X message.
+    fn interrupt(&mut self) {
+        if std::mem::take(&mut self.posted) {
+            if let Some(fd) = &self.irq {
+                // only fails when the counter would overflow: it is raised then
+                let _ = fd.write(1);
+            }
+        }
     }
 
     /// The entry's first 14 bytes, then (Release) the status word with the phase tag, which is
@@ -244,6 +265,7 @@ impl Cq {
             self.tail = 0;
             self.phase = !self.phase;
         }
+        self.posted = true;
         Ok(())
     }
 }

@@ -48,7 +48,8 @@ fn options() -> ControllerOptions {
 fn start_with(config: SimConfig, options: ControllerOptions) -> (Arc<SimController>, Controller) {
     let space = iova_space();
     let sim = SimController::new(config, space.clone());
-    let ctrl = Controller::init("sim:t".into(), sim.clone(), space, None, None, options)
+    let irq = Some(sim.clone() as Arc<dyn Interrupts>);
+    let ctrl = Controller::init("sim:t".into(), sim.clone(), irq, space, None, None, options)
         .expect("bring-up");
     (sim, ctrl)
 }
@@ -2500,4 +2501,217 @@ fn namespaces_created_attached_detached_and_deleted_as_the_commands_say() {
         back.iter().all(|&b| b == 0),
         "a new namespace holds nothing of the one deleted"
     );
+}
+
+fn interrupt_queue(ctrl: &Controller, depth: u16) -> Result<QueuePair, Error> {
+    ctrl.create_queue_pair(QueuePairOptions {
+        depth,
+        interrupts: true,
+        ..QueuePairOptions::default()
+    })
+}
+
+/// Sleeps in poll(2) until the queue pair's interrupt is raised, at most `limit`: whether it was.
+fn sleep_until_interrupt(qp: &QueuePair, limit: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    let fd = qp.interrupt().expect("a queue pair with interrupts");
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(limit).expect("a timeout poll(2) takes");
+    nix::poll::poll(&mut fds, timeout).expect("poll") == 1
+}
+
+/// Takes `count` completions as an owner with nothing else to do does: poll, and when nothing
+/// came, sleep until the interrupt, clear it, poll again. Each sleep must end by the interrupt
+/// (10 s at most in all). Returns the completions and how many sleeps it took.
+fn complete_by_interrupts(qp: &mut QueuePair, count: usize) -> (Vec<Completion>, usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut done, mut sleeps) = (Vec::new(), 0);
+    loop {
+        qp.poll(|c| done.push(c));
+        if done.len() >= count {
+            return (done, sleeps);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            sleep_until_interrupt(qp, left),
+            "no interrupt within 10 s: {} of {count} completions came",
+            done.len()
+        );
+        sleeps += 1;
+        qp.clear_interrupt();
+    }
+}
+
+/// A flush that the drive holds until another thread lets it go, which it does only once this
+/// thread found nothing to poll, cleared the interrupt and went to sleep: the completion can
+/// reach it only through the CQ's interrupt.
+fn flush_completed_by_interrupt(
+    sim: &Arc<SimController>,
+    qp: &mut QueuePair,
+    token: u64,
+) -> Completion {
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Hold,
+    ));
+    qp.flush_cache(NSID, token).expect("submitted");
+    let (qid, deadline) = (qp.qid(), Instant::now() + Duration::from_secs(10));
+    // (polls ring the doorbell, and re-create the queues after a reset)
+    while sim.held(qid).is_empty() {
+        assert_eq!(qp.poll(|c| panic!("{c:?} completed while held")), 0);
+        assert!(Instant::now() < deadline, "the drive never fetched it");
+        std::thread::yield_now();
+    }
+    qp.clear_interrupt(); // whatever was posted before is taken
+    let (go, went) = std::sync::mpsc::channel::<()>();
+    let releaser = {
+        let sim = sim.clone();
+        std::thread::spawn(move || {
+            went.recv().expect("the owner goes to sleep");
+            assert_eq!(sim.release(qid), [IoOpcode::Flush as u8]);
+        })
+    };
+    go.send(()).expect("the releaser waits");
+    assert!(
+        sleep_until_interrupt(qp, Duration::from_secs(10)),
+        "the completion raised the interrupt"
+    );
+    assert!(qp.clear_interrupt(), "raised");
+    let mut done = Vec::new();
+    qp.poll(|c| done.push(c));
+    releaser.join().expect("released");
+    assert_eq!(done.len(), 1, "{done:?}");
+    done[0]
+}
+
+#[test]
+fn a_queue_pair_with_interrupts_sleeps_until_the_drive_thread_completes() {
+    let (sim, ctrl) = start(SimConfig {
+        mode: SimMode::Threaded {
+            latency: Duration::from_millis(2),
+            out_of_order: true,
+        },
+        ..ram(512, 1024)
+    });
+    let mut qp = interrupt_queue(&ctrl, 16).expect("a queue pair with interrupts");
+    assert_eq!(qp.interrupt_vector(), Some(qp.qid()), "a vector of its own");
+    let polled = queue(&ctrl, 8);
+    assert!(polled.interrupt().is_none() && polled.interrupt_vector().is_none());
+    assert!(!polled.clear_interrupt());
+
+    let mut buffers = pool(4096, 8);
+    let bufs: Vec<DmaBuffer> = (0..8).map(|_| buffers.alloc().expect("buffer")).collect();
+    let mut sleeps = 0;
+    for round in 0..10u64 {
+        for (i, b) in bufs.iter().enumerate() {
+            b.write_from(&pattern(round * 8 + i as u64, 4096), 0)
+                .expect("fill");
+            qp.write(NSID, i as u64 * 8, span(b, 0, 4096), i as u64)
+                .expect("submitted");
+        }
+        let (done, slept) = complete_by_interrupts(&mut qp, 8);
+        sleeps += slept;
+        let mut tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (0..8).collect::<Vec<_>>(), "round {round}");
+        assert!(done.iter().all(|c| c.status.is_success()), "{done:?}");
+    }
+    assert!(sleeps > 0, "2 ms per command: the owner slept");
+
+    // the completion comes after the owner went to sleep
+    let c = flush_completed_by_interrupt(&sim, &mut qp, 99);
+    assert_eq!((c.token, c.status.is_success()), (99, true), "{c:?}");
+    assert_eq!((qp.stats().garbage, sim.invalid_doorbells()), (0, 0));
+    for b in bufs {
+        buffers.free(b).expect("own");
+    }
+}
+
+#[test]
+fn interrupt_vectors_the_drive_lacks_are_refused_by_name() {
+    // 3 vectors: 0 for the admin queue, 1 and 2 for I/O queues 1 and 2 of the 4 granted
+    let (sim, ctrl) = start(SimConfig {
+        msix_vectors: 3,
+        ..ram(512, 1024)
+    });
+    let space = iova_space();
+    let rings: DmaRegion = space
+        .map(Memory::allocate(4096, PageSize::Small4K, None).expect("memory"))
+        .expect("map");
+    let cq = |qid, iv| Sqe::create_io_cq_with(qid, 16, rings.iova(), Some(iv));
+    let refused = |sqe: Sqe| {
+        let e = ctrl.admin(sqe).expect_err("refused");
+        assert!(e.to_string().contains("Invalid Interrupt Vector"), "{e}");
+        assert_eq!(sim.error_log()[0].parameter_error_location, 46, "IV");
+    };
+    // MSI-X is off: vector 0 (the pin interrupt) only
+    refused(cq(4, 1));
+    ctrl.admin(cq(4, 0)).expect("IV 0 without MSI-X");
+    ctrl.admin(Sqe::delete_io_cq(4)).expect("deleted");
+
+    let one = interrupt_queue(&ctrl, 8).expect("vector 1");
+    let two = interrupt_queue(&ctrl, 8).expect("vector 2");
+    assert_eq!(
+        (one.interrupt_vector(), two.interrupt_vector()),
+        (Some(1), Some(2))
+    );
+    let e = interrupt_queue(&ctrl, 8).expect_err("no vector for queue 3");
+    assert!(
+        e.to_string().contains("an interrupt for I/O queue 3"),
+        "{e}"
+    );
+    // the queue id went back: a polled queue pair takes it
+    assert_eq!(queue(&ctrl, 8).qid(), 3);
+    // beyond the table of 3 vectors, with MSI-X on
+    refused(cq(4, 3));
+    refused(cq(4, u16::MAX));
+    ctrl.admin(cq(4, 2))
+        .expect("a vector in the table (the spec lets CQs share one)");
+    ctrl.admin(Sqe::delete_io_cq(4)).expect("deleted");
+    drop((one, two));
+
+    // a controller with no interrupts to give
+    let plain = SimController::new(ram(512, 1024), space.clone());
+    let ctrl = Controller::init("sim:p".into(), plain, None, space, None, None, options())
+        .expect("bring-up");
+    let e = interrupt_queue(&ctrl, 8).expect_err("no MSI-X");
+    assert!(e.to_string().contains("no MSI-X"), "{e}");
+    assert_eq!(queue(&ctrl, 8).qid(), 1, "the id went back");
+}
+
+#[test]
+fn interrupts_survive_a_controller_reset() {
+    let (sim, ctrl) = start(SimConfig {
+        mode: SimMode::Threaded {
+            latency: Duration::from_millis(1),
+            out_of_order: false,
+        },
+        ..ram(512, 1024)
+    });
+    let mut qp = interrupt_queue(&ctrl, 8).expect("a queue pair with interrupts");
+    let c = flush_completed_by_interrupt(&sim, &mut qp, 1);
+    assert!(c.status.is_success(), "{c:?}");
+    // held through the reset: the reset raises the interrupt, the owner finds it aborted
+    sim.inject(Fault::new(
+        FaultWhen::opcode(IoOpcode::Flush as u8),
+        FaultAction::Hold,
+    ));
+    qp.flush_cache(NSID, 2).expect("submitted");
+    qp.flush();
+    qp.clear_interrupt();
+    ctrl.reset().expect("reset");
+    assert!(
+        sleep_until_interrupt(&qp, Duration::from_secs(10)),
+        "the reset woke the owner"
+    );
+    qp.clear_interrupt();
+    let (done, _) = complete_by_interrupts(&mut qp, 1);
+    assert_eq!(done[0].token, 2);
+    assert_eq!(done[0].status.code(), Status::ABORTED_BY_HOST);
+    sim.clear_faults();
+    // re-created with its vector: the next completion wakes the owner again
+    let c = flush_completed_by_interrupt(&sim, &mut qp, 3);
+    assert!(c.status.is_success(), "{c:?}");
+    assert_eq!(qp.interrupt_vector(), Some(qp.qid()));
+    assert_eq!((ctrl.resets(), sim.io_queues()), (1, (1, 1)));
 }

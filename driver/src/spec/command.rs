@@ -312,6 +312,16 @@ impl Sqe {
         sqe
     }
 
+    /// Create I/O Completion Queue as [`Sqe::create_io_cq`], with interrupts enabled on MSI-X
+    /// vector `vector` where one is given (IEN = 1, IV = `vector`), else polled.
+    pub const fn create_io_cq_with(qid: u16, entries: u32, iova: u64, vector: Option<u16>) -> Sqe {
+        let mut sqe = Sqe::create_io_cq(qid, entries, iova);
+        if let Some(iv) = vector {
+            sqe.cdw11 |= 1 << 1 | (iv as u32) << 16;
+        }
+        sqe
+    }
+
     /// Create I/O Submission Queue of `entries` entries (2 ..= 65536) at `iova`, physically
     /// contiguous, completing into `cqid`.
     pub const fn create_io_sq(
@@ -631,6 +641,10 @@ mod tests {
             (cq.opcode(), cq.prp1, cq.cdw10, cq.cdw11),
             (0x05, 0x20_0000, 0x03ff_0003, 1)
         );
+        // IEN (bit 1) and IV (bits 31:16) only with a vector
+        assert_eq!(Sqe::create_io_cq_with(3, 1024, 0x20_0000, None).cdw11, 1);
+        let irq = Sqe::create_io_cq_with(3, 1024, 0x20_0000, Some(5));
+        assert_eq!((irq.cdw10, irq.cdw11), (0x03ff_0003, 0x0005_0003));
         let sq = Sqe::create_io_sq(3, 1024, 0x30_0000, 3, QueuePriority::Medium);
         assert_eq!(
             (sq.opcode(), sq.prp1, sq.cdw10, sq.cdw11),

@@ -7,6 +7,7 @@ mod namespace;
 mod split;
 mod stripe;
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +92,12 @@ pub struct ChannelOptions {
     /// Keep latency histograms (percentiles) per device: costs more per I/O than the rest of
     /// the statistics together, so only when asked for (`perf -L`).
     pub latency_histograms: bool,
+    /// Local queue pairs raise an MSI-X interrupt when their controller posts a completion
+    /// (each an eventfd: `DeviceChannel::interrupts`), so that a reactor with I/O in flight and
+    /// nothing else to do can sleep until one comes. A drive with fewer MSI-X vectors than the
+    /// queues asked of it is refused by name. Remote (NVMe/TCP) queues are sockets, not
+    /// interrupts: unaffected.
+    pub interrupts: bool,
 }
 
 impl ChannelOptions {
@@ -114,6 +121,7 @@ impl Default for ChannelOptions {
             node: None,
             timeout: Some(Duration::from_secs(30)),
             latency_histograms: false,
+            interrupts: false,
         }
     }
 }
@@ -458,6 +466,26 @@ impl Channel {
             Channel::Namespace(c) => c.reconnects(),
             Channel::Stripe(c) => c.reconnects(),
             Channel::Gone(_) => 0,
+        }
+    }
+
+    /// Adds the eventfds of the local queue pairs under the channel made with interrupts
+    /// ([`ChannelOptions::interrupts`]) to `out`.
+    pub fn interrupts<'a>(&'a self, out: &mut Vec<BorrowedFd<'a>>) {
+        match self {
+            Channel::Namespace(c) => out.extend(c.interrupt()),
+            Channel::Stripe(c) => c.interrupts(out),
+            Channel::Gone(_) => {}
+        }
+    }
+
+    /// Clears the interrupts under the channel (one read each, without blocking): after a
+    /// sleep, before polling.
+    pub fn clear_interrupts(&self) {
+        match self {
+            Channel::Namespace(c) => c.clear_interrupt(),
+            Channel::Stripe(c) => c.clear_interrupts(),
+            Channel::Gone(_) => {}
         }
     }
 }

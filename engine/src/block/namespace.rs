@@ -3,6 +3,7 @@
 //! namespaces there). Large I/Os are split at the controller's largest transfer (and Write
 //! Zeroes and Deallocate at the 16-bit block count) and complete once.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use usnvme_driver::{Completion, Controller, IoBuffer};
@@ -201,6 +202,12 @@ impl BlockDevice for NamespaceDevice {
         options: &ChannelOptions,
     ) -> Result<Channel, usnvme_driver::Error> {
         let queue = queues.queue_for(&self.source, self.ns, options)?;
+        let interrupt = queue
+            .interrupt()
+            .map_err(|e| usnvme_driver::Error::Unsupported {
+                device: self.name.to_string(),
+                what: format!("interrupts (duplicating the queue's eventfd: {e})"),
+            })?;
         let moves_metadata = self
             .ns
             .protection
@@ -208,6 +215,7 @@ impl BlockDevice for NamespaceDevice {
         let capacity = queue.free().max(1);
         Ok(Channel::Namespace(NamespaceChannel {
             queue,
+            interrupt,
             ns: self.ns,
             block_shift: self.info.block_size.trailing_zeros(),
             block_mask: (1u64 << self.info.block_size.trailing_zeros()) - 1,
@@ -230,6 +238,9 @@ impl BlockDevice for NamespaceDevice {
 #[derive(Debug)]
 pub struct NamespaceChannel {
     queue: IoQueue,
+    /// The queue's interrupt, for the owner's epoll (a descriptor of its own: the queue may be
+    /// shared); None without interrupts.
+    interrupt: Option<OwnedFd>,
     ns: QueueNamespace,
     block_shift: u32,
     /// Block size less one: the low bits a block-aligned offset has clear.
@@ -492,6 +503,16 @@ impl NamespaceChannel {
 
     pub(crate) fn reconnects(&self) -> u32 {
         self.queue.reconnects()
+    }
+
+    pub(crate) fn interrupt(&self) -> Option<BorrowedFd<'_>> {
+        self.interrupt.as_ref().map(|fd| fd.as_fd())
+    }
+
+    pub(crate) fn clear_interrupt(&self) {
+        if self.interrupt.is_some() {
+            self.queue.clear_interrupt();
+        }
     }
 }
 

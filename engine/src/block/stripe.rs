@@ -365,6 +365,17 @@ impl StripeChannel {
         self.members.iter().map(NamespaceChannel::reconnects).sum()
     }
 
+    /// The members' interrupts (see [`Channel::interrupts`](super::Channel::interrupts)).
+    pub(crate) fn interrupts<'a>(&'a self, out: &mut Vec<std::os::fd::BorrowedFd<'a>>) {
+        out.extend(self.members.iter().filter_map(NamespaceChannel::interrupt));
+    }
+
+    pub(crate) fn clear_interrupts(&self) {
+        self.members
+            .iter()
+            .for_each(NamespaceChannel::clear_interrupt);
+    }
+
     pub(crate) fn busy(&self) -> bool {
         self.members.iter().any(NamespaceChannel::busy)
     }

@@ -1,5 +1,7 @@
 //! A reactor's path to one device: submission, polling, statistics, stall probes.
 
+use std::os::fd::BorrowedFd;
+
 use super::reactor::ReactorClock;
 use super::*;
 
@@ -245,6 +247,31 @@ impl DeviceChannel {
         self.channel.reconnects()
     }
 
+    /// The eventfds of this device's local queue pairs, made with
+    /// [`ChannelOptions::interrupts`], for the reactor's epoll: each is raised when its drive
+    /// posts a completion. Empty without interrupts and for a remote device (its queues are
+    /// sockets). Called once, at setup: it allocates.
+    ///
+    /// A reactor with I/O in flight and nothing else to do sleeps until one is readable (level
+    /// triggered), then calls [`DeviceChannel::clear_interrupts`], then polls every channel (not
+    /// only those whose descriptor fired: channels on one queue take each other's completions):
+    /// a completion posted after those polls raises its eventfd again, so no wake-up is lost. The
+    /// sleep needs a timeout (the stall probe's 500 ms or less): a removed drive raises
+    /// nothing, and command timeouts are checked by polls. Each descriptor is the channel's own
+    /// (channels on one queue each have one, all raised together); take them out of the epoll
+    /// set before the channel is closed or dropped.
+    pub fn interrupts(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = Vec::new();
+        self.channel.interrupts(&mut fds);
+        fds
+    }
+
+    /// Clears the interrupts of this device's queue pairs (one non-blocking read each): after
+    /// a sleep, before polling. Never on the I/O path.
+    pub fn clear_interrupts(&mut self) {
+        self.channel.clear_interrupts();
+    }
+
     /// Whether another I/O can be queued now (it may still need more commands than are free).
     pub fn has_room(&self) -> bool {
         self.channel.free_commands() > 0
@@ -287,4 +314,144 @@ fn record(
         token: f.token & MAX_TOKEN,
         failure: f.failure,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    use usnvme_driver::ControllerOptions;
+    use usnvme_hugepages::DmaBuffer;
+
+    use super::*;
+    use crate::topology::Topology;
+
+    /// Reads `total` times on every device, 4 in flight on each, and sleeps in epoll on the
+    /// devices' interrupts whenever a turn completed nothing.
+    struct Sleeper {
+        total: u64,
+        epoll: Option<Epoll>,
+        buffers: Vec<(BufferPool, DmaBuffer)>,
+        submitted: Vec<u64>,
+        completed: Vec<u64>,
+        sleeps: u64,
+        registered: usize,
+    }
+
+    impl Job for Sleeper {
+        /// Completions per device, sleeps, descriptors registered.
+        type Output = (Vec<u64>, u64, usize);
+
+        fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| e.to_string())?;
+            for (i, d) in ctx.devices.iter().enumerate() {
+                for fd in d.interrupts() {
+                    let event = EpollEvent::new(EpollFlags::EPOLLIN, i as u64);
+                    epoll.add(fd, event).map_err(|e| e.to_string())?;
+                    self.registered += 1;
+                }
+                let mut pool = d.buffer_pool(4096, 1).map_err(|e| e.to_string())?;
+                let buf = pool.alloc().ok_or("no DMA buffer")?;
+                self.buffers.push((pool, buf));
+            }
+            self.epoll = Some(epoll);
+            self.submitted = vec![0; ctx.devices.len()];
+            self.completed = vec![0; ctx.devices.len()];
+            Ok(())
+        }
+
+        fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+            let mut finished = 0;
+            for (i, d) in ctx.devices.iter_mut().enumerate() {
+                // (the reads land in one buffer: only their completions count)
+                let io = IoBuffer {
+                    iova: self.buffers[i].1.iova(),
+                    len: 4096,
+                };
+                while self.submitted[i] < self.total && d.in_flight() < 4 && d.has_room() {
+                    let lba = self.submitted[i] % 64 * 4096;
+                    d.submit(Op::Read, lba, 4096, Some(io), self.submitted[i])
+                        .expect("submitted");
+                    self.submitted[i] += 1;
+                }
+                let completed = &mut self.completed[i];
+                finished += d.poll(|c| {
+                    assert_eq!(c.result(), Ok(()));
+                    *completed += 1;
+                });
+            }
+            let busy = ctx.devices.iter().any(|d| d.in_flight() > 0);
+            if finished == 0 && busy {
+                let epoll = self.epoll.as_ref().expect("prepared");
+                let mut events = [EpollEvent::empty(); 8];
+                let limit = EpollTimeout::try_from(Duration::from_secs(10)).expect("a timeout");
+                let n = epoll.wait(&mut events, limit).expect("epoll_wait");
+                assert!(n > 0, "no interrupt within 10 s: {:?}", self.completed);
+                self.sleeps += 1;
+                ctx.devices
+                    .iter_mut()
+                    .for_each(DeviceChannel::clear_interrupts);
+            }
+            busy || self.submitted.iter().any(|&s| s < self.total)
+        }
+
+        fn finish(mut self, _ctx: &mut ReactorContext) -> Self::Output {
+            for (mut pool, buf) in self.buffers.drain(..) {
+                pool.free(buf).expect("own");
+            }
+            (self.completed, self.sleeps, self.registered)
+        }
+    }
+
+    #[test]
+    fn a_reactor_sleeps_on_its_drives_interrupts_until_every_io_completed() {
+        let opener = Opener::new("/nonexistent");
+        // sim:0's two namespaces share the reactor's queue to it
+        let specs: Vec<DeviceSpec> = [
+            "sim:0,ns=2,mode=threaded,latency=1ms",
+            "sim:1,mode=threaded,latency=1ms",
+        ]
+        .iter()
+        .map(|s| s.parse().expect("a sim spec"))
+        .collect();
+        let drives = attach(
+            &opener,
+            &Sysfs::new(),
+            &specs,
+            &ControllerOptions::default(),
+        )
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("attached");
+        let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
+        let core = topology.allowed[0];
+        let engine = Engine::new(
+            topology,
+            drives,
+            EngineOptions {
+                cores: vec![core],
+                channel: ChannelOptions {
+                    interrupts: true,
+                    ..ChannelOptions::default()
+                },
+                ..EngineOptions::default()
+            },
+        )
+        .expect("engine");
+        let run = engine
+            .start(engine.namespaces(), |_| Sleeper {
+                total: 200,
+                epoll: None,
+                buffers: Vec::new(),
+                submitted: Vec::new(),
+                completed: Vec::new(),
+                sleeps: 0,
+                registered: 0,
+            })
+            .expect("started");
+        let results = run.wait().expect("the run ends");
+        let (completed, sleeps, registered) = &results[0].output;
+        assert_eq!(completed, &[200, 200, 200], "every read completed");
+        assert!(*sleeps > 0, "1 ms per read: the reactor slept");
+        assert_eq!(*registered, 3, "one descriptor per namespace channel");
+    }
 }

@@ -1,6 +1,8 @@
 //! One I/O queue API over both transports. An enum, not a trait object: the I/O path
 //! dispatches with a match and inlines down to the queue pair.
 
+use std::os::fd::OwnedFd;
+
 use usnvme_driver::protection::{MetadataFormat, PiChecks, PiFields, PiType};
 use usnvme_driver::{Completion, IoBuffer, MetadataIo, QueuePair, SubmitError};
 
@@ -324,6 +326,28 @@ impl IoQueue {
             IoQueue::Pcie(_) => None,
             IoQueue::Tcp(q) => q.ended(),
             IoQueue::Shared { queue, .. } => queue.ended(),
+        }
+    }
+
+    /// A descriptor of the eventfd that a local queue pair made with interrupts has its
+    /// controller raise when it posts a completion (a duplicate, for the caller to keep); None
+    /// for a polled queue pair, and for a remote queue: a socket, which tells by itself.
+    pub fn interrupt(&self) -> std::io::Result<Option<OwnedFd>> {
+        match self {
+            IoQueue::Pcie(qp) => qp.interrupt().map(|fd| fd.try_clone_to_owned()).transpose(),
+            IoQueue::Tcp(_) => Ok(None),
+            IoQueue::Shared { queue, .. } => queue.interrupt(),
+        }
+    }
+
+    /// Clears the interrupt (see [`QueuePair::clear_interrupt`]): after a sleep, before a poll.
+    pub fn clear_interrupt(&self) {
+        match self {
+            IoQueue::Pcie(qp) => {
+                qp.clear_interrupt();
+            }
+            IoQueue::Tcp(_) => {}
+            IoQueue::Shared { queue, .. } => queue.clear_interrupt(),
         }
     }
 

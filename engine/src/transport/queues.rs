@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -61,9 +62,11 @@ impl QueueSource {
                     depth: entries,
                     node: options.node,
                     timeout: options.timeout,
+                    interrupts: options.interrupts,
                 })?;
                 Ok(IoQueue::Pcie(qp))
             }
+            // (a socket, not an interrupt: `options.interrupts` does not apply)
             QueueSource::Tcp(remote) => {
                 let entries = remote.queue_entries(options);
                 Ok(IoQueue::Tcp(remote.connect(ns, entries, options)?))
@@ -313,5 +316,18 @@ impl SharedQueue {
     /// How many times the queue connected again.
     pub fn reconnects(&self) -> u32 {
         self.0.try_borrow().map_or(0, |s| s.queue.reconnects())
+    }
+
+    /// The queue's interrupt (see [`IoQueue::interrupt`]).
+    pub fn interrupt(&self) -> std::io::Result<Option<OwnedFd>> {
+        self.0
+            .try_borrow()
+            .map_or(Ok(None), |s| s.queue.interrupt())
+    }
+
+    pub fn clear_interrupt(&self) {
+        if let Ok(s) = self.0.try_borrow() {
+            s.queue.clear_interrupt();
+        }
     }
 }
