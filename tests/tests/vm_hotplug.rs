@@ -115,17 +115,14 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Writes completed on kernel block device `dev` (its `stat`'s fifth field).
-fn writes_completed(dev: &Path) -> u64 {
-    let name = dev.file_name().map(|n| n.to_string_lossy().into_owned());
-    let stat = std::fs::read_to_string(format!(
-        "/sys/class/block/{}/stat",
-        name.unwrap_or_default()
-    ));
-    let field = stat
+/// Commands serve has completed so far, from its `--json-status` file (the kernel's multipath
+/// head devices count no I/O of their own).
+fn commands_served(status: &Path) -> u64 {
+    std::fs::read(status)
         .ok()
-        .and_then(|s| s.split_whitespace().nth(4).map(str::to_string));
-    field.and_then(|f| f.parse().ok()).unwrap_or(0)
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|s| s["commands"].as_u64())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -133,7 +130,18 @@ fn writes_completed(dev: &Path) -> u64 {
 fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed() {
     let bed = VmBed::from_env();
     let base = vfio_controllers()[SERVE_DRIVE].to_string();
-    let (target, namespaces) = serve(&bed, SERVE_NQN, &[base], &["--hotplug", "-c", "0"]);
+    let status = std::env::temp_dir().join("usnvme-vm-hotplug-status.json");
+    let status_arg = status.display().to_string();
+    let serve_args = [
+        "--hotplug",
+        "-c",
+        "0",
+        "--json-status",
+        &status_arg,
+        "--json-status-every",
+        "0.1",
+    ];
+    let (target, namespaces) = serve(&bed, SERVE_NQN, &[base], &serve_args);
     let mut target = KillOnDrop(target);
     assert_eq!(namespaces.len(), 1, "{namespaces:?}");
     let _connected = Connected::new(SERVE_NQN, &[]);
@@ -178,6 +186,7 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
     let report = std::env::temp_dir().join("usnvme-vm-hotplug-fio.json");
     let fio = Command::new(FIO)
         .args([
+            "--thread", // one process: killed whole if the test fails
             "--name=first",
             &format!("--filename={}", first.display()),
             "--ioengine=io_uring",
@@ -198,9 +207,9 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
         .spawn()
         .expect("fio runs");
     let fio = KillOnDrop(fio);
-    let before = writes_completed(&first);
+    let before = commands_served(&status);
     wait_for("fio writing to namespace 1", || {
-        writes_completed(&first) > before
+        commands_served(&status) > before + 100
     });
     let asked = Instant::now();
     hotplug::remove_drive(0, &bdf);
@@ -209,9 +218,9 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
         "{bdf}: namespace 2 gone from the kernel host {:.1} s after its removal was asked",
         asked.elapsed().as_secs_f64()
     );
-    let written = writes_completed(&first);
+    let served = commands_served(&status);
     wait_for("fio writing on to namespace 1", || {
-        writes_completed(&first) > written
+        commands_served(&status) > served + 100
     });
     let mut fio = fio;
     signal(&fio.0, "INT");
