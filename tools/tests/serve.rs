@@ -484,6 +484,44 @@ fn an_idle_target_sleeps_instead_of_polling_and_says_what_cpu_it_used() {
 }
 
 #[test]
+fn on_interrupts_a_reactor_sleeps_while_the_drive_works_and_wakes_for_each_completion() {
+    // every command takes the drive 20 ms: a polling reactor would spin through all of them
+    let serve = Serve::start_on(
+        "sim:0,backend=ram,size=16M,mode=threaded,latency=20ms",
+        &["--allow-any-host", "--idle", "interrupt"],
+    );
+    let opts = options(Digests::default());
+    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    let (mut io, _) = CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O");
+    let started = serve.wait_for_status("the target up", |_| true);
+    let cpu_at = |s: &serde_json::Value| s["reactor_cpu_seconds"].as_f64().expect("CPU time");
+    let time_at = |s: &serde_json::Value| s["reactor_seconds"].as_f64().expect("reactor time");
+    // one command in flight at a time, all along: 50 writes then 50 reads, each checked
+    for lba in 0..50u64 {
+        io.write(1, lba * 8, 8, &[lba as u8 | 1; 4096])
+            .expect("write");
+    }
+    let mut back = vec![0u8; 4096];
+    for lba in 0..50u64 {
+        io.read(1, lba * 8, 8, &mut back).expect("read");
+        assert!(back.iter().all(|&b| b == lba as u8 | 1), "block {lba}");
+    }
+    let ended = serve.wait_for_status("the reactor's time published", |s| {
+        time_at(s) >= time_at(&started) + 1.5
+    });
+    let (cpu, time) = (
+        cpu_at(&ended) - cpu_at(&started),
+        time_at(&ended) - time_at(&started),
+    );
+    assert!(
+        cpu < time / 5.0,
+        "{cpu:.3} s of CPU in {time:.3} s of the reactor with I/O in flight: {ended}"
+    );
+    drop(io);
+    admin.disconnect();
+}
+
+#[test]
 fn a_port_made_inaccessible_refuses_io_through_it_and_the_other_serves_on() {
     let states = std::env::temp_dir().join(format!("usnvme-ana-{}.txt", std::process::id()));
     std::fs::write(&states, "# every port optimized\n").expect("state file");

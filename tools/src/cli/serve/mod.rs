@@ -110,8 +110,10 @@ pub struct Args {
     )]
     json_status_every: Duration,
     /// What a reactor does with no work: `adaptive` polls while there is work and sleeps on
-    /// its sockets after 2 ms without (nothing in flight); `poll` polls on, a whole core per
-    /// reactor (the lowest latency for a host's first command after a pause).
+    /// its sockets after 2 ms without (nothing in flight); `interrupt` has the drives raise an
+    /// interrupt per completion (MSI-X through VFIO) and sleeps whenever a turn finds nothing
+    /// to do, I/O in flight or not (the least CPU); `poll` polls on, a whole core per reactor
+    /// (the lowest latency for a host's first command after a pause).
     #[arg(long, value_enum, default_value_t = Idle::Adaptive)]
     idle: Idle,
     /// Asymmetric Namespace Access: a file of `ADDR:PORT STATE` lines (a --listen address,
@@ -126,6 +128,7 @@ pub struct Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Idle {
     Adaptive,
+    Interrupt,
     Poll,
 }
 
@@ -211,6 +214,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             channel: ChannelOptions {
                 depth: QUEUE_ENTRIES,
                 io_size: Some(u64::from(MAX_TRANSFER)),
+                interrupts: args.idle == Idle::Interrupt,
                 ..ChannelOptions::default()
             },
             ..EngineOptions::default()
@@ -282,6 +286,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         })?,
         idle: match args.idle {
             Idle::Adaptive => IdleMode::Adaptive,
+            Idle::Interrupt => IdleMode::Interrupt,
             Idle::Poll => IdleMode::Poll,
         },
         stop: stop.clone(),
