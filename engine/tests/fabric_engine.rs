@@ -457,7 +457,7 @@ fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed()
         CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
     admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
     let (mut io, _) = CommandQueue::connect(addr, &sub.nqn, 1, 32, cntlid, &host).expect("I/O");
-    let mut admin_data = |admin: &mut CommandQueue, sqe: Sqe| {
+    let admin_data = |admin: &mut CommandQueue, sqe: Sqe| {
         let (cqe, data) = admin.admin(sqe, 4096).expect("an admin command");
         assert_eq!(cqe.status(), Status::SUCCESS);
         data

@@ -491,7 +491,7 @@ fn on_interrupts_a_reactor_sleeps_while_the_drive_works_and_wakes_for_each_compl
         &["--allow-any-host", "--idle", "interrupt"],
     );
     let opts = options(Digests::default());
-    let (mut admin, cntlid) = serve.admin(NQN, &opts);
+    let (admin, cntlid) = serve.admin(NQN, &opts);
     let (mut io, _) = CommandQueue::connect(serve.addr, NQN, 1, 32, cntlid, &opts).expect("I/O");
     let started = serve.wait_for_status("the target up", |_| true);
     let cpu_at = |s: &serde_json::Value| s["reactor_cpu_seconds"].as_f64().expect("CPU time");
