@@ -1034,3 +1034,84 @@ fn usnvme_perf_over_tcp_runs_on_when_its_target_is_killed_and_restarted() {
     assert_eq!(target.wait().expect("serve exits").code(), Some(143));
     let _ = std::fs::remove_file(&status);
 }
+
+const INTERRUPT_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-interrupt";
+const INTERRUPT_DRIVE: usize = 7;
+const INTERRUPT_OFFSET: u64 = 704 << 20;
+
+/// Interrupts the guest took from vfio-pci's MSI-X vectors so far (`/proc/interrupts`).
+fn vfio_msix_interrupts() -> u64 {
+    let table = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
+    table
+        .lines()
+        .filter(|l| l.contains("vfio-msix"))
+        .flat_map(|l| {
+            let counts = l.split_whitespace().skip(1);
+            counts.map_while(|w| w.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn serve_on_interrupts_sleeps_while_the_drive_works_and_fio_verifies() {
+    let bed = VmBed::from_env();
+    let address = vfio_controllers()[INTERRUPT_DRIVE].to_string();
+    let status = std::env::temp_dir().join("usnvme-vm-interrupt-status.json");
+    let status_arg = status.display().to_string();
+    let serve_args = [
+        "-c",
+        "0",
+        "--idle",
+        "interrupt",
+        "--json-status",
+        &status_arg,
+        "--json-status-every",
+        "0.1",
+    ];
+    let (mut target, namespaces) = serve(&bed, INTERRUPT_NQN, &[address], &serve_args);
+    assert_eq!(namespaces.len(), 1, "{namespaces:?}");
+    let read_status = || -> serde_json::Value {
+        let bytes = std::fs::read(&status).expect("serve's status");
+        serde_json::from_slice(&bytes).expect("serve's status is JSON")
+    };
+    let connected = Connected::new(INTERRUPT_NQN, &[]);
+    let dev = kernel_namespaces(INTERRUPT_NQN, 1)[&1].clone();
+    let (before, interrupts_before) = (read_status(), vfio_msix_interrupts());
+    // one I/O at a time: the reactor has I/O in flight nearly all along
+    let out = run(
+        FIO,
+        &[
+            "--name=interrupt",
+            &format!("--filename={}", dev.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--offset={INTERRUPT_OFFSET}"),
+            "--size=4m",
+            "--iodepth=1",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+    let (after, interrupts_after) = (read_status(), vfio_msix_interrupts());
+    let delta = |key: &str| {
+        after[key].as_f64().expect("a figure") - before[key].as_f64().expect("a figure")
+    };
+    let (cpu, time) = (delta("reactor_cpu_seconds"), delta("reactor_seconds"));
+    println!(
+        "interrupt mode, fio QD 1 through the kernel host: {} commands, the reactor used {cpu:.2} s of CPU in {time:.2} s; {} MSI-X interrupts",
+        delta("commands"),
+        interrupts_after - interrupts_before
+    );
+    assert!(
+        interrupts_after > interrupts_before,
+        "the drive raised no MSI-X interrupt"
+    );
+    assert!(cpu < time / 2.0, "{cpu} s of CPU in {time} s: {after}");
+    drop(connected);
+    signal(&target, "INT");
+    assert_eq!(target.wait().expect("serve ends").code(), Some(130));
+}
