@@ -320,6 +320,8 @@ pub struct ServeJob {
     idle_since: Option<Duration>,
     /// Devices whose namespaces were removed, to let go of once nothing is in flight on them.
     letting_go: Vec<usize>,
+    /// A drive's interrupt was seen since the interrupts were last cleared.
+    interrupted: bool,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -348,6 +350,7 @@ impl ServeJob {
             busy: BusyClock::default(),
             idle_since: None,
             letting_go: Vec::new(),
+            interrupted: false,
         }
     }
 
@@ -445,8 +448,9 @@ impl ServeJob {
         }
     }
 
-    /// Marks the connections whose sockets have something to read; true when one has. Without
-    /// epoll (or when it fails), every connection is read.
+    /// Marks the connections whose sockets have something to read; true when one has (or the
+    /// inbox rang). Without epoll (or when it fails), every connection is read. A drive's
+    /// interrupt is noted in `interrupted` (the drives are polled every turn anyway).
     fn poll_readiness(&mut self, timeout: EpollTimeout) -> bool {
         let ready = match &self.epoll {
             Some(epoll) => epoll.wait(&mut self.events, timeout).ok(),
@@ -454,20 +458,23 @@ impl ServeJob {
         };
         match ready {
             Some(n) => {
+                let mut news = false;
                 for event in &self.events[..n] {
+                    if event.data() == INTERRUPT {
+                        self.interrupted = true;
+                        continue;
+                    }
+                    news = true;
                     if event.data() == BELL {
                         let _ = self.inbox.bell.read(); // (accept looks at the inbox anyway)
                         continue;
-                    }
-                    if event.data() == INTERRUPT {
-                        continue; // (cleared after the sleep; every device is polled anyway)
                     }
                     let slot = event.data() as usize;
                     if let Some(Some(c)) = self.conns.get_mut(slot) {
                         c.readable = true;
                     }
                 }
-                n > 0
+                news
             }
             None => {
                 for c in self.conns.iter_mut().flatten() {
@@ -681,9 +688,9 @@ impl Job for ServeJob {
         }
         let timeout = self.sleep(ctx.now());
         let mut busy = self.poll_readiness(timeout);
-        if timeout != EpollTimeout::ZERO {
-            // after a sleep, before the polls below: a completion posted after them raises
-            // its interrupt again
+        if std::mem::take(&mut self.interrupted) {
+            // before the polls below (a completion posted after them raises its interrupt
+            // again); left raised, it would wake every sleep at once
             ctx.devices
                 .iter_mut()
                 .for_each(DeviceChannel::clear_interrupts);
