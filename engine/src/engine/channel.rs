@@ -319,7 +319,6 @@ fn record(
 #[cfg(test)]
 mod tests {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-    use usnvme_driver::ControllerOptions;
     use usnvme_hugepages::DmaBuffer;
 
     use super::*;
@@ -404,39 +403,22 @@ mod tests {
 
     #[test]
     fn a_reactor_sleeps_on_its_drives_interrupts_until_every_io_completed() {
-        let opener = Opener::new("/nonexistent");
         // sim:0's two namespaces share the reactor's queue to it
-        let specs: Vec<DeviceSpec> = [
-            "sim:0,ns=2,mode=threaded,latency=1ms",
-            "sim:1,mode=threaded,latency=1ms",
-        ]
-        .iter()
-        .map(|s| s.parse().expect("a sim spec"))
-        .collect();
-        let drives = attach(
-            &opener,
-            &Sysfs::new(),
-            &specs,
-            &ControllerOptions::default(),
-        )
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .expect("attached");
-        let topology = Topology::from_sysfs("/".as_ref()).expect("topology");
-        let core = topology.allowed[0];
-        let engine = Engine::new(
-            topology,
-            drives,
-            EngineOptions {
-                cores: vec![core],
-                channel: ChannelOptions {
-                    interrupts: true,
-                    ..ChannelOptions::default()
-                },
-                ..EngineOptions::default()
-            },
-        )
-        .expect("engine");
+        let core = Topology::from_sysfs("/".as_ref())
+            .expect("topology")
+            .allowed[0];
+        let interrupts = ChannelOptions {
+            interrupts: true,
+            ..ChannelOptions::default()
+        };
+        let engine = super::super::tests::sim_engine_with(
+            &[
+                "sim:0,ns=2,mode=threaded,latency=1ms",
+                "sim:1,mode=threaded,latency=1ms",
+            ],
+            &[core],
+            interrupts,
+        );
         let run = engine
             .start(engine.namespaces(), |_| Sleeper {
                 total: 200,

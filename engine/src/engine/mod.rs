@@ -534,6 +534,15 @@ mod tests {
     }
 
     fn sim_engine(specs: &[&str], cores: &[usize]) -> Engine {
+        sim_engine_with(specs, cores, ChannelOptions::default())
+    }
+
+    /// An engine on simulated drives `specs`, its reactors on `cores`, its channels `channel`.
+    pub(super) fn sim_engine_with(
+        specs: &[&str],
+        cores: &[usize],
+        channel: ChannelOptions,
+    ) -> Engine {
         let opener = Opener::new("/nonexistent");
         let specs: Vec<DeviceSpec> = specs
             .iter()
@@ -553,6 +562,7 @@ mod tests {
             drives,
             EngineOptions {
                 cores: cores.to_vec(),
+                channel,
                 ..EngineOptions::default()
             },
         )
