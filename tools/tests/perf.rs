@@ -1,5 +1,6 @@
 //! `usnvme perf` run as a process on simulated drives: no root, no VFIO, a second or two each.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -579,6 +580,53 @@ fn a_removed_drive_fails_its_ios_and_the_others_run_to_the_end() {
     }
     // Well before the queue pairs' own 30 s command timeout would have ended the stuck I/Os.
     assert!(took < Duration::from_secs(25), "took {took:?}");
+}
+
+#[test]
+fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
+    // (the debug --add joins a simulated drive as --hotplug joins one bound to vfio-pci)
+    let path = json_path("joined");
+    let out = usnvme(&[
+        "-r",
+        "sim:0-1,backend=ram,size=4M",
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "-t",
+        "3",
+        "--verify",
+        "--add",
+        "sim:2,backend=ram,size=4M@1",
+        "--json",
+        path.to_str().expect("UTF-8 temp path"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("sim:2 joined the run"), "{stderr}");
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let devices: BTreeSet<&str> = jobs.iter().filter_map(|j| j["device"].as_str()).collect();
+    assert_eq!(
+        devices,
+        BTreeSet::from(["sim:0", "sim:1", "sim:2"]),
+        "{doc:#}"
+    );
+    for job in jobs {
+        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
+            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        assert!(ios > 0, "{job:#}");
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+        let elapsed = job["elapsed_ms"].as_u64().expect("elapsed");
+        if job["device"] == "sim:2" {
+            // measured from when it joined, 1 s into the 3
+            assert!((1500..=2100).contains(&elapsed), "{job:#}");
+        } else {
+            assert!(elapsed >= 2900, "{job:#}");
+        }
+    }
 }
 
 #[test]

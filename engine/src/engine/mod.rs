@@ -28,7 +28,7 @@ mod run;
 pub use attach::{attach, AttachError, Drive};
 pub use channel::DeviceChannel;
 pub use reactor::ReactorContext;
-use reactor::{reactor, Control, Setup};
+use reactor::{reactor, Added, Control, Setup};
 use run::ReactorHandle;
 pub use run::{ReactorResult, Run};
 
@@ -157,6 +157,11 @@ pub trait Job: Send + 'static {
     }
     /// One pass: submit and poll on the reactor's channels. False when the job is done.
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool;
+    /// A device was added while the job runs ([`Run::add_device`]): the last of
+    /// `ctx.devices`, of which this reactor has `share`. An error leaves it unused here.
+    fn device_added(&mut self, _ctx: &mut ReactorContext, _share: Share) -> Result<(), String> {
+        Err("this job takes no device while it runs".into())
+    }
     /// After the loop and after every channel drained.
     fn finish(self, ctx: &mut ReactorContext) -> Self::Output;
 }

@@ -138,6 +138,28 @@ pub(super) enum Control {
     Start,
     Stats,
     Stop,
+    /// A device added while the job runs (see [`Run::add_device`]).
+    Add(Box<Added>),
+}
+
+/// A device for a running reactor: the run's device `index`, on `controllers`, this reactor's
+/// `share` of it; the answer goes to `done`.
+pub(super) struct Added {
+    pub(super) index: usize,
+    pub(super) device: Arc<dyn BlockDevice>,
+    pub(super) controllers: Vec<Controller>,
+    pub(super) share: Share,
+    pub(super) done: Sender<Result<(), String>>,
+}
+
+impl Added {
+    /// Opens the device on this reactor and hands it to the job; says how that went.
+    fn apply<J: Job>(self, ctx: &mut ReactorContext, job: &mut J) {
+        let result = ctx
+            .add_device(self.index, &self.device, self.controllers)
+            .and_then(|()| job.device_added(ctx, self.share));
+        let _ = self.done.send(result);
+    }
 }
 
 /// How often (in turns) a reactor looks at its control channel.
@@ -219,6 +241,7 @@ pub(super) fn reactor<J: Job>(
                 stop = true;
                 break;
             }
+            Ok(Control::Add(added)) => added.apply(&mut ctx, &mut job),
         }
     }
     ctx.started = Instant::now();
@@ -236,6 +259,7 @@ pub(super) fn reactor<J: Job>(
                     }
                     Control::Stop => stop = true,
                     Control::Start => {}
+                    Control::Add(added) => added.apply(&mut ctx, &mut job),
                 }
             }
         }

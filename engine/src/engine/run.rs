@@ -38,6 +38,49 @@ impl<O> Run<O> {
             .collect()
     }
 
+    /// Adds `device` (the run's device `index`, on `controllers`) to the reactors `serving`
+    /// (indices into [`Run::reactors`]) while the job runs: each opens its queue pairs on it
+    /// and hands it to its job ([`Job::device_added`]) as its share. Waits for every one;
+    /// the first failure says why (the others use the device all the same).
+    pub fn add_device(
+        &self,
+        index: usize,
+        device: &Arc<dyn BlockDevice>,
+        controllers: &[Controller],
+        serving: &[usize],
+    ) -> Result<(), String> {
+        let (done, answers) = bounded(serving.len());
+        let mut asked = 0;
+        for (k, &r) in serving.iter().enumerate() {
+            let Some(reactor) = self.reactors.get(r) else {
+                continue;
+            };
+            let added = Added {
+                index,
+                device: device.clone(),
+                controllers: controllers.to_vec(),
+                share: Share {
+                    index: k,
+                    of: serving.len(),
+                },
+                done: done.clone(),
+            };
+            if reactor.control.send(Control::Add(Box::new(added))).is_ok() {
+                asked += 1;
+            }
+        }
+        drop(done);
+        let mut result = Ok(());
+        for _ in 0..asked {
+            // (a reactor that ended drops its message: its answer never comes)
+            match answers.recv_timeout(Duration::from_secs(60)) {
+                Ok(answer) => result = result.and(answer),
+                Err(_) => return result.and(Err("a reactor did not answer".into())),
+            }
+        }
+        result
+    }
+
     /// Asks every reactor to stop: it stops submitting, drains, and finishes its job.
     pub fn stop(&self) {
         for r in &self.reactors {

@@ -11,6 +11,7 @@
 //! during the run (hot removal) fails its I/Os, the others run to the end, and the run exits 1
 //! naming it.
 
+mod hotplug;
 mod metadata;
 mod regions;
 mod report;
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use usnvme_driver::pci::uevent::UeventSocket;
 use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::protection::PiChecks;
 use usnvme_driver::vfio::VfioError;
@@ -38,6 +40,7 @@ use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::topology::{format_cpu_list, parse_cores, Topology};
 use usnvme_engine::transport::{ControllerLink, ReconnectPolicy};
+use usnvme_engine::Run;
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Drive, Engine, EngineOptions, NamespaceDevice, PiMode,
     Share, StripeDevice,
@@ -51,7 +54,7 @@ pub(crate) use regions::{devices, namespaces, stripes};
 pub(crate) use report::Row;
 pub(crate) use session::Session;
 pub(crate) use settings::Settings;
-use settings::{positive_size, removal, seconds, settings, size, Pattern};
+use settings::{addition, positive_size, removal, seconds, settings, size, Pattern};
 pub(crate) use settings::{stripe, Given};
 use watch::watch;
 use workload::{Region, RunSpec, Workload};
@@ -168,6 +171,15 @@ pub struct Args {
     /// Debug: surprise-remove a simulated drive S seconds into the measurement (sim:N@S).
     #[arg(long = "remove", value_name = "DEVICE@S", hide = true, value_parser = removal)]
     pub(crate) remove: Option<(String, f64)>,
+    /// Drives bound to vfio-pci during the run (a drive hot added, then `usnvme setup bind`)
+    /// join it: their namespaces (or -n's) on the reactors of their NUMA node, each reactor on
+    /// its share of the span (--offset, --size); their rows count from when they joined.
+    #[arg(long)]
+    pub(crate) hotplug: bool,
+    /// Debug: a simulated drive joins the run S seconds into the measurement, as with
+    /// --hotplug (sim:N[,options]@S).
+    #[arg(long = "add", value_name = "DEVICE@S", hide = true, value_parser = addition)]
+    pub(crate) add: Option<(DeviceSpec, f64)>,
 }
 
 /// A bad flag: `main` prints it on one line and exits 2, and no I/O was issued.

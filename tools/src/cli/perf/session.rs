@@ -341,7 +341,40 @@ impl Session {
                 }
             }))
         });
-        watch(&run, live, &controllers, &self.links);
+        // drives that join the run while it goes on (`--hotplug`, and the debug `--add`)
+        let joined = hotplug::Joined::default();
+        let added_spans = spec.added_spans.clone();
+        let stop_joining = AtomicBool::new(false);
+        let uevents = match self.settings.hotplug.then(UeventSocket::open) {
+            Some(Err(e)) => {
+                eprintln!("usnvme perf: warning: --hotplug: cannot watch the kernel's device events ({e}): no drive joins the run");
+                None
+            }
+            Some(Ok(socket)) => Some(socket),
+            None => None,
+        };
+        std::thread::scope(|scope| {
+            let (run, joined, spans, stop) = (&run, &joined, &*added_spans, &stop_joining);
+            if let Some(events) = uevents {
+                scope.spawn(move || hotplug::watch_inserts(self, run, events, joined, spans, stop));
+            }
+            if let Some((device, after)) = &self.settings.add {
+                let at = measure_from + *after;
+                scope.spawn(move || {
+                    while Instant::now() < at {
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    if let Err(why) = self.join(run, device, joined, spans) {
+                        eprintln!("usnvme perf: warning: --add {device}: {why}");
+                    }
+                });
+            }
+            watch(run, live, &controllers, &self.links);
+            stop.store(true, Ordering::Release);
+        });
         drop((cancel, cancel_remove));
         let reset = resetter.and_then(|t| t.join().ok().flatten());
         if let Some(t) = remover {
@@ -357,10 +390,11 @@ impl Session {
             reset_asked: self.settings.reset_after.is_some(),
             timed: spec.duration.is_some(),
         };
+        let names = joined.names(&self.names);
         for r in results {
             for d in r.output {
                 m.checked += d.checked;
-                let device = self.names[d.device].clone();
+                let device = names[d.device].clone();
                 if let Some(e) = &d.error {
                     m.failures.push(format!("{device}@core{}: {e}", r.info.cpu));
                 }

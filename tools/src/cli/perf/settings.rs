@@ -21,6 +21,10 @@ pub(crate) struct Settings {
     pub(super) reset_after: Option<Duration>,
     /// `--remove`: the simulated drive and when.
     pub(super) remove: Option<(String, Duration)>,
+    /// `--hotplug`: drives bound to vfio-pci during a run join it.
+    pub(super) hotplug: bool,
+    /// `--add`: a simulated drive that joins the run, and when.
+    pub(super) add: Option<(DeviceSpec, Duration)>,
     /// `--pi`: how namespaces formatted with metadata are driven (None: left out).
     pub(super) pi: Option<PiMode>,
 }
@@ -169,6 +173,17 @@ pub(super) fn removal(s: &str) -> std::result::Result<(String, f64), String> {
     }
 }
 
+/// `--add sim:N[,options]@SECONDS`: one simulated drive and when.
+pub(super) fn addition(s: &str) -> std::result::Result<(DeviceSpec, f64), String> {
+    let bad = || "expected sim:N[,options]@SECONDS, e.g. sim:4,backend=ram@1.5".to_string();
+    let (device, at) = s.rsplit_once('@').ok_or_else(bad)?;
+    let at = seconds(at).map_err(|_| bad())?;
+    match device.parse::<DeviceSpec>() {
+        Ok(spec @ DeviceSpec::Sim(_)) if spec.drives().len() == 1 => Ok((spec, at)),
+        _ => Err(bad()),
+    }
+}
+
 /// Seconds as given on the command line (`1`, `2.5`), positive and finite.
 pub(super) fn parse_seconds(s: f64) -> Option<Duration> {
     (s.is_finite() && s > 0.0 && s < 1e9).then(|| Duration::from_secs_f64(s))
@@ -275,7 +290,12 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         corrupt_after: args.corrupt_after,
         seed: args.seed.unwrap_or(std::process::id() as u64 ^ 0x5eed),
         reset_done: None,
+        added_spans: Default::default(),
     };
+    let add = args
+        .add
+        .as_ref()
+        .map(|(device, at)| (device.clone(), Duration::from_secs_f64(*at)));
     Ok(Settings {
         run,
         cores,
@@ -287,6 +307,8 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         size: args.size.clone(),
         reset_after,
         remove,
+        hotplug: args.hotplug,
+        add,
         pi: args.pi,
     })
 }

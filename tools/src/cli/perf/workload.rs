@@ -25,7 +25,7 @@ use usnvme_driver::IoBuffer;
 use usnvme_engine::block::IoError;
 use usnvme_engine::engine::DeviceChannel;
 use usnvme_engine::stats::{IoStats, OpKind};
-use usnvme_engine::{IoCompletion, Job, Op, ReactorContext};
+use usnvme_engine::{IoCompletion, Job, Op, ReactorContext, Share};
 use usnvme_hugepages::{BufferPool, DmaBuffer};
 
 use super::metadata::BufferLayout;
@@ -52,6 +52,8 @@ pub struct RunSpec {
     pub seed: u64,
     /// Set once the controllers were reset (`--reset-after`): completions after it are counted.
     pub reset_done: Option<Arc<AtomicBool>>,
+    /// The spans of the devices added while the run goes on (`--hotplug`), by device index.
+    pub added_spans: Arc<parking_lot::Mutex<std::collections::HashMap<usize, Region>>>,
 }
 
 /// Where this reactor works on one device: `[start, start + len)`, in bytes.
@@ -113,6 +115,8 @@ struct Slot {
 
 struct DevState {
     region: Region,
+    /// When the device joined the run (the reactor's clock; zero: at the start).
+    since: Duration,
     pool: BufferPool,
     slots: Vec<Slot>,
     free: Vec<usize>,
@@ -212,6 +216,21 @@ impl Workload {
     fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
+            self.add_state(dev, region, ctx.info.index, Duration::ZERO)?;
+        }
+        Ok(())
+    }
+
+    /// Buffers, slots and counters for device `dev`, whose `region` this reactor (`reactor`)
+    /// works on from `since` on (its reactor's clock; zero: from the start).
+    fn add_state(
+        &mut self,
+        dev: &DeviceChannel,
+        region: Region,
+        reactor: usize,
+        since: Duration,
+    ) -> Result<(), String> {
+        {
             let layout = BufferLayout::of(&dev.info);
             let io_bytes = dev.info.buffer_bytes(self.run.io_size);
             let mut pool = dev
@@ -229,7 +248,7 @@ impl Workload {
                     offset: 0,
                 });
             }
-            let seed = self.run.seed ^ ((ctx.info.index as u64) << 32) ^ dev.device as u64;
+            let seed = self.run.seed ^ ((reactor as u64) << 32) ^ dev.device as u64;
             let block_len = if self.run.verify {
                 dev.info.block_size as usize
             } else {
@@ -240,6 +259,7 @@ impl Workload {
             let seconds = self.run.duration.map_or(0, |d| d.as_secs() as usize);
             self.states.push(DevState {
                 region,
+                since,
                 pool,
                 slots,
                 free: (0..self.run.depth).rev().collect(),
@@ -284,6 +304,22 @@ impl Job for Workload {
     /// Buffers and slots before any reactor starts: the clock starts with the first turn.
     fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
         self.setup(ctx)
+    }
+
+    /// A drive added while the run goes on (`--hotplug`): this reactor's share of the span
+    /// the session gave it, from now on.
+    fn device_added(&mut self, ctx: &mut ReactorContext, share: Share) -> Result<(), String> {
+        let dev = ctx.devices.last().ok_or("no device")?;
+        if self.states.len() + 1 != ctx.devices.len() {
+            return Err(format!(
+                "{}: out of step with the reactor's devices",
+                dev.info.name
+            ));
+        }
+        let span = self.run.added_spans.lock().get(&dev.device).copied();
+        let span = span.ok_or_else(|| format!("{}: no span given", dev.info.name))?;
+        let region = super::regions::region(span, share, self.run.io_size);
+        self.add_state(dev, region, ctx.info.index, ctx.now())
     }
 
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
@@ -366,7 +402,7 @@ impl Job for Workload {
                 DeviceResult {
                     device: dev.device,
                     stats,
-                    elapsed: end.saturating_sub(measure_from),
+                    elapsed: end.saturating_sub(measure_from.max(st.since)),
                     per_second,
                     mismatches: std::mem::take(&mut st.mismatches),
                     more_mismatches: st.more_mismatches,
