@@ -244,3 +244,88 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
     signal(&target.0, "INT");
     assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
 }
+
+/// The drive `perf --hotplug` starts on, and where it writes there and on the drive that joins.
+const PERF_DRIVE: usize = 8;
+const PERF_OFFSET: &str = "200M";
+const PERF_SIZE: &str = "8M";
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn perf_hotplug_drives_a_drive_bound_while_it_runs() {
+    let bed = VmBed::from_env();
+    let base = vfio_controllers()[PERF_DRIVE].to_string();
+    let json = std::env::temp_dir().join("usnvme-vm-perf-hotplug.json");
+    let json_arg = json.display().to_string();
+    let mut perf = Command::new(&bed.usnvme)
+        .args([
+            "perf",
+            "-r",
+            &base,
+            "--hotplug",
+            "-c",
+            "0",
+            "-w",
+            "write",
+            "-o",
+            "4k",
+            "-q",
+            "8",
+            "-t",
+            "20",
+            "--verify",
+            "--offset",
+            PERF_OFFSET,
+            "--size",
+            PERF_SIZE,
+            "--json",
+            &json_arg,
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("usnvme perf runs");
+    let stderr = perf.stderr.take().expect("piped");
+    let (lines, said) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            eprintln!("{line}");
+            let _ = lines.send(line);
+        }
+    });
+    let mut perf = KillOnDrop(perf);
+    let wait_for_line = |what: &str| {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match said.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("perf never said {what:?} ({e})"),
+            }
+        }
+    };
+    wait_for_line("measuring for");
+    let bdf = hotplug::add_drive(1);
+    let _remove = RemoveOnDrop(1, bdf.clone());
+    let bound = bed.usnvme(&["setup", "bind", &bdf]);
+    assert!(
+        bound.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bound.stderr)
+    );
+    let joined = wait_for_line("joined the run");
+    assert!(joined.contains(&bdf), "{joined}");
+    let status = perf.0.wait().expect("perf ends");
+    assert!(status.success(), "perf: {status} (its report is above)");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    for device in [&base, &bdf] {
+        let job = jobs
+            .iter()
+            .find(|j| j["device"].as_str() == Some(device.as_str()))
+            .unwrap_or_else(|| panic!("no job on {device}: {doc:#}"));
+        assert!(job["write"]["total_ios"].as_u64() > Some(0), "{job:#}");
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+    }
+}
