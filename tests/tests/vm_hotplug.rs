@@ -115,6 +115,26 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// fio writes `size` of `dev` at random and verifies it.
+fn fio_verifies(dev: &Path, size: &str) {
+    let out = run(
+        FIO,
+        &[
+            "--name=hot",
+            &format!("--filename={}", dev.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bsrange=4k-128k",
+            &format!("--size={size}"),
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+}
+
 /// Commands serve has completed so far, from its `--json-status` file (the kernel's multipath
 /// head devices count no I/O of their own).
 fn commands_served(status: &Path) -> u64 {
@@ -165,22 +185,7 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
     );
     let new = devices[&2].clone();
     assert_eq!(block_bytes(&new), 256 << 20, "{}", new.display());
-    let out = run(
-        FIO,
-        &[
-            "--name=hot",
-            &format!("--filename={}", new.display()),
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--rw=randwrite",
-            "--bsrange=4k-128k",
-            "--size=16m",
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--do_verify=1",
-        ],
-    );
-    assert!(!out.contains("verify: bad"), "{out}");
+    fio_verifies(&new, "16m");
 
     // fio verifying on namespace 1 all along while the new drive goes
     let report = std::env::temp_dir().join("usnvme-vm-hotplug-fio.json");
@@ -235,6 +240,19 @@ fn serve_exports_a_drive_bound_while_it_runs_and_lets_it_go_when_it_is_removed()
     let job = &report["jobs"][0];
     assert_eq!(job["error"], 0, "fio on namespace 1: {job:#}");
     assert!(job["write"]["io_bytes"].as_u64() > Some(0), "{job:#}");
+    // the same drive again, in the same slot: the same namespace ID and NGUID, a new device
+    let again = hotplug::add_drive(0);
+    assert_eq!(again, bdf);
+    let bound = bed.usnvme(&["setup", "bind", &bdf]);
+    assert!(
+        bound.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bound.stderr)
+    );
+    let devices = kernel_namespaces(SERVE_NQN, 2);
+    fio_verifies(&devices[&2], "4m");
+    hotplug::remove_drive(0, &bdf);
+    kernel_namespaces(SERVE_NQN, 1);
     // serve runs on, and stops cleanly
     assert!(
         target.0.try_wait().expect("serve's status").is_none(),
