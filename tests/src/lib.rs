@@ -149,6 +149,18 @@ pub fn vfio_controllers() -> Vec<usnvme_driver::pci::PciAddress> {
     list
 }
 
+/// A process killed when the test ends, passed or not: a target or fio left running would hold
+/// its drives and ports under the next tests.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Sends signal `name` (INT, TERM) and waits until the process has taken it (it is no longer
 /// pending in /proc/PID/status): two signals sent this way are two, never merged into one.
 pub fn signal(child: &std::process::Child, name: &str) {

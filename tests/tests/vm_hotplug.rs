@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use usnvme_tests::hotplug::{self, LIMIT, POLL};
 use usnvme_tests::kernel_host::{block_bytes, kernel_namespaces, run, serve, Connected, FIO};
-use usnvme_tests::{signal, vfio_controllers, VmBed};
+use usnvme_tests::{signal, vfio_controllers, KillOnDrop, VmBed};
 
 /// Waits (bounded) until `done` holds; panics saying `what` did not happen.
 fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -93,16 +93,6 @@ const SERVE_DRIVE: usize = 6;
 /// Where fio works on that drive all along: clear of what the host checks in its image.
 const FIO_OFFSET: u64 = 704 << 20;
 const FIO_SIZE: u64 = 16 << 20;
-
-/// A process killed when the test ends, passed or not (serve holds drives the next suites use).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Hot-removes drive `n` at `bdf` when the test ends, if it is still there.
 struct RemoveOnDrop(usize, String);
