@@ -139,3 +139,58 @@ fn a_short_sweep_writes_csv_json_and_svg() {
             .starts_with("<svg"));
     }
 }
+
+/// Interrupts the guest took from vfio-pci's MSI-X vectors so far (`/proc/interrupts`).
+fn vfio_msix_interrupts() -> u64 {
+    let table = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
+    table
+        .lines()
+        .filter(|l| l.contains("vfio-msix"))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map_while(|w| w.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn perf_with_interrupts_verifies_every_drive_woken_by_its_msix_vectors() {
+    let bed = VmBed::from_env();
+    let json = std::env::temp_dir().join("perf-interrupts.json");
+    let path = json.to_str().expect("utf-8");
+    let before = vfio_msix_interrupts();
+    run(
+        &bed,
+        &[
+            "perf",
+            "-q",
+            "1",
+            "-o",
+            "4k",
+            "-w",
+            "randrw",
+            "-t",
+            "2",
+            "--verify",
+            "--interrupts",
+            "--json",
+            path,
+        ],
+    );
+    let raised = vfio_msix_interrupts() - before;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
+    let mut ios = 0;
+    for job in v["jobs"].as_array().expect("jobs") {
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+        ios += job["read"]["total_ios"].as_u64().expect("reads")
+            + job["write"]["total_ios"].as_u64().expect("writes");
+    }
+    println!("perf --interrupts on every drive, QD 1: {ios} I/Os, {raised} MSI-X interrupts");
+    assert!(
+        ios > 0 && raised >= ios,
+        "{ios} I/Os measured, {raised} interrupts"
+    );
+}

@@ -630,6 +630,52 @@ fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
 }
 
 #[test]
+fn with_interrupts_a_reactor_sleeps_while_its_drives_work_and_the_data_verifies() {
+    // each command takes the drive 1 ms: a polling reactor spins through it, this one sleeps
+    let path = json_path("interrupts");
+    let out = usnvme(&[
+        "-r",
+        "sim:0-1,backend=ram,size=4M,mode=threaded,latency=1ms",
+        "-c",
+        "0",
+        "-w",
+        "randrw",
+        "-q",
+        "4",
+        "-t",
+        "2",
+        "--verify",
+        "--interrupts",
+        "--json",
+        path.to_str().expect("UTF-8 temp path"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    for job in doc["jobs"].as_array().expect("jobs") {
+        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
+            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        assert!(ios > 100, "{job:#}");
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+        let cpu = job["usr_cpu"].as_f64().expect("usr") + job["sys_cpu"].as_f64().expect("sys");
+        assert!(
+            cpu < 20.0,
+            "the reactor on the CPU {cpu} % of the run: {job:#}"
+        );
+    }
+    // an NVMe/TCP target's queues have no interrupts: refused by name, before any I/O
+    let out = usnvme(&["-r", "tcp://127.0.0.1:9/nqn.x:y", "-t", "1", "--interrupts"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--interrupts: tcp://127.0.0.1:9/nqn.x:y is an NVMe/TCP target"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn a_missing_namespace_or_a_region_beyond_capacity_is_refused_before_any_io() {
     let cases: &[(&[&str], &[&str])] = &[
         (

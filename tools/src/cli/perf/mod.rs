@@ -150,6 +150,11 @@ pub struct Args {
     /// more than the doorbell writes they save, under a hypervisor with KVM they save VM exits.
     #[arg(long = "shadow-doorbells")]
     shadow_doorbells: bool,
+    /// The drives' queue pairs raise interrupts (MSI-X through VFIO) and a reactor whose turn
+    /// completed nothing sleeps until one: the latency and CPU of an interrupt-driven
+    /// application (a polled run keeps its cores busy; local drives only).
+    #[arg(long = "interrupts")]
+    pub(crate) interrupts: bool,
     /// Keep Alive Timeout asked of NVMe/TCP targets, in seconds (a Keep Alive goes every third
     /// of it); 0: none (the target never gives up on a silent host).
     #[arg(long = "keep-alive-tmo", value_name = "S", default_value_t = 5,

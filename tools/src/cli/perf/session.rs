@@ -234,6 +234,7 @@ impl Session {
                     depth: args.depth.min(u32::from(u16::MAX)) as u16,
                     io_size: Some(io_size),
                     latency_histograms: histograms,
+                    interrupts: args.interrupts,
                     ..ChannelOptions::default()
                 },
                 ..EngineOptions::default()

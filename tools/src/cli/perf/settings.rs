@@ -251,6 +251,12 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
             MAX_SPLIT >> 20
         )));
     }
+    if args.interrupts && !remotes.is_empty() {
+        return Err(usage(format!(
+            "--interrupts: {} is an NVMe/TCP target, whose queues raise no interrupts: give only local drives with it",
+            remotes[0]
+        )));
+    }
     let reset_after = match args.reset_after {
         None => None,
         Some(s) if !remotes.is_empty() => {
@@ -291,6 +297,7 @@ pub(super) fn settings(args: &Args, topology: &Topology) -> Result<Settings> {
         seed: args.seed.unwrap_or(std::process::id() as u64 ^ 0x5eed),
         reset_done: None,
         added_spans: Default::default(),
+        interrupts: args.interrupts,
     };
     let add = args
         .add

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use usnvme_driver::IoBuffer;
 use usnvme_engine::block::IoError;
 use usnvme_engine::engine::DeviceChannel;
@@ -54,6 +55,8 @@ pub struct RunSpec {
     pub reset_done: Option<Arc<AtomicBool>>,
     /// The spans of the devices added while the run goes on (`--hotplug`), by device index.
     pub added_spans: Arc<parking_lot::Mutex<std::collections::HashMap<usize, Region>>>,
+    /// `--interrupts`: a turn that completed nothing sleeps until a drive's interrupt.
+    pub interrupts: bool,
 }
 
 /// Where this reactor works on one device: `[start, start + len)`, in bytes.
@@ -101,6 +104,10 @@ pub struct DeviceResult {
     /// devices it serves).
     pub cpu: [Duration; 2],
 }
+
+/// The longest sleep on the drives' interrupts (`--interrupts`): the stall probe and the
+/// command timeouts are checked by polls.
+const SLEEP_AT_MOST: Duration = Duration::from_millis(100);
 
 /// Most mismatches kept per device (the rest are only counted).
 const KEEP_MISMATCHES: usize = 16;
@@ -190,6 +197,8 @@ pub struct Workload {
     /// ended.
     cpu_from: [Duration; 2],
     cpu_to: Option<[Duration; 2]>,
+    /// `--interrupts`: the devices' interrupts, slept on.
+    interrupts: Option<Epoll>,
 }
 
 impl std::fmt::Debug for Workload {
@@ -209,14 +218,48 @@ impl Workload {
             measuring: false,
             cpu_from: [Duration::ZERO; 2],
             cpu_to: None,
+            interrupts: None,
         }
+    }
+
+    /// Adds device `dev`'s interrupts to those slept on (with `--interrupts`).
+    fn watch_interrupts(&self, dev: &DeviceChannel) -> Result<(), String> {
+        let Some(epoll) = &self.interrupts else {
+            return Ok(());
+        };
+        for fd in dev.interrupts() {
+            epoll
+                .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0))
+                .map_err(|e| format!("{}: cannot watch its interrupt: {e}", dev.info.name))?;
+        }
+        Ok(())
+    }
+
+    /// Sleeps until a device's interrupt (at most [`SLEEP_AT_MOST`]), then clears them all:
+    /// before the next turn polls, so that a completion posted after it raises one again.
+    fn sleep(&self, ctx: &mut ReactorContext) {
+        let Some(epoll) = &self.interrupts else {
+            return;
+        };
+        let mut events = [EpollEvent::empty()];
+        let timeout = EpollTimeout::try_from(SLEEP_AT_MOST).unwrap_or(EpollTimeout::ZERO);
+        let _ = epoll.wait(&mut events, timeout);
+        ctx.devices
+            .iter_mut()
+            .for_each(DeviceChannel::clear_interrupts);
     }
 
     /// Buffers and slots for every device: done once, before the clock starts.
     fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        if self.run.interrupts {
+            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+                .map_err(|e| format!("epoll for the drives' interrupts: {e}"))?;
+            self.interrupts = Some(epoll);
+        }
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
             self.add_state(dev, region, ctx.info.index, Duration::ZERO)?;
+            self.watch_interrupts(dev)?;
         }
         Ok(())
     }
@@ -319,7 +362,8 @@ impl Job for Workload {
         let span = self.run.added_spans.lock().get(&dev.device).copied();
         let span = span.ok_or_else(|| format!("{}: no span given", dev.info.name))?;
         let region = super::regions::region(span, share, self.run.io_size);
-        self.add_state(dev, region, ctx.info.index, ctx.now())
+        self.add_state(dev, region, ctx.info.index, ctx.now())?;
+        self.watch_interrupts(dev)
     }
 
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
@@ -339,8 +383,12 @@ impl Job for Workload {
             self.cpu_to = Some(thread_cpu());
         }
         let mut busy = false;
+        // whether this turn completed or submitted anything (free slots changed)
+        let mut worked = false;
         for (dev, st) in ctx.devices.iter_mut().zip(&mut self.states) {
+            let free = st.free.len();
             reap(&self.run, dev, st, now);
+            worked |= st.free.len() != free;
             if self.measuring && st.measured.is_none() {
                 mark_seconds(dev, st, now.saturating_sub(measure_from));
                 if time_up {
@@ -356,10 +404,15 @@ impl Job for Workload {
             // devices are all dead ends its job.
             let stop = time_up || count_done || st.stopped;
             if !stop {
+                let free = st.free.len();
                 submit_some(&self.run, dev, st, now);
                 dev.flush();
+                worked |= st.free.len() != free;
             }
             busy |= !stop || dev.in_flight() > 0;
+        }
+        if busy && !worked && ctx.devices.iter().any(|d| d.in_flight() > 0) {
+            self.sleep(ctx);
         }
         busy
     }
