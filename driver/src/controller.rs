@@ -1522,7 +1522,7 @@ impl Shared {
     }
 
     /// The interrupt of I/O queue `qid`: MSI-X vector `qid` and its eventfd. MSI-X is enabled
-    /// on the first call, with every vector the granted queues can use at once (VFIO re-programs
+    /// on the first call, with every vector the queue pairs can use at once (VFIO re-programs
     /// all of them whenever it is enabled). Vector 0 is the admin queue's, which stays polled.
     /// A queue id beyond the vectors gets none: sharing a vector with another queue pair,
     /// perhaps another thread's, would let one owner's clearing eat the other's wake-up.
@@ -1536,7 +1536,14 @@ impl Shared {
             let Some(device) = &self.interrupts else {
                 return Err(unavailable("interrupts (no MSI-X here)".into()));
             };
-            let count = device.vectors().min(self.granted.saturating_add(1));
+            // no more than the queue pairs there can be: one per granted queue, and one per
+            // CPU this process may use (a thread per CPU holds one): the system's vectors are
+            // few (24 drives of 65 vectors each exhaust a 2-CPU machine's)
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = u16::try_from(cpus).unwrap_or(u16::MAX);
+            let count = device
+                .vectors()
+                .min(self.granted.min(threads).saturating_add(1));
             if count < 2 {
                 return Err(unavailable(format!(
                     "interrupts for I/O queues ({count} MSI-X vectors)"
