@@ -149,6 +149,20 @@ pub fn vfio_controllers() -> Vec<usnvme_driver::pci::PciAddress> {
     list
 }
 
+/// Interrupts the guest took so far from the MSI-X vectors programs enabled through vfio-pci
+/// (`/proc/interrupts`; a program's lines go when it lets its vectors go).
+pub fn vfio_msix_interrupts() -> u64 {
+    let table = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
+    table
+        .lines()
+        .filter(|l| l.contains("vfio-msix"))
+        .flat_map(|l| {
+            let counts = l.split_whitespace().skip(1);
+            counts.map_while(|w| w.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 /// A process killed when the test ends, passed or not: a target or fio left running would hold
 /// its drives and ports under the next tests.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use usnvme_tests::kernel_host::{
 };
 use usnvme_tests::{
     drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers,
-    KillOnDrop, VmBed,
+    vfio_msix_interrupts, KillOnDrop, VmBed,
 };
 
 const NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric";
@@ -1039,19 +1039,6 @@ fn usnvme_perf_over_tcp_runs_on_when_its_target_is_killed_and_restarted() {
 const INTERRUPT_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-interrupt";
 const INTERRUPT_DRIVE: usize = 7;
 const INTERRUPT_OFFSET: u64 = 704 << 20;
-
-/// Interrupts the guest took from vfio-pci's MSI-X vectors so far (`/proc/interrupts`).
-fn vfio_msix_interrupts() -> u64 {
-    let table = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
-    table
-        .lines()
-        .filter(|l| l.contains("vfio-msix"))
-        .flat_map(|l| {
-            let counts = l.split_whitespace().skip(1);
-            counts.map_while(|w| w.parse::<u64>().ok())
-        })
-        .sum()
-}
 
 #[test]
 #[ignore = "VM: run by `cargo xtask vm-test`"]

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use usnvme_tests::VmBed;
+use usnvme_tests::{vfio_msix_interrupts, VmBed};
 
 fn run(bed: &VmBed, args: &[&str]) -> (String, String) {
     let out = bed.usnvme(args);
@@ -138,20 +138,6 @@ fn a_short_sweep_writes_csv_json_and_svg() {
             .expect("svg")
             .starts_with("<svg"));
     }
-}
-
-/// Interrupts the guest took from vfio-pci's MSI-X vectors so far (`/proc/interrupts`).
-fn vfio_msix_interrupts() -> u64 {
-    let table = std::fs::read_to_string("/proc/interrupts").expect("/proc/interrupts");
-    table
-        .lines()
-        .filter(|l| l.contains("vfio-msix"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map_while(|w| w.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 #[test]
