@@ -80,22 +80,12 @@ fn io(qp: &mut QueuePair, buf: IoBuffer, blocks: u64, count: u64) -> u64 {
 }
 
 /// Start-up: parking_lot allocates a thread's parking data the first time it waits on a
-/// contended lock (the simulated controller's locks, under load): make this thread wait once.
+/// contended lock (the simulated controller's locks, under load): make this thread wait once
+/// (a condition variable's wait of no time parks).
 fn park_once() {
-    let lock = Arc::new(parking_lot::Mutex::new(()));
-    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-    let holder = {
-        let lock = lock.clone();
-        std::thread::spawn(move || {
-            let held = lock.lock();
-            let _ = locked_tx.send(());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            drop(held);
-        })
-    };
-    let _ = locked_rx.recv();
-    drop(lock.lock()); // waits: this thread parks once
-    let _ = holder.join();
+    let lock = parking_lot::Mutex::new(());
+    let mut guard = lock.lock();
+    let _ = parking_lot::Condvar::new().wait_for(&mut guard, std::time::Duration::ZERO);
 }
 
 /// Warms up, then counts the allocations of `count` I/Os on `ctrl`.
