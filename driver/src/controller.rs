@@ -150,8 +150,8 @@ struct Shared {
     cap: Cap,
     version: Vs,
     identify: Box<IdentifyController>,
-    namespaces: Vec<Namespace>,
-    geometry: Arc<[NamespaceGeometry]>,
+    /// The active namespaces as last read: at bring-up, or again after one changed.
+    namespaces: Mutex<NamespaceSet>,
     max_transfer: u64,
     granted: u16,
     sgl: bool,
@@ -207,6 +207,17 @@ impl AsyncEvent {
             info: (dw0 >> 8) as u8,
             log_page: (dw0 >> 16) as u8,
         }
+    }
+
+    /// A SMART / health status event (a critical warning).
+    pub fn is_smart(&self) -> bool {
+        self.kind == 1
+    }
+
+    /// The Namespace Attribute Changed notice: a namespace was attached, detached, formatted
+    /// or resized ([`Controller::rescan_namespaces`] tells which).
+    pub fn is_namespace_change(&self) -> bool {
+        (self.kind, self.info) == (2, 0)
     }
 
     /// The completion's dword 0 that reports this event.
@@ -382,8 +393,7 @@ impl Controller {
         if options.sgl && !sgl {
             log::info!("{name}: no SGL support: PRP lists for transfers of more than two pages");
         }
-        let namespaces = bringup::namespaces(&mut path, &name, identify.nn)?;
-        let geometry = geometry_table(&namespaces);
+        let namespaces = NamespaceSet::new(bringup::namespaces(&mut path, &name, identify.nn)?);
 
         // I/O queues: use what is granted.
         let granted = bringup::set_number_of_queues(&mut path, options.io_queues)?.pairs;
@@ -411,7 +421,7 @@ impl Controller {
             .arm_async_events(&name, &*regs, options.admin_timeout);
         log::info!(
             "{name}: NVMe {version}, {} namespace(s), {granted} I/O queues, MDTS {max_transfer} bytes, shadow doorbells {}",
-            namespaces.len(),
+            namespaces.list.len(),
             if shadow.is_some() { "on" } else { "off" }
         );
         guard.armed = false;
@@ -425,8 +435,7 @@ impl Controller {
             cap,
             version,
             identify,
-            namespaces,
-            geometry,
+            namespaces: Mutex::new(namespaces),
             max_transfer,
             granted,
             sgl,
@@ -463,20 +472,33 @@ impl Controller {
         &self.shared.identify
     }
 
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.shared.namespaces
+    /// The active namespaces (as last read: see [`Controller::rescan_namespaces`]).
+    pub fn namespaces(&self) -> Arc<[Namespace]> {
+        self.shared.namespaces.lock().list.clone()
     }
 
-    pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
-        self.shared
-            .namespaces
-            .iter()
-            .find(|n| n.nsid == nsid)
-            .ok_or_else(|| Error::NoNamespace {
-                device: self.shared.name.clone(),
-                nsid,
-                active: self.shared.namespaces.iter().map(|n| n.nsid).collect(),
-            })
+    pub fn namespace(&self, nsid: u32) -> Result<Namespace, Error> {
+        let namespaces = self.namespaces();
+        let found = namespaces.iter().find(|n| n.nsid == nsid);
+        found.cloned().ok_or_else(|| Error::NoNamespace {
+            device: self.shared.name.clone(),
+            nsid,
+            active: namespaces.iter().map(|n| n.nsid).collect(),
+        })
+    }
+
+    /// Reads the active namespaces again (after a Namespace Attribute Changed notice: one was
+    /// attached, detached, formatted or resized, perhaps by another controller of the NVM
+    /// subsystem) and says what changed. Queue pairs created from now on know the namespaces
+    /// as they are now; older ones keep those they were created with (the controller refuses
+    /// I/O to a namespace no longer attached, by status).
+    pub fn rescan_namespaces(&self) -> Result<NamespaceChanges, Error> {
+        let s = &self.shared;
+        let found = self.with_admin(|a| bringup::namespaces(a, &s.name, s.identify.nn))?;
+        let mut set = s.namespaces.lock();
+        let changes = NamespaceChanges::between(&set.list, &found);
+        *set = NamespaceSet::new(found);
+        Ok(changes)
     }
 
     /// Largest transfer of one command in bytes (MDTS, capped by the driver).
@@ -596,7 +618,7 @@ impl Controller {
                 cq_head_doorbell(qid, s.cap.dstrd()),
                 shadow,
             ),
-            namespaces: s.geometry.clone(),
+            namespaces: s.namespaces.lock().geometry.clone(),
             max_transfer: s.max_transfer,
             use_sgl: s.sgl,
             timeout: opts.timeout,
@@ -1482,6 +1504,60 @@ impl AdminPath for AdminAccess<'_> {
                 e => Failed::Transport(e),
             })
     }
+}
+
+/// The active namespaces, and their geometry as the queue pairs check it.
+struct NamespaceSet {
+    list: Arc<[Namespace]>,
+    geometry: Arc<[NamespaceGeometry]>,
+}
+
+impl NamespaceSet {
+    fn new(list: Vec<Namespace>) -> NamespaceSet {
+        NamespaceSet {
+            geometry: geometry_table(&list),
+            list: Arc::from(list),
+        }
+    }
+}
+
+/// What a rescan of the active namespaces found, by namespace ID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceChanges {
+    /// Active now, not before (attached).
+    pub added: Vec<u32>,
+    /// Active before, not now (detached or deleted).
+    pub removed: Vec<u32>,
+    /// Active before and now, but not the same: another size, block size or metadata (formatted
+    /// or resized), or another namespace at the same ID (another NGUID or EUI-64).
+    pub changed: Vec<u32>,
+}
+
+impl NamespaceChanges {
+    fn between(before: &[Namespace], now: &[Namespace]) -> NamespaceChanges {
+        let find = |list: &[Namespace], nsid| list.iter().find(|n| n.nsid == nsid).cloned();
+        let mut changes = NamespaceChanges::default();
+        for n in now {
+            match find(before, n.nsid) {
+                None => changes.added.push(n.nsid),
+                Some(b) if !same_namespace(&b, n) => changes.changed.push(n.nsid),
+                Some(_) => {}
+            }
+        }
+        let gone = before.iter().filter(|b| find(now, b.nsid).is_none());
+        changes.removed = gone.map(|b| b.nsid).collect();
+        changes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+/// Whether two reads of one namespace ID describe the same namespace in the same shape.
+fn same_namespace(a: &Namespace, b: &Namespace) -> bool {
+    (a.block_size, a.blocks, a.metadata) == (b.block_size, b.blocks, b.metadata)
+        && (a.identify.nguid, a.identify.eui64) == (b.identify.nguid, b.identify.eui64)
 }
 
 /// Geometry indexed by nsid - 1, for O(1) checks on the I/O path.

@@ -21,7 +21,9 @@ pub mod sim;
 pub mod spec;
 pub mod vfio;
 
-pub use controller::{Controller, ControllerOptions, Namespace, QueuePairOptions};
+pub use controller::{
+    Controller, ControllerOptions, Namespace, NamespaceChanges, QueuePairOptions,
+};
 pub use device::{DeviceSpec, Opener};
 pub use error::{Error, SubmitError};
 pub use queue::{Completion, IoBuffer, MetadataIo, QueuePair, QueueStats};

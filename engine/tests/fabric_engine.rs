@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use usnvme_driver::spec::command::Cns;
+use usnvme_driver::spec::log::LogPageId;
+use usnvme_driver::spec::{NamespaceList, Sqe, Status};
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::address::TcpAddress;
@@ -90,7 +93,8 @@ fn target_of(
 /// An engine (it is built on drives: a simulated one stands by) whose reactors run on the first
 /// `cores` CPUs this process may use, without NUMA memory placement.
 fn sim_engine(cores: usize, options: EngineOptions) -> Engine {
-    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram".parse().expect("a spec")];
+    // (room for a namespace made while a test runs)
+    let specs: Vec<DeviceSpec> = vec!["sim:0,backend=ram,spare=16M".parse().expect("a spec")];
     let drives = attach(
         &Opener::new("/sys"),
         &Sysfs::new(),
@@ -261,15 +265,25 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     server.join().expect("the target");
 }
 
-/// The real target (`usnvme serve`'s reactor job) on a simulated drive, in this process: its
-/// address, NQN, a stop flag and the run.
-fn serve_sim() -> (
-    SocketAddr,
-    Arc<SubsystemInfo>,
-    Arc<std::sync::atomic::AtomicBool>,
-    usnvme_engine::Run<()>,
-    Arc<LiveNamespaces>,
-) {
+/// The real target (`usnvme serve`'s reactor job) on a simulated drive, in this process.
+struct SimTarget {
+    addr: SocketAddr,
+    sub: Arc<SubsystemInfo>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    run: usnvme_engine::Run<()>,
+    live: Arc<LiveNamespaces>,
+    /// The simulated drive's controller (namespace 1 is exported as namespace 1).
+    drive: usnvme_driver::Controller,
+}
+
+impl SimTarget {
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.run.wait().expect("the target stops");
+    }
+}
+
+fn serve_sim() -> SimTarget {
     let options = EngineOptions {
         policy: Policy::AllToAll,
         channel: ChannelOptions {
@@ -280,6 +294,7 @@ fn serve_sim() -> (
     };
     let engine = sim_engine(1, options);
     let devices = engine.namespaces();
+    let drive = engine.drives()[0].controller.clone();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
     let info = devices[0].info();
@@ -321,7 +336,7 @@ fn serve_sim() -> (
     let tx = inbox.clone();
     let live = Arc::new(LiveNamespaces::new(
         sub.clone(),
-        1,
+        &devices,
         vec![inbox.clone()],
         registry,
     ));
@@ -346,12 +361,20 @@ fn serve_sim() -> (
             }
         }
     });
-    (addr, sub, stop, run, live)
+    SimTarget {
+        addr,
+        sub,
+        stop,
+        run,
+        live,
+        drive,
+    }
 }
 
 #[test]
 fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
-    let (addr, sub, stop, run, _) = serve_sim();
+    let target = serve_sim();
+    let (addr, sub) = (target.addr, target.sub.clone());
     const BASE: u64 = 0x10_0000;
     for digests in [
         Digests::default(),
@@ -439,42 +462,13 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
         drop(q);
         admin.disconnect();
     }
-    stop.store(true, std::sync::atomic::Ordering::Release);
-    run.wait().expect("the target stops");
+    target.stop();
 }
 
 #[test]
 fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed() {
-    use usnvme_driver::spec::command::Cns;
-    use usnvme_driver::spec::log::LogPageId;
-    use usnvme_driver::spec::{NamespaceList, Sqe, Status};
-    let (addr, sub, stop, run, live) = serve_sim();
-    let host = HostOptions {
-        timeout: Duration::from_secs(10),
-        ..HostOptions::default()
-    };
-    let (mut admin, cntlid) =
-        CommandQueue::connect(addr, &sub.nqn, 0, 32, 0xffff, &host).expect("admin");
-    admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
-    let (mut io, _) = CommandQueue::connect(addr, &sub.nqn, 1, 32, cntlid, &host).expect("I/O");
-    let admin_data = |admin: &mut CommandQueue, sqe: Sqe| {
-        let (cqe, data) = admin.admin(sqe, 4096).expect("an admin command");
-        assert_eq!(cqe.status(), Status::SUCCESS);
-        data
-    };
-    let active = |admin: &mut CommandQueue| -> Vec<u32> {
-        let list = admin_data(admin, Sqe::identify(Cns::ActiveNamespaceList, 0));
-        let list: &[u8; 4096] = list[..].try_into().expect("4 KiB");
-        NamespaceList::from_bytes(list).iter().collect()
-    };
-    let changed = |admin: &mut CommandQueue| -> Vec<u32> {
-        let sqe = Sqe::get_log_page(LogPageId::ChangedNamespaceList, u32::MAX, 4096, 0);
-        let log = admin_data(admin, sqe);
-        let ids = log
-            .chunks(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        ids.take_while(|&id| id != 0).collect()
-    };
+    let target = serve_sim();
+    let (mut admin, mut io) = connect_host(&target);
     assert_eq!(active(&mut admin), [1]);
     // a second simulated drive, brought up while the target runs
     let opened = Opener::new("/sys")
@@ -492,7 +486,7 @@ fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed()
             controllers: vec![controller.clone()],
         })
         .collect();
-    let added = live.add(new, |_| [2; 16]).expect("exported");
+    let added = target.live.add(new, |_| [2; 16]).expect("exported");
     assert_eq!((added.len(), added[0].nsid, added[0].device), (1, 2, 1));
     assert_eq!(active(&mut admin), [1, 2], "the host sees it");
     assert_eq!(changed(&mut admin), [2]);
@@ -507,7 +501,7 @@ fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed()
     io.read(1, 0, 8, &mut got).expect("read 1");
     assert!(got == ones, "namespace 1 is untouched");
     // gone: namespace 2 is refused by name, namespace 1 goes on
-    let removed = live.remove(&[1]);
+    let removed = target.live.remove(&[1]);
     assert_eq!(removed.iter().map(|n| n.nsid).collect::<Vec<_>>(), [2]);
     assert_eq!(active(&mut admin), [1]);
     assert_eq!(changed(&mut admin), [2]);
@@ -520,8 +514,128 @@ fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed()
     assert!(got == ones);
     drop(io);
     admin.disconnect();
-    stop.store(true, std::sync::atomic::Ordering::Release);
-    run.wait().expect("the target stops");
+    target.stop();
+}
+
+/// A host connected to `target`: its admin queue (the controller enabled) and one I/O queue.
+fn connect_host(target: &SimTarget) -> (CommandQueue, CommandQueue) {
+    let host = HostOptions {
+        timeout: Duration::from_secs(10),
+        ..HostOptions::default()
+    };
+    let nqn = &target.sub.nqn;
+    let (mut admin, cntlid) =
+        CommandQueue::connect(target.addr, nqn, 0, 32, 0xffff, &host).expect("admin");
+    admin.property_set(0x14, false, 0x46_0001).expect("CC.EN");
+    let (io, _) = CommandQueue::connect(target.addr, nqn, 1, 32, cntlid, &host).expect("I/O");
+    (admin, io)
+}
+
+/// An admin command's data; it must succeed.
+fn admin_data(admin: &mut CommandQueue, sqe: Sqe) -> Vec<u8> {
+    let (cqe, data) = admin.admin(sqe, 4096).expect("an admin command");
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    data
+}
+
+/// The active namespaces as the host reads them.
+fn active(admin: &mut CommandQueue) -> Vec<u32> {
+    let list = admin_data(admin, Sqe::identify(Cns::ActiveNamespaceList, 0));
+    let list: &[u8; 4096] = list[..].try_into().expect("4 KiB");
+    NamespaceList::from_bytes(list).iter().collect()
+}
+
+/// The Changed Namespace List as the host reads it.
+fn changed(admin: &mut CommandQueue) -> Vec<u32> {
+    let sqe = Sqe::get_log_page(LogPageId::ChangedNamespaceList, u32::MAX, 4096, 0);
+    let log = admin_data(admin, sqe);
+    let ids = log
+        .chunks(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    ids.take_while(|&id| id != 0).collect()
+}
+
+/// Waits (10 s at most) for `ctrl` to report Namespace Attribute Changed.
+fn namespace_change(ctrl: &usnvme_driver::Controller) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ctrl.events().iter().any(|e| e.is_namespace_change()) {
+        assert!(Instant::now() < deadline, "no Namespace Attribute Changed");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_namespace_attached_to_a_served_drive_is_exported_until_it_is_detached() {
+    use usnvme_driver::spec::identify::ControllerList;
+    let target = serve_sim();
+    let (mut admin, mut io) = connect_host(&target);
+    let ctrl = target.drive.clone();
+    let export = |nsid| {
+        let device = NamespaceDevice::new(target.drive.clone(), nsid, 0);
+        device
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+            .map_err(|e| e.to_string())
+    };
+    let rescan = || {
+        namespace_change(&ctrl);
+        let nguid = |_: &str| [2; 16];
+        target
+            .live
+            .rescan_drive(0, &ctrl, export, nguid)
+            .expect("rescanned")
+    };
+    let attachment = |attach: bool| {
+        let list = ControllerList::from_ids([ctrl.identify().cntlid]);
+        let sqe = Sqe::namespace_attachment(2, attach);
+        ctrl.admin_write(sqe, list.as_bytes())
+            .expect("namespace attachment");
+    };
+    // on the drive (as through another controller of a dual-port drive): 256 blocks of 4 KiB
+    let mut create = usnvme_driver::spec::IdentifyNamespace::zeroed();
+    (create.nsze, create.ncap, create.flbas) = (256, 256, 3);
+    let nsid = ctrl.admin_write(Sqe::namespace_create(), create.as_bytes());
+    assert_eq!(nsid.expect("created"), 2);
+    attachment(true);
+    let found = rescan();
+    let added: Vec<_> = found
+        .added
+        .iter()
+        .map(|n| (n.nsid, n.block_size, n.blocks))
+        .collect();
+    assert_eq!(added, [(2, 4096, 256)]);
+    assert!(
+        found.removed.is_empty() && found.left.is_empty(),
+        "{found:?}"
+    );
+    assert_eq!(active(&mut admin), [1, 2], "the host sees it");
+    assert_eq!(changed(&mut admin), [2]);
+    let ones = vec![0x11u8; 4096];
+    let twos = vec![0x22u8; 4096];
+    io.write(1, 0, 8, &ones).expect("write to 1");
+    io.write(2, 3, 1, &twos).expect("write to 2");
+    let mut got = vec![0u8; 4096];
+    io.read(2, 3, 1, &mut got).expect("read 2");
+    assert!(got == twos, "namespace 2 reads back what was written");
+    // detached on the drive: gone for the host, refused by name; namespace 1 goes on
+    attachment(false);
+    let found = rescan();
+    assert_eq!(
+        found.removed.iter().map(|n| n.nsid).collect::<Vec<_>>(),
+        [2]
+    );
+    assert!(found.added.is_empty(), "{found:?}");
+    assert_eq!(active(&mut admin), [1]);
+    assert_eq!(changed(&mut admin), [2]);
+    let refused = io.read(2, 3, 1, &mut got).expect_err("namespace 2 is gone");
+    assert!(
+        refused.to_string().contains("Invalid Namespace"),
+        "{refused}"
+    );
+    io.read(1, 0, 8, &mut got).expect("read 1");
+    assert!(got == ones, "namespace 1 is untouched");
+    drop(io);
+    admin.disconnect();
+    target.stop();
 }
 
 /// Writes `BLOCKS` 4 KiB blocks to its share of every device, each stamped with its device,

@@ -17,7 +17,9 @@ use crate::spec::{
     AdminOpcode, Aqa, Cqe, IdentifyController, IdentifyNamespace, IoOpcode, LogPageId,
     NamespaceList, SglDescriptor, Sqe,
 };
-use crate::{Completion, IoBuffer, MetadataIo, QueuePair, QueuePairOptions, SubmitError};
+use crate::{
+    Completion, IoBuffer, MetadataIo, NamespaceChanges, QueuePair, QueuePairOptions, SubmitError,
+};
 
 const NSID: u32 = 1;
 
@@ -2501,6 +2503,79 @@ fn namespaces_created_attached_detached_and_deleted_as_the_commands_say() {
         back.iter().all(|&b| b == 0),
         "a new namespace holds nothing of the one deleted"
     );
+}
+
+#[test]
+fn a_rescan_finds_the_namespaces_attached_detached_and_changed_since_the_last() {
+    let mut config = ram(512, 2048);
+    config.spare_capacity = 1 << 20;
+    let (_sim, ctrl) = start(config);
+    let cntlid = ctrl.identify().cntlid;
+    let attach = |attach: bool| {
+        ctrl.admin_write(
+            Sqe::namespace_attachment(2, attach),
+            &controller_list(&[cntlid]),
+        )
+        .expect("namespace attachment");
+    };
+    let create = |format: u8, blocks: u64| {
+        let data = namespace_request(blocks, format);
+        let nsid = ctrl.admin_write(Sqe::namespace_create(), &data);
+        assert_eq!(nsid.expect("created"), 2);
+    };
+    let changes = |added: &[u32], removed: &[u32], changed: &[u32]| NamespaceChanges {
+        added: added.to_vec(),
+        removed: removed.to_vec(),
+        changed: changed.to_vec(),
+    };
+    assert_eq!(
+        ctrl.rescan_namespaces().expect("rescan"),
+        changes(&[], &[], &[])
+    );
+    let mut older = queue(&ctrl, 8);
+
+    // 256 blocks of 4 KiB attached: found, and a queue pair made now writes to it
+    create(3, 256);
+    attach(true);
+    assert_eq!(ctrl.namespaces().len(), 1, "known only once rescanned");
+    assert_eq!(
+        ctrl.rescan_namespaces().expect("rescan"),
+        changes(&[2], &[], &[])
+    );
+    let ns = ctrl.namespace(2).expect("namespace 2");
+    assert_eq!((ns.block_size, ns.blocks), (4096, 256));
+    let mut qp = queue(&ctrl, 8);
+    assert_eq!(
+        run(&mut qp, |qp| qp.write_zeroes(2, 7, 1, 7)),
+        Status::SUCCESS
+    );
+    let refused = older.write_zeroes(2, 7, 1, 7);
+    assert!(
+        refused.is_err(),
+        "a queue pair made before knows only namespace 1"
+    );
+
+    // detached, deleted and made again in another format before the next rescan: changed
+    attach(false);
+    ctrl.admin(Sqe::namespace_delete(2)).expect("deleted");
+    create(0, 2048);
+    attach(true);
+    assert_eq!(
+        ctrl.rescan_namespaces().expect("rescan"),
+        changes(&[], &[], &[2])
+    );
+    assert_eq!(ctrl.namespace(2).expect("namespace 2").block_size, 512);
+
+    // detached: gone
+    attach(false);
+    assert_eq!(
+        ctrl.rescan_namespaces().expect("rescan"),
+        changes(&[], &[2], &[])
+    );
+    assert!(matches!(
+        ctrl.namespace(2),
+        Err(Error::NoNamespace { nsid: 2, .. })
+    ));
 }
 
 fn interrupt_queue(ctrl: &Controller, depth: u16) -> Result<QueuePair, Error> {

@@ -140,6 +140,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn dma(&self) -> DmaTarget;
     /// The drives (by the engine's index) whose queue pairs a channel uses.
     fn drives(&self) -> Vec<usize>;
+    /// The namespace ID when the device is one namespace of one local drive (`drives()`);
+    /// None for a stripe or a remote namespace.
+    fn local_nsid(&self) -> Option<u32> {
+        None
+    }
     /// A channel for the calling thread, on its queues to the controllers under the device
     /// (the reactor's `queues`, shared with its other devices on those controllers).
     fn channel(

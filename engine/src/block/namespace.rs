@@ -196,6 +196,13 @@ impl BlockDevice for NamespaceDevice {
         }
     }
 
+    fn local_nsid(&self) -> Option<u32> {
+        match &self.source {
+            QueueSource::Pcie { .. } => Some(self.ns.nsid),
+            QueueSource::Tcp(_) => None,
+        }
+    }
+
     fn channel(
         &self,
         queues: &mut Queues,

@@ -92,7 +92,7 @@ pub fn drive_namespaces(
     pi: Option<PiMode>,
 ) -> Vec<Arc<dyn BlockDevice>> {
     let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
-    for ns in controller.namespaces() {
+    for ns in controller.namespaces().iter() {
         match NamespaceDevice::with_pi(controller.clone(), ns.nsid, index, pi) {
             Ok(dev) => devices.push(Arc::new(dev)),
             Err(e) => log::warn!("{}: namespace {} skipped: {e}", controller.name(), ns.nsid),

@@ -3,8 +3,12 @@
 //! or a drive handed over while the target runs) is brought up and each of its namespaces
 //! becomes the next namespace of the subsystem (the lowest free ID); a drive that goes away
 //! (hot removed or unbound: the kernel asks for it back through VFIO, the driver lets it go and
-//! its registers read all ones) takes its namespaces (and a stripe it is in) with it. Connected
-//! hosts are told each time (see `usnvme_engine::fabric::export::namespaces`).
+//! its registers read all ones) takes its namespaces (and a stripe it is in) with it. The
+//! thread also takes the drives' asynchronous events: a SMART / health warning is passed on to
+//! the hosts, and a drive's Namespace Attribute Changed notice (a namespace attached, detached
+//! or formatted, perhaps through another controller of a dual-port drive) has its namespaces
+//! read again and the subsystem's follow. Connected hosts are told each time (see
+//! `usnvme_engine::fabric::export::namespaces`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,9 +20,10 @@ use usnvme_driver::pci::uevent::{PciEvent, UeventSocket};
 use usnvme_driver::pci::PciAddress;
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
-use usnvme_engine::{drive_namespaces, BlockDevice};
+use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::{drive_namespaces, BlockDevice, NamespaceDevice};
 
-use super::{exportable, nguid, EXPORTED_PI};
+use super::{exportable, nguid, not_exportable, EXPORTED_PI};
 
 /// How often the drives are looked at for removal (and the stop flag), at most.
 const LOOK_EVERY: Duration = Duration::from_millis(200);
@@ -27,6 +32,8 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 struct ServedDrive {
     spec: DeviceSpec,
+    /// The engine's index of the drive.
+    index: usize,
     controller: Controller,
     /// The reactors' devices on it (its namespaces, or the stripes it is in).
     devices: Vec<usize>,
@@ -39,10 +46,17 @@ struct ServedDrive {
 pub(super) struct Drives(Arc<Mutex<Vec<ServedDrive>>>);
 
 impl Drives {
-    /// A drive exported at start, on `devices` (indices into the reactors' devices).
-    pub(super) fn add(&self, spec: DeviceSpec, controller: Controller, devices: Vec<usize>) {
+    /// Drive `index` exported, on `devices` (indices into the reactors' devices).
+    pub(super) fn add(
+        &self,
+        spec: DeviceSpec,
+        index: usize,
+        controller: Controller,
+        devices: Vec<usize>,
+    ) {
         self.0.lock().push(ServedDrive {
             spec,
+            index,
             controller,
             devices,
             removed: false,
@@ -54,6 +68,20 @@ impl Drives {
         let drives = self.0.lock();
         let live = drives.iter().filter(|d| !d.removed);
         live.map(|d| d.controller.clone()).collect()
+    }
+
+    /// The drives still there, each with its engine index.
+    fn live(&self) -> Vec<(usize, Controller)> {
+        let drives = self.0.lock();
+        let live = drives.iter().filter(|d| !d.removed);
+        live.map(|d| (d.index, d.controller.clone())).collect()
+    }
+
+    /// More devices on drive `index` (its namespaces exported since).
+    fn add_devices(&self, index: usize, devices: impl IntoIterator<Item = usize>) {
+        if let Some(d) = self.0.lock().iter_mut().find(|d| d.index == index) {
+            d.devices.extend(devices);
+        }
     }
 
     fn serves(&self, addr: PciAddress) -> bool {
@@ -103,10 +131,11 @@ pub(super) struct Inserts {
     pub(super) like: Arc<dyn BlockDevice>,
 }
 
-/// Starts watching: removals always, inserts with `inserts`.
+/// Starts watching: removals and the drives' events always, inserts with `inserts`.
 pub(super) fn watch(
     drives: Drives,
     live: Arc<LiveNamespaces>,
+    registry: Arc<Registry>,
     inserts: Option<Inserts>,
 ) -> std::io::Result<Watcher> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -137,12 +166,71 @@ pub(super) fn watch(
                         );
                     }
                 }
+                take_events(&drives, &live, &registry);
             }
         })?;
     Ok(Watcher {
         stop,
         thread: Some(thread),
     })
+}
+
+/// The drives' asynchronous events: a SMART / health warning is passed on to every connected
+/// host (the SMART log the hosts read is the drives' own, aggregated); a namespace change has
+/// the drive's namespaces read again.
+fn take_events(drives: &Drives, live: &LiveNamespaces, registry: &Registry) {
+    for (index, controller) in drives.live() {
+        for event in controller.events() {
+            let name = controller.name();
+            if event.is_smart() {
+                let hosts = registry.raise_event(event.dw0());
+                log::info!("{name}: {event}: passed on to {hosts} host controller(s)");
+            } else if event.is_namespace_change() {
+                log::info!("{name}: {event}: reading its namespaces again");
+                rescan(drives, index, &controller, live);
+            } else {
+                log::info!("{name}: {event}: not passed on to the hosts");
+            }
+        }
+    }
+}
+
+/// Drive `index`'s namespaces changed: the subsystem's follow them, and what happened is said.
+fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveNamespaces) {
+    let name = controller.name();
+    let export = |nsid| {
+        let device = NamespaceDevice::with_pi(controller.clone(), nsid, index, Some(EXPORTED_PI))
+            .map_err(|e| e.to_string())?;
+        let device: Arc<dyn BlockDevice> = Arc::new(device);
+        match not_exportable(device.as_ref()) {
+            Some(why) => Err(why),
+            None => Ok(device),
+        }
+    };
+    let nqn = live.subsystem().nqn.clone();
+    let rescan = match live.rescan_drive(index, controller, export, |n| nguid(&nqn, n)) {
+        Ok(rescan) => rescan,
+        Err(why) => {
+            eprintln!("usnvme: warning: {name}: its namespaces changed, but {why}; the target goes on exporting what it did");
+            return;
+        }
+    };
+    for ns in &rescan.removed {
+        eprintln!(
+            "usnvme: {name}: namespace {} ({}) removed: the drive's namespace was detached, deleted or changed",
+            ns.nsid, ns.name
+        );
+    }
+    for ns in &rescan.added {
+        eprintln!(
+            "usnvme: {name}: exported as namespace {} ({}, {} blocks of {} bytes)",
+            ns.nsid, ns.name, ns.blocks, ns.block_size
+        );
+    }
+    for why in &rescan.left {
+        eprintln!("usnvme: warning: {name}: {why}");
+    }
+    drives.add_devices(index, rescan.added.iter().map(|ns| ns.device));
 }
 
 impl Inserts {
@@ -194,7 +282,7 @@ impl Inserts {
                     );
                 }
                 let devices = added.iter().map(|ns| ns.device).collect();
-                drives.add(spec, controller, devices);
+                drives.add(spec, self.next_drive, controller, devices);
                 self.next_drive += 1;
             }
             Err(why) => eprintln!("usnvme: warning: {addr}: not exported: {why}"),

@@ -21,7 +21,7 @@ use usnvme_driver::pci::uevent::UeventSocket;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::PiChecks;
 use usnvme_driver::spec::SmartLog;
-use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
+use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::namespaces::LiveNamespaces;
@@ -230,6 +230,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         let on_it = (0..devices.len()).filter(|&k| devices[k].drives().contains(&i));
         served.add(
             drive.spec.clone(),
+            i,
             drive.controller.clone(),
             on_it.collect(),
         );
@@ -300,14 +301,14 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let job_inboxes = inboxes.clone();
     let job_shared = shared.clone();
     let first_device = devices.first().cloned();
-    let device_count = devices.len();
+    let exported = devices.clone();
     let run = engine.start(devices, move |info| {
         let inbox = job_inboxes[info.index].clone();
         ServeJob::new(job_shared.clone(), inbox, BUFFERS_PER_REACTOR)
     })?;
     let live = Arc::new(LiveNamespaces::new(
         subsystem.clone(),
-        device_count,
+        &exported,
         inboxes.clone(),
         registry.clone(),
     ));
@@ -319,7 +320,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             next_drive: engine.drives().len(),
             like,
         });
-    let watcher = hotplug::watch(served.clone(), live.clone(), inserts)?;
+    let watcher = hotplug::watch(served.clone(), live.clone(), registry.clone(), inserts)?;
     let status = |live: &LiveNamespaces| {
         status_json(
             &live.subsystem(),
@@ -381,7 +382,6 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             }
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
-            pass_on_events(&served.controllers(), &registry);
             if let Some(path) = &args.ana_state_file {
                 ana_file.apply(path, &subsystem.listeners, &registry);
             }
@@ -400,7 +400,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             last_line = Instant::now();
         }
         if !accepted {
-            // the status line (on a terminal) and the drives' events are seen to every second
+            // the status line (on a terminal) and the ANA state file are seen to every second
             let mut at_most = Duration::from_secs(1);
             if tty {
                 at_most = Duration::from_millis(100);
@@ -424,25 +424,6 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         write_status(path, &status(&live))?;
     }
     Ok(())
-}
-
-/// The drives' SMART / health events, passed on to every connected host (the SMART log the
-/// hosts read is the drives' own, aggregated). A drive's namespace notices are not: the
-/// namespaces exported are those found when the drive was attached.
-fn pass_on_events(controllers: &[Controller], registry: &Registry) {
-    for ctrl in controllers {
-        for event in ctrl.events() {
-            if event.kind == 1 {
-                let hosts = registry.raise_event(event.dw0());
-                log::info!(
-                    "{}: {event}: passed on to {hosts} host controller(s)",
-                    ctrl.name()
-                );
-            } else {
-                log::info!("{}: {event}: not passed on to the hosts", ctrl.name());
-            }
-        }
-    }
 }
 
 /// The `--ana-state-file` as last applied (its modification time).
@@ -603,22 +584,22 @@ const EXPORTED_PI: PiMode = PiMode {
 /// The namespaces that can be exported: those whose metadata, if any, the drive inserts and
 /// strips; the others (metadata that would have to travel) are left out by name.
 fn exportable(namespaces: Vec<Arc<dyn BlockDevice>>) -> Vec<Arc<dyn BlockDevice>> {
-    namespaces
-        .into_iter()
-        .filter(|d| {
-            let info = d.info();
-            let block = u64::from(info.block_size);
-            let plain = info.buffer_bytes(block) == block;
-            if !plain {
-                eprintln!(
-                    "usnvme: warning: {}: not exported: its metadata ({} bytes per block) would have to travel with the data, which NVMe/TCP does not carry to the host; format it without metadata, or with protection information alone",
-                    info.name,
-                    info.buffer_bytes(block) - block
-                );
-            }
-            plain
-        })
-        .collect()
+    let exported = |d: &Arc<dyn BlockDevice>| match not_exportable(d.as_ref()) {
+        Some(why) => {
+            eprintln!("usnvme: warning: {why}");
+            false
+        }
+        None => true,
+    };
+    namespaces.into_iter().filter(exported).collect()
+}
+
+/// Why `device` cannot be exported, if it cannot: metadata that would travel with its data.
+fn not_exportable(device: &dyn BlockDevice) -> Option<String> {
+    let info = device.info();
+    let block = u64::from(info.block_size);
+    let metadata = info.buffer_bytes(block) - block;
+    (metadata > 0).then(|| format!("{}: not exported: its metadata ({metadata} bytes per block) would have to travel with the data, which NVMe/TCP does not carry to the host; format it without metadata, or with protection information alone", info.name))
 }
 
 /// A serial number (20 ASCII characters at most) from the NQN.
