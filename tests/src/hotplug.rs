@@ -1,9 +1,10 @@
 //! NVMe drives hot-plugged into the running test bed at a VM test's request.
 //!
-//! The guest has two empty PCIe root ports, N = 0 and 1. A test writes `USNVME-VM: hotplug add N`
-//! or `del N` on the console; `cargo xtask vm-run` reads it there and answers through QEMU's
-//! monitor, as an operator's hot plug: `add` puts a 256 MiB NVMe controller (serial
-//! `usnvme-hotN`) into port N, `del` takes it out (`device_del`; the guest ejects it, then QEMU
+//! The guest has two empty PCIe root ports, N = 0 and 1. A test writes `USNVME-VM: hotplug add N`,
+//! `port N K` or `del N` on the console; `cargo xtask vm-run` reads it there and answers through
+//! QEMU's monitor, as an operator's hot plug: `add` puts a 256 MiB NVMe controller (serial
+//! `usnvme-hotN`) into port N, `port` a second controller of bed drive K's subsystem, `del` takes
+//! it out (`device_del`; the guest ejects it, then QEMU
 //! drops it). Nothing binds the new controller but the kernel's nvme driver, when loaded.
 //! What went wrong on the host side is on vm-run's stderr (`vm-run: hotplug: ...`).
 
@@ -21,8 +22,20 @@ pub const LIMIT: Duration = Duration::from_secs(60);
 /// Hot-adds drive `n` (0 or 1) and waits until its PCI function is on the guest's bus; returns
 /// its address (BDF, e.g. `0000:01:00.0`). Panics when it has not come within [`LIMIT`].
 pub fn add_drive(n: usize) -> String {
+    add(&format!("add {n}"))
+}
+
+/// Hot-adds a second controller of bed drive `k`'s NVM subsystem (the other port of a
+/// dual-port drive: drive `k`'s serial, its shared namespaces) as `n` (0 or 1), like
+/// [`add_drive`]; [`remove_drive`] takes it out.
+pub fn add_port(n: usize, k: usize) -> String {
+    add(&format!("port {n} {k}"))
+}
+
+/// Asks for `what` and waits for the new NVMe function; its address.
+fn add(what: &str) -> String {
     let before = nvme_functions();
-    request(&format!("add {n}"));
+    request(what);
     let deadline = Instant::now() + LIMIT;
     loop {
         if let Some(new) = nvme_functions().difference(&before).next() {
@@ -30,7 +43,7 @@ pub fn add_drive(n: usize) -> String {
         }
         assert!(
             Instant::now() < deadline,
-            "hot-added drive {n} never appeared under {PCI_DEVICES} within {} s (vm-run's \
+            "`hotplug {what}`: no new NVMe function under {PCI_DEVICES} within {} s (vm-run's \
              stderr says what the host did: `vm-run: hotplug: ...`)",
             LIMIT.as_secs()
         );
@@ -48,6 +61,32 @@ pub fn remove_drive(n: usize, bdf: &str) {
         "drive {n}: no PCI function {bdf} to remove"
     );
     request(&format!("del {n}"));
+}
+
+/// Hot-removes drive (or port) `n` at `bdf` when the test ends, passed or not, if it is still
+/// there, and waits (at most [`LIMIT`]) until it is gone: the next test must not find it.
+#[derive(Debug)]
+pub struct RemoveOnDrop(pub usize, pub String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let dir = Path::new(PCI_DEVICES).join(&self.1);
+        if !dir.exists() {
+            return;
+        }
+        request(&format!("del {}", self.0));
+        let deadline = Instant::now() + LIMIT;
+        while dir.exists() && Instant::now() < deadline {
+            std::thread::sleep(POLL);
+        }
+        if dir.exists() {
+            eprintln!(
+                "hot-plugged {} still on the bus {} s after its removal was asked",
+                self.1,
+                LIMIT.as_secs()
+            );
+        }
+    }
 }
 
 /// The NVMe controllers (class 0x010802) on the guest's PCI bus, by address.

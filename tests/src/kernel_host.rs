@@ -175,3 +175,23 @@ pub fn block_bytes(dev: &Path) -> u64 {
         .expect("a number");
     sectors * 512
 }
+
+/// fio writes `size` of `dev` at random and verifies it.
+pub fn fio_verifies(dev: &Path, size: &str) {
+    let out = run(
+        FIO,
+        &[
+            "--name=verify",
+            &format!("--filename={}", dev.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bsrange=4k-128k",
+            &format!("--size={size}"),
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+}

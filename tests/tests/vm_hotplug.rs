@@ -7,8 +7,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use usnvme_tests::hotplug::{self, LIMIT, POLL};
-use usnvme_tests::kernel_host::{block_bytes, kernel_namespaces, run, serve, Connected, FIO};
+use usnvme_tests::hotplug::{self, RemoveOnDrop, LIMIT, POLL};
+use usnvme_tests::kernel_host::{
+    block_bytes, fio_verifies, kernel_namespaces, serve, Connected, FIO,
+};
 use usnvme_tests::{signal, vfio_controllers, KillOnDrop, VmBed};
 
 /// Waits (bounded) until `done` holds; panics saying `what` did not happen.
@@ -93,37 +95,6 @@ const SERVE_DRIVE: usize = 6;
 /// Where fio works on that drive all along: clear of what the host checks in its image.
 const FIO_OFFSET: u64 = 704 << 20;
 const FIO_SIZE: u64 = 16 << 20;
-
-/// Hot-removes drive `n` at `bdf` when the test ends, if it is still there.
-struct RemoveOnDrop(usize, String);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if Path::new("/sys/bus/pci/devices").join(&self.1).exists() {
-            hotplug::remove_drive(self.0, &self.1);
-        }
-    }
-}
-
-/// fio writes `size` of `dev` at random and verifies it.
-fn fio_verifies(dev: &Path, size: &str) {
-    let out = run(
-        FIO,
-        &[
-            "--name=hot",
-            &format!("--filename={}", dev.display()),
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--rw=randwrite",
-            "--bsrange=4k-128k",
-            &format!("--size={size}"),
-            "--iodepth=8",
-            "--verify=crc32c",
-            "--do_verify=1",
-        ],
-    );
-    assert!(!out.contains("verify: bad"), "{out}");
-}
 
 /// Commands serve has completed so far, from its `--json-status` file (the kernel's multipath
 /// head devices count no I/O of their own).

@@ -411,3 +411,65 @@ fn a_detached_namespace_is_attached_driven_with_verify_and_detached_again() {
     }
     assert!(ok_stdout(&bed, &["ns", "list", &address]).contains("namespace 4: detached"));
 }
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test` (its protection bed)"]
+fn serve_exports_a_namespace_attached_through_the_drives_other_port_until_it_is_detached() {
+    use usnvme_tests::hotplug::{self, RemoveOnDrop};
+    use usnvme_tests::kernel_host::Connected;
+    use usnvme_tests::kernel_host::{block_bytes, fio_verifies, kernel_namespaces, serve};
+    const NQN: &str = "nqn.2024-01.io.usnvme:vm-dual-port";
+    let bed = VmBed::from_env();
+    let address = drive(&bed, 1);
+    let cntlid = controllers(&bed)
+        .iter()
+        .find(|c| c["address"].as_str() == Some(address.as_str()))
+        .and_then(|c| c["controller_id"].as_u64())
+        .expect("drive 1's controller ID")
+        .to_string();
+    // drive 1 as a dual-port drive: its NVM subsystem's second controller, hot added, then
+    // handed to vfio-pci; serve exports the first
+    let port = hotplug::add_port(0, 1);
+    let _remove = RemoveOnDrop(0, port.clone());
+    ok(&bed, &["setup", "bind", &port]);
+    let (target, namespaces) = serve(&bed, NQN, &[address.clone()], &["-c", "0"]);
+    let mut target = usnvme_tests::KillOnDrop(target);
+    assert_eq!(namespaces.len(), 2, "namespaces 1 and 2: {namespaces:?}");
+    let connected = Connected::new(NQN, &[]);
+    kernel_namespaces(NQN, 2);
+
+    // namespace 4 attached to the first controller through the second: the drive tells serve
+    // (Namespace Attribute Changed), serve tells the host, which shows it and verifies on it
+    let attach = ["ns", "attach", &port, "-n", "4", "--controller", &cntlid];
+    let out = ok_stdout(&bed, &attach);
+    assert!(
+        out.contains(&format!(
+            "{port}: namespace 4 attached (controller {cntlid})"
+        )),
+        "{out}"
+    );
+    let attached = std::time::Instant::now();
+    let devices = kernel_namespaces(NQN, 3);
+    println!(
+        "namespace 3 on the kernel host {:.1} s after the attachment",
+        attached.elapsed().as_secs_f64()
+    );
+    assert_eq!(block_bytes(&devices[&3]), 32 << 20, "{devices:?}");
+    fio_verifies(&devices[&3], "8m");
+
+    // detached the same way: gone from the host, namespaces 1 and 2 still there
+    let detach = ["ns", "detach", &port, "-n", "4", "--controller", &cntlid];
+    ok_stdout(&bed, &detach);
+    let devices = kernel_namespaces(NQN, 2);
+    assert!(
+        devices.contains_key(&1) && devices.contains_key(&2),
+        "{devices:?}"
+    );
+    assert!(
+        target.0.try_wait().expect("serve's status").is_none(),
+        "serve ended"
+    );
+    drop(connected);
+    usnvme_tests::signal(&target.0, "INT");
+    assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
+}

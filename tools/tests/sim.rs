@@ -285,10 +285,18 @@ fn namespaces_are_listed_created_attached_detached_and_deleted_by_name() {
         "{}",
         text(&out)
     );
-    let out = usnvme(&["ns", "detach", "sim:0", "-n", "1"]);
+    // another controller of the subsystem by its ID: the sim's has one, controller 1
+    let out = usnvme(&["ns", "detach", "sim:0", "-n", "1", "--controller", "9"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("Controller List Invalid"),
+        "{}",
+        text(&out)
+    );
+    let out = usnvme(&["ns", "detach", "sim:0", "-n", "1", "--controller", "1"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("sim:0: namespace 1 detached"),
+        text(&out).contains("sim:0: namespace 1 detached (controller 1)"),
         "{}",
         text(&out)
     );

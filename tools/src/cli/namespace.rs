@@ -1,7 +1,8 @@
 //! `usnvme ns list|create|attach|detach|delete`: namespace management on drives bound to
 //! vfio-pci (nvme-cli cannot reach them there). A namespace is created detached, at the ID the
 //! drive chooses, in the LBA format with the data and metadata sizes asked for; attach makes it
-//! active on this controller (then perf and serve see it), detach makes it inactive without
+//! active on this controller (then perf and serve see it) or on others of the NVM subsystem
+//! (`--controller`: the other port of a dual-port drive), detach makes it inactive without
 //! touching its data, delete destroys it (only with `--yes`). A drive without namespace
 //! management is refused by name; a drive another process holds is refused when it is opened.
 
@@ -38,10 +39,11 @@ pub enum Args {
         #[arg(long)]
         private: bool,
     },
-    /// Attach a namespace to this controller: it becomes active.
-    Attach(Which),
-    /// Detach a namespace from this controller: it becomes inactive, its data kept.
-    Detach(Which),
+    /// Attach a namespace to this controller (or those given): it becomes active.
+    Attach(Attachment),
+    /// Detach a namespace from this controller (or those given): it becomes inactive, its data
+    /// kept.
+    Detach(Attachment),
     /// Delete a namespace: its data is destroyed.
     Delete {
         #[command(flatten)]
@@ -60,6 +62,17 @@ pub struct Which {
     #[arg(short = 'n', long = "namespace", value_name = "NSID", required = true,
           value_parser = clap::value_parser!(u32).range(1..0xffff_ffff))]
     nsid: u32,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Attachment {
+    #[command(flatten)]
+    which: Which,
+    /// The controller, by its ID in the NVM subsystem (`usnvme identify` shows it), e.g. the
+    /// other port of a dual-port drive (repeatable). Default: the controller named.
+    #[arg(long = "controller", value_name = "CNTLID",
+          value_parser = clap::value_parser!(u16).range(0..0xfff0))]
+    controllers: Vec<u16>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -96,8 +109,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
                 create(ctrl, format, size / block_size, !private)
             })
         }
-        Args::Attach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, true)),
-        Args::Detach(w) => open::each_line(sysfs, &w.devices, out, |c| attach(c, w.nsid, false)),
+        Args::Attach(a) => open::each_line(sysfs, &a.which.devices, out, |c| attach(c, a, true)),
+        Args::Detach(a) => open::each_line(sysfs, &a.which.devices, out, |c| attach(c, a, false)),
         Args::Delete { which, yes } => {
             if !yes {
                 let drives: Vec<String> = which.devices.iter().map(|d| d.to_string()).collect();
@@ -221,12 +234,26 @@ fn create(ctrl: &Controller, format: &LbaFormatArgs, blocks: u64, shared: bool) 
 }
 
 /// Attaches `nsid` to (or detaches it from) this controller.
-fn attach(ctrl: &Controller, nsid: u32, attach: bool) -> Result<String> {
+fn attach(ctrl: &Controller, a: &Attachment, attach: bool) -> Result<String> {
     supports_management(ctrl)?;
-    let this = ControllerList::from_ids([ctrl.identify().cntlid]);
-    ctrl.admin_write(Sqe::namespace_attachment(nsid, attach), this.as_bytes())?;
+    let nsid = a.which.nsid;
+    let (list, whose) = match &a.controllers[..] {
+        [] => (
+            ControllerList::from_ids([ctrl.identify().cntlid]),
+            String::new(),
+        ),
+        ids => {
+            let ids: Vec<String> = ids.iter().map(u16::to_string).collect();
+            let whose = format!(" (controller {})", ids.join(", "));
+            (
+                ControllerList::from_ids(a.controllers.iter().copied()),
+                whose,
+            )
+        }
+    };
+    ctrl.admin_write(Sqe::namespace_attachment(nsid, attach), list.as_bytes())?;
     let done = if attach { "attached" } else { "detached" };
-    Ok(format!("{}: namespace {nsid} {done}", ctrl.name()))
+    Ok(format!("{}: namespace {nsid} {done}{whose}", ctrl.name()))
 }
 
 fn delete(ctrl: &Controller, nsid: u32) -> Result<String> {

@@ -1,10 +1,14 @@
 //! Drives hot-added and hot-removed at a guest test's request. The guest writes
-//! `USNVME-VM: hotplug add N` or `USNVME-VM: hotplug del N` on its console (N < `SPARE_PORTS`);
-//! vm-run answers through QMP, as an operator's PCIe hot plug would happen: `add` puts an NVMe
-//! controller (serial `usnvme-hotN`, a 256 MiB image in the run folder) into the empty root
-//! port `spareN`, `del` asks for it back (`device_del`) and, once the guest has let it go, drops
-//! its block node, so that the same N can be added again. The guest sees the device come and go
-//! on its own PCI bus; what vm-run does is only ever reported on its stderr.
+//! `USNVME-VM: hotplug add N`, `USNVME-VM: hotplug port N K` or `USNVME-VM: hotplug del N` on
+//! its console (N < `SPARE_PORTS`); vm-run answers through QMP, as an operator's PCIe hot plug
+//! would happen: `add` puts an NVMe controller (serial `usnvme-hotN`, a 256 MiB image in the run
+//! folder) into the empty root port `spareN`; `port` puts a second controller of drive K's NVM
+//! subsystem there (the other port of a dual-port drive: drive K's serial, no namespace of its
+//! own, the subsystem's shared ones attached; drive K must be in a subsystem, as a bed with a
+//! detached namespace makes every drive); `del` asks for it back (`device_del`) and, once the
+//! guest has let it go, drops its block node, so that the same N can be added again. The guest
+//! sees the device come and go on its own PCI bus; what vm-run does is only ever reported on its
+//! stderr.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,24 +30,35 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
     Add(usize),
+    /// A second controller of drive K's subsystem in spare port N: (N, K).
+    Port(usize, usize),
     Del(usize),
 }
 
-/// `add N` or `del N`, the part of the console line after `USNVME-VM: hotplug `.
+const FORMS: &str = "expected `add N`, `port N K` or `del N`";
+
+/// `add N`, `port N K` or `del N`, the part of the console line after `USNVME-VM: hotplug `.
 pub fn parse(request: &str) -> Result<Request> {
-    let (verb, n) = match request.split_whitespace().collect::<Vec<_>>()[..] {
-        [verb, n] => (verb, n),
-        _ => bail!("{request:?}: expected `add N` or `del N`"),
+    let (verb, n, k) = match request.split_whitespace().collect::<Vec<_>>()[..] {
+        [verb, n] if verb != "port" => (verb, n, None),
+        ["port", n, k] => ("port", n, Some(k)),
+        _ => bail!("{request:?}: {FORMS}"),
     };
     let n: usize = n
         .parse()
         .ok()
         .filter(|n| *n < SPARE_PORTS)
         .with_context(|| format!("{request:?}: N is a spare port, 0 to {}", SPARE_PORTS - 1))?;
-    match verb {
-        "add" => Ok(Request::Add(n)),
-        "del" => Ok(Request::Del(n)),
-        _ => bail!("{request:?}: expected `add N` or `del N`"),
+    match (verb, k) {
+        ("add", _) => Ok(Request::Add(n)),
+        ("del", _) => Ok(Request::Del(n)),
+        ("port", Some(k)) => {
+            let k = k
+                .parse()
+                .with_context(|| format!("{request:?}: K is a drive's index"))?;
+            Ok(Request::Port(n, k))
+        }
+        _ => bail!("{request:?}: {FORMS}"),
     }
 }
 
@@ -61,6 +76,7 @@ impl Hotplug {
         let started = Instant::now();
         let done = parse(request).and_then(|r| match r {
             Request::Add(n) => self.add(n),
+            Request::Port(n, k) => self.port(n, k),
             Request::Del(n) => self.del(n),
         });
         match done {
@@ -100,20 +116,39 @@ impl Hotplug {
     }
 
     /// Returns what was done.
+    fn port(&self, n: usize, k: usize) -> Result<String> {
+        // QEMU takes a controller into a subsystem only with the subsystem's serial
+        self.execute(json!({"execute": "device_add", "arguments": {
+            "driver": "nvme", "id": device(n), "serial": format!("usnvme{k}"),
+            "subsys": format!("subsys{k}"), "bus": spare_port(n)}}))?;
+        Ok(format!(
+            "{}, a second controller of drive {k}'s subsystem, in port {}",
+            device(n),
+            spare_port(n)
+        ))
+    }
+
+    /// Returns what was done.
     fn del(&self, n: usize) -> Result<String> {
         self.execute(json!({"execute": "device_del", "arguments": {"id": device(n)}}))?;
         // QEMU removes the device once the guest has ejected it, and lets go of its block node
         // some time after that (seen: the device gone from QOM, its node still "in use"):
-        // dropping the node is what tells the device is gone for good.
+        // dropping the node is what tells the device is gone for good. A second port has no
+        // node: the device gone from QOM is.
         let drop_node = json!({"execute": "blockdev-del", "arguments": {"node-name": node(n)}});
+        let present = json!({"execute": "qom-get", "arguments": {
+            "path": format!("/machine/peripheral/{}", device(n)), "property": "type"}});
         let deadline = Instant::now() + RELEASE_TIMEOUT;
         loop {
-            let Ok(dropped) = self.send(&drop_node) else {
+            let (Ok(dropped), Ok(present)) = (self.send(&drop_node), self.send(&present)) else {
                 // the guest asked and ended: with QEMU gone there is nothing left to clean up
                 return Ok(format!("{} asked back; the run ended first", device(n)));
             };
             match dropped {
                 Ok(()) => return Ok(format!("{} gone", device(n))),
+                Err(why) if why.starts_with("Failed to find node") && present.is_err() => {
+                    return Ok(format!("{} gone", device(n)))
+                }
                 Err(why) if Instant::now() >= deadline => bail!(
                     "{} not released {} s after device_del: the guest did not let it go \
                      (blockdev-del: {why})",
@@ -163,7 +198,10 @@ mod tests {
     fn requests_name_a_spare_port() {
         assert_eq!(parse("add 0").ok(), Some(Request::Add(0)));
         assert_eq!(parse("del 1").ok(), Some(Request::Del(1)));
-        for bad in ["add", "add 2", "add x", "remove 0", "add 0 1", ""] {
+        assert_eq!(parse("port 1 3").ok(), Some(Request::Port(1, 3)));
+        for bad in [
+            "add", "add 2", "add x", "remove 0", "add 0 1", "", "port 0", "port 2 1", "port 0 x",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }

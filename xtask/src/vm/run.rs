@@ -454,7 +454,7 @@ struct Console {
 }
 
 /// Prints the program's output as it comes; interprets and hides the harness's own lines, and
-/// passes the guest's hot-plug requests (`hotplug add N`, `hotplug del N`) on to `hotplug`.
+/// passes the guest's hot-plug requests (`hotplug add N`, `port N K`, `del N`) on to `hotplug`.
 fn stream_console(
     stdout: impl Read,
     started: Instant,
