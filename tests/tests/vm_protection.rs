@@ -432,7 +432,7 @@ fn serve_exports_a_namespace_attached_through_the_drives_other_port_until_it_is_
     let port = hotplug::add_port(0, 1);
     let _remove = RemoveOnDrop(0, port.clone());
     ok(&bed, &["setup", "bind", &port]);
-    let (target, namespaces) = serve(&bed, NQN, &[address.clone()], &["-c", "0"]);
+    let (target, namespaces) = serve(&bed, NQN, std::slice::from_ref(&address), &["-c", "0"]);
     let mut target = usnvme_tests::KillOnDrop(target);
     assert_eq!(namespaces.len(), 2, "namespaces 1 and 2: {namespaces:?}");
     let connected = Connected::new(NQN, &[]);
