@@ -2,7 +2,9 @@
 //! checks, and Format NVM. A bed of its own (`cargo xtask vm-test` boots it after the main one): 2 drives, each
 //! with namespace 1 plain (512 B blocks), 2 formatted 512+8 with PI type 1 (metadata in a
 //! buffer apart), 3 formatted 4096+64 with PI type 3 and a 64-bit guard (extended LBAs), and 4
-//! (4096 B blocks) allocated in the drive's NVM subsystem but attached to no controller.
+//! (4096 B blocks) allocated in the drive's NVM subsystem but attached to no controller; and
+//! `serve` following a namespace attached through a second controller hot added into drive
+//! 1's subsystem (a dual-port drive's other port).
 
 use usnvme_tests::VmBed;
 
