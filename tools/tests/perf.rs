@@ -39,9 +39,19 @@ fn perf_json(name: &str, args: &[&str]) -> Value {
     all.extend(["--json", path_str]);
     let out = usnvme(&all);
     assert!(out.status.success(), "{}", text(&out));
-    let doc = std::fs::read(&path).expect("the JSON file");
-    let _ = std::fs::remove_file(&path);
+    take_json(&path)
+}
+
+/// The `--json` document perf wrote at `path`, which is then removed.
+fn take_json(path: &std::path::Path) -> Value {
+    let doc = std::fs::read(path).expect("the JSON file");
+    let _ = std::fs::remove_file(path);
     serde_json::from_slice(&doc).expect("JSON")
+}
+
+/// A job's reads and writes.
+fn total_ios(job: &Value) -> u64 {
+    job["read"]["total_ios"].as_u64().unwrap_or(0) + job["write"]["total_ios"].as_u64().unwrap_or(0)
 }
 
 fn f(v: &Value) -> f64 {
@@ -561,12 +571,9 @@ fn a_removed_drive_fails_its_ios_and_the_others_run_to_the_end() {
         stdout.contains("Total") && stdout.contains("removed during the run (sim:2 is gone)"),
         "{stdout}"
     );
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
-    let _ = std::fs::remove_file(&path);
+    let doc = take_json(&path);
     for job in doc["jobs"].as_array().expect("jobs") {
-        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
-            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        let ios = total_ios(job);
         assert!(ios > 0, "{job:#}");
         if job["device"] == "sim:2" {
             assert_eq!(job["removed"], true, "{job:#}");
@@ -604,9 +611,7 @@ fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("sim:2 joined the run"), "{stderr}");
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
-    let _ = std::fs::remove_file(&path);
+    let doc = take_json(&path);
     let jobs = doc["jobs"].as_array().expect("jobs");
     let devices: BTreeSet<&str> = jobs.iter().filter_map(|j| j["device"].as_str()).collect();
     assert_eq!(
@@ -615,8 +620,7 @@ fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
         "{doc:#}"
     );
     for job in jobs {
-        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
-            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        let ios = total_ios(job);
         assert!(ios > 0, "{job:#}");
         assert_eq!(job["failed_ios"], 0, "{job:#}");
         let elapsed = job["elapsed_ms"].as_u64().expect("elapsed");
@@ -632,30 +636,25 @@ fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
 #[test]
 fn with_interrupts_a_reactor_sleeps_while_its_drives_work_and_the_data_verifies() {
     // each command takes the drive 1 ms: a polling reactor spins through it, this one sleeps
-    let path = json_path("interrupts");
-    let out = usnvme(&[
-        "-r",
-        "sim:0-1,backend=ram,size=4M,mode=threaded,latency=1ms",
-        "-c",
-        "0",
-        "-w",
-        "randrw",
-        "-q",
-        "4",
-        "-t",
-        "2",
-        "--verify",
-        "--interrupts",
-        "--json",
-        path.to_str().expect("UTF-8 temp path"),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let doc: Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("the JSON file")).expect("JSON");
-    let _ = std::fs::remove_file(&path);
+    let doc = perf_json(
+        "interrupts",
+        &[
+            "-r",
+            "sim:0-1,backend=ram,size=4M,mode=threaded,latency=1ms",
+            "-c",
+            "0",
+            "-w",
+            "randrw",
+            "-q",
+            "4",
+            "-t",
+            "2",
+            "--verify",
+            "--interrupts",
+        ],
+    );
     for job in doc["jobs"].as_array().expect("jobs") {
-        let ios = job["read"]["total_ios"].as_u64().unwrap_or(0)
-            + job["write"]["total_ios"].as_u64().unwrap_or(0);
+        let ios = total_ios(job);
         assert!(ios > 100, "{job:#}");
         assert_eq!(job["failed_ios"], 0, "{job:#}");
         let cpu = job["usr_cpu"].as_f64().expect("usr") + job["sys_cpu"].as_f64().expect("sys");
