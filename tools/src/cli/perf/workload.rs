@@ -273,70 +273,68 @@ impl Workload {
         reactor: usize,
         since: Duration,
     ) -> Result<(), String> {
-        {
-            let layout = BufferLayout::of(&dev.info);
-            let io_bytes = dev.info.buffer_bytes(self.run.io_size);
-            let mut pool = dev
-                .buffer_pool(pool_buffer_size(io_bytes), self.run.depth)
-                .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
-            let mut slots = Vec::with_capacity(self.run.depth);
-            for _ in 0..self.run.depth {
-                let buf = pool
-                    .alloc()
-                    .ok_or_else(|| format!("{}: DMA buffer pool ran out", dev.info.name))?;
-                buf.fill(0);
-                slots.push(Slot {
-                    buf,
-                    op: Op::Read,
-                    offset: 0,
-                });
-            }
-            let seed = self.run.seed ^ ((reactor as u64) << 32) ^ dev.device as u64;
-            let block_len = if self.run.verify {
-                dev.info.block_size as usize
-            } else {
-                0
-            };
-            let mut poison = vec![0u8; block_len];
-            usnvme_stamp::poison(&mut poison);
-            let seconds = self.run.duration.map_or(0, |d| d.as_secs() as usize);
-            self.states.push(DevState {
-                region,
-                since,
-                pool,
-                slots,
-                free: (0..self.run.depth).rev().collect(),
-                measured: None,
-                seconds: vec![[0; 2]; seconds],
-                seconds_marked: 0,
-                rng: fastrand::Rng::with_seed(seed),
-                cursor: 0,
-                issued: 0,
-                writes: 0,
-                tokens: 1.0,
-                refilled: Duration::ZERO,
-                last_completion: Duration::ZERO,
-                mismatches: Vec::with_capacity(KEEP_MISMATCHES),
-                more_mismatches: 0,
-                checked: 0,
-                failed: 0,
-                aborted: 0,
-                after_reset: 0,
-                pathing_error: None,
-                stopped: false,
-                error: None,
-                name: dev.info.name.clone(),
-                io_bytes: io_bytes as u32,
-                track: self.run.verify || dev.info.protection.is_some(),
-                tracked: Tracked {
-                    layout,
-                    block: vec![0u8; block_len],
-                    poison,
-                    pi_data: vec![0u8; layout.scratch_bytes().min(1) * layout.block],
-                    pi_metadata: vec![0u8; layout.scratch_bytes()],
-                },
+        let layout = BufferLayout::of(&dev.info);
+        let io_bytes = dev.info.buffer_bytes(self.run.io_size);
+        let mut pool = dev
+            .buffer_pool(pool_buffer_size(io_bytes), self.run.depth)
+            .map_err(|e| format!("{}: DMA buffers: {e}", dev.info.name))?;
+        let mut slots = Vec::with_capacity(self.run.depth);
+        for _ in 0..self.run.depth {
+            let buf = pool
+                .alloc()
+                .ok_or_else(|| format!("{}: DMA buffer pool ran out", dev.info.name))?;
+            buf.fill(0);
+            slots.push(Slot {
+                buf,
+                op: Op::Read,
+                offset: 0,
             });
         }
+        let seed = self.run.seed ^ ((reactor as u64) << 32) ^ dev.device as u64;
+        let block_len = if self.run.verify {
+            dev.info.block_size as usize
+        } else {
+            0
+        };
+        let mut poison = vec![0u8; block_len];
+        usnvme_stamp::poison(&mut poison);
+        let seconds = self.run.duration.map_or(0, |d| d.as_secs() as usize);
+        self.states.push(DevState {
+            region,
+            since,
+            pool,
+            slots,
+            free: (0..self.run.depth).rev().collect(),
+            measured: None,
+            seconds: vec![[0; 2]; seconds],
+            seconds_marked: 0,
+            rng: fastrand::Rng::with_seed(seed),
+            cursor: 0,
+            issued: 0,
+            writes: 0,
+            tokens: 1.0,
+            refilled: Duration::ZERO,
+            last_completion: Duration::ZERO,
+            mismatches: Vec::with_capacity(KEEP_MISMATCHES),
+            more_mismatches: 0,
+            checked: 0,
+            failed: 0,
+            aborted: 0,
+            after_reset: 0,
+            pathing_error: None,
+            stopped: false,
+            error: None,
+            name: dev.info.name.clone(),
+            io_bytes: io_bytes as u32,
+            track: self.run.verify || dev.info.protection.is_some(),
+            tracked: Tracked {
+                layout,
+                block: vec![0u8; block_len],
+                poison,
+                pi_data: vec![0u8; layout.scratch_bytes().min(1) * layout.block],
+                pi_metadata: vec![0u8; layout.scratch_bytes()],
+            },
+        });
         Ok(())
     }
 }
