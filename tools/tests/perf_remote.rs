@@ -833,3 +833,73 @@ fn over_two_paths_the_device_fails_only_once_both_paths_are_gone() {
         text(&out)
     );
 }
+
+#[test]
+fn several_hosts_on_one_reactor_beyond_its_buffers_and_a_small_drive_queue_lose_no_io() {
+    // One reactor; the drive's queues hold 8 commands; four hosts with two queues each keep
+    // 4 × 2 × 64 commands in flight, beyond the reactor's 256 DMA buffers: commands wait for
+    // buffers and room, none fails, every block read back is as written.
+    let serve = Serve::start_on(
+        "sim:0,backend=ram,size=64M,mqes=7",
+        &["--allow-any-host", "--idle", "poll"],
+    );
+    let short = format!("tcp://{}/{NQN}", serve.addr);
+    let runs: Vec<_> = (0..4)
+        .map(|h| {
+            let short = short.clone();
+            std::thread::spawn(move || {
+                let root = host_root();
+                let host =
+                    format!("nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-68{h:010}");
+                let offset = format!("{}M", h * 16);
+                let args = [
+                    "-r",
+                    &short,
+                    "--hostnqn",
+                    &host,
+                    "-c",
+                    "0-1",
+                    "-q",
+                    "64",
+                    "-o",
+                    "4k",
+                    "-w",
+                    "randrw",
+                    "--verify",
+                    "--offset",
+                    &offset,
+                    "--size",
+                    "16M",
+                    "--io-count",
+                    "3000",
+                ];
+                let (out, doc) = perf(root.path(), &args);
+                (h, out, doc)
+            })
+        })
+        .collect();
+    for run in runs {
+        let (h, out, doc) = run.join().expect("a host");
+        assert!(out.status.success(), "host {h}: {}", text(&out));
+        assert_eq!(
+            doc["total"]["failed_ios"].as_u64(),
+            Some(0),
+            "host {h}: {doc:#}"
+        );
+        assert!(
+            ios(&doc["total"], "write") > 0 && ios(&doc["total"], "read") > 0,
+            "{doc:#}"
+        );
+        assert!(
+            doc["verified_blocks"].as_u64() > Some(0),
+            "host {h}: {doc:#}"
+        );
+    }
+    let status = serve.wait_for_status("idle, every buffer back", |s| {
+        s["buffers_in_use"].as_u64() == Some(0) && s["connections"].as_u64() == Some(0)
+    });
+    assert!(
+        status["commands_waited"].as_u64() > Some(0),
+        "the commands had to wait: {status:#}"
+    );
+}

@@ -63,9 +63,11 @@ pub const MAX_NQN: usize = NQN_FIELD - 1;
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 impl Sqe {
-    /// A Fabrics command of type `fctype`, every other field zero.
+    /// A Fabrics command of type `fctype`, its data (if any) described by SGLs (PSDT 01b, as
+    /// every command on a fabric), every other field zero.
     pub const fn fabrics(fctype: u8) -> Sqe {
         let mut sqe = Sqe::new(FABRICS_OPCODE);
+        sqe.cdw0 |= (super::command::PSDT_SGL as u32) << 14;
         sqe.nsid = fctype as u32; // byte 4, the rest of the dword reserved
         sqe
     }

@@ -18,7 +18,13 @@ pub const DIGESTS: [Digests; 2] = [
 
 /// A command capsule: header, padding, `data` in it, its digest.
 pub fn capsule(sqe: &Sqe, data: &[u8], digests: Digests) -> Vec<u8> {
-    let h = OutHeader::capsule_cmd(sqe, data.len(), digests);
+    // PSDT 01b (SGLs), as a host's transport writes into every command it sends
+    let mut sqe = *sqe;
+    let b: &mut [u8; 64] = zerocopy::IntoBytes::as_mut_bytes(&mut sqe)
+        .try_into()
+        .expect("64 bytes");
+    b[1] = (b[1] & 0x3f) | 0x40;
+    let h = OutHeader::capsule_cmd(&sqe, data.len(), digests);
     let mut pdu = h.as_slice().to_vec();
     pdu.resize(pdu.len() + h.pad(), 0);
     pdu.extend_from_slice(data);

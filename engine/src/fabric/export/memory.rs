@@ -1,7 +1,8 @@
 //! A [`Backend`] over memory, for the connection's tests and its fuzz target: namespaces are
 //! byte vectors, command buffers live in one anonymous mapping (reached through volatile
 //! slices, as DMA buffers are), every I/O completes on the next
-//! [`MemoryBackend::complete_all`].
+//! [`MemoryBackend::complete_all`]. Buffers and the "device queue" can be made scarce, so
+//! that commands wait as they do on a reactor.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,8 +11,9 @@ use usnvme_driver::spec::{SmartLog, Status};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{VolatileMemory, VolatileSlice};
 
-use super::connection::{Backend, Connection, ConnectionLimits, Request};
+use super::connection::{Backend, Connection, ConnectionLimits, Refused, Request};
 use super::registry::Registry;
+use super::waiting::Waiting;
 use super::{ExportedNamespace, Listener, SubsystemInfo};
 use crate::block::Op;
 
@@ -31,6 +33,11 @@ pub struct MemoryBackend {
     pub smart_asked: u32,
     /// Flushes submitted, per namespace.
     pub flushes: Vec<u32>,
+    /// Most buffers held at once, and most requests submitted and not completed: beyond
+    /// them commands wait (by default one buffer per slot and no limit).
+    pub buffer_limit: usize,
+    pub queue_limit: usize,
+    waiting: Waiting,
 }
 
 impl MemoryBackend {
@@ -52,7 +59,19 @@ impl MemoryBackend {
             smart_held: false,
             smart_asked: 0,
             flushes: vec![0; sub.namespaces.len()],
+            buffer_limit: slots,
+            queue_limit: usize::MAX,
+            waiting: {
+                let mut waiting = Waiting::default();
+                waiting.size_for(slots, sub.namespaces.len());
+                waiting
+            },
         }
+    }
+
+    /// Commands waiting for a buffer or room now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     /// Commands whose buffer is still held.
@@ -60,23 +79,38 @@ impl MemoryBackend {
         self.held.iter().filter(|&&h| h).count()
     }
 
-    /// Completes everything submitted so far.
+    /// Completes everything submitted so far, then moves on the commands that waited, in
+    /// order, as the reactor does after completions.
     pub fn complete_all(&mut self, conn: &mut Connection) {
         // (the vector is reused: no allocation per command here either)
         let mut done = std::mem::take(&mut self.submitted);
+        if !done.is_empty() {
+            self.waiting.gate.freed();
+        }
         for (token, result) in done.drain(..) {
             conn.complete(token, result, self);
         }
         if self.submitted.is_empty() {
             self.submitted = done;
         }
+        if let Some(mut queue) = self.waiting.begin_retry() {
+            queue.retain(|w| !conn.resume(w.token, self));
+            self.waiting.end_retry(queue);
+        }
     }
 }
 
 impl Backend for MemoryBackend {
     fn reserve(&mut self, token: u16, len: usize) -> bool {
+        let held = self.buffers_held();
+        let open = self.waiting.gate.buffers_open();
         match self.held.get_mut(token as usize) {
+            Some(true) => true,
             Some(h) if len <= self.max_buffer => {
+                if !open || held >= self.buffer_limit {
+                    self.waiting.gate.no_buffer();
+                    return false;
+                }
                 *h = true;
                 true
             }
@@ -88,16 +122,20 @@ impl Backend for MemoryBackend {
         held_buffer(&self.buffers, &self.held, self.max_buffer, token)
     }
 
-    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status> {
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Refused> {
         let ns = request.device;
+        if !self.waiting.gate.room_open(ns) || self.submitted.len() >= self.queue_limit {
+            self.waiting.gate.no_room(ns);
+            return Err(Refused::Busy);
+        }
         let disk_len = self
             .namespaces
             .get(ns)
-            .ok_or(Status::INVALID_NAMESPACE)?
+            .ok_or(Refused::Failed(Status::INVALID_NAMESPACE))?
             .len();
         let range = request.offset as usize..(request.offset + request.len) as usize;
         if range.end > disk_len {
-            return Err(Status::LBA_OUT_OF_RANGE);
+            return Err(Refused::Failed(Status::LBA_OUT_OF_RANGE));
         }
         let buffer = held_buffer(&self.buffers, &self.held, self.max_buffer, token)
             .and_then(|b| b.subslice(0, range.len()).ok());
@@ -109,15 +147,21 @@ impl Backend for MemoryBackend {
             }
             (Op::WriteZeroes | Op::Deallocate, _) => disk[range].fill(0),
             (Op::Flush, _) => self.flushes[ns] += 1,
-            _ => return Err(Status::INTERNAL_ERROR),
+            _ => return Err(Refused::Failed(Status::INTERNAL_ERROR)),
         };
         self.submitted.push((token, Ok(())));
         Ok(())
     }
 
+    fn wait(&mut self, token: u16) {
+        self.waiting.push(0, token);
+    }
+
     fn release(&mut self, token: u16) {
         if let Some(h) = self.held.get_mut(token as usize) {
-            *h = false;
+            if std::mem::take(h) {
+                self.waiting.gate.freed();
+            }
         }
     }
 

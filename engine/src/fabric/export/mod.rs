@@ -12,6 +12,8 @@
 //! - [`memory`]: a backend over memory, for tests and the fuzz target.
 //! - [`registry`]: the controllers (dynamic IDs) and the hosts allowed to connect.
 //! - [`server`]: the job each reactor runs: its connections' sockets, commands and buffers.
+//! - [`waiting`]: commands that wait for a DMA buffer or room in a device's queue, in arrival
+//!   order (a host's I/O is never refused for want of them).
 //! - [`wire`]: byte sources and sinks in parts (socket `readv`/`writev` into and out of DMA
 //!   buffers, or memory).
 
@@ -21,6 +23,7 @@ pub mod memory;
 pub mod namespaces;
 pub mod registry;
 pub mod server;
+pub mod waiting;
 pub mod wire;
 
 /// The well-known NQN of the discovery subsystem.

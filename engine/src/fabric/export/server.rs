@@ -18,11 +18,12 @@ use usnvme_driver::IoBuffer;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
 use vm_memory::VolatileSlice;
 
-use super::connection::{Backend, Connection, ConnectionLimits, Receive, Request};
+use super::connection::{Backend, Connection, ConnectionLimits, Receive, Refused, Request};
 use super::namespaces::NamespaceChange;
 use super::registry::Registry;
+use super::waiting::Waiting;
 use super::{Listener, SubsystemInfo};
-use crate::block::IoError;
+use crate::block::{BlockError, IoError};
 use crate::engine::{DeviceChannel, Job, ReactorContext};
 
 /// How long a stopping target waits for connections to drain and flush.
@@ -149,6 +150,9 @@ pub struct Counters {
     pub bytes: AtomicU64,
     /// DMA buffers held by commands now (0 when nothing is in flight: none leaked).
     pub buffers_in_use: AtomicU64,
+    /// Commands that could not start when they came (no DMA buffer free, or no room in their
+    /// device's queue) and waited for it, so far.
+    pub commands_waited: AtomicU64,
     /// Write data that was read ahead with a header and copied into a DMA buffer, over the
     /// connections closed so far (the rest went straight from the socket into the buffers).
     pub data_copied: AtomicU64,
@@ -322,6 +326,8 @@ pub struct ServeJob {
     letting_go: Vec<usize>,
     /// A drive's interrupt was seen since the interrupts were last cleared.
     interrupted: bool,
+    /// Commands waiting for a DMA buffer or room in their device's queue, in arrival order.
+    waiting: Waiting,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -351,6 +357,7 @@ impl ServeJob {
             idle_since: None,
             letting_go: Vec::new(),
             interrupted: false,
+            waiting: Waiting::default(),
         }
     }
 
@@ -377,6 +384,7 @@ impl ServeJob {
                 };
                 result = result.and(opened);
             }
+            self.waiting.size_for(0, ctx.devices.len());
             self.letting_go.extend(change.removed);
             for c in self.conns.iter_mut().flatten() {
                 c.conn.set_subsystem(change.subsystem.clone());
@@ -435,6 +443,7 @@ impl ServeJob {
         let quiet = idle
             && self.stopping_since.is_none()
             && self.inbox.is_empty()
+            && self.waiting.is_empty()
             && self.conns.iter().flatten().all(|c| {
                 !c.readable
                     && !c.smart_asked
@@ -536,6 +545,8 @@ impl ServeJob {
                 }
             }
             self.conns[slot] = Some(c);
+            // every command of every connection may have to wait: room for all of them
+            self.waiting.size_for(self.conns.len() * entries, 0);
             self.shared
                 .counters
                 .connections
@@ -550,6 +561,7 @@ struct ReactorBackend<'a> {
     pool: &'a mut BufferPool,
     buffers: &'a mut [Option<DmaBuffer>],
     slot: usize,
+    waiting: &'a mut Waiting,
     smart: &'a SmartService,
     smart_slot: &'a Arc<SmartSlot>,
     smart_asked: &'a mut bool,
@@ -563,12 +575,14 @@ impl<'a> ReactorBackend<'a> {
         c: &'a mut Conn,
         slot: usize,
         shared: &'a Shared,
+        waiting: &'a mut Waiting,
     ) -> (&'a mut Connection, &'a mut TcpStream, Self) {
         let backend = ReactorBackend {
             devices,
             pool,
             buffers: &mut c.buffers,
             slot,
+            waiting,
             smart: &shared.smart,
             smart_slot: &c.smart,
             smart_asked: &mut c.smart_asked,
@@ -583,13 +597,19 @@ impl Backend for ReactorBackend<'_> {
         let Some(entry) = self.buffers.get_mut(token as usize) else {
             return false;
         };
-        if len > self.pool.buffer_size() {
-            return false;
-        }
+        // (never larger: the pool's buffers are of the largest transfer the target lets in)
+        debug_assert!(len <= self.pool.buffer_size());
         if entry.is_none() {
+            // none taken ahead of a command that waits for one
+            if !self.waiting.gate.buffers_open() {
+                return false;
+            }
             *entry = self.pool.alloc();
-            if entry.is_some() {
-                self.in_use.fetch_add(1, Ordering::Relaxed);
+            match entry {
+                Some(_) => {
+                    self.in_use.fetch_add(1, Ordering::Relaxed);
+                }
+                None => self.waiting.gate.no_buffer(),
             }
         }
         entry.is_some()
@@ -602,12 +622,12 @@ impl Backend for ReactorBackend<'_> {
             .map(DmaBuffer::as_volatile_slice)
     }
 
-    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status> {
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Refused> {
         let Request { op, len, .. } = request;
-        let device = self
-            .devices
-            .get_mut(request.device)
-            .ok_or(Status::INVALID_NAMESPACE)?;
+        // none submitted ahead of a command that waits for room on the same device
+        if !self.waiting.gate.room_open(request.device) {
+            return Err(Refused::Busy);
+        }
         let buf = match self.buffers.get(token as usize) {
             Some(Some(b)) if op.has_data() => Some(IoBuffer {
                 iova: b.iova(),
@@ -616,12 +636,30 @@ impl Backend for ReactorBackend<'_> {
             _ => None,
         };
         let engine_token = ((self.slot as u64) << TOKEN_BITS) | u64::from(token);
-        device
-            .submit(op, request.offset, len, buf, engine_token)
-            .map_err(|e| {
-                log::warn!("{e}");
-                Status::NAMESPACE_NOT_READY
-            })
+        let device = self
+            .devices
+            .get_mut(request.device)
+            .ok_or(Refused::Failed(Status::INVALID_NAMESPACE))?;
+        let Err(e) = device.submit(op, request.offset, len, buf, engine_token) else {
+            return Ok(());
+        };
+        if let BlockError::Busy { needed, .. } = e {
+            // Room comes as the reactor's I/O completes; with none in flight, a command of
+            // several parts that finds no room never will (more parts than the queue holds).
+            let idle = self.devices.iter().all(|d| d.in_flight() == 0);
+            if needed < 2 || !idle {
+                self.waiting.gate.no_room(request.device);
+                return Err(Refused::Busy);
+            }
+            log::error!("{e}, and nothing in flight frees any: the command fails");
+            return Err(Refused::Failed(Status::INTERNAL_ERROR));
+        }
+        log::warn!("{e}");
+        Err(Refused::Failed(refusal_status(&e)))
+    }
+
+    fn wait(&mut self, token: u16) {
+        self.waiting.push(self.slot as u32, token);
     }
 
     fn release(&mut self, token: u16) {
@@ -629,6 +667,7 @@ impl Backend for ReactorBackend<'_> {
             if let Some(b) = entry.take() {
                 self.in_use.fetch_sub(1, Ordering::Relaxed);
                 let _ = self.pool.free(b);
+                self.waiting.gate.freed();
             }
         }
     }
@@ -668,6 +707,7 @@ impl Job for ServeJob {
                 EpollEvent::new(EpollFlags::EPOLLIN, BELL),
             )
             .map_err(|e| format!("epoll for the target's inbox: {e}"))?;
+        self.waiting.size_for(0, ctx.devices.len());
         // the reactor's CPU time counts from here, its set-up left out
         self.busy.cpu_ns = thread_cpu_ns();
         self.epoll = Some(epoll);
@@ -707,7 +747,7 @@ impl Job for ServeJob {
             };
             let readable = std::mem::take(&mut c.readable) || stopping;
             let (conn, stream, mut backend) =
-                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
+                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
             if stopping {
                 conn.shut_down(&mut backend);
             }
@@ -746,19 +786,44 @@ impl Job for ServeJob {
                 completions.push((c.token, result));
             });
         }
-        busy |= !self.completions.is_empty();
+        if !self.completions.is_empty() {
+            busy = true;
+            self.waiting.gate.freed(); // room in the devices' queues
+        }
         for &(token, result) in &self.completions {
             let slot = (token >> TOKEN_BITS) as usize;
             let command = (token & 0xffff) as u16;
             if let Some(Some(c)) = self.conns.get_mut(slot) {
                 let (conn, _, mut backend) =
-                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
+                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
                 conn.complete(command, result, &mut backend);
                 self.shared
                     .counters
                     .commands
                     .fetch_add(1, Ordering::Relaxed);
             }
+        }
+        // Commands that waited for a buffer or room, in order, now that some may be free.
+        if let Some(mut queue) = self.waiting.begin_retry() {
+            let before = queue.len();
+            queue.retain(|w| {
+                let slot = w.conn as usize;
+                let Some(Some(c)) = self.conns.get_mut(slot) else {
+                    return false;
+                };
+                let (conn, _, mut backend) =
+                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
+                !conn.resume(w.token, &mut backend)
+            });
+            busy |= queue.len() < before;
+            self.waiting.end_retry(queue);
+        }
+        let waited = self.waiting.take_waited();
+        if waited > 0 {
+            let counters = &shared.counters;
+            counters
+                .commands_waited
+                .fetch_add(waited, Ordering::Relaxed);
         }
         // Send, and let go of connections that are over.
         for (slot, entry) in self.conns.iter_mut().enumerate() {
@@ -767,7 +832,7 @@ impl Job for ServeJob {
             };
             // Send: headers and read data from the DMA buffers, gathered in one writev.
             let (conn, stream, mut backend) =
-                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared);
+                ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
             match conn.transmit(stream, &mut backend) {
                 Ok(0) => {}
                 Ok(n) => {
@@ -787,6 +852,7 @@ impl Job for ServeJob {
                 }
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
                 *entry = None;
+                self.waiting.forget(slot as u32);
                 self.shared
                     .counters
                     .connections
@@ -817,6 +883,25 @@ impl Job for ServeJob {
 /// The NVMe status a failed block I/O is answered with.
 fn status_of(e: &IoError) -> Status {
     e.status()
+}
+
+/// The NVMe status of a block device's refusal to take a request (other than for want of
+/// room, which waits).
+fn refusal_status(e: &BlockError) -> Status {
+    use usnvme_driver::SubmitError;
+    match e {
+        BlockError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE,
+        BlockError::Submit {
+            source: SubmitError::InvalidNamespace { .. },
+            ..
+        } => Status::INVALID_NAMESPACE,
+        // the device is gone or failed (a hot-removed drive, a target given up)
+        BlockError::Submit {
+            source: SubmitError::Dead,
+            ..
+        } => Status::NAMESPACE_NOT_READY,
+        _ => Status::INTERNAL_ERROR,
+    }
 }
 
 #[cfg(test)]

@@ -528,6 +528,7 @@ fn status_json(
         "commands": load(&counters.commands),
         "bytes_sent": load(&counters.bytes),
         "buffers_in_use": load(&counters.buffers_in_use),
+        "commands_waited": load(&counters.commands_waited),
         "data_copied": load(&counters.data_copied),
         "smart_reads_pending": smart.pending(),
         // summed over the reactors; busy: in turns that did work (the rest is polling)

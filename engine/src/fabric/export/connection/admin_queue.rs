@@ -3,13 +3,15 @@
 
 use std::time::Instant;
 
+use usnvme_driver::spec::fabrics::SGL_TRANSPORT;
 use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{SmartLog, Sqe, Status};
 
 use super::super::admin;
 use super::super::registry::{Controller, Registry};
 use super::super::Listener;
-use super::{Backend, Connection, Role, SMART_WAITING};
+use super::{Backend, Connection, Role};
+use crate::fabric::pdu::FatalError;
 
 /// Admin opcodes handled by the connection itself (the rest go to [`admin`]).
 const ASYNC_EVENT_REQUEST: u8 = 0x0c;
@@ -46,7 +48,13 @@ fn ana_view(port: &Listener, registry: &Registry) -> admin::AnaView {
 }
 
 impl Connection {
-    pub(super) fn on_admin(&mut self, sqe: &Sqe, cid: u16, opcode: u8, backend: &mut dyn Backend) {
+    pub(super) fn on_admin(
+        &mut self,
+        sqe: &Sqe,
+        cid: u16,
+        opcode: u8,
+        backend: &mut dyn Backend,
+    ) -> Result<(), FatalError> {
         let Role::Admin {
             controller,
             features,
@@ -57,13 +65,13 @@ impl Connection {
             ..
         } = &mut self.role
         else {
-            return;
+            return Ok(());
         };
         // Until the host enables the controller (CC.EN, then CSTS.RDY) only Fabrics commands
         // are served.
         if !registers.ready() {
             self.respond(cid, 0, Status::COMMAND_SEQUENCE_ERROR);
-            return;
+            return Ok(());
         }
         let cntlid = controller.cntlid();
         // Any admin command shows the host is there (the Keep Alive timer is traffic based, I/O
@@ -86,7 +94,7 @@ impl Connection {
                     Err(Status::AER_LIMIT_EXCEEDED)
                 } else {
                     events.push(cid); // (preallocated: ASYNC_EVENT_LIMIT entries)
-                    return; // held until an event, or the controller goes away
+                    return Ok(()); // held until an event, or the controller goes away
                 }
             }
             _ => admin::execute(
@@ -107,19 +115,22 @@ impl Connection {
             ),
         };
         if wants_smart && result.is_ok() {
-            // (the command passed every check; its answer is built again with the drives')
-            let refused = smart_waiting.is_empty() && !backend.smart_request();
-            if refused || smart_waiting.len() >= SMART_WAITING {
-                self.respond(cid, 0, Status::NAMESPACE_NOT_READY); // busy: the host retries
-            } else {
-                smart_waiting.push(*sqe);
+            // (the command passed every check; its answer is built again with the drives').
+            // It waits, however many do: one place per entry of the queue, preallocated.
+            if smart_waiting.len() == smart_waiting.capacity() {
+                return Err(FatalError::Sequence(
+                    "more commands in flight than queue entries",
+                ));
             }
-            return;
+            smart_waiting.push(*sqe);
+            self.poll_smart(backend);
+            return Ok(());
         }
         if result.is_ok() && !changed.is_empty() && sqe.cdw10 & RETAIN_ASYNC_EVENT == 0 {
             controller.clear_changed_namespaces(&changed);
         }
         self.answer_admin(cid, sqe, result);
+        Ok(())
     }
 
     /// Sends an admin command's answer built in the admin buffer, or its status.
@@ -127,25 +138,43 @@ impl Connection {
         match result {
             Ok((dw0, 0)) => self.respond(cid, dw0, Status::SUCCESS),
             Ok((dw0, len)) => {
-                let asked = sqe.prp2 as u32 as usize; // the transport SGL's length
-                self.send_admin_data(cid, len.min(asked));
+                // The data goes in one C2HData PDU, to the buffer the host's SGL describes (a
+                // transport data block): as much of it as fits there. A host that describes
+                // none gets none (a PDU of no data is malformed: SPDK's host stalls on it).
+                let sgl = sqe.sgl();
+                if sgl.identifier != SGL_TRANSPORT || sgl.length == 0 {
+                    self.respond(cid, 0, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                    return;
+                }
+                self.send_admin_data(cid, len.min(sgl.length as usize));
                 self.respond(cid, dw0, Status::SUCCESS);
             }
             Err(status) => self.respond(cid, 0, status),
         }
     }
 
-    /// Answers the SMART Get Log Page commands waiting, once the drives' answer is there.
+    /// Asks the drives for SMART while Get Log Page commands wait for it (again, where the
+    /// backend could not take the request), and answers them once the answer is there.
     pub(super) fn poll_smart(&mut self, backend: &mut dyn Backend) {
-        let Role::Admin { smart_waiting, .. } = &self.role else {
+        let Role::Admin {
+            smart_waiting,
+            smart_asked,
+            ..
+        } = &mut self.role
+        else {
             return;
         };
         if smart_waiting.is_empty() || self.closed.is_some() {
             return;
         }
+        if !*smart_asked {
+            *smart_asked = backend.smart_request();
+            return;
+        }
         let Some(log) = backend.smart_answer() else {
             return;
         };
+        *smart_asked = false;
         while let Role::Admin {
             smart_waiting,
             features,

@@ -10,7 +10,7 @@ use usnvme_driver::spec::fabrics::{
 use usnvme_driver::spec::{Sqe, Status};
 
 use super::super::admin::{self, FabricsCommand, Features};
-use super::{Backend, Connection, Phase, Role, SMART_WAITING};
+use super::{Backend, Connection, Phase, Role};
 use crate::fabric::pdu::{FatalError, IcReq, IcResp, PFV_1_0};
 
 impl Connection {
@@ -133,7 +133,9 @@ impl Connection {
                 features,
                 registers: admin::ControllerRegisters::new(&self.subsystem, discovery),
                 events: Vec::with_capacity(admin::ASYNC_EVENT_LIMIT),
-                smart_waiting: Vec::with_capacity(SMART_WAITING),
+                // as many as the queue has entries: a read of SMART waits, never refused
+                smart_waiting: Vec::with_capacity(entries as usize),
+                smart_asked: false,
                 last_keep_alive: Instant::now(),
                 io_traffic_seen: 0,
             };
@@ -152,6 +154,8 @@ impl Connection {
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
         let cntlid = controller.cntlid();
+        let stride = self.subsystem.in_capsule_bytes as usize;
+        self.holding = vec![0; self.slots.len() * stride].into_boxed_slice();
         self.role = Role::Io {
             controller,
             qid: connect.qid,

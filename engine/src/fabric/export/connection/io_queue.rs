@@ -1,12 +1,14 @@
 //! The I/O queue's commands: checked, given a slot and a buffer, submitted to the backend
 //! (write data in the capsule or by R2T and H2CData, Dataset Management ranges one by one),
-//! completed (read data by C2HData, from the buffer).
+//! completed (read data by C2HData, from the buffer). A command that cannot have a buffer or
+//! room in its device's queue when it comes waits in the backend's queue, in arrival order
+//! (see [`super::super::waiting`]), its in-capsule data kept in the connection's holding area.
 
 use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
 use super::super::registry::AnaState;
-use super::{Backend, Connection, Request, Role, Slot};
+use super::{holding_place, Backend, Connection, Refused, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
 
@@ -31,42 +33,20 @@ impl Connection {
                 return Ok(());
             }
         };
-        if opcode == IoOpcode::DatasetManagement as u8 {
-            self.deallocate(sqe, cid, token, data, backend);
-            return Ok(());
-        }
-        if op.has_data() && !backend.reserve(token, len as usize) {
-            self.respond(cid, 0, Status::NAMESPACE_NOT_READY);
+        if op == Op::Deallocate {
+            self.deallocate(sqe, cid, token, device, data, backend);
             return Ok(());
         }
         self.occupy(token, cid, device, op, offset, len);
-        if op == Op::Write {
-            if data.is_empty() {
-                // ask for all of it at once; the host sends it in PDUs of MAXH2CDATA at most
-                let r2t = DataHeader {
-                    cccid: cid,
-                    ttag: token,
-                    offset: 0,
-                    length: len,
-                };
-                self.tx.push(OutHeader::r2t(&r2t, self.digests).as_slice());
-                self.r2t_open += 1;
-                return Ok(());
-            }
-            // In-capsule data normally goes straight into the buffer (see `transfer`); it is
-            // here only when the buffer could not be had then but can now.
-            let copied = backend
-                .buffer(token)
-                .and_then(|b| b.subslice(0, data.len()).ok())
-                .map(|b| b.copy_from(&self.rx.pending()[data.clone()]));
-            if copied.is_none() {
+        if op == Op::Write && !data.is_empty() {
+            // In-capsule data normally goes straight into a buffer (see `transfer`); it is
+            // here when none could be had then: kept aside until one can.
+            if !self.hold(token, data) {
                 self.finish(token, Status::INTERNAL_ERROR, backend);
                 return Ok(());
             }
-            self.copied += data.len() as u64;
-            self.slots[token as usize].received = len;
         }
-        self.submit(token, backend);
+        self.advance(token, backend);
         Ok(())
     }
 
@@ -99,6 +79,7 @@ impl Connection {
             op: Some(op),
             offset,
             len,
+            parts: 1,
             pending: 1,
             ..Slot::default()
         };
@@ -106,7 +87,8 @@ impl Connection {
     }
 
     /// The block device (the namespace's), op, byte offset and length of an I/O command, or
-    /// its status.
+    /// its status (with Do Not Retry: the same command would fail again; but for the ANA
+    /// state, which may change).
     pub(super) fn check_io(
         &self,
         sqe: &Sqe,
@@ -120,7 +102,7 @@ impl Connection {
             .namespaces
             .iter()
             .find(|n| n.nsid == sqe.nsid)
-            .ok_or(Status::INVALID_NAMESPACE)?;
+            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
         let device = info.device;
         // the path this connection is: refused where its port is inaccessible (the host then
         // goes another way; no DNR, so it may come back once the state changes)
@@ -137,15 +119,15 @@ impl Connection {
             Some(IoOpcode::WriteZeroes) => (Op::WriteZeroes, false),
             // see `deallocate`
             Some(IoOpcode::DatasetManagement) => return Ok((device, Op::Deallocate, 0, 0)),
-            _ => return Err(Status::INVALID_OPCODE),
+            _ => return Err(Status::INVALID_OPCODE.with_dnr()),
         };
         if slba.checked_add(blocks).is_none_or(|end| end > info.blocks) {
-            return Err(Status::LBA_OUT_OF_RANGE);
+            return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
         let len = blocks * bs;
         if moves_data {
             if len > u64::from(self.subsystem.max_transfer) {
-                return Err(Status::INVALID_FIELD);
+                return Err(Status::INVALID_FIELD.with_dnr());
             }
             let expected_sgl = if in_capsule > 0 {
                 SGL_IN_CAPSULE
@@ -153,10 +135,10 @@ impl Connection {
                 SGL_TRANSPORT
             };
             if sgl_type != expected_sgl || u64::from(sgl_len) != len {
-                return Err(Status::DATA_SGL_LENGTH_INVALID);
+                return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
             }
             if op == Op::Read && in_capsule > 0 {
-                return Err(Status::INVALID_FIELD);
+                return Err(Status::INVALID_FIELD.with_dnr());
             }
         }
         Ok((device, op, slba * bs, len as u32))
@@ -164,12 +146,15 @@ impl Connection {
 
     /// Dataset Management: with the Deallocate attribute, each range (in the capsule, 16 bytes
     /// each: attributes, block count, starting LBA) becomes a deallocate on the namespace;
-    /// without it the command is a hint, done at once.
+    /// without it the command is a hint, done at once. The ranges are checked first (a bad one
+    /// fails the command before any part of it runs), then kept in the holding area as parts
+    /// (byte offset, bytes; empty ranges left out) that start one by one as the device has room.
     fn deallocate(
         &mut self,
         sqe: &Sqe,
         cid: u16,
         token: u16,
+        device: usize,
         data: std::ops::Range<usize>,
         backend: &mut dyn Backend,
     ) {
@@ -192,80 +177,233 @@ impl Connection {
             self.respond(cid, 0, Status::INVALID_NAMESPACE);
             return;
         };
-        let (bs, size, device) = (u64::from(info.block_size), info.blocks, info.device);
-        // Each range as (byte offset, bytes); empty ranges are skipped. Checked in a first
-        // pass, so that a bad range fails the command before any part of it ran.
+        let (bs, size) = (u64::from(info.block_size), info.blocks);
         let range = |r: &[u8]| {
             let blocks = u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]]));
             let slba = u64::from_le_bytes([r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]]);
             (slba, blocks)
         };
-        let mut count = 0u16;
+        let mut parts = 0u16;
         for r in self.rx.pending()[data.clone()].chunks_exact(16) {
             let (slba, blocks) = range(r);
             if slba.checked_add(blocks).is_none_or(|end| end > size) {
                 self.respond(cid, 0, Status::LBA_OUT_OF_RANGE);
                 return;
             }
-            count += u16::from(blocks > 0);
+            parts += u16::from(blocks > 0);
         }
-        if count == 0 {
+        if parts == 0 {
             self.respond(cid, 0, Status::SUCCESS);
             return;
+        }
+        // the parts, 16 bytes each like the ranges they came from, in the holding area
+        let Connection {
+            rx,
+            holding,
+            subsystem,
+            ..
+        } = self;
+        let Some(held) = holding_place(holding, subsystem.in_capsule_bytes, token) else {
+            self.respond(cid, 0, Status::INTERNAL_ERROR);
+            return;
+        };
+        let mut at = 0;
+        for r in rx.pending()[data].chunks_exact(16) {
+            let (slba, blocks) = range(r);
+            if blocks > 0 {
+                held[at..at + 8].copy_from_slice(&(slba * bs).to_le_bytes());
+                held[at + 8..at + 16].copy_from_slice(&(blocks * bs).to_le_bytes());
+                at += 16;
+            }
         }
         self.slots[token as usize] = Slot {
             busy: true,
             cid,
             device,
             op: Some(Op::Deallocate),
-            submitted: true,
-            pending: count,
+            parts,
+            pending: parts,
             ..Slot::default()
         };
         self.in_flight += 1;
-        let mut left = count;
-        for at in (data.start..data.end).step_by(16) {
-            let (slba, blocks) = range(&self.rx.pending()[at..at + 16]);
-            if blocks == 0 {
-                continue;
-            }
-            let request = Request {
-                device,
-                op: Op::Deallocate,
-                offset: slba * bs,
-                len: blocks * bs,
-            };
-            if let Err(status) = backend.submit(token, request) {
-                // the parts not submitted will not complete: count them as failed now
-                let s = &mut self.slots[token as usize];
-                s.failed = s.failed.or(Some(status));
-                s.pending -= left;
-                if s.pending == 0 {
-                    self.finish(token, status, backend);
-                }
-                return;
-            }
-            left -= 1;
-        }
+        self.advance(token, backend);
     }
 
-    pub(super) fn submit(&mut self, token: u16, backend: &mut dyn Backend) {
-        let s = self.slots[token as usize];
-        let Some(op) = s.op else {
-            return;
+    /// Keeps the in-capsule data at `data` of the receive buffer in command `token`'s place of
+    /// the holding area, until the command has a buffer; false if there is no such place
+    /// (cannot happen: an I/O queue's area has a place of IOCCSZ bytes for each slot).
+    fn hold(&mut self, token: u16, data: std::ops::Range<usize>) -> bool {
+        let Connection {
+            rx,
+            holding,
+            subsystem,
+            ..
+        } = self;
+        let len = data.len();
+        let place = holding_place(holding, subsystem.in_capsule_bytes, token);
+        let Some(place) = place.and_then(|p| p.get_mut(..len)) else {
+            return false;
         };
-        let request = Request {
+        place.copy_from_slice(&rx.pending()[data]);
+        self.slots[token as usize].held = true;
+        true
+    }
+
+    /// Moves command `token`'s held write data into its buffer; false if it cannot be.
+    fn unhold(&mut self, token: u16, backend: &mut dyn Backend) -> bool {
+        let len = self.slots[token as usize].len as usize;
+        let from = token as usize * self.subsystem.in_capsule_bytes as usize;
+        let Some(data) = self.holding.get(from..from + len) else {
+            return false;
+        };
+        let copied = backend
+            .buffer(token)
+            .and_then(|b| b.subslice(0, len).ok())
+            .map(|b| b.copy_from(data));
+        if copied.is_none() {
+            return false;
+        }
+        self.copied += len as u64;
+        let s = &mut self.slots[token as usize];
+        s.held = false;
+        s.received = s.len;
+        true
+    }
+
+    /// Part `i` of command `token`: its one request, a Dataset Management's `i`th range, a
+    /// shutdown's Flush of the `i`th namespace. None when there is no such part (a namespace
+    /// removed meanwhile).
+    fn part(&self, token: u16, i: u16) -> Option<Request> {
+        let s = self.slots.get(token as usize)?;
+        if s.shutdown_flush {
+            let ns = self.subsystem.namespaces.get(usize::from(i))?;
+            return Some(Request {
+                device: ns.device,
+                op: Op::Flush,
+                offset: 0,
+                len: 0,
+            });
+        }
+        let op = s.op?;
+        if op != Op::Deallocate {
+            return Some(Request {
+                device: s.device,
+                op,
+                offset: s.offset,
+                len: u64::from(s.len),
+            });
+        }
+        let at = token as usize * self.subsystem.in_capsule_bytes as usize + usize::from(i) * 16;
+        let r = self.holding.get(at..at + 16)?;
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        Some(Request {
             device: s.device,
             op,
-            offset: s.offset,
-            len: u64::from(s.len),
-        };
-        match backend.submit(token, request) {
-            Ok(()) => self.slots[token as usize].submitted = true,
-            Err(status) => self.finish(token, status, backend),
+            offset: word(&r[..8]),
+            len: word(&r[8..]),
+        })
+    }
+
+    /// Moves command `token` on as far as it can go now: a buffer for its data (a write's data
+    /// then asked for by R2T, or taken from the holding area), then its parts to the backend.
+    /// When it cannot go on for want of a buffer or of room, it waits in the backend's queue
+    /// (entered once) until [`Connection::resume`] moves it on.
+    pub(super) fn advance(&mut self, token: u16, backend: &mut dyn Backend) {
+        let waits = self.start(token, backend);
+        if let Some(s) = self.slots.get_mut(token as usize) {
+            if waits && s.busy && !s.waiting {
+                s.waiting = true;
+                backend.wait(token);
+            }
         }
     }
 
+    /// Moves a waiting command on (see [`Connection::advance`]), from the backend's retry
+    /// pass: true once it no longer waits (it started, failed, or is gone), false while it
+    /// still does (it keeps its place in the queue).
+    pub fn resume(&mut self, token: u16, backend: &mut dyn Backend) -> bool {
+        let waiting = self
+            .slots
+            .get(token as usize)
+            .is_some_and(|s| s.busy && s.waiting);
+        if !waiting {
+            return true;
+        }
+        if self.start(token, backend) {
+            return false;
+        }
+        self.slots[token as usize].waiting = false;
+        true
+    }
+
+    /// [`Connection::advance`]'s work; true when the command must wait.
+    fn start(&mut self, token: u16, backend: &mut dyn Backend) -> bool {
+        let t = token as usize;
+        let s = self.slots[t];
+        if s.op.is_some_and(Op::has_data) && !s.buffered {
+            if !backend.reserve(token, s.len as usize) {
+                return true;
+            }
+            self.slots[t].buffered = true;
+            if s.op == Some(Op::Write) {
+                if !s.held {
+                    self.send_r2t(token);
+                    return false; // its parts start once its data is in
+                }
+                if !self.unhold(token, backend) {
+                    self.finish(token, Status::INTERNAL_ERROR, backend);
+                    return false;
+                }
+            }
+        }
+        while self.slots[t].started < s.parts {
+            let Some(request) = self.part(token, self.slots[t].started) else {
+                self.fail_unstarted(token, Status::INTERNAL_ERROR, backend);
+                return false;
+            };
+            match backend.submit(token, request) {
+                Ok(()) => {
+                    let s = &mut self.slots[t];
+                    s.started += 1;
+                    s.submitted = true;
+                }
+                Err(Refused::Busy) => return true,
+                Err(Refused::Failed(status)) => {
+                    self.fail_unstarted(token, status, backend);
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Asks the host for all of write `token`'s data at once (it sends it in PDUs of
+    /// MAXH2CDATA at most).
+    fn send_r2t(&mut self, token: u16) {
+        let s = self.slots[token as usize];
+        let r2t = DataHeader {
+            cccid: s.cid,
+            ttag: token,
+            offset: 0,
+            length: s.len,
+        };
+        self.tx.push(OutHeader::r2t(&r2t, self.digests).as_slice());
+        self.r2t_open += 1;
+    }
+
+    /// The parts of command `token` not started will not run: they count as failed with
+    /// `status` now, and the command ends once those started have completed.
+    pub(super) fn fail_unstarted(&mut self, token: u16, status: Status, backend: &mut dyn Backend) {
+        let s = &mut self.slots[token as usize];
+        let left = s.parts - s.started;
+        s.started = s.parts;
+        s.pending -= left;
+        s.failed = s.failed.or(Some(status));
+        if s.pending == 0 {
+            let status = s.failed.unwrap_or(status);
+            self.finish(token, status, backend);
+        }
+    }
     /// Checks the H2CData header being received against the transfer it belongs to: the
     /// header and whether it is the transfer's last PDU.
     pub(super) fn check_h2c_data(&self, data_len: usize) -> Result<(DataHeader, bool), FatalError> {
@@ -275,7 +413,14 @@ impl Connection {
             .slots
             .get(d.ttag as usize)
             .copied()
-            .filter(|s| s.busy && s.cid == d.cccid && s.op == Some(Op::Write) && !s.submitted)
+            .filter(|s| {
+                s.busy
+                    && s.cid == d.cccid
+                    && s.op == Some(Op::Write)
+                    && s.buffered
+                    && !s.held
+                    && !s.submitted
+            })
             .ok_or(FatalError::field(10, "TTAG"))?;
         if d.length as usize != data_len {
             return Err(FatalError::field(16, "DATAL"));
@@ -327,7 +472,7 @@ impl Connection {
     /// Frees the slot and answers the command.
     pub(super) fn finish(&mut self, token: u16, status: Status, backend: &mut dyn Backend) {
         let slot = self.slots[token as usize];
-        if slot.op.is_some_and(Op::has_data) {
+        if slot.buffered {
             backend.release(token);
         }
         self.slots[token as usize] = Slot::default();

@@ -48,9 +48,6 @@ use crate::block::Op;
 use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
 pub use shutdown::{ICREQ_TIMEOUT, STALL_TIMEOUT};
-
-/// SMART Get Log Page commands one admin queue may have waiting for the drives' answer.
-const SMART_WAITING: usize = 4;
 /// PDUs in a row without data for the drives after which headers are read ahead in batches
 /// (one `read` for many commands): a host that only reads gets batched reads, one that also
 /// writes gets its write data straight into the DMA buffers.
@@ -70,22 +67,37 @@ const TX_PER_PDU: usize = admin::MAX_ADMIN_DATA + 2 * 128 + 4 * DIGEST + SHORT_H
 /// What the drives under the target do for a connection. Tokens are the connection's own
 /// (one per command slot); the caller maps them to its block devices' tokens.
 pub trait Backend {
-    /// A buffer of `len` bytes for command `token`'s data; false when none is free now (the
-    /// command then fails with "Namespace Not Ready"-like busy status and the host retries).
+    /// A buffer of `len` bytes (at most the subsystem's largest transfer) for command
+    /// `token`'s data; false when none can be had now: the command then waits
+    /// ([`Backend::wait`]).
     fn reserve(&mut self, token: u16, len: usize) -> bool;
     /// Command `token`'s buffer (at least the `len` bytes reserved): a write's data is received
     /// into it and a read's data sent from it, in place.
     fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>>;
     /// Starts `request` for command `token`; the result comes back through
-    /// [`Connection::complete`].
-    fn submit(&mut self, token: u16, request: Request) -> Result<(), Status>;
+    /// [`Connection::complete`]. [`Refused::Busy`] when the device has no room now: the
+    /// command then waits ([`Backend::wait`]).
+    fn submit(&mut self, token: u16, request: Request) -> Result<(), Refused>;
+    /// Command `token` cannot go on now (no buffer, or no room in its device's queue): it
+    /// waits behind those that came before it, until the backend's retry pass moves it on with
+    /// [`Connection::resume`].
+    fn wait(&mut self, token: u16);
     /// The command is done with its buffer.
     fn release(&mut self, token: u16);
     /// Starts reading SMART / Health of the drives under the subsystem (aggregated) where it
-    /// does not hold up the reactor; false when it cannot be asked for now.
+    /// does not hold up the reactor; false when it cannot be asked for now (asked again later).
     fn smart_request(&mut self) -> bool;
     /// The answer to the request, once it is there (taken once).
     fn smart_answer(&mut self) -> Option<SmartLog>;
+}
+
+/// Why the backend did not start a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No room in the device's queue now: the command waits and is tried again.
+    Busy,
+    /// It failed for good, with this status.
+    Failed(Status),
 }
 
 /// What a command (or one part of it) asks of the drives: `op` on block device `device` (the
@@ -135,8 +147,10 @@ enum Role {
         registers: admin::ControllerRegisters,
         /// Async Event Requests held (their CIDs), completed when the controller goes away.
         events: Vec<u16>,
-        /// Get Log Page (SMART) commands waiting for the drives' answer.
+        /// Get Log Page (SMART) commands waiting for the drives' answer, and whether it is
+        /// asked for.
         smart_waiting: Vec<Sqe>,
+        smart_asked: bool,
         /// The last sign of the host: an admin command, or I/O on one of the controller's
         /// queues (`Controller::io_traffic`, last seen as `io_traffic_seen`).
         last_keep_alive: Instant,
@@ -163,16 +177,32 @@ struct Slot {
     len: u32,
     /// Write data received so far (R2T transfers).
     received: u32,
-    /// Submitted to the backend (a reply is owed when it completes).
+    /// It holds a buffer of the backend's.
+    buffered: bool,
+    /// Its in-capsule data (write data) waits in the holding area for a buffer.
+    held: bool,
+    /// It waits in the backend's queue (for a buffer, or room in its device's queue).
+    waiting: bool,
+    /// Its requests to the backend: one; a Dataset Management's one per range; a shutdown's
+    /// one per namespace. Started so far, and not completed yet (started or not).
+    parts: u16,
+    started: u16,
+    pending: u16,
+    /// Some part was handed to the backend (a reply is owed when they complete).
     submitted: bool,
     /// Completed and answered; its data is still being sent from its buffer.
     sending: bool,
-    /// Backend completions still to come (a Dataset Management command has one per range).
-    pending: u16,
     /// The first failure among its parts.
     failed: Option<Status>,
     /// The Flushes of a shutdown (CC.SHN), not a command of the host's.
     shutdown_flush: bool,
+}
+
+/// Command `token`'s place in a holding area of `stride` bytes per slot (IOCCSZ), if there is one.
+fn holding_place(holding: &mut [u8], stride: u32, token: u16) -> Option<&mut [u8]> {
+    let stride = stride as usize;
+    let at = token as usize * stride;
+    holding.get_mut(at..at + stride)
 }
 
 /// The state machine of one connection.
@@ -208,6 +238,10 @@ pub struct Connection {
     tx: Transmitter<u16>,
     slots: Box<[Slot]>,
     in_flight: usize,
+    /// An I/O queue's in-capsule data (write data, Dataset Management ranges) for commands that
+    /// wait for a buffer or room: IOCCSZ bytes per slot, made at Connect (zeroed pages the
+    /// kernel gives only when touched).
+    holding: Box<[u8]>,
     /// Where an admin command's answer (Identify, a log page) is built, then copied to `tx`.
     admin_data: Box<[u8]>,
     /// Why the connection ends, once it does.
@@ -271,6 +305,7 @@ impl Connection {
             // a data segment and the bytes after it per command, and a few more
             tx: Transmitter::new(tx_capacity, 2 * entries + 8),
             in_flight: 0,
+            holding: Box::default(),
             admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
             closed: None,
             peer,

@@ -4,6 +4,7 @@
 
 use std::io;
 
+use usnvme_driver::spec::command::PSDT_SGL;
 use usnvme_driver::spec::fabrics::{FABRICS_OPCODE, SGL_IN_CAPSULE};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
@@ -195,7 +196,7 @@ impl Connection {
             PduType::CapsuleCmd if layout.data > 0 && matches!(self.role, Role::Io { .. }) => {
                 let sqe = self.sqe()?;
                 let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
-                if opcode != IoOpcode::Write as u8 {
+                if opcode != IoOpcode::Write as u8 || check_flags(&sqe).is_err() {
                     return Ok(None);
                 }
                 self.check_in_capsule(opcode, sgl_type, sgl_len, layout.data)?;
@@ -208,6 +209,7 @@ impl Connection {
                     return Ok(None);
                 }
                 self.occupy(token, (sqe.cdw0 >> 16) as u16, device, op, offset, len);
+                self.slots[token as usize].buffered = true;
                 // taken from the SQ here (`on_capsule` does it for the others)
                 self.sq_taken = self.sq_taken.wrapping_add(1);
                 Ok(Some(DataInto {
@@ -230,9 +232,9 @@ impl Connection {
             Some(false) => {}
             Some(true) => {
                 self.r2t_open = self.r2t_open.saturating_sub(1);
-                self.submit(t.token, backend);
+                self.advance(t.token, backend);
             }
-            None => self.submit(t.token, backend),
+            None => self.advance(t.token, backend),
         }
     }
 
@@ -304,6 +306,10 @@ impl Connection {
         let cid = (sqe.cdw0 >> 16) as u16;
         let (opcode, sgl_type, sgl_len) = capsule_fields(&sqe);
         self.check_in_capsule(opcode, sgl_type, sgl_len, data.len())?;
+        if let Err(status) = check_flags(&sqe) {
+            self.respond(cid, 0, status);
+            return Ok(());
+        }
         if opcode == FABRICS_OPCODE {
             return self.on_fabrics(&sqe, cid, data, backend);
         }
@@ -312,13 +318,20 @@ impl Connection {
                 self.respond(cid, 0, Status::COMMAND_SEQUENCE_ERROR);
                 Ok(())
             }
-            Role::Admin { .. } => {
-                self.on_admin(&sqe, cid, opcode, backend);
-                Ok(())
-            }
+            Role::Admin { .. } => self.on_admin(&sqe, cid, opcode, backend),
             Role::Io { .. } => self.on_io(&sqe, cid, opcode, sgl_type, sgl_len, data, backend),
         }
     }
+}
+
+/// What every command's first dword must say on a fabric: its data described by SGLs (PSDT
+/// 01b, the only value NVMe over Fabrics allows), and not fused (this target runs no fused
+/// operations); else "Invalid Field", whatever the rest of the command holds.
+fn check_flags(sqe: &Sqe) -> Result<(), Status> {
+    if sqe.fuse() != 0 || sqe.psdt() != PSDT_SGL {
+        return Err(Status::INVALID_FIELD.with_dnr());
+    }
+    Ok(())
 }
 
 /// A command capsule's opcode, SGL identifier and SGL length.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use usnvme_driver::spec::Status;
 
 use super::transmit::Sending;
-use super::{Backend, Connection, Phase, Request, Role, Slot};
+use super::{Backend, Connection, Phase, Role, Slot};
 use crate::block::Op;
 use crate::fabric::framing::Buffers;
 use crate::fabric::pdu::{self, FatalError, PduType};
@@ -130,30 +130,13 @@ impl Connection {
         self.slots[token] = Slot {
             busy: true,
             op: Some(Op::Flush),
-            submitted: true,
+            parts: count as u16,
             pending: count as u16,
             shutdown_flush: true,
             ..Slot::default()
         };
         self.in_flight += 1;
-        for (i, ns) in self.subsystem.namespaces.iter().enumerate() {
-            let flush = Request {
-                device: ns.device,
-                op: Op::Flush,
-                offset: 0,
-                len: 0,
-            };
-            if let Err(status) = backend.submit(token as u16, flush) {
-                // the parts not submitted will not complete: count them now
-                let s = &mut self.slots[token];
-                s.failed = s.failed.or(Some(status));
-                s.pending -= (count - i) as u16;
-                if s.pending == 0 {
-                    self.finish(token as u16, status, backend);
-                }
-                return;
-            }
-        }
+        self.advance(token as u16, backend);
     }
 
     /// The target stops: held events complete, the connection closes once drained.
@@ -167,21 +150,29 @@ impl Connection {
             return;
         }
         self.phase = Phase::Closing;
+        self.closed = Some(why);
         if let Role::Admin { controller, .. } = &self.role {
             controller.go_away();
         }
-        // Commands not yet handed to the backend are dropped now; the others drain.
+        // Commands not yet handed to the backend are dropped now (also those waiting for a
+        // buffer or room; their places in the backend's queue lapse), the parts not started
+        // of those that were are given up, the others drain.
         for token in 0..self.slots.len() {
             let s = self.slots[token];
-            if s.busy && !s.submitted {
-                if s.op.is_some_and(Op::has_data) {
+            if !s.busy {
+                continue;
+            }
+            if !s.submitted {
+                if s.buffered {
                     backend.release(token as u16);
                 }
                 self.slots[token] = Slot::default();
                 self.in_flight -= 1;
+            } else if s.started < s.parts {
+                self.slots[token].waiting = false;
+                self.fail_unstarted(token as u16, Status::ABORTED_SQ_DELETION, backend);
             }
         }
-        self.closed = Some(why);
     }
 
     pub(super) fn terminate(&mut self, error: FatalError, backend: &mut dyn Backend) {

@@ -15,6 +15,7 @@ use crate::fabric::pdu::{
 mod commands;
 mod ending;
 mod stream;
+mod waiting;
 
 const HOST: &str = "nqn.2024-01.io.usnvme:host-a";
 
@@ -89,8 +90,16 @@ impl Bed {
         self.backend.complete_all(&mut self.conn);
     }
 
-    /// A command capsule with `data` in it, as this bed's host sends it (its digests).
+    /// A command capsule with `data` in it, as this bed's host sends it (its digests; PSDT
+    /// 01b, which a host's transport writes into every command it sends).
     fn capsule_pdu(&self, sqe: &Sqe, data: &[u8]) -> Vec<u8> {
+        let mut sqe = *sqe;
+        sqe.set_psdt(usnvme_driver::spec::command::PSDT_SGL);
+        self.capsule_raw_pdu(&sqe, data)
+    }
+
+    /// A command capsule with `sqe` as it is.
+    fn capsule_raw_pdu(&self, sqe: &Sqe, data: &[u8]) -> Vec<u8> {
         let h = OutHeader::capsule_cmd(sqe, data.len(), self.digests);
         let mut pdu = h.as_slice().to_vec();
         pdu.resize(pdu.len() + h.pad(), 0);
