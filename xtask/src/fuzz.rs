@@ -16,12 +16,13 @@ use clap::Args;
 use crate::cmd;
 
 /// The fuzz targets, in the order they run.
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "completions",
     "identify",
     "log_pages",
     "sim_faults",
     "nvme_tcp_target",
+    "nvme_tcp_commands",
     "nvme_tcp_host",
 ];
 

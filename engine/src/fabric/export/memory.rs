@@ -4,15 +4,11 @@
 //! [`MemoryBackend::complete_all`]. Buffers and the "device queue" can be made scarce, so
 //! that commands wait as they do on a reactor.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use usnvme_driver::spec::{SmartLog, Status};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{VolatileMemory, VolatileSlice};
 
-use super::connection::{Backend, Connection, ConnectionLimits, Refused, Request};
-use super::registry::Registry;
+use super::connection::{Backend, Connection, Refused, Request};
 use super::waiting::Waiting;
 use super::{ExportedNamespace, Listener, SubsystemInfo};
 use crate::block::Op;
@@ -218,34 +214,4 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
         queue_entries: 32,
         io_queues: 4,
     }
-}
-
-/// The fuzz target's body: `bytes` from a host, fed in pieces of the sizes its first bytes
-/// choose, I/O completed between pieces. Must never panic, and what the connection holds
-/// stays bounded.
-pub fn fuzz_connection(bytes: &[u8]) {
-    let sub = Arc::new(test_subsystem(2));
-    let mut backend = MemoryBackend::new(&sub);
-    let mut conn = Connection::new(
-        sub.clone(),
-        Arc::new(Registry::new(None)),
-        ConnectionLimits { maxh2cdata: 16384 },
-        "fuzz".into(),
-    );
-    let (sizes, mut rest) = bytes.split_at(bytes.len().min(4));
-    let mut turn = 0usize;
-    while !rest.is_empty() {
-        let size = 1 + *sizes.get(turn % sizes.len().max(1)).unwrap_or(&255) as usize * 8;
-        let (piece, after) = rest.split_at(rest.len().min(size));
-        conn.receive(piece, &mut backend);
-        backend.complete_all(&mut conn);
-        conn.tick(Instant::now(), &mut backend);
-        let _ = conn.transmit(&mut Vec::new(), &mut backend);
-        rest = after;
-        turn += 1;
-    }
-    conn.peer_gone("the fuzzer ended", &mut backend);
-    backend.complete_all(&mut conn);
-    assert_eq!(backend.buffers_held(), 0, "every buffer came back");
-    assert!(conn.finished().is_some(), "a closed connection drains");
 }

@@ -9,7 +9,9 @@
 //!   devices, responses out), without I/O of its own so it can be driven by tests and fuzzing;
 //!   a file for each concern (receive, transmit, Fabrics commands, the admin queue, the I/O
 //!   queue, shutdown).
-//! - [`memory`]: a backend over memory, for tests and the fuzz target.
+//! - [`memory`]: a backend over memory, for tests and the fuzz targets.
+//! - [`fuzz`]: the fuzz targets' bodies: arbitrary bytes, and arbitrary commands each answered
+//!   exactly once.
 //! - [`registry`]: the controllers (dynamic IDs) and the hosts allowed to connect.
 //! - [`server`]: the job each reactor runs: its connections' sockets, commands and buffers.
 //! - [`waiting`]: commands that wait for a DMA buffer or room in a device's queue, in arrival
@@ -19,6 +21,7 @@
 
 pub mod admin;
 pub mod connection;
+pub mod fuzz;
 pub mod memory;
 pub mod namespaces;
 pub mod registry;

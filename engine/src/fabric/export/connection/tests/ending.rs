@@ -179,7 +179,7 @@ fn random_bytes_never_panic_and_leave_nothing_held() {
             v.extend_from_slice(&bytes);
             bytes = v;
         }
-        crate::fabric::export::memory::fuzz_connection(&bytes);
+        crate::fabric::export::fuzz::fuzz_connection(&bytes);
     }
 }
 
