@@ -7,6 +7,7 @@
 mod fabric;
 mod fio;
 mod host;
+mod native;
 mod spdk;
 mod vm;
 
@@ -29,7 +30,9 @@ pub struct BenchArgs {
     no_vm: bool,
     /// Run only this section: host (callgrind and native on `sim`), vm (side by side with the
     /// kernel), fabric (usnvme serve against the kernel's nvmet-tcp), spdk (same boot as
-    /// SPDK; needs --spdk) or fio (fio with usnvme's engine against usnvme perf).
+    /// SPDK; needs --spdk), fio (fio with usnvme's engine against usnvme perf) or
+    /// fabric-native (NVMe/TCP on this machine's cores: serve against SPDK's nvmf_tgt, perf
+    /// against spdk_nvme_perf; needs --spdk-target and --spdk-perf).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -49,6 +52,17 @@ pub struct BenchArgs {
     /// installed fio's source, `target/fio/src/`): the fio section runs it beside the engine.
     #[arg(long, value_name = "PATH")]
     spdk_fio: Option<PathBuf>,
+    /// SPDK's `nvmf_tgt` (its `scripts/rpc.py` is found in the same tree, or give
+    /// --spdk-rpc): the fabric-native section runs it beside `usnvme serve`.
+    #[arg(long, value_name = "PATH", requires = "spdk_perf")]
+    spdk_target: Option<PathBuf>,
+    /// SPDK's `spdk_nvme_perf` (NVMe/TCP initiator): the fabric-native section runs it beside
+    /// `usnvme perf`.
+    #[arg(long, value_name = "PATH", requires = "spdk_target")]
+    spdk_perf: Option<PathBuf>,
+    /// SPDK's `scripts/rpc.py`, where it is not in nvmf_tgt's tree.
+    #[arg(long, value_name = "PATH")]
+    spdk_rpc: Option<PathBuf>,
     /// Seconds per run (-t) of the SPDK comparison (default 10; 3 with --quick).
     #[arg(long, value_name = "S")]
     spdk_seconds: Option<u32>,
@@ -68,6 +82,7 @@ enum Section {
     Fabric,
     Spdk,
     Fio,
+    FabricNative,
 }
 
 /// One host benchmark: what ran and what it measured.
@@ -116,6 +131,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
     let run_fabric = !args.no_vm && only(Section::Fabric);
     let run_fio = !args.no_vm && only(Section::Fio);
+    let native_spdk = match (&args.spdk_target, &args.spdk_perf) {
+        (Some(t), Some(p)) => Some(native::Spdk::find(t, p, args.spdk_rpc.as_deref())?),
+        _ if args.only == Some(Section::FabricNative) => bail!(
+            "--only fabric-native needs --spdk-target PATH/nvmf_tgt --spdk-perf PATH/spdk_nvme_perf"
+        ),
+        _ => None,
+    };
     let spdk_fio = match &args.spdk_fio {
         Some(p) if !p.is_file() => bail!("--spdk-fio {}: no such file", p.display()),
         Some(p) => Some(std::fs::canonicalize(p)?),
@@ -190,6 +212,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
+    let native = match &native_spdk {
+        Some(spdk) if only(Section::FabricNative) => {
+            println!(
+                "bench: NVMe/TCP natively (serve against nvmf_tgt, perf against spdk_nvme_perf)"
+            );
+            let seconds = args
+                .fabric_seconds
+                .unwrap_or(if args.quick { 3 } else { 10 });
+            let rounds = if args.quick { 1 } else { 3 };
+            Some(native::run(&usnvme, spdk, seconds, rounds)?)
+        }
+        _ => None,
+    };
     let mut report = report(
         host.as_ref(),
         vm.as_ref(),
@@ -201,6 +236,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         &mut report,
         fio.as_ref(),
         if args.no_vm { "`--no-vm`" } else { "`--only`" },
+    )?;
+    native::section(
+        &mut report,
+        native.as_ref(),
+        if native_spdk.is_some() {
+            "`--only`"
+        } else {
+            "no SPDK given"
+        },
     )?;
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
     std::fs::write(&out, report)?;
@@ -428,6 +472,9 @@ fn report(
     }
     if args.spdk_fio.is_some() {
         flags.push_str(" --spdk-fio PATH");
+    }
+    if args.spdk_target.is_some() {
+        flags.push_str(" --spdk-target PATH --spdk-perf PATH");
     }
     writeln!(m, "# Benchmarks\n")?;
     writeln!(

@@ -80,7 +80,8 @@ impl MemoryBackend {
     pub fn complete_all(&mut self, conn: &mut Connection) {
         // (the vector is reused: no allocation per command here either)
         let mut done = std::mem::take(&mut self.submitted);
-        if !done.is_empty() {
+        let idle = done.is_empty();
+        if !idle {
             self.waiting.gate.freed();
         }
         for (token, result) in done.drain(..) {
@@ -89,7 +90,7 @@ impl MemoryBackend {
         if self.submitted.is_empty() {
             self.submitted = done;
         }
-        if let Some(mut queue) = self.waiting.begin_retry() {
+        if let Some(mut queue) = self.waiting.begin_retry(idle) {
             queue.retain(|w| !conn.resume(w.token, self));
             self.waiting.end_retry(queue);
         }

@@ -804,7 +804,9 @@ impl Job for ServeJob {
             }
         }
         // Commands that waited for a buffer or room, in order, now that some may be free.
-        if let Some(mut queue) = self.waiting.begin_retry() {
+        let idle = || ctx.devices.iter().all(|d| d.in_flight() == 0);
+        let idle = !self.waiting.is_empty() && idle();
+        if let Some(mut queue) = self.waiting.begin_retry(idle) {
             let before = queue.len();
             queue.retain(|w| {
                 let slot = w.conn as usize;

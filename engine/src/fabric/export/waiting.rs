@@ -111,12 +111,14 @@ impl Waiting {
         self.queue.retain(|w| w.conn != conn);
     }
 
-    /// Starts a retry pass when there are waiters and something was freed since the last one:
-    /// the gate opens (every resource is tried anew, in order) and the waiters are handed out
-    /// to be offered to their connections, in order; [`Waiting::end_retry`] takes back those
-    /// that still wait. Meanwhile the backend may queue new waiters here as usual.
-    pub fn begin_retry(&mut self) -> Option<VecDeque<Waiter>> {
-        if self.queue.is_empty() || !std::mem::take(&mut self.gate.freed) {
+    /// Starts a retry pass when there are waiters and something was freed since the last one,
+    /// or nothing is in flight (`idle`: nothing will free anything, and the gate may be closed
+    /// by waiters gone meanwhile, their connection closed): the gate opens (every resource is
+    /// tried anew, in order) and the waiters are handed out to be offered to their
+    /// connections, in order; [`Waiting::end_retry`] takes back those that still wait.
+    /// Meanwhile the backend may queue new waiters here as usual.
+    pub fn begin_retry(&mut self, idle: bool) -> Option<VecDeque<Waiter>> {
+        if self.queue.is_empty() || !(std::mem::take(&mut self.gate.freed) || idle) {
             return None;
         }
         self.gate.buffers_short = false;
@@ -144,9 +146,9 @@ mod tests {
             waiting.push(0, token);
         }
         assert_eq!(waiting.take_waited(), 4);
-        assert!(waiting.begin_retry().is_none(), "nothing freed yet");
+        assert!(waiting.begin_retry(false).is_none(), "nothing freed yet");
         waiting.gate.freed();
-        let mut queue = waiting.begin_retry().expect("a pass");
+        let mut queue = waiting.begin_retry(false).expect("a pass");
         // tokens 0 and 2 start; 1 finds no buffer, 3 no room on device 1
         queue.retain(|w| match w.token {
             1 => {
@@ -166,9 +168,8 @@ mod tests {
         assert!(!waiting.gate.buffers_open());
         assert!(!waiting.gate.room_open(1));
         assert!(waiting.gate.room_open(0));
-        // the next pass opens the gate again
-        waiting.gate.freed();
-        let queue = waiting.begin_retry().expect("a pass");
+        // the next pass opens the gate again; with nothing in flight, one runs unasked
+        let queue = waiting.begin_retry(true).expect("a pass when idle");
         assert!(waiting.gate.buffers_open() && waiting.gate.room_open(1));
         waiting.end_retry(queue);
         waiting.forget(5);

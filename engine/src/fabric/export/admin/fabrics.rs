@@ -53,10 +53,13 @@ pub fn connect_data(bytes: &[u8]) -> Result<ConnectData, Status> {
     ConnectData::from_slice(bytes).ok_or(DATA_SGL_LENGTH_INVALID)
 }
 
-/// The subsystem and host NQNs of a Connect's data. Each must be UTF-8, not empty, and end
-/// with a NUL inside its 256 bytes; otherwise "Connect Invalid Parameters".
+/// The subsystem and host NQNs of a Connect's data. Each must be UTF-8 and end with a NUL
+/// inside its 256 bytes, and the subsystem's must not be empty; otherwise "Connect Invalid
+/// Parameters". The host's may be (SPDK's `spdk_nvme_perf` sends none unless told one; Linux's
+/// and SPDK's targets take it where any host may connect, and so do we).
 pub fn connect_nqns(data: &ConnectData) -> Result<(&str, &str), Status> {
-    Ok((checked_nqn(data.subnqn())?, checked_nqn(data.hostnqn())?))
+    let host = data.hostnqn().ok_or(CONNECT_INVALID_PARAMETERS)?;
+    Ok((checked_nqn(data.subnqn())?, host))
 }
 
 fn checked_nqn(nqn: Option<&str>) -> Result<&str, Status> {

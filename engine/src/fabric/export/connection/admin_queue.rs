@@ -210,12 +210,14 @@ impl Connection {
             controller,
             features,
             events,
+            registers,
             ..
         } = &mut self.role
         else {
             return;
         };
-        if events.is_empty() || self.closed.is_some() {
+        // (none once the host announced a shutdown: it has ended its requests itself)
+        if events.is_empty() || self.closed.is_some() || registers.shutdown_requested() {
             return;
         }
         let aec = features.async_event_config();

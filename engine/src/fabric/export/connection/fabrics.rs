@@ -79,8 +79,10 @@ impl Connection {
                 };
                 let status = result.err().unwrap_or(Status::SUCCESS);
                 self.respond(cid, 0, status);
+                // (held Asynchronous Event Requests are not answered: hosts end them
+                // themselves, and SPDK's reuses their command IDs for the shutdown's own
+                // commands, so a late answer would name a command it no longer has)
                 if self.shutting_down() {
-                    self.complete_events(Status::ABORT_REQUESTED);
                     self.flush_for_shutdown(backend);
                 }
             }
@@ -115,6 +117,12 @@ impl Connection {
         }
         let entries = connect.entries();
         if connect.sqsize == 0 || entries > u32::from(self.subsystem.queue_entries) {
+            log::warn!(
+                "{}: Connect of queue {} with {entries} entries refused: 2 to {} are served",
+                self.peer,
+                connect.qid,
+                self.subsystem.queue_entries
+            );
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
         // (set before the Connect's own response, which reports the head past it)
@@ -122,6 +130,12 @@ impl Connection {
         self.sq_flow = connect.cattr & CATTR_DISABLE_SQ_FLOW == 0;
         if connect.qid == 0 {
             if data.cntlid != CNTLID_DYNAMIC {
+                log::warn!(
+                    "{}: Connect of an admin queue to controller {} refused: only a new one \
+                     (FFFFh, dynamic) is served",
+                    self.peer,
+                    data.cntlid
+                );
                 return Err(Status::CONNECT_INVALID_PARAMETERS);
             }
             let controller = self.registry.create(hostnqn, discovery)?;

@@ -142,4 +142,11 @@ fn connect_data_checks() {
     assert_eq!(refused(&[]), Err(Status::DATA_SGL_LENGTH_INVALID));
     let empty = super::connect_data(&[0; 1024]).expect("1024 bytes");
     assert!(connect_nqns(&empty).expect_err("empty").dnr());
+    // no host NQN (as spdk_nvme_perf sends unless told one): a host without a name
+    let nameless =
+        super::connect_data(&connect_data(b"nqn.2024-01.io.usnvme:test", b"")).expect("1024 bytes");
+    assert_eq!(
+        connect_nqns(&nameless),
+        Ok(("nqn.2024-01.io.usnvme:test", ""))
+    );
 }

@@ -211,7 +211,7 @@ fn a_smart_read_waits_for_the_drives_while_other_commands_are_served() {
     );
     assert_eq!(admin.backend.smart_asked, 1);
     // meanwhile: an Identify on the same queue, and I/O on a queue of the controller
-    admin.capsule(&Sqe::identify(Cns::Controller, 0), &[]);
+    admin.capsule(&identify_controller(), &[]);
     assert_eq!(admin.status(), Status::SUCCESS);
     let mut io = Bed::new(None, Digests::default());
     io.conn.registry = admin.conn.registry.clone();
@@ -254,9 +254,17 @@ fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
         }
     };
     let cc = 1u64 | 6 << 16 | 4 << 20;
+    // an Asynchronous Event Request held over the shutdown
+    let mut aer = Sqe::async_event_request();
+    aer.set_cid(3);
+    admin.capsule(&aer, &[]);
+    assert!(admin.take().is_empty());
     admin
         .conn
         .receive(&property(Some(cc | 1 << 14)), &mut admin.backend); // SHN normal
+                                                                     // the Property Set's answer only: SPDK's host ends its held requests itself before it
+                                                                     // shuts down, and sends the shutdown's commands with their IDs (an answer to CID 3 now
+                                                                     // would name a command it no longer has, and it fails the controller)
     assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
     assert_eq!(admin.backend.flushes, [1, 1], "a Flush to every namespace");
     assert_eq!(
@@ -279,6 +287,16 @@ fn a_shutdown_flushes_every_namespace_before_it_reports_complete() {
     assert!(matches!(&admin.take()[..], [Got::Resp(c)] if c.status() == Status::SUCCESS));
     assert_eq!(admin.backend.flushes, [1, 1]);
     assert_eq!(csts(&mut admin) >> 2 & 3, 0b10);
+    // a drive's event after the shutdown does not answer it either
+    admin.conn.registry.raise_event(1 | 1 << 8);
+    admin.conn.tick(Instant::now(), &mut admin.backend);
+    assert!(admin.take().is_empty(), "no event after a shutdown");
+    // the target stopping answers it (its host has not ended the association)
+    admin.conn.shut_down(&mut admin.backend);
+    match &admin.take()[..] {
+        [Got::Resp(c)] => assert_eq!((c.cid, c.status()), (3, Status::ABORT_REQUESTED)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -1,0 +1,758 @@
+//! `cargo xtask bench --only fabric-native --spdk-target PATH --spdk-perf PATH`: NVMe/TCP
+//! natively over loopback, SPDK beside us in one run, no VM. Targets: `usnvme serve` against
+//! SPDK's `nvmf_tgt` under the same initiator (`usnvme perf`), IOPS per target core.
+//! Initiators: `usnvme perf` against `spdk_nvme_perf` in front of the same target, IOPS per
+//! initiator core. Both targets export 8 null namespaces of 1 GiB in 512-byte blocks (`sim:`
+//! null drives; SPDK null bdevs); 4 KiB random reads at QD 32 and 1 per namespace; each round
+//! runs every case, the two sides of a comparison in alternating order.
+//!
+//! Placement follows the machine's cores. With 16 or more: targets on 1 and 4 cores with the
+//! initiator on cores 8-15, and initiators on core 8 in front of targets on cores 0-7. With
+//! fewer: target on core 0, initiator on core 1 (the version that runs anywhere: on a small
+//! machine the kernel's loopback work of both sides shares two cores, so it gives ratios, not
+//! figures to quote).
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::spdk::{median, spdk_figures, usnvme_figures};
+
+const SERVE_PORT: u16 = 4420;
+const SPDK_PORT: u16 = 4421;
+const SERVE_NQN: &str = "nqn.2024-01.io.usnvme:bench";
+const SPDK_NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+const NAMESPACES: u32 = 8;
+/// How long a target may take to start listening.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// SPDK's programs: the target, the initiator, the RPC client, and the folder of shared
+/// libraries beside them (`lib/`, in a relocated build) if there is one.
+#[derive(Debug, Clone)]
+pub struct Spdk {
+    target: PathBuf,
+    perf: PathBuf,
+    rpc: PathBuf,
+    lib: Option<PathBuf>,
+}
+
+impl Spdk {
+    /// `nvmf_tgt` and `spdk_nvme_perf`; `rpc.py` given, or found in the SPDK tree they were
+    /// built in (`build/bin/` → `scripts/`) or beside their folder (`bin/` → `scripts/`).
+    pub fn find(target: &Path, perf: &Path, rpc: Option<&Path>) -> Result<Spdk> {
+        for (flag, p) in [("--spdk-target", target), ("--spdk-perf", perf)] {
+            if !p.is_file() {
+                bail!("{flag} {}: no such file", p.display());
+            }
+        }
+        let target = std::fs::canonicalize(target)?;
+        let perf = std::fs::canonicalize(perf)?;
+        let bin = target.parent().unwrap_or(Path::new("/"));
+        let rpc = match rpc {
+            Some(p) if p.is_file() => p.to_path_buf(),
+            Some(p) => bail!("--spdk-rpc {}: no such file", p.display()),
+            None => ["../scripts/rpc.py", "../../scripts/rpc.py"]
+                .iter()
+                .map(|r| bin.join(r))
+                .find(|p| p.is_file())
+                .with_context(|| {
+                    format!(
+                        "no scripts/rpc.py near {}: give SPDK's with --spdk-rpc PATH",
+                        target.display()
+                    )
+                })?,
+        };
+        let lib = Some(bin.join("../lib")).filter(|l| l.is_dir());
+        Ok(Spdk {
+            target,
+            perf,
+            rpc,
+            lib,
+        })
+    }
+
+    fn command(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
+        if let Some(lib) = &self.lib {
+            c.env("LD_LIBRARY_PATH", lib);
+        }
+        c
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Serve,
+    NvmfTgt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Initiator {
+    UsnvmePerf,
+    SpdkPerf,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Serve => "usnvme serve",
+            Target::NvmfTgt => "nvmf_tgt",
+        }
+    }
+}
+
+impl Initiator {
+    fn name(self) -> &'static str {
+        match self {
+            Initiator::UsnvmePerf => "usnvme perf",
+            Initiator::SpdkPerf => "spdk_nvme_perf",
+        }
+    }
+}
+
+/// One measured case: an initiator on its cores in front of a target on its cores.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub target: Target,
+    pub target_cores: Vec<u32>,
+    pub initiator: Initiator,
+    pub initiator_cores: Vec<u32>,
+    pub qd: u32,
+    /// IOPS of each round that gave figures.
+    pub iops: Vec<f64>,
+    /// Why a round gave none (the first such).
+    pub error: Option<String>,
+    pub command: String,
+}
+
+#[derive(Debug)]
+pub struct NativeResults {
+    pub cases: Vec<Case>,
+    pub seconds: u32,
+    pub rounds: u32,
+    /// How `spdk_nvme_perf` got its memory.
+    pub spdk_memory: String,
+    pub target_commands: Vec<String>,
+}
+
+/// `a-b` / `a` as the tools take core lists.
+fn list(cores: &[u32]) -> String {
+    match (cores.first(), cores.last()) {
+        (Some(a), Some(b)) if a != b => format!("{a}-{b}"),
+        (Some(a), _) => a.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn mask(cores: &[u32]) -> String {
+    format!("{:#x}", cores.iter().fold(0u64, |m, &c| m | 1 << c))
+}
+
+/// A target's cores, and the initiators run in front of it (each on its cores).
+type Session = (Vec<u32>, Vec<(Initiator, Vec<u32>)>);
+
+/// The target sessions of a round.
+fn plan(cores: usize) -> Vec<Session> {
+    use Initiator::*;
+    if cores >= 16 {
+        let many: Vec<u32> = (8..16).collect();
+        vec![
+            (vec![0], vec![(UsnvmePerf, many.clone())]),
+            ((0..4).collect(), vec![(UsnvmePerf, many)]),
+            (
+                (0..8).collect(),
+                vec![(UsnvmePerf, vec![8]), (SpdkPerf, vec![8])],
+            ),
+        ]
+    } else {
+        vec![(vec![0], vec![(UsnvmePerf, vec![1]), (SpdkPerf, vec![1])])]
+    }
+}
+
+/// A running target.
+struct Running {
+    child: Child,
+    target: Target,
+    rpc_socket: PathBuf,
+}
+
+pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<NativeResults> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        bail!("the native fabric bench needs 2 cores at least (a target's and an initiator's)");
+    }
+    let work = crate::target_dir().join("bench-native");
+    std::fs::create_dir_all(&work)?;
+    let spdk_memory = spdk_perf_memory();
+    let mut cases: Vec<Case> = Vec::new();
+    let mut target_commands = Vec::new();
+    for round in 0..rounds {
+        for (target_cores, initiators) in plan(cores) {
+            let mut order = [Target::Serve, Target::NvmfTgt];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for target in order {
+                println!(
+                    "bench: round {}/{rounds}: {} on cores {}",
+                    round + 1,
+                    target.name(),
+                    list(&target_cores)
+                );
+                let (running, command) = start(target, &target_cores, usnvme, spdk, &work)?;
+                if round == 0 {
+                    target_commands.push(command);
+                }
+                for (initiator, initiator_cores) in &initiators {
+                    for qd in [32, 1] {
+                        let (command, result) = measure(
+                            *initiator,
+                            initiator_cores,
+                            target,
+                            qd,
+                            seconds,
+                            usnvme,
+                            spdk,
+                            &spdk_memory,
+                            &work,
+                        );
+                        let at = cases.iter().position(|c| {
+                            c.target == target
+                                && c.target_cores == target_cores
+                                && c.initiator == *initiator
+                                && c.initiator_cores == *initiator_cores
+                                && c.qd == qd
+                        });
+                        let case = match at {
+                            Some(i) => &mut cases[i],
+                            None => {
+                                cases.push(Case {
+                                    target,
+                                    target_cores: target_cores.clone(),
+                                    initiator: *initiator,
+                                    initiator_cores: initiator_cores.clone(),
+                                    qd,
+                                    iops: Vec::new(),
+                                    error: None,
+                                    command,
+                                });
+                                cases.last_mut().expect("just pushed")
+                            }
+                        };
+                        match result {
+                            Ok(iops) => case.iops.push(iops),
+                            Err(e) => {
+                                println!("bench:   {e}");
+                                case.error.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+                stop(running, spdk);
+            }
+        }
+    }
+    Ok(NativeResults {
+        cases,
+        seconds,
+        rounds,
+        spdk_memory,
+        target_commands,
+    })
+}
+
+/// `spdk_nvme_perf`'s memory flags: hugepages where 1 GiB of them is free, else `--no-huge`
+/// (which SPDK's perf takes from v24.01 on).
+fn spdk_perf_memory() -> String {
+    let free_pages = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("HugePages_Free:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    if free_pages >= 512 {
+        "-s 1024 --iova-mode va".into()
+    } else {
+        "--no-huge -s 1024 --iova-mode va".into()
+    }
+}
+
+fn start(
+    target: Target,
+    cores: &[u32],
+    usnvme: &Path,
+    spdk: &Spdk,
+    work: &Path,
+) -> Result<(Running, String)> {
+    let rpc_socket = work.join("spdk.sock");
+    match target {
+        Target::Serve => {
+            let devices = format!("sim:0-{}", NAMESPACES - 1);
+            let listen = format!("127.0.0.1:{SERVE_PORT}");
+            let args = [
+                "serve",
+                "-r",
+                &devices,
+                "-c",
+                &list(cores),
+                "--idle",
+                "poll",
+                "--allow-any-host",
+                "--nqn",
+                SERVE_NQN,
+                "--listen",
+                &listen,
+            ];
+            let mut child = Command::new(usnvme)
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("usnvme serve")?;
+            let stdout = child.stdout.take().context("serve's output")?;
+            // it says which hosts may connect once it listens
+            let listening = BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l.starts_with("hosts:"));
+            let running = Running {
+                child,
+                target,
+                rpc_socket,
+            };
+            if !listening {
+                stop(running, spdk);
+                bail!(
+                    "usnvme serve did not start (run `usnvme {}`)",
+                    args.join(" ")
+                );
+            }
+            Ok((running, format!("usnvme {}", args.join(" "))))
+        }
+        Target::NvmfTgt => {
+            let _ = std::fs::remove_file(&rpc_socket);
+            let args = [
+                "-m".to_string(),
+                mask(cores),
+                "-s".into(),
+                "4096".into(),
+                "-u".into(),
+                "--iova-mode".into(),
+                "va".into(),
+                "--env-context=--no-huge --legacy-mem".into(),
+                "-r".into(),
+                rpc_socket.display().to_string(),
+            ];
+            let child = spdk
+                .command(&spdk.target)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("nvmf_tgt")?;
+            let running = Running {
+                child,
+                target,
+                rpc_socket: rpc_socket.clone(),
+            };
+            let since = Instant::now();
+            while !rpc_socket.exists() && since.elapsed() < START_LIMIT {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let sock = rpc_socket.display().to_string();
+            let mut setup: Vec<Vec<String>> = vec![
+                vec!["framework_wait_init".into()],
+                vec!["nvmf_create_transport".into(), "-t".into(), "TCP".into()],
+            ];
+            for i in 0..NAMESPACES {
+                setup.push(
+                    ["bdev_null_create", &format!("Null{i}"), "1024", "512"]
+                        .map(String::from)
+                        .to_vec(),
+                );
+            }
+            setup.push(
+                [
+                    "nvmf_create_subsystem",
+                    SPDK_NQN,
+                    "-a",
+                    "-s",
+                    "SPDK0001",
+                    "-m",
+                    "32",
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+            for i in 0..NAMESPACES {
+                setup.push(
+                    ["nvmf_subsystem_add_ns", SPDK_NQN, &format!("Null{i}")]
+                        .map(String::from)
+                        .to_vec(),
+                );
+            }
+            setup.push(
+                [
+                    "nvmf_subsystem_add_listener",
+                    SPDK_NQN,
+                    "-t",
+                    "tcp",
+                    "-a",
+                    "127.0.0.1",
+                    "-s",
+                    &SPDK_PORT.to_string(),
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+            let mut described = format!(
+                "nvmf_tgt -m {} -s 4096 -u --iova-mode va --env-context=\"--no-huge --legacy-mem\"; then rpc.py:",
+                mask(cores)
+            );
+            for call in &setup {
+                let ok = Command::new("python3")
+                    .arg(&spdk.rpc)
+                    .args(["-s", &sock, "-t", "60"])
+                    .args(call)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if !ok {
+                    stop(running, spdk);
+                    bail!("nvmf_tgt: rpc.py {} failed", call.join(" "));
+                }
+                if call[0] != "framework_wait_init" {
+                    write!(described, " `{}`;", call.join(" "))?;
+                }
+            }
+            Ok((running, described))
+        }
+    }
+}
+
+fn stop(mut running: Running, spdk: &Spdk) {
+    match running.target {
+        Target::Serve => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(running.child.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+        }
+        Target::NvmfTgt => {
+            let _ = Command::new("python3")
+                .arg(&spdk.rpc)
+                .args(["-s", &running.rpc_socket.display().to_string()])
+                .args(["spdk_kill_instance", "SIGTERM"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(10) {
+        if running.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = running.child.kill();
+    let _ = running.child.wait();
+}
+
+/// One initiator run: its command line, and its IOPS or why there are none.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    initiator: Initiator,
+    cores: &[u32],
+    target: Target,
+    qd: u32,
+    seconds: u32,
+    usnvme: &Path,
+    spdk: &Spdk,
+    spdk_memory: &str,
+    work: &Path,
+) -> (String, std::result::Result<f64, String>) {
+    let (port, nqn) = match target {
+        Target::Serve => (SERVE_PORT, SERVE_NQN),
+        Target::NvmfTgt => (SPDK_PORT, SPDK_NQN),
+    };
+    let limit = (seconds + 60).to_string();
+    match initiator {
+        Initiator::UsnvmePerf => {
+            let json = work.join("perf.json");
+            let _ = std::fs::remove_file(&json);
+            let remote = format!("tcp://127.0.0.1:{port}/{nqn}");
+            let args = [
+                "perf".to_string(),
+                "-r".into(),
+                remote,
+                "-c".into(),
+                list(cores),
+                "-q".into(),
+                qd.to_string(),
+                "-o".into(),
+                "4k".into(),
+                "-w".into(),
+                "randread".into(),
+                "-t".into(),
+                seconds.to_string(),
+            ];
+            let out = Command::new("timeout")
+                .arg(&limit)
+                .arg(usnvme)
+                .args(&args)
+                .arg("--json")
+                .arg(&json)
+                .output();
+            let figures = std::fs::read_to_string(&json)
+                .ok()
+                .and_then(|j| usnvme_figures(&j));
+            let command = format!("usnvme {}", args.join(" "));
+            let result = match (figures, out) {
+                (Some(f), _) => Ok(f.iops),
+                (None, Ok(o)) => Err(first_line(&o.stderr)),
+                (None, Err(e)) => Err(e.to_string()),
+            };
+            (command, result)
+        }
+        Initiator::SpdkPerf => {
+            let trid =
+                format!("trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}");
+            let mut args = vec![
+                "-r".to_string(),
+                trid.clone(),
+                "-q".into(),
+                qd.to_string(),
+                "-o".into(),
+                "4096".into(),
+                "-w".into(),
+                "randread".into(),
+                "-t".into(),
+                seconds.to_string(),
+                "-c".into(),
+                mask(cores),
+            ];
+            args.extend(spdk_memory.split_whitespace().map(String::from));
+            let out = spdk
+                .command(Path::new("timeout"))
+                .arg(&limit)
+                .arg(&spdk.perf)
+                .args(&args)
+                .output();
+            let command = format!("spdk_nvme_perf {}", args.join(" "))
+                .replace(&format!("-r {trid}"), &format!("-r '{trid}'"));
+            let result = match out {
+                Ok(o) => {
+                    let text = String::from_utf8_lossy(&o.stdout);
+                    spdk_figures(&text)
+                        .map(|f| f.iops)
+                        .ok_or_else(|| first_line(&o.stderr).replace("no output", &text))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            (command, result)
+        }
+    }
+}
+
+/// The first line of `bytes` that says what went wrong, or the last.
+fn first_line(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .iter()
+        .find(|l| l.contains("error") || l.contains("ERROR"))
+        .or(lines.last())
+        .map_or("no output".into(), |l| l.chars().take(200).collect())
+}
+
+fn fmt_iops(v: Option<f64>) -> String {
+    v.map_or("-".into(), |i| format!("{:.0} k", i / 1e3))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    }
+}
+
+/// The report's section.
+pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -> Result<()> {
+    writeln!(
+        m,
+        "\n## NVMe/TCP natively: serve against nvmf_tgt, perf against spdk_nvme_perf\n"
+    )?;
+    let Some(r) = results else {
+        writeln!(
+            m,
+            "Not run ({why_not}; it needs `--spdk-target PATH/nvmf_tgt --spdk-perf \
+             PATH/spdk_nvme_perf`)."
+        )?;
+        return Ok(());
+    };
+    writeln!(
+        m,
+        "Over loopback on this machine, no VM. Both targets export {NAMESPACES} null namespaces \
+         of 1 GiB in 512-byte blocks (`sim:` null drives behind serve, null bdevs behind \
+         nvmf_tgt); 4 KiB random reads, QD per namespace, {} s per run, the median of {} rounds \
+         (the two sides of each comparison in alternating order). `spdk_nvme_perf` memory: `{}`. \
+         Per core: the IOPS divided by the cores of the side compared.\n",
+        r.seconds, r.rounds, r.spdk_memory
+    )?;
+    let median_of = |t: Target, tc: &[u32], i: Initiator, ic: &[u32], qd: u32| {
+        r.cases
+            .iter()
+            .find(|c| {
+                c.target == t
+                    && c.target_cores == tc
+                    && c.initiator == i
+                    && c.initiator_cores == ic
+                    && c.qd == qd
+            })
+            .and_then(|c| median(c.iops.clone()))
+    };
+    // Targets compared: the same initiator (usnvme perf) in front of each.
+    writeln!(
+        m,
+        "**Targets** (initiator: `usnvme perf`)\n\n| target cores | initiator cores | QD | \
+         serve IOPS | nvmf_tgt IOPS | serve per core | nvmf_tgt per core | serve / nvmf_tgt |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    )?;
+    let mut seen = Vec::new();
+    for c in r
+        .cases
+        .iter()
+        .filter(|c| c.initiator == Initiator::UsnvmePerf)
+    {
+        let key = (c.target_cores.clone(), c.initiator_cores.clone(), c.qd);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let us = median_of(
+            Target::Serve,
+            &c.target_cores,
+            c.initiator,
+            &c.initiator_cores,
+            c.qd,
+        );
+        let them = median_of(
+            Target::NvmfTgt,
+            &c.target_cores,
+            c.initiator,
+            &c.initiator_cores,
+            c.qd,
+        );
+        let n = c.target_cores.len() as f64;
+        writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            list(&c.target_cores),
+            list(&c.initiator_cores),
+            c.qd,
+            fmt_iops(us),
+            fmt_iops(them),
+            fmt_iops(us.map(|v| v / n)),
+            fmt_iops(them.map(|v| v / n)),
+            ratio(us, them)
+        )?;
+    }
+    // Initiators compared: each in front of the same target.
+    let spdk_cases: Vec<&Case> = r
+        .cases
+        .iter()
+        .filter(|c| c.initiator == Initiator::SpdkPerf)
+        .collect();
+    if !spdk_cases.is_empty() {
+        writeln!(
+            m,
+            "\n**Initiators**\n\n| target (cores) | initiator cores | QD | usnvme perf IOPS | \
+             spdk_nvme_perf IOPS | usnvme perf / spdk_nvme_perf |\n|---|---|---:|---:|---:|---:|"
+        )?;
+        for c in spdk_cases {
+            let us = median_of(
+                c.target,
+                &c.target_cores,
+                Initiator::UsnvmePerf,
+                &c.initiator_cores,
+                c.qd,
+            );
+            let them = median(c.iops.clone());
+            writeln!(
+                m,
+                "| {} ({}) | {} | {} | {} | {} | {} |",
+                c.target.name(),
+                list(&c.target_cores),
+                list(&c.initiator_cores),
+                c.qd,
+                fmt_iops(us),
+                fmt_iops(them),
+                ratio(us, them)
+            )?;
+        }
+    }
+    let errors: Vec<&Case> = r.cases.iter().filter(|c| c.error.is_some()).collect();
+    if !errors.is_empty() {
+        writeln!(m, "\nRuns without figures:\n")?;
+        for c in errors {
+            writeln!(
+                m,
+                "- {} on {} in front of {}: {}",
+                c.initiator.name(),
+                list(&c.initiator_cores),
+                c.target.name(),
+                c.error.as_deref().unwrap_or("")
+            )?;
+        }
+    }
+    writeln!(m, "\nCommands (one of each):\n")?;
+    for c in &r.target_commands {
+        writeln!(m, "- `{}`", c.replace('`', "'"))?;
+    }
+    let mut commands: Vec<&str> = r.cases.iter().map(|c| c.command.as_str()).collect();
+    commands.dedup();
+    for c in commands {
+        writeln!(m, "- `{c}`")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_lists_and_masks_are_as_the_tools_take_them() {
+        assert_eq!(list(&[0]), "0");
+        assert_eq!(list(&[8, 9, 10, 11, 12, 13, 14, 15]), "8-15");
+        assert_eq!(mask(&[0, 1, 2, 3]), "0xf");
+        assert_eq!(mask(&[8]), "0x100");
+    }
+
+    #[test]
+    fn a_small_machine_runs_one_target_core_in_front_of_one_initiator_core() {
+        let small = plan(2);
+        assert_eq!(small.len(), 1);
+        assert_eq!(small[0].0, [0]);
+        assert!(small[0].1.iter().all(|(_, c)| c == &[1]));
+        let big = plan(16);
+        let target_cores: Vec<usize> = big.iter().map(|(t, _)| t.len()).collect();
+        assert_eq!(target_cores, [1, 4, 8]);
+        assert!(big
+            .iter()
+            .flat_map(|(t, i)| i.iter().map(move |(_, c)| (t, c)))
+            .all(|(t, c)| c.iter().all(|x| !t.contains(x))));
+    }
+}
