@@ -160,9 +160,10 @@ fn plan(cores: usize) -> Vec<Session> {
     use Initiator::*;
     if cores >= 16 {
         let many: Vec<u32> = (8..16).collect();
+        let both = vec![(UsnvmePerf, many.clone()), (SpdkPerf, many)];
         vec![
-            (vec![0], vec![(UsnvmePerf, many.clone())]),
-            ((0..4).collect(), vec![(UsnvmePerf, many)]),
+            (vec![0], both.clone()),
+            ((0..4).collect(), both),
             (
                 (0..8).collect(),
                 vec![(UsnvmePerf, vec![8]), (SpdkPerf, vec![8])],
@@ -623,65 +624,56 @@ pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -
             })
             .and_then(|c| median(c.iops.clone()))
     };
-    // Targets compared: the same initiator (usnvme perf) in front of each.
-    writeln!(
-        m,
-        "**Targets** (initiator: `usnvme perf`)\n\n| target cores | initiator cores | QD | \
-         serve IOPS | nvmf_tgt IOPS | serve per core | nvmf_tgt per core | serve / nvmf_tgt |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|"
-    )?;
-    let mut seen = Vec::new();
-    for c in r
-        .cases
-        .iter()
-        .filter(|c| c.initiator == Initiator::UsnvmePerf)
-    {
-        let key = (c.target_cores.clone(), c.initiator_cores.clone(), c.qd);
-        if seen.contains(&key) {
+    // Targets compared: the same initiator in front of each.
+    for initiator in [Initiator::UsnvmePerf, Initiator::SpdkPerf] {
+        let rows: Vec<&Case> = r
+            .cases
+            .iter()
+            .filter(|c| c.initiator == initiator && c.target == Target::Serve)
+            .collect();
+        if rows.is_empty() {
             continue;
         }
-        seen.push(key);
-        let us = median_of(
-            Target::Serve,
-            &c.target_cores,
-            c.initiator,
-            &c.initiator_cores,
-            c.qd,
-        );
-        let them = median_of(
-            Target::NvmfTgt,
-            &c.target_cores,
-            c.initiator,
-            &c.initiator_cores,
-            c.qd,
-        );
-        let n = c.target_cores.len() as f64;
         writeln!(
             m,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            list(&c.target_cores),
-            list(&c.initiator_cores),
-            c.qd,
-            fmt_iops(us),
-            fmt_iops(them),
-            fmt_iops(us.map(|v| v / n)),
-            fmt_iops(them.map(|v| v / n)),
-            ratio(us, them)
+            "**Targets** (initiator: `{}`)\n\n| target cores | initiator cores | QD | serve IOPS \
+             | nvmf_tgt IOPS | serve per core | nvmf_tgt per core | serve / nvmf_tgt |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|",
+            initiator.name()
         )?;
+        for c in rows {
+            let (tc, ic) = (&c.target_cores, &c.initiator_cores);
+            let us = median(c.iops.clone());
+            let them = median_of(Target::NvmfTgt, tc, initiator, ic, c.qd);
+            let n = tc.len() as f64;
+            writeln!(
+                m,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                list(tc),
+                list(ic),
+                c.qd,
+                fmt_iops(us),
+                fmt_iops(them),
+                fmt_iops(us.map(|v| v / n)),
+                fmt_iops(them.map(|v| v / n)),
+                ratio(us, them)
+            )?;
+        }
+        writeln!(m)?;
     }
-    // Initiators compared: each in front of the same target.
-    let spdk_cases: Vec<&Case> = r
+    // Initiators compared: each in front of the same target, on one core.
+    let single: Vec<&Case> = r
         .cases
         .iter()
-        .filter(|c| c.initiator == Initiator::SpdkPerf)
+        .filter(|c| c.initiator == Initiator::SpdkPerf && c.initiator_cores.len() == 1)
         .collect();
-    if !spdk_cases.is_empty() {
+    if !single.is_empty() {
         writeln!(
             m,
-            "\n**Initiators**\n\n| target (cores) | initiator cores | QD | usnvme perf IOPS | \
-             spdk_nvme_perf IOPS | usnvme perf / spdk_nvme_perf |\n|---|---|---:|---:|---:|---:|"
+            "**Initiators** (one core each)\n\n| target (cores) | initiator core | QD | usnvme perf \
+             IOPS | spdk_nvme_perf IOPS | usnvme perf / spdk_nvme_perf |\n|---|---|---:|---:|---:|---:|"
         )?;
-        for c in spdk_cases {
+        for c in single {
             let us = median_of(
                 c.target,
                 &c.target_cores,

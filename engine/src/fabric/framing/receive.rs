@@ -95,6 +95,11 @@ pub struct Receiver<T> {
     copied: u64,
     /// Bytes read so far.
     received: u64,
+    /// The last read took less than it had room for: the source had nothing more then, and
+    /// the next [`Receiver::read`] says so without asking it again (a non-blocking socket
+    /// would answer "would block": a system call for nothing; the owner's readiness poll
+    /// tells when more comes).
+    emptied: bool,
 }
 
 impl<T: Copy> Receiver<T> {
@@ -108,6 +113,7 @@ impl<T: Copy> Receiver<T> {
             state: State::Header,
             copied: 0,
             received: 0,
+            emptied: false,
         }
     }
 
@@ -268,7 +274,7 @@ impl<T: Copy> Receiver<T> {
         budget: &mut usize,
         dest: impl Fn(&T, usize) -> Option<VolatileSlice<'b>>,
     ) -> io::Result<Read> {
-        if *budget == 0 {
+        if *budget == 0 || std::mem::take(&mut self.emptied) {
             return Ok(Read::Drained);
         }
         let have = self.end - self.start;
@@ -299,11 +305,12 @@ impl<T: Copy> Receiver<T> {
                 data,
             );
             return match result {
-                Ok((0, _)) => Ok(Read::Ended),
-                Ok((n, into_data)) => {
+                Ok((0, _, _)) => Ok(Read::Ended),
+                Ok((n, into_data, room)) => {
                     if let State::Data(t) = &mut self.state {
                         t.done += into_data;
                     }
+                    self.emptied = n < room;
                     self.received += n as u64;
                     *budget = budget.saturating_sub(n);
                     Ok(Read::Got(n))
@@ -325,15 +332,15 @@ fn digest_at(buf: &[u8], at: usize) -> Option<u32> {
 /// One read into a receive buffer, `rx`, whose bytes kept are `rx[*start..*end]`: makes room
 /// for `want` bytes after them (moving them to the front when they would not fit), then reads
 /// from `src` into `data` first (a destination, when a transfer's data is due: no copy) and
-/// after it into that room. Returns the bytes read and how many of them went into `data`;
-/// the rest is added to `*end`.
+/// after it into that room. Returns the bytes read, how many of them went into `data` (the
+/// rest is added to `*end`), and how many there was room for.
 fn read_into<R: ReadWire + ?Sized>(
     src: &mut R,
     rx: &mut [u8],
     (start, end): (&mut usize, &mut usize),
     want: usize,
     data: Option<VolatileSlice<'_>>,
-) -> io::Result<(usize, usize)> {
+) -> io::Result<(usize, usize, usize)> {
     if *start == *end {
         (*start, *end) = (0, 0);
     } else if rx.len() - *end < want && *start > 0 {
@@ -343,6 +350,7 @@ fn read_into<R: ReadWire + ?Sized>(
     }
     let stop = (*end + want).min(rx.len());
     let tail = VolatileSlice::from(&mut rx[*end..stop]);
+    let room = tail.len() + data.map_or(0, |d| d.len());
     let (n, into_data) = match data {
         None if tail.is_empty() => return Err(io::Error::other("the receive buffer is full")),
         None => (src.read_parts(&[tail])?, 0),
@@ -352,5 +360,5 @@ fn read_into<R: ReadWire + ?Sized>(
         }
     };
     *end += n - into_data;
-    Ok((n, into_data))
+    Ok((n, into_data, room))
 }
