@@ -10,8 +10,8 @@ use usnvme_driver::spec::{IoOpcode, Status};
 use usnvme_driver::{ControllerOptions, DeviceSpec, IoBuffer, Opener};
 use usnvme_engine::topology::{NumaNode, Topology};
 use usnvme_engine::{
-    attach, BlockDevice, Drive, Engine, EngineOptions, IoError, Job, Op, ReactorContext,
-    StripeDevice,
+    attach, BlockDevice, Drive, Engine, EngineOptions, IoError, Job, NamespaceDevice, Op,
+    ReactorContext, Share, StripeDevice,
 };
 use usnvme_hugepages::{BufferPool, DmaBuffer};
 use usnvme_tests::verify::verify_job;
@@ -705,4 +705,65 @@ fn four_namespaces_on_two_cores_use_one_queue_pair_per_core() {
             assert!(ios > 0, "namespace {} idle on core {}", d + 1, r.info.cpu);
         }
     }
+}
+
+/// Takes devices added while it runs and says, for each, whether its queue is shared with the
+/// reactor's other devices; reads once from each so that its queue is really used.
+struct TakesAdded {
+    shared: Vec<bool>,
+}
+
+impl Job for TakesAdded {
+    type Output = Vec<bool>;
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        for d in ctx.devices.iter_mut() {
+            d.poll(|_| {});
+        }
+        true
+    }
+
+    fn device_added(&mut self, ctx: &mut ReactorContext, _share: Share) -> Result<(), String> {
+        let added = ctx.devices.last().ok_or("no device")?;
+        self.shared.push(added.shares_queue());
+        Ok(())
+    }
+
+    fn finish(self, _ctx: &mut ReactorContext) -> Self::Output {
+        self.shared
+    }
+}
+
+#[test]
+fn a_device_added_while_running_gets_a_queue_of_its_own() {
+    let (mut drives, _sims) = sim_drives(2, "4M");
+    let second = drives.pop().expect("two drives");
+    let engine = Engine::new(
+        Topology::new(
+            vec![NumaNode {
+                id: 0,
+                cpus: vec![0],
+            }],
+            vec![0],
+        ),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            numa_memory: false,
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    let run = engine
+        .start(engine.namespaces(), |_| TakesAdded { shared: Vec::new() })
+        .expect("start");
+    // the second drive's one namespace, in the same DMA space (every sim drive shares one)
+    let added: Arc<dyn BlockDevice> =
+        Arc::new(NamespaceDevice::new(second.controller.clone(), 1, 1).expect("namespace 1"));
+    run.add_device(1, &added, std::slice::from_ref(&second.controller), &[0])
+        .expect("added");
+    run.stop();
+    let results = run.wait().expect("reactors");
+    // not behind the shared-queue cell: nothing else on the reactor uses its queue pair
+    assert_eq!(results[0].output, [false]);
 }

@@ -455,6 +455,17 @@ impl Channel {
         }
     }
 
+    /// Whether a queue under the channel is shared with other channels of the reactor (the
+    /// namespaces of one controller share its queue pair): its I/O then goes through the
+    /// shared cell and its completions through the queue's routing.
+    pub fn shares_queue(&self) -> bool {
+        match self {
+            Channel::Namespace(c) => c.shares_queue(),
+            Channel::Stripe(c) => c.shares_queue(),
+            Channel::Gone(_) => false,
+        }
+    }
+
     /// Why a queue under the channel ended, once one has (a remote target gone or lost: it
     /// has no registers to probe, its queue tells).
     pub fn ended(&self) -> Option<String> {

@@ -289,6 +289,10 @@ impl NamespaceChannel {
         &self.name
     }
 
+    pub(crate) fn shares_queue(&self) -> bool {
+        self.queue.is_shared()
+    }
+
     /// One command of this namespace on the queue, off the I/O path (with its metadata on a
     /// namespace that has some).
     fn submit_command(

@@ -351,6 +351,10 @@ impl StripeChannel {
         }
     }
 
+    pub(crate) fn shares_queue(&self) -> bool {
+        self.members.iter().any(NamespaceChannel::shares_queue)
+    }
+
     /// The channel is going: the shared queues under it no longer keep its completions.
     pub(crate) fn leave(&self) {
         self.members.iter().for_each(NamespaceChannel::leave);

@@ -241,6 +241,12 @@ impl DeviceChannel {
         self.in_flight
     }
 
+    /// Whether the device's queue is shared with other devices of the reactor (see
+    /// [`Channel::shares_queue`]).
+    pub fn shares_queue(&self) -> bool {
+        self.channel.shares_queue()
+    }
+
     /// How many times the remote queues under this device reconnected (a target that went
     /// away and came back within the reconnect policy).
     pub fn reconnects(&self) -> u32 {

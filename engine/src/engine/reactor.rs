@@ -82,15 +82,17 @@ impl ReactorContext {
         controllers: Vec<Controller>,
     ) -> Result<(), String> {
         let mut queues = Queues::new();
-        let (channel, result) = match device.channel(&mut queues, &self.channel_options) {
+        let opened = device.channel(&mut queues, &self.channel_options);
+        self.queue_count += queues.len();
+        // released before the channel settles: a queue only it uses becomes its own
+        queues.release();
+        let (channel, result) = match opened {
             Ok(channel) => (channel.settle(), Ok(())),
             Err(e) => {
                 let why = format!("{}: {e}", device.info().name);
                 (Channel::Gone(Arc::from(why.as_str())), Err(why))
             }
         };
-        self.queue_count += queues.len();
-        queues.release();
         let mut added = DeviceChannel::new(
             index,
             device,

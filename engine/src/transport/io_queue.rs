@@ -377,6 +377,12 @@ impl IoQueue {
         }
     }
 
+    /// Whether this handle reaches its queue through the shared cell (the queue serves other
+    /// channels of the reactor too).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, IoQueue::Shared { .. })
+    }
+
     /// The channel is going: a shared queue no longer keeps its namespace's completions.
     pub fn leave(&self) {
         if let IoQueue::Shared { queue, nsid, .. } = self {
