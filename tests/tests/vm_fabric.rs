@@ -275,7 +275,8 @@ fn on_kernel_nvme<'a>(bed: &'a VmBed, address: &str) -> (OnVfio<'a>, PathBuf) {
     };
     let (code, stdout, stderr) = usnvme(bed, &["setup", "reset", address]);
     assert_eq!(code, Some(0), "setup reset {address}: {stdout}{stderr}");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // (a hang guard: the kernel probes a drive in a second or two, under emulation too)
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let list: Vec<serde_json::Value> =
             serde_json::from_slice(&bed.usnvme(&["list", "--json"]).stdout).expect("JSON");
@@ -289,7 +290,7 @@ fn on_kernel_nvme<'a>(bed: &'a VmBed, address: &str) -> (OnVfio<'a>, PathBuf) {
         }
         assert!(
             Instant::now() < deadline,
-            "no block device on {address} 10 s after it went to nvme"
+            "no block device on {address} 60 s after it went to nvme"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -258,11 +258,12 @@ fn io_count_stops_after_n_ios_per_device() {
 fn warm_up_is_not_counted() {
     let doc = perf_json(
         "warmup",
-        &["-r", "sim:0", "-c", "0", "-q", "4", "-t", "1", "-a", "1"],
+        &["-r", "sim:0", "-c", "0", "-q", "4", "-t", "1", "-a", "2"],
     );
-    // the measured second only: counting the warm-up too would make it two
+    // the measured second only: counting the warm-up too would make it three (a busy machine
+    // may end the window late, not by 2 s)
     let ms = doc["total"]["elapsed_ms"].as_u64().expect("elapsed");
-    assert!((950..2000).contains(&ms), "measured {ms} ms of a 1 s run");
+    assert!((1000..3000).contains(&ms), "measured {ms} ms of a 1 s run");
 }
 
 #[test]
@@ -585,17 +586,21 @@ fn a_removed_drive_fails_its_ios_and_the_others_run_to_the_end() {
             assert!(job["elapsed_ms"].as_u64() >= Some(2900), "{job:#}");
         }
     }
-    // Well before the queue pairs' own 30 s command timeout would have ended the stuck I/Os.
-    assert!(took < Duration::from_secs(25), "took {took:?}");
+    // A hang guard (the run takes 3 s). That the removal, not the queue pairs' own 30 s command
+    // timeout, ended the stuck I/Os is what the rows say: removed, not timed out.
+    assert!(took < Duration::from_secs(60), "took {took:?}");
 }
 
 #[test]
 fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
     // (the debug --add joins a simulated drive as --hotplug joins one bound to vfio-pci)
     let path = json_path("joined");
+    // one reactor: every row's window ends at the same turn
     let out = usnvme(&[
         "-r",
         "sim:0-1,backend=ram,size=4M",
+        "-c",
+        "0",
         "-w",
         "randrw",
         "-q",
@@ -619,16 +624,25 @@ fn a_drive_that_joins_the_run_is_driven_and_verified_from_then_on() {
         BTreeSet::from(["sim:0", "sim:1", "sim:2"]),
         "{doc:#}"
     );
+    let elapsed = |device: &str| {
+        let job = jobs.iter().find(|j| j["device"] == device).expect("a row");
+        job["elapsed_ms"].as_u64().expect("elapsed")
+    };
     for job in jobs {
         let ios = total_ios(job);
         assert!(ios > 0, "{job:#}");
         assert_eq!(job["failed_ios"], 0, "{job:#}");
-        let elapsed = job["elapsed_ms"].as_u64().expect("elapsed");
         if job["device"] == "sim:2" {
-            // measured from when it joined, 1 s into the 3
-            assert!((1500..=2100).contains(&elapsed), "{job:#}");
+            // measured from when it joined (perf says when: 1 s into the 3, or later on a
+            // busy machine), to the end of everyone's window
+            let joined = job["joined_ms"].as_u64().expect("when it joined");
+            assert!(joined >= 1000, "{job:#}");
+            assert!(
+                (elapsed("sim:0") - joined).abs_diff(elapsed("sim:2")) <= 1,
+                "{doc:#}"
+            );
         } else {
-            assert!(elapsed >= 2900, "{job:#}");
+            assert!(job.get("joined_ms").is_none(), "{job:#}");
         }
     }
 }

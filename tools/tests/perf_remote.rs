@@ -496,10 +496,11 @@ fn a_target_gone_silent_is_lost_by_keep_alive_and_the_local_drive_runs_to_the_en
             relay.freeze()
         },
     );
+    // lost by keep alive (the reason checked above), not by the I/O queues' own 30 s command
+    // timeout; the time is a hang guard only (the run takes 10 s)
     check_lost_remote(&out, &doc, &remote, "keep-alive lost");
-    // long before the I/O queues' own 30 s command timeout
     assert!(
-        started.elapsed() < Duration::from_secs(20),
+        started.elapsed() < Duration::from_secs(100),
         "{:?}",
         started.elapsed()
     );

@@ -471,10 +471,10 @@ wait $perf"#,
             .map_while(Result::ok)
             .collect::<Vec<_>>()
     });
-    // perf says when its 24 drives are attached and the measurement starts
+    // perf says when its 24 drives are attached and the measurement starts: from then on every
+    // drive has I/O in flight (QD 4), and the drive goes with some of it
     let mut stdout = BufReader::new(child.stdout.take().expect("piped")).lines();
     let mut seen = until_measuring(&mut stdout, "measuring for 60 s");
-    std::thread::sleep(Duration::from_secs(3));
     let replies = qmp(
         &socket,
         &[serde_json::json!({"execute": "device_del", "arguments": {"id": "nvme5"}})],

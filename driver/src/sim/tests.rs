@@ -1025,7 +1025,8 @@ fn fault_remove_reads_all_ones_and_nothing_hangs() {
         assert!(drain(&mut qp).is_empty());
         drop(qp);
         drop(ctrl);
-        assert!(started.elapsed() < Duration::from_secs(2), "{how}: bounded");
+        // none of it waited for the 10 s admin command timeout (a busy machine may take seconds)
+        assert!(started.elapsed() < Duration::from_secs(9), "{how}: bounded");
     }
 }
 

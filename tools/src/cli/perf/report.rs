@@ -24,6 +24,8 @@
 //!                        ...the global options },
 //!       "device": "sim:0", "core": 3,
 //!       "elapsed_ms": 2000, "job_runtime": 2000,
+//!       "joined_ms": 1000,                      // a drive that joined the run: when, into
+//!                                               // the window (its elapsed_ms counts from it)
 //!       "error": 0,                             // failed I/Os in the measured window
 //!       "failed_ios": 0,                        // failed I/Os over the whole run
 //!       "aborted_ios": 0,                       // of those, aborted by a controller reset
@@ -75,6 +77,8 @@ pub struct Row {
     pub core: usize,
     pub stats: IoStats,
     pub elapsed: Duration,
+    /// Where it joined the measured window (a drive that joined the run), if it did.
+    pub joined: Option<Duration>,
     /// Successful `[reads, writes]` in each second of the measured window (may run past it).
     pub per_second: Vec<[u64; 2]>,
     /// I/Os that failed over the whole run (warm-up and drain included), aborted ones too.
@@ -527,6 +531,9 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
             v["job options"] = Value::Object(opts);
             v["device"] = json!(r.device);
             v["core"] = json!(r.core);
+            if let Some(joined) = r.joined {
+                v["joined_ms"] = json!(joined.as_millis() as u64);
+            }
             v["failed_ios"] = json!(r.failed);
             v["aborted_ios"] = json!(r.aborted);
             v["removed"] = json!(r.removed.is_some());
@@ -608,6 +615,7 @@ mod tests {
             core,
             stats,
             elapsed: Duration::from_secs(1),
+            joined: None,
             per_second: vec![[reads, writes]],
             failed: 0,
             aborted: 0,

@@ -412,6 +412,7 @@ impl Session {
                     core: r.info.cpu,
                     stats: d.stats,
                     elapsed: d.elapsed,
+                    joined: d.joined,
                     per_second: d.per_second,
                     failed: d.failed,
                     aborted: d.aborted,

@@ -78,8 +78,9 @@ pub struct Mismatch {
 pub struct DeviceResult {
     pub device: usize,
     pub stats: IoStats,
-    /// The measured window.
+    /// The measured window, and where a device that joined the run did into it.
     pub elapsed: Duration,
+    pub joined: Option<Duration>,
     /// Successful `[reads, writes]` completed in each whole second of the measured window, by
     /// seconds since its start (fio's IOPS and bandwidth samples); empty with `--io-count`.
     pub per_second: Vec<[u64; 2]>,
@@ -454,6 +455,7 @@ impl Job for Workload {
                     device: dev.device,
                     stats,
                     elapsed: end.saturating_sub(measure_from.max(st.since)),
+                    joined: (st.since > measure_from).then(|| st.since - measure_from),
                     per_second,
                     mismatches: std::mem::take(&mut st.mismatches),
                     more_mismatches: st.more_mismatches,
