@@ -1597,11 +1597,13 @@ impl Shared {
         Some(qid as u16)
     }
 
-    /// The interrupt of I/O queue `qid`: MSI-X vector `qid` and its eventfd. MSI-X is enabled
-    /// on the first call, with every vector the queue pairs can use at once (VFIO re-programs
-    /// all of them whenever it is enabled). Vector 0 is the admin queue's, which stays polled.
-    /// A queue id beyond the vectors gets none: sharing a vector with another queue pair,
-    /// perhaps another thread's, would let one owner's clearing eat the other's wake-up.
+    /// The interrupt of I/O queue `qid`: its MSI-X vector and that vector's eventfd. MSI-X is
+    /// enabled on the first call, with every vector the queue pairs can use at once (VFIO
+    /// re-programs all of them whenever it is enabled). Vector 0 is the admin queue's, which
+    /// stays polled; I/O queue `qid` takes vector `qid` while there are enough, else queues
+    /// share the I/O vectors round robin (as controllers with fewer vectors than queues are
+    /// used). Owners of queues on one vector each wake on its interrupt: they watch it
+    /// edge-triggered and never read it (reading it empty would eat the others' wake-ups).
     fn interrupt_for(&self, qid: u16) -> Result<Interrupt, Error> {
         let unavailable = |what: String| Error::Unsupported {
             device: self.name.clone(),
@@ -1631,17 +1633,15 @@ impl Shared {
             *msix = Some(fds);
         }
         let fds = msix.as_deref().unwrap_or_default();
-        match fds.get(usize::from(qid)) {
-            Some(fd) if qid > 0 => Ok(Interrupt {
-                vector: qid,
-                fd: fd.clone(),
-            }),
-            _ => Err(unavailable(format!(
-                "an interrupt for I/O queue {qid}: MSI-X vectors 1 to {} serve I/O queues 1 to {0} \
-                 (vector 0 is the admin queue's); use fewer queue pairs or polling",
-                fds.len().saturating_sub(1)
-            ))),
+        let io_vectors = fds.len().saturating_sub(1);
+        if qid == 0 || io_vectors == 0 {
+            return Err(unavailable(format!("an interrupt for queue {qid}")));
         }
+        let vector = 1 + (usize::from(qid) - 1) % io_vectors;
+        Ok(Interrupt {
+            vector: vector as u16,
+            fd: fds[vector].clone(),
+        })
     }
 
     /// Raises every I/O queue's vector, as if completions had come (MSI-X survives a controller

@@ -689,6 +689,36 @@ fn with_interrupts_a_reactor_sleeps_while_its_drives_work_and_the_data_verifies(
 }
 
 #[test]
+fn with_interrupts_queue_pairs_share_the_vectors_a_drive_has_too_few_of() {
+    // every core of this machine on both drives, each drive with one I/O vector (msix=2: the
+    // admin queue's and one more): every reactor's queue pair on a drive wakes on that one
+    let doc = perf_json(
+        "shared-vectors",
+        &[
+            "-r",
+            "sim:0-1,backend=ram,size=4M,mode=threaded,latency=1ms,msix=2",
+            "-w",
+            "randrw",
+            "-q",
+            "4",
+            "--io-count",
+            "300",
+            "--verify",
+            "--interrupts",
+        ],
+    );
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let cores: BTreeSet<u64> = jobs.iter().filter_map(|j| j["core"].as_u64()).collect();
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(cores.len(), allowed, "every core: {doc:#}");
+    for job in jobs {
+        assert_eq!(total_ios(job), 300, "{job:#}");
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+    }
+    assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
+}
+
+#[test]
 fn a_missing_namespace_or_a_region_beyond_capacity_is_refused_before_any_io() {
     let cases: &[(&[&str], &[&str])] = &[
         (

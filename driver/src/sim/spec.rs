@@ -44,7 +44,7 @@ pub enum SimSpecError {
 const VALID: &str =
     "bs=512|4096, ms=0|8|16|64 (metadata bytes per block), mset=0|1 (1: after each block's data), \
 pi=0|1|2|3 (protection type), pil=0|1 (1: the tuple first in the metadata), pif=0|2 (16- or 64-bit guard), size=<bytes, e.g. 1G>, ns=<count>, backend=null|ram, mdts=<0-20>, \
-queues=<1-65534>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
+queues=<1-65534>, msix=<0-2048 MSI-X vectors>, sgl=on|off, dbbuf=on|off, mqes=<1-65535>, mode=inline|threaded, \
 latency=<e.g. 100us>, ooo=on|off, misdirect=<N: from the Nth write on, writes land one block off>, \
 corrupt=<N: from the Nth read on, reads deliver a byte flipped mid-block>, \
 nodata=<N: from the Nth read on, reads complete without moving data>, \
@@ -246,6 +246,13 @@ impl FromStr for SimSpec {
                         .filter(|q| (1..u16::MAX).contains(q))
                         .ok_or_else(|| bad("a number of I/O queue pairs from 1 to 65534"))?
                 }
+                "msix" => {
+                    config.msix_vectors = value
+                        .parse()
+                        .ok()
+                        .filter(|v| *v <= 2048)
+                        .ok_or_else(|| bad("0 to 2048 MSI-X vectors (0: none)"))?
+                }
                 "mqes" => {
                     config.mqes =
                         value.parse().ok().filter(|q| *q >= 1).ok_or_else(|| {
@@ -365,7 +372,7 @@ mod tests {
         assert_eq!(many.drives.len(), 24);
         assert_eq!(many.to_string(), "sim:0-23");
 
-        let full: SimSpec = "sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us"
+        let full: SimSpec = "sim:3,bs=4096,size=1G,ns=2,backend=ram,mdts=5,queues=4,msix=3,sgl=off,dbbuf=off,mqes=255,mode=threaded,latency=100us"
             .parse()
             .expect("every option");
         assert_eq!(full.drives, [3]);
@@ -388,9 +395,10 @@ mod tests {
                 c.io_queues,
                 c.sgl,
                 c.doorbell_buffer,
-                c.mqes
+                c.mqes,
+                c.msix_vectors
             ),
-            (Backend::Ram, 5, 4, false, false, 255)
+            (Backend::Ram, 5, 4, false, false, 255, 3)
         );
         assert_eq!(
             c.mode,

@@ -2704,8 +2704,8 @@ fn a_queue_pair_with_interrupts_sleeps_until_the_drive_thread_completes() {
 }
 
 #[test]
-fn interrupt_vectors_the_drive_lacks_are_refused_by_name() {
-    // 3 vectors: 0 for the admin queue, 1 and 2 for I/O queues 1 and 2 of the 4 granted
+fn queues_beyond_the_vectors_share_them_and_vectors_the_drive_lacks_are_refused() {
+    // 3 vectors: 0 for the admin queue, 1 and 2 for the I/O queues of the 4 granted
     let (sim, ctrl) = start(SimConfig {
         msix_vectors: 3,
         ..ram(512, 1024)
@@ -2727,24 +2727,24 @@ fn interrupt_vectors_the_drive_lacks_are_refused_by_name() {
 
     let one = interrupt_queue(&ctrl, 8).expect("vector 1");
     let two = interrupt_queue(&ctrl, 8).expect("vector 2");
-    assert_eq!(
-        (one.interrupt_vector(), two.interrupt_vector()),
-        (Some(1), Some(2))
-    );
-    let e = interrupt_queue(&ctrl, 8).expect_err("no vector for queue 3");
-    assert!(
-        e.to_string().contains("an interrupt for I/O queue 3"),
-        "{e}"
-    );
-    // the queue id went back: a polled queue pair takes it
-    assert_eq!(queue(&ctrl, 8).qid(), 3);
+    let mut three = interrupt_queue(&ctrl, 8).expect("queue 3 shares a vector");
+    let vectors = [&one, &two, &three].map(QueuePair::interrupt_vector);
+    assert_eq!(vectors, [Some(1), Some(2), Some(1)], "round robin");
+    // a completion on queue 3 raises vector 1: queue 1's owner wakes too (each owner watches
+    // it, none reads it empty)
+    three.flush_cache(NSID, 7).expect("submitted");
+    three.flush();
+    assert!(sleep_until_interrupt(&one, Duration::from_secs(10)));
+    assert!(sleep_until_interrupt(&three, Duration::from_secs(10)));
+    let done = drain(&mut three);
+    assert_eq!((done.len(), done[0].token), (1, 7));
     // beyond the table of 3 vectors, with MSI-X on
     refused(cq(4, 3));
     refused(cq(4, u16::MAX));
     ctrl.admin(cq(4, 2))
         .expect("a vector in the table (the spec lets CQs share one)");
     ctrl.admin(Sqe::delete_io_cq(4)).expect("deleted");
-    drop((one, two));
+    drop((one, two, three));
 
     // a controller with no interrupts to give
     let plain = SimController::new(ram(512, 1024), space.clone());

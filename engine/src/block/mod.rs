@@ -494,16 +494,6 @@ impl Channel {
             Channel::Gone(_) => {}
         }
     }
-
-    /// Clears the interrupts under the channel (one read each, without blocking): after a
-    /// sleep, before polling.
-    pub fn clear_interrupts(&self) {
-        match self {
-            Channel::Namespace(c) => c.clear_interrupt(),
-            Channel::Stripe(c) => c.clear_interrupts(),
-            Channel::Gone(_) => {}
-        }
-    }
 }
 
 /// Checks offset, length and buffer against the device.

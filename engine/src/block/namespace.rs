@@ -519,12 +519,6 @@ impl NamespaceChannel {
     pub(crate) fn interrupt(&self) -> Option<BorrowedFd<'_>> {
         self.interrupt.as_ref().map(|fd| fd.as_fd())
     }
-
-    pub(crate) fn clear_interrupt(&self) {
-        if self.interrupt.is_some() {
-            self.queue.clear_interrupt();
-        }
-    }
 }
 
 /// Hands `on_finished` the I/O a command's completion finishes, if any: itself, or its parent

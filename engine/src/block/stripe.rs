@@ -374,12 +374,6 @@ impl StripeChannel {
         out.extend(self.members.iter().filter_map(NamespaceChannel::interrupt));
     }
 
-    pub(crate) fn clear_interrupts(&self) {
-        self.members
-            .iter()
-            .for_each(NamespaceChannel::clear_interrupt);
-    }
-
     pub(crate) fn busy(&self) -> bool {
         self.members.iter().any(NamespaceChannel::busy)
     }

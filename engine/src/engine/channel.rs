@@ -254,28 +254,22 @@ impl DeviceChannel {
     }
 
     /// The eventfds of this device's local queue pairs, made with
-    /// [`ChannelOptions::interrupts`], for the reactor's epoll: each is raised when its drive
-    /// posts a completion. Empty without interrupts and for a remote device (its queues are
-    /// sockets). Called once, at setup: it allocates.
+    /// [`ChannelOptions::interrupts`]: each is raised when its drive posts a completion. Empty
+    /// without interrupts and for a remote device (its queues are sockets). It allocates: for
+    /// set-up.
     ///
-    /// A reactor with I/O in flight and nothing else to do sleeps until one is readable (level
-    /// triggered), then calls [`DeviceChannel::clear_interrupts`], then polls every channel (not
-    /// only those whose descriptor fired: channels on one queue take each other's completions):
-    /// a completion posted after those polls raises its eventfd again, so no wake-up is lost. The
-    /// sleep needs a timeout (the stall probe's 500 ms or less): a removed drive raises
-    /// nothing, and command timeouts are checked by polls. Each descriptor is the channel's own
-    /// (channels on one queue each have one, all raised together); take them out of the epoll
-    /// set before the channel is closed or dropped.
+    /// The reactor watches them (see [`ReactorContext::wait`]): edge-triggered, never read, so
+    /// that queue pairs sharing an MSI-X vector, on one reactor or several, each wake; after a
+    /// wait it polls every channel (not only those whose descriptor fired: channels on one
+    /// queue take each other's completions). A wait needs a timeout (the stall probe's 500 ms or
+    /// less): a removed drive raises nothing, and command timeouts are checked by polls. Each
+    /// descriptor is the channel's own (channels on one queue each have one, all raised
+    /// together): the reactor stops watching them before the channel is let go of
+    /// ([`ReactorContext::let_go`]).
     pub fn interrupts(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = Vec::new();
         self.channel.interrupts(&mut fds);
         fds
-    }
-
-    /// Clears the interrupts of this device's queue pairs (one non-blocking read each): after
-    /// a sleep, before polling. Never on the I/O path.
-    pub fn clear_interrupts(&mut self) {
-        self.channel.clear_interrupts();
     }
 
     /// Whether another I/O can be queued now (it may still need more commands than are free).
@@ -324,17 +318,15 @@ fn record(
 
 #[cfg(test)]
 mod tests {
-    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
     use usnvme_hugepages::DmaBuffer;
 
     use super::*;
     use crate::topology::Topology;
 
-    /// Reads `total` times on every device, 4 in flight on each, and sleeps in epoll on the
-    /// devices' interrupts whenever a turn completed nothing.
+    /// Reads `total` times on every device, 4 in flight on each, and sleeps in the reactor's
+    /// wait, on the devices' interrupts, whenever a turn completed nothing.
     struct Sleeper {
         total: u64,
-        epoll: Option<Epoll>,
         buffers: Vec<(BufferPool, DmaBuffer)>,
         submitted: Vec<u64>,
         completed: Vec<u64>,
@@ -347,18 +339,12 @@ mod tests {
         type Output = (Vec<u64>, u64, usize);
 
         fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
-            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| e.to_string())?;
-            for (i, d) in ctx.devices.iter().enumerate() {
-                for fd in d.interrupts() {
-                    let event = EpollEvent::new(EpollFlags::EPOLLIN, i as u64);
-                    epoll.add(fd, event).map_err(|e| e.to_string())?;
-                    self.registered += 1;
-                }
+            for d in &ctx.devices {
+                self.registered += d.interrupts().len();
                 let mut pool = d.buffer_pool(4096, 1).map_err(|e| e.to_string())?;
                 let buf = pool.alloc().ok_or("no DMA buffer")?;
                 self.buffers.push((pool, buf));
             }
-            self.epoll = Some(epoll);
             self.submitted = vec![0; ctx.devices.len()];
             self.completed = vec![0; ctx.devices.len()];
             Ok(())
@@ -386,15 +372,16 @@ mod tests {
             }
             let busy = ctx.devices.iter().any(|d| d.in_flight() > 0);
             if finished == 0 && busy {
-                let epoll = self.epoll.as_ref().expect("prepared");
-                let mut events = [EpollEvent::empty(); 8];
-                let limit = EpollTimeout::try_from(Duration::from_secs(10)).expect("a timeout");
-                let n = epoll.wait(&mut events, limit).expect("epoll_wait");
-                assert!(n > 0, "no interrupt within 10 s: {:?}", self.completed);
+                let mut interrupts = 0;
+                ctx.wait(Duration::from_secs(10), |token| {
+                    interrupts += usize::from(token == crate::engine::INTERRUPT);
+                });
+                assert!(
+                    interrupts > 0,
+                    "no interrupt within 10 s: {:?}",
+                    self.completed
+                );
                 self.sleeps += 1;
-                ctx.devices
-                    .iter_mut()
-                    .for_each(DeviceChannel::clear_interrupts);
             }
             busy || self.submitted.iter().any(|&s| s < self.total)
         }
@@ -428,7 +415,6 @@ mod tests {
         let run = engine
             .start(engine.namespaces(), |_| Sleeper {
                 total: 200,
-                epoll: None,
                 buffers: Vec::new(),
                 submitted: Vec::new(),
                 completed: Vec::new(),

@@ -24,6 +24,7 @@ mod attach;
 mod channel;
 mod reactor;
 mod run;
+mod wait;
 
 pub use attach::{attach, AttachError, Drive};
 pub use channel::DeviceChannel;
@@ -31,6 +32,7 @@ pub use reactor::ReactorContext;
 use reactor::{reactor, Added, Control, Setup};
 use run::ReactorHandle;
 pub use run::{ReactorResult, Run};
+pub use wait::INTERRUPT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -1,5 +1,8 @@
 //! The reactor thread: its context (channels, clock), control messages, the turn loop.
 
+use std::os::fd::BorrowedFd;
+
+use super::wait::Wait;
 use super::*;
 
 /// What a job sees of its reactor.
@@ -17,6 +20,8 @@ pub struct ReactorContext {
     clock: ReactorClock,
     /// The clock this turn, in nanoseconds since the reactor was set up.
     now_ns: u64,
+    /// Its one wait: the devices' interrupts and what the job watches.
+    wait: Wait,
 }
 
 /// A reactor's clock: the TSC where it is usable (quanta, calibrated once per process), in
@@ -56,6 +61,39 @@ impl ReactorContext {
     #[inline]
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.now_ns)
+    }
+
+    /// Waits at most `timeout` for a device's interrupt or news on what the job watches, and
+    /// hands each token that has some to `on` ([`INTERRUPT`](super::INTERRUPT) for an
+    /// interrupt); returns how
+    /// many. A zero timeout only looks.
+    pub fn wait(&mut self, timeout: Duration, on: impl FnMut(u64)) -> usize {
+        self.wait.wait(timeout, on)
+    }
+
+    /// Watches `fd` for input (a socket, an eventfd), reported by [`ReactorContext::wait`] as
+    /// `token` (below [`INTERRUPT`](super::INTERRUPT)) while there is some.
+    pub fn watch(&self, fd: BorrowedFd<'_>, token: u64) -> std::io::Result<()> {
+        self.wait.watch(fd, token)
+    }
+
+    pub fn unwatch(&self, fd: BorrowedFd<'_>) {
+        self.wait.unwatch(fd);
+    }
+
+    /// Lets device `i` go while the reactor runs (see [`DeviceChannel::close`]): false, and
+    /// nothing done, while it has I/O in flight.
+    pub fn let_go(&mut self, i: usize, why: &str) -> bool {
+        let Some(d) = self.devices.get(i) else {
+            return true;
+        };
+        if d.in_flight() > 0 {
+            return false;
+        }
+        let (before, rest) = self.devices.split_at(i);
+        let others: Vec<&DeviceChannel> = before.iter().chain(&rest[1..]).collect();
+        self.wait.unwatch_interrupts(d, &others);
+        self.devices[i].close(why)
     }
 
     /// Reads the clock (once per turn) and gives it to every channel.
@@ -103,8 +141,9 @@ impl ReactorContext {
             &self.channel_options,
         );
         added.set_now(self.now_ns);
+        let watched = self.wait.watch_interrupts(&added);
         self.devices.push(added);
-        result
+        result.and(watched)
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -215,6 +254,19 @@ pub(super) fn reactor<J: Job>(
             &setup.channel,
         ));
     }
+    let wait = Wait::new()
+        .map_err(|e| format!("epoll: {e}"))
+        .and_then(|w| {
+            devices.iter().try_for_each(|d| w.watch_interrupts(d))?;
+            Ok(w)
+        });
+    let wait = match wait {
+        Ok(w) => w,
+        Err(what) => {
+            let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
+            return None;
+        }
+    };
     let mut job = make_job(&setup.info);
     let mut ctx = ReactorContext {
         info: setup.info,
@@ -224,6 +276,7 @@ pub(super) fn reactor<J: Job>(
         started: Instant::now(),
         clock,
         now_ns: 0,
+        wait,
     };
     ctx.tick();
     if let Err(what) = job.prepare(&mut ctx) {

@@ -340,17 +340,6 @@ impl IoQueue {
         }
     }
 
-    /// Clears the interrupt (see [`QueuePair::clear_interrupt`]): after a sleep, before a poll.
-    pub fn clear_interrupt(&self) {
-        match self {
-            IoQueue::Pcie(qp) => {
-                qp.clear_interrupt();
-            }
-            IoQueue::Tcp(_) => {}
-            IoQueue::Shared { queue, .. } => queue.clear_interrupt(),
-        }
-    }
-
     /// How many times a remote queue connected again (0 for a local one).
     pub fn reconnects(&self) -> u32 {
         match self {

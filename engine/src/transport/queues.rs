@@ -324,10 +324,4 @@ impl SharedQueue {
             .try_borrow()
             .map_or(Ok(None), |s| s.queue.interrupt())
     }
-
-    pub fn clear_interrupt(&self) {
-        if let Ok(s) = self.0.try_borrow() {
-            s.queue.clear_interrupt();
-        }
-    }
 }

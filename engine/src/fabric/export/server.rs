@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use usnvme_driver::spec::{SmartLog, Status};
 use usnvme_driver::IoBuffer;
@@ -24,14 +23,12 @@ use super::registry::Registry;
 use super::waiting::Waiting;
 use super::{Listener, SubsystemInfo};
 use crate::block::{BlockError, IoError};
-use crate::engine::{DeviceChannel, Job, ReactorContext};
+use crate::engine::{DeviceChannel, Job, ReactorContext, INTERRUPT};
 
 /// How long a stopping target waits for connections to drain and flush.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Connection tokens: the engine token is the connection's slot here, then the command's.
 const TOKEN_BITS: u32 = 16;
-/// Readiness events taken per turn (more wait for the next turn).
-const EVENTS_PER_TURN: usize = 256;
 
 /// How a reactor spends a stretch without work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -301,10 +298,8 @@ impl Inbox {
     }
 }
 
-/// The epoll data of the inbox's eventfd and of the drives' interrupts (the sockets' is their
-/// slot).
-const BELL: u64 = u64::MAX;
-const INTERRUPT: u64 = u64::MAX - 1;
+/// The wait token of the inbox's eventfd (the sockets' is their slot).
+const BELL: u64 = u64::MAX - 1;
 
 /// The job of one reactor.
 pub struct ServeJob {
@@ -315,17 +310,11 @@ pub struct ServeJob {
     buffers_per_reactor: usize,
     completions: Vec<(u64, Result<(), Status>)>,
     stopping_since: Option<Instant>,
-    /// Which connections' sockets have something to read: one `epoll_wait` per turn instead
-    /// of a `readv` per connection (most of which would find nothing).
-    epoll: Option<Epoll>,
-    events: Vec<EpollEvent>,
     busy: BusyClock,
     /// Since when (the reactor's clock) no turn did work.
     idle_since: Option<Duration>,
     /// Devices whose namespaces were removed, to let go of once nothing is in flight on them.
     letting_go: Vec<usize>,
-    /// A drive's interrupt was seen since the interrupts were last cleared.
-    interrupted: bool,
     /// Commands waiting for a DMA buffer or room in their device's queue, in arrival order.
     waiting: Waiting,
 }
@@ -351,12 +340,9 @@ impl ServeJob {
             buffers_per_reactor: buffers,
             completions: Vec::with_capacity(1024),
             stopping_since: None,
-            epoll: None,
-            events: vec![EpollEvent::empty(); EVENTS_PER_TURN],
             busy: BusyClock::default(),
             idle_since: None,
             letting_go: Vec::new(),
-            interrupted: false,
             waiting: Waiting::default(),
         }
     }
@@ -369,11 +355,7 @@ impl ServeJob {
             let mut result = Ok(());
             for (index, new) in change.added {
                 let opened = if index == ctx.devices.len() {
-                    let added = ctx.add_device(index, &new.device, new.controllers);
-                    if let Some(d) = ctx.devices.last() {
-                        self.watch_interrupts(d);
-                    }
-                    added
+                    ctx.add_device(index, &new.device, new.controllers)
                 } else {
                     // (cannot happen: every reactor takes every change, in order)
                     Err(format!(
@@ -392,36 +374,11 @@ impl ServeJob {
             self.shared.subsystem = change.subsystem;
             let _ = change.done.send(result);
         }
+        // (a removed drive's I/Os in flight are failed within the stall probe)
         let letting_go = std::mem::take(&mut self.letting_go);
         for i in letting_go {
-            let Some(d) = ctx.devices.get_mut(i) else {
-                continue;
-            };
-            if d.in_flight() > 0 {
-                self.letting_go.push(i); // (a removed drive's are failed within the stall probe)
-                continue;
-            }
-            if let Some(epoll) = &self.epoll {
-                for fd in d.interrupts() {
-                    let _ = epoll.delete(fd);
-                }
-            }
-            d.close("its namespace was removed");
-        }
-    }
-
-    /// Adds device `d`'s interrupts to the epoll set (none unless its queue pairs raise them).
-    fn watch_interrupts(&self, d: &DeviceChannel) {
-        let Some(epoll) = &self.epoll else {
-            return;
-        };
-        for fd in d.interrupts() {
-            let event = EpollEvent::new(EpollFlags::EPOLLIN, INTERRUPT);
-            if let Err(e) = epoll.add(fd, event) {
-                log::warn!(
-                    "{}: cannot watch its interrupt ({e}): polled instead",
-                    d.info.name
-                );
+            if !ctx.let_go(i, "its namespace was removed") {
+                self.letting_go.push(i);
             }
         }
     }
@@ -430,7 +387,7 @@ impl ServeJob {
     /// with nothing in flight, to send or to accept, sleeps until a socket has news; one on
     /// interrupts sleeps after any turn without work, I/O in flight or not (a drive's
     /// completion wakes it).
-    fn sleep(&self, now: Duration) -> EpollTimeout {
+    fn sleep(&self, now: Duration) -> Duration {
         let idle_for = |at_least: Duration| {
             self.idle_since
                 .is_some_and(|since| now.saturating_sub(since) >= at_least)
@@ -451,50 +408,35 @@ impl ServeJob {
                     && (drives_wake_us || c.conn.in_flight_submitted() == 0)
             });
         if quiet {
-            EpollTimeout::try_from(SLEEP_AT_MOST).unwrap_or(EpollTimeout::ZERO)
+            SLEEP_AT_MOST
         } else {
-            EpollTimeout::ZERO
+            Duration::ZERO
         }
     }
 
-    /// Marks the connections whose sockets have something to read; true when one has (or the
-    /// inbox rang). Without epoll (or when it fails), every connection is read. A drive's
-    /// interrupt is noted in `interrupted` (the drives are polled every turn anyway).
-    fn poll_readiness(&mut self, timeout: EpollTimeout) -> bool {
-        let ready = match &self.epoll {
-            Some(epoll) => epoll.wait(&mut self.events, timeout).ok(),
-            None => None,
-        };
-        match ready {
-            Some(n) => {
-                let mut news = false;
-                for event in &self.events[..n] {
-                    if event.data() == INTERRUPT {
-                        self.interrupted = true;
-                        continue;
-                    }
-                    news = true;
-                    if event.data() == BELL {
-                        let _ = self.inbox.bell.read(); // (accept looks at the inbox anyway)
-                        continue;
-                    }
-                    let slot = event.data() as usize;
-                    if let Some(Some(c)) = self.conns.get_mut(slot) {
-                        c.readable = true;
-                    }
-                }
-                news
+    /// Waits (at most `timeout`) on the reactor's wait and marks the connections whose sockets
+    /// have something to read; true when one has, or the inbox rang. (A drive's interrupt
+    /// only ends the wait: the drives are polled every turn anyway.)
+    fn poll_readiness(&mut self, ctx: &mut ReactorContext, timeout: Duration) -> bool {
+        let (conns, bell) = (&mut self.conns, &self.inbox.bell);
+        let mut news = false;
+        ctx.wait(timeout, |token| match token {
+            INTERRUPT => {}
+            BELL => {
+                news = true;
+                let _ = bell.read(); // (accept looks at the inbox anyway)
             }
-            None => {
-                for c in self.conns.iter_mut().flatten() {
+            slot => {
+                news = true;
+                if let Some(Some(c)) = conns.get_mut(slot as usize) {
                     c.readable = true;
                 }
-                true
             }
-        }
+        });
+        news
     }
 
-    fn accept(&mut self) {
+    fn accept(&mut self, ctx: &ReactorContext) {
         while let Ok(Incoming {
             stream,
             peer,
@@ -535,14 +477,9 @@ impl ServeJob {
                     self.conns.len() - 1
                 }
             };
-            if let Some(epoll) = &self.epoll {
-                // level-triggered: a socket left with bytes unread is reported again
-                let interest =
-                    EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, slot as u64);
-                if let Err(e) = epoll.add(c.stream.as_fd(), interest) {
-                    log::warn!("{:?}: cannot watch the socket: {e}", c.conn);
-                    continue;
-                }
+            if let Err(e) = ctx.watch(c.stream.as_fd(), slot as u64) {
+                log::warn!("{:?}: cannot watch the socket: {e}", c.conn);
+                continue;
             }
             self.conns[slot] = Some(c);
             // every command of every connection may have to wait: room for all of them
@@ -699,21 +636,11 @@ impl Job for ServeJob {
             .buffer_pool(size, self.buffers_per_reactor)
             .map_err(|e| format!("DMA buffers for the target: {e}"))?;
         self.pool = Some(pool);
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-            .map_err(|e| format!("epoll for the target's sockets: {e}"))?;
-        epoll
-            .add(
-                self.inbox.bell.as_fd(),
-                EpollEvent::new(EpollFlags::EPOLLIN, BELL),
-            )
-            .map_err(|e| format!("epoll for the target's inbox: {e}"))?;
+        ctx.watch(self.inbox.bell.as_fd(), BELL)
+            .map_err(|e| format!("watching the target's inbox: {e}"))?;
         self.waiting.size_for(0, ctx.devices.len());
         // the reactor's CPU time counts from here, its set-up left out
         self.busy.cpu_ns = thread_cpu_ns();
-        self.epoll = Some(epoll);
-        for d in &ctx.devices {
-            self.watch_interrupts(d);
-        }
         Ok(())
     }
 
@@ -723,18 +650,11 @@ impl Job for ServeJob {
             if self.shared.stop.load(Ordering::Acquire) {
                 self.stopping_since = Some(Instant::now());
             } else {
-                self.accept(); // new connections only while running
+                self.accept(ctx); // new connections only while running
             }
         }
         let timeout = self.sleep(ctx.now());
-        let mut busy = self.poll_readiness(timeout);
-        if std::mem::take(&mut self.interrupted) {
-            // before the polls below (a completion posted after them raises its interrupt
-            // again); left raised, it would wake every sleep at once
-            ctx.devices
-                .iter_mut()
-                .for_each(DeviceChannel::clear_interrupts);
-        }
+        let mut busy = self.poll_readiness(ctx, timeout);
         let Some(pool) = self.pool.as_mut() else {
             return false;
         };
@@ -849,9 +769,7 @@ impl Job for ServeJob {
                     .counters
                     .data_copied
                     .fetch_add(c.conn.copied(), Ordering::Relaxed);
-                if let Some(epoll) = &self.epoll {
-                    let _ = epoll.delete(c.stream.as_fd());
-                }
+                ctx.unwatch(c.stream.as_fd());
                 let _ = c.stream.shutdown(std::net::Shutdown::Both);
                 *entry = None;
                 self.waiting.forget(slot as u32);

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use usnvme_driver::IoBuffer;
 use usnvme_engine::block::IoError;
 use usnvme_engine::engine::DeviceChannel;
@@ -198,8 +197,6 @@ pub struct Workload {
     /// ended.
     cpu_from: [Duration; 2],
     cpu_to: Option<[Duration; 2]>,
-    /// `--interrupts`: the devices' interrupts, slept on.
-    interrupts: Option<Epoll>,
 }
 
 impl std::fmt::Debug for Workload {
@@ -219,48 +216,22 @@ impl Workload {
             measuring: false,
             cpu_from: [Duration::ZERO; 2],
             cpu_to: None,
-            interrupts: None,
         }
     }
 
-    /// Adds device `dev`'s interrupts to those slept on (with `--interrupts`).
-    fn watch_interrupts(&self, dev: &DeviceChannel) -> Result<(), String> {
-        let Some(epoll) = &self.interrupts else {
-            return Ok(());
-        };
-        for fd in dev.interrupts() {
-            epoll
-                .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0))
-                .map_err(|e| format!("{}: cannot watch its interrupt: {e}", dev.info.name))?;
-        }
-        Ok(())
-    }
-
-    /// Sleeps until a device's interrupt (at most [`SLEEP_AT_MOST`]), then clears them all:
-    /// before the next turn polls, so that a completion posted after it raises one again.
+    /// With `--interrupts`: sleeps in the reactor's wait until a device's interrupt (at most
+    /// [`SLEEP_AT_MOST`]).
     fn sleep(&self, ctx: &mut ReactorContext) {
-        let Some(epoll) = &self.interrupts else {
-            return;
-        };
-        let mut events = [EpollEvent::empty()];
-        let timeout = EpollTimeout::try_from(SLEEP_AT_MOST).unwrap_or(EpollTimeout::ZERO);
-        let _ = epoll.wait(&mut events, timeout);
-        ctx.devices
-            .iter_mut()
-            .for_each(DeviceChannel::clear_interrupts);
+        if self.run.interrupts {
+            ctx.wait(SLEEP_AT_MOST, |_| {});
+        }
     }
 
     /// Buffers and slots for every device: done once, before the clock starts.
     fn setup(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
-        if self.run.interrupts {
-            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-                .map_err(|e| format!("epoll for the drives' interrupts: {e}"))?;
-            self.interrupts = Some(epoll);
-        }
         for (i, dev) in ctx.devices.iter().enumerate() {
             let region = self.regions.get(i).copied().ok_or("no region")?;
             self.add_state(dev, region, ctx.info.index, Duration::ZERO)?;
-            self.watch_interrupts(dev)?;
         }
         Ok(())
     }
@@ -361,8 +332,7 @@ impl Job for Workload {
         let span = self.run.added_spans.lock().get(&dev.device).copied();
         let span = span.ok_or_else(|| format!("{}: no span given", dev.info.name))?;
         let region = super::regions::region(span, share, self.run.io_size);
-        self.add_state(dev, region, ctx.info.index, ctx.now())?;
-        self.watch_interrupts(dev)
+        self.add_state(dev, region, ctx.info.index, ctx.now())
     }
 
     fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
