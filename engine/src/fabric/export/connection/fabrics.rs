@@ -10,7 +10,7 @@ use usnvme_driver::spec::fabrics::{
 use usnvme_driver::spec::{Sqe, Status};
 
 use super::super::admin::{self, FabricsCommand, Features};
-use super::{Backend, Connection, Phase, Role};
+use super::{Backend, Connection, Holding, Phase, Role};
 use crate::fabric::pdu::{FatalError, IcReq, IcResp, PFV_1_0};
 
 impl Connection {
@@ -168,8 +168,7 @@ impl Connection {
             return Err(Status::CONNECT_INVALID_PARAMETERS);
         }
         let cntlid = controller.cntlid();
-        let stride = self.subsystem.in_capsule_bytes as usize;
-        self.holding = vec![0; self.slots.len() * stride].into_boxed_slice();
+        self.holding = Holding::new(self.slots.len(), self.subsystem.in_capsule_bytes);
         self.role = Role::Io {
             controller,
             qid: connect.qid,

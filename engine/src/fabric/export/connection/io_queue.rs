@@ -8,7 +8,7 @@ use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
 use super::super::registry::AnaState;
-use super::{holding_place, Backend, Connection, Refused, Request, Role, Slot};
+use super::{Backend, Connection, Refused, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
 
@@ -197,22 +197,20 @@ impl Connection {
             return;
         }
         // the parts, 16 bytes each like the ranges they came from, in the holding area
-        let Connection {
-            rx,
-            holding,
-            subsystem,
-            ..
-        } = self;
-        let Some(held) = holding_place(holding, subsystem.in_capsule_bytes, token) else {
+        let Some(holding) = &self.holding else {
             self.respond(cid, 0, Status::INTERNAL_ERROR);
             return;
         };
         let mut at = 0;
-        for r in rx.pending()[data].chunks_exact(16) {
+        for r in self.rx.pending()[data].chunks_exact(16) {
             let (slba, blocks) = range(r);
             if blocks > 0 {
-                held[at..at + 8].copy_from_slice(&(slba * bs).to_le_bytes());
-                held[at + 8..at + 16].copy_from_slice(&(blocks * bs).to_le_bytes());
+                let mut part = [0u8; 16];
+                part[..8].copy_from_slice(&(slba * bs).to_le_bytes());
+                part[8..].copy_from_slice(&(blocks * bs).to_le_bytes());
+                if let Some(place) = holding.place(token, at, 16) {
+                    place.copy_from(&part);
+                }
                 at += 16;
             }
         }
@@ -233,18 +231,14 @@ impl Connection {
     /// the holding area, until the command has a buffer; false if there is no such place
     /// (cannot happen: an I/O queue's area has a place of IOCCSZ bytes for each slot).
     fn hold(&mut self, token: u16, data: std::ops::Range<usize>) -> bool {
-        let Connection {
-            rx,
-            holding,
-            subsystem,
-            ..
-        } = self;
-        let len = data.len();
-        let place = holding_place(holding, subsystem.in_capsule_bytes, token);
-        let Some(place) = place.and_then(|p| p.get_mut(..len)) else {
+        let place = self
+            .holding
+            .as_ref()
+            .and_then(|h| h.place(token, 0, data.len()));
+        let Some(place) = place else {
             return false;
         };
-        place.copy_from_slice(&rx.pending()[data]);
+        place.copy_from(&self.rx.pending()[data]);
         self.slots[token as usize].held = true;
         true
     }
@@ -252,17 +246,12 @@ impl Connection {
     /// Moves command `token`'s held write data into its buffer; false if it cannot be.
     fn unhold(&mut self, token: u16, backend: &mut dyn Backend) -> bool {
         let len = self.slots[token as usize].len as usize;
-        let from = token as usize * self.subsystem.in_capsule_bytes as usize;
-        let Some(data) = self.holding.get(from..from + len) else {
+        let from = self.holding.as_ref().and_then(|h| h.place(token, 0, len));
+        let to = backend.buffer(token).and_then(|b| b.subslice(0, len).ok());
+        let (Some(from), Some(to)) = (from, to) else {
             return false;
         };
-        let copied = backend
-            .buffer(token)
-            .and_then(|b| b.subslice(0, len).ok())
-            .map(|b| b.copy_from(data));
-        if copied.is_none() {
-            return false;
-        }
+        from.copy_to_volatile_slice(to);
         self.copied += len as u64;
         let s = &mut self.slots[token as usize];
         s.held = false;
@@ -293,8 +282,12 @@ impl Connection {
                 len: u64::from(s.len),
             });
         }
-        let at = token as usize * self.subsystem.in_capsule_bytes as usize + usize::from(i) * 16;
-        let r = self.holding.get(at..at + 16)?;
+        let mut r = [0u8; 16];
+        let place = self
+            .holding
+            .as_ref()?
+            .place(token, usize::from(i) * 16, 16)?;
+        place.copy_to(&mut r);
         let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
         Some(Request {
             device: s.device,

@@ -198,11 +198,32 @@ struct Slot {
     shutdown_flush: bool,
 }
 
-/// Command `token`'s place in a holding area of `stride` bytes per slot (IOCCSZ), if there is one.
-fn holding_place(holding: &mut [u8], stride: u32, token: u16) -> Option<&mut [u8]> {
-    let stride = stride as usize;
-    let at = token as usize * stride;
-    holding.get_mut(at..at + stride)
+/// An I/O queue's in-capsule data (write data, Dataset Management ranges) of commands that wait
+/// for a buffer or room: a place of IOCCSZ bytes per command slot, in an anonymous mapping made
+/// at Connect, whose pages the kernel gives only when a command is held there (and takes back
+/// with the connection).
+#[derive(Debug)]
+struct Holding {
+    region: vm_memory::mmap::MmapRegion,
+    stride: usize,
+}
+
+impl Holding {
+    fn new(slots: usize, stride: u32) -> Option<Holding> {
+        let stride = stride as usize;
+        let region = vm_memory::mmap::MmapRegion::new(slots * stride).ok()?;
+        Some(Holding { region, stride })
+    }
+
+    /// `len` bytes at `offset` of command `token`'s place.
+    fn place(&self, token: u16, offset: usize, len: usize) -> Option<VolatileSlice<'_>> {
+        use vm_memory::VolatileMemory;
+        if offset + len > self.stride {
+            return None;
+        }
+        let at = token as usize * self.stride + offset;
+        self.region.get_slice(at, len).ok()
+    }
 }
 
 /// The state machine of one connection.
@@ -238,10 +259,8 @@ pub struct Connection {
     tx: Transmitter<u16>,
     slots: Box<[Slot]>,
     in_flight: usize,
-    /// An I/O queue's in-capsule data (write data, Dataset Management ranges) for commands that
-    /// wait for a buffer or room: IOCCSZ bytes per slot, made at Connect (zeroed pages the
-    /// kernel gives only when touched).
-    holding: Box<[u8]>,
+    /// An I/O queue's in-capsule data of commands that wait (made at Connect).
+    holding: Option<Holding>,
     /// Where an admin command's answer (Identify, a log page) is built, then copied to `tx`.
     admin_data: Box<[u8]>,
     /// Why the connection ends, once it does.
@@ -305,7 +324,7 @@ impl Connection {
             // a data segment and the bytes after it per command, and a few more
             tx: Transmitter::new(tx_capacity, 2 * entries + 8),
             in_flight: 0,
-            holding: Box::default(),
+            holding: None,
             admin_data: vec![0; admin::MAX_ADMIN_DATA].into_boxed_slice(),
             closed: None,
             peer,
