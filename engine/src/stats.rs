@@ -136,6 +136,9 @@ fn merge_histograms(mine: &mut Histogram<u64>, theirs: &Histogram<u64>) {
 pub struct IoStats {
     lanes: [Lane; 3],
     errors: u64,
+    /// The longest stretch with I/O in flight and no completion (jitter: a reactor held up,
+    /// a device that paused), noted once per batch of completions.
+    longest_gap_ns: u64,
 }
 
 impl Default for IoStats {
@@ -159,7 +162,20 @@ impl IoStats {
                 Lane::new(histograms),
             ],
             errors: 0,
+            longest_gap_ns: 0,
         }
+    }
+
+    /// A batch of completions came `gap_ns` after the previous one (or after the device was
+    /// given its first I/O) with I/O in flight all along.
+    #[inline]
+    pub fn note_gap(&mut self, gap_ns: u64) {
+        self.longest_gap_ns = self.longest_gap_ns.max(gap_ns);
+    }
+
+    /// The longest stretch with I/O in flight and no completion, in nanoseconds.
+    pub fn longest_gap_ns(&self) -> u64 {
+        self.longest_gap_ns
     }
 
     /// Whether latency percentiles are kept.
@@ -194,11 +210,13 @@ impl IoStats {
             lane.merge(o);
         }
         self.errors += other.errors;
+        self.longest_gap_ns = self.longest_gap_ns.max(other.longest_gap_ns);
     }
 
     pub fn reset(&mut self) {
         self.lanes.iter_mut().for_each(Lane::reset);
         self.errors = 0;
+        self.longest_gap_ns = 0;
     }
 
     /// Successful I/Os of `kind`.

@@ -175,6 +175,8 @@ impl DeviceChannel {
         if let Some(now) = now {
             self.set_now(now);
             self.fresh = true;
+            self.stats
+                .note_gap(now.saturating_sub(self.last_progress_ns));
             self.last_progress_ns = now;
             self.note_ended();
             return done;

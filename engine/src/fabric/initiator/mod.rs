@@ -23,5 +23,5 @@ pub(crate) mod testing;
 pub use command::{CommandQueue, Payload};
 pub use gated::Gated;
 pub use options::{HostError, HostOptions};
-pub use queue::IoQueue;
+pub use queue::{IoQueue, QueueSetup};
 pub use session::{Completion, Data, Failure, IoNamespace, QueueParams, Session, Unfinished};

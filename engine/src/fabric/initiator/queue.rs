@@ -1,6 +1,6 @@
-//! An NVMe/TCP queue on a socket, owned by one reactor thread: [`IoQueue::connect`] sets
-//! it up (TCP, ICReq/ICResp, Fabrics Connect; the only part that waits), then the socket is
-//! polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
+//! An NVMe/TCP queue on a socket, owned by one reactor thread: [`QueueSetup`] sets it up
+//! without waiting (TCP, ICReq/ICResp, Fabrics Connect; [`IoQueue::connect`] waits on it for
+//! callers that may), then the socket is polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
 //! sends everything queued in one `writev` (headers and write data gathered straight from the
 //! DMA buffers), receives what came (many responses per `readv`, read data straight into the
 //! DMA buffers) and hands completions to the caller. No allocation, lock or system call per
@@ -58,16 +58,26 @@ pub struct IoQueue {
     waiter: Option<(Epoll, bool)>,
 }
 
-impl IoQueue {
-    /// Connects queue `params.qid` of controller `params.cntlid` at `addr` (QID 0: an admin
-    /// queue, the controller is the target's choice). Waits (at most `host.timeout`) until the
-    /// Connect is answered; the socket is non-blocking from then on.
-    pub fn connect(
+/// An I/O queue being set up without waiting: the TCP connect under way (a non-blocking
+/// socket), then ICReq / ICResp and the Fabrics Connect as PDUs, moved on by
+/// [`QueueSetup::step`], which never blocks. A reactor that reconnects a queue calls it in its
+/// turns, so that its other devices are served meanwhile; [`IoQueue::connect`] waits on it.
+#[derive(Debug)]
+pub struct QueueSetup {
+    queue: IoQueue,
+    addr: SocketAddr,
+    deadline: Instant,
+}
+
+impl QueueSetup {
+    /// Starts setting up queue `params.qid` of controller `params.cntlid` at `addr` (QID 0: an
+    /// admin queue, the controller is the target's choice); `host.timeout` bounds it.
+    pub fn start(
         addr: SocketAddr,
         params: QueueParams,
         host: &HostOptions,
         buffers: Buffers,
-    ) -> Result<IoQueue, HostError> {
+    ) -> Result<QueueSetup, HostError> {
         if host.timeout.is_zero() {
             return Err(HostError::InvalidArgument("the timeout must not be zero"));
         }
@@ -75,17 +85,9 @@ impl IoQueue {
             .checked_add(host.timeout)
             .ok_or(HostError::InvalidArgument("the timeout is too long"))?;
         let session = Session::new(params, host)?;
-        let stream =
-            TcpStream::connect_timeout(&addr, host.timeout).map_err(|e| match e.kind() {
-                ErrorKind::ConnectionRefused => HostError::Refused { addr },
-                ErrorKind::WouldBlock | ErrorKind::TimedOut => HostError::Timeout,
-                _ => HostError::Io(e),
-            })?;
-        // commands are small PDUs sent in batches: do not let Nagle hold them back
-        stream.set_nodelay(true)?;
-        stream.set_nonblocking(true)?;
+        let stream = connect_nonblocking(addr)?;
         let memory = buffers.snapshot();
-        let mut q = IoQueue {
+        let queue = IoQueue {
             stream,
             session,
             buffers,
@@ -95,26 +97,92 @@ impl IoQueue {
             closed: false,
             waiter: None,
         };
-        let mut none = |_: Completion| {};
-        while !q.session.ready() {
-            q.session.transmit(&mut q.stream, &q.memory)?;
-            q.session.receive_from(&mut q.stream, &q.memory, &mut none);
-            if let Some(why) = q.session.ended() {
-                // best effort: a TermReq for a bad ICResp or Connect response
-                let _ = q.session.transmit(&mut q.stream, &q.memory);
-                let _ = q.stream.shutdown(Shutdown::Both);
-                return Err(setup_error(why));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(HostError::Timeout);
-            }
-            if !q.session.ready() {
-                // set-up is the one part that waits
-                q.wait(left)?;
-            }
+        Ok(QueueSetup {
+            queue,
+            addr,
+            deadline,
+        })
+    }
+
+    /// Moves the set-up on as far as it goes now: true once the Connect is answered (then
+    /// [`QueueSetup::into_queue`]); an error once it failed or ran out of time.
+    pub fn step(&mut self) -> Result<bool, HostError> {
+        let q = &mut self.queue;
+        if let Some(e) = q.stream.take_error()? {
+            return Err(match e.kind() {
+                ErrorKind::ConnectionRefused => HostError::Refused { addr: self.addr },
+                _ => HostError::Io(e),
+            });
         }
-        Ok(q)
+        // (while TCP connects, sending would block: the ICReq waits in the session)
+        q.session.transmit(&mut q.stream, &q.memory)?;
+        q.session
+            .receive_from(&mut q.stream, &q.memory, &mut |_| {});
+        if let Some(why) = q.session.ended() {
+            // best effort: a TermReq for a bad ICResp or Connect response
+            let _ = q.session.transmit(&mut q.stream, &q.memory);
+            let _ = q.stream.shutdown(Shutdown::Both);
+            return Err(setup_error(why));
+        }
+        if q.session.ready() {
+            return Ok(true);
+        }
+        if Instant::now() >= self.deadline {
+            return Err(HostError::Timeout);
+        }
+        Ok(false)
+    }
+
+    /// Sleeps until the socket has news for [`QueueSetup::step`] (at most until the deadline).
+    pub fn wait(&mut self) -> Result<(), HostError> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        self.queue.wait(left)
+    }
+
+    /// The queue, once [`QueueSetup::step`] said it is ready.
+    pub fn into_queue(self) -> IoQueue {
+        self.queue
+    }
+}
+
+/// A TCP socket to `addr`, non-blocking, its connect started (it completes on its own).
+fn connect_nonblocking(addr: SocketAddr) -> Result<TcpStream, HostError> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    use std::os::fd::AsRawFd;
+    let family = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = socket(family, SockType::Stream, flags, None).map_err(std::io::Error::from)?;
+    match connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
+        Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
+        Err(nix::errno::Errno::ECONNREFUSED) => return Err(HostError::Refused { addr }),
+        Err(e) => return Err(HostError::Io(e.into())),
+    }
+    let stream = TcpStream::from(fd);
+    // commands are small PDUs sent in batches: do not let Nagle hold them back
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+impl IoQueue {
+    /// Connects queue `params.qid` of controller `params.cntlid` at `addr` (QID 0: an admin
+    /// queue, the controller is the target's choice). Waits (at most `host.timeout`) until the
+    /// Connect is answered: for callers that may (a controller's own thread, tools); a reactor
+    /// uses [`QueueSetup`].
+    pub fn connect(
+        addr: SocketAddr,
+        params: QueueParams,
+        host: &HostOptions,
+        buffers: Buffers,
+    ) -> Result<IoQueue, HostError> {
+        let mut setup = QueueSetup::start(addr, params, host, buffers)?;
+        while !setup.step()? {
+            setup.wait()?;
+        }
+        Ok(setup.into_queue())
     }
 
     /// Queues any command with `data` in the queue's buffers (see [`Session::submit_command`]).

@@ -22,7 +22,7 @@ use crate::block::{ChannelOptions, DmaTarget, Op};
 use crate::fabric::initiator::queue::Buffers;
 use crate::fabric::initiator::session::MAX_ENTRIES;
 use crate::fabric::initiator::{self, Failure, HostOptions, IoNamespace, Unfinished};
-use crate::fabric::initiator::{IoQueue, QueueParams};
+use crate::fabric::initiator::{HostError, IoQueue, QueueParams, QueueSetup};
 use crate::transport::QueueNamespace;
 
 /// What the owner learned from a remote subsystem (the admin queues of its controllers),
@@ -111,8 +111,11 @@ struct PathQueue {
     /// I/Os to send (again): from a connection that ended, or refused for a path-related
     /// reason (the queue's entries at most).
     held: Vec<Unfinished>,
-    /// How to connect it again (the controller ID is the new association's).
+    /// How it connects (the controller ID is the current association's).
     params: QueueParams,
+    /// Its connection to the association `generation`, being set up (see
+    /// [`PathQueue::reconnect`]).
+    connecting: Option<QueueSetup>,
     now_ns: u64,
     reconnects: u32,
     /// The path was given up.
@@ -362,6 +365,12 @@ impl PathQueue {
             link.report_down(self.generation, &why);
         }
         let generation = link.generation();
+        if self.connecting.is_some() && generation == self.generation {
+            self.reconnect(source);
+            return done;
+        }
+        // (a connection being set up to an association gone meanwhile is dropped)
+        self.connecting = None;
         if generation == self.generation || self.lost.is_some() {
             return done; // still waiting for the next association, or given up
         }
@@ -372,30 +381,46 @@ impl PathQueue {
                 }
                 self.lost = Some(why);
             }
-            LinkState::Live { cntlid } => self.reconnect(source, generation, cntlid),
+            LinkState::Live { cntlid } => {
+                self.params.cntlid = cntlid;
+                let path = &source.paths[self.index];
+                let buffers = Buffers::Space(source.dma.space.clone());
+                self.generation = generation;
+                let params = self.params.clone();
+                match QueueSetup::start(path.addr, params, &source.host, buffers) {
+                    Ok(setup) => {
+                        self.connecting = Some(setup);
+                        self.reconnect(source);
+                    }
+                    Err(e) => self.connect_failed(source, &e),
+                }
+            }
             // the association went down again before this queue saw it live
             LinkState::Down { .. } => {}
         }
         done
     }
 
-    /// Connects to controller `cntlid` of association `generation` and sends the held I/Os.
-    fn reconnect(&mut self, source: &RemoteQueues, generation: u64, cntlid: u16) {
-        let path = &source.paths[self.index];
-        let params = QueueParams {
-            cntlid,
-            ..self.params.clone()
+    /// Moves the connection to the new association on, one step each poll (the reactor's
+    /// other devices are served meanwhile): once it is set up, sends the held I/Os on it.
+    fn reconnect(&mut self, source: &RemoteQueues) {
+        let Some(setup) = self.connecting.as_mut() else {
+            return;
         };
-        let buffers = Buffers::Space(source.dma.space.clone());
-        self.generation = generation;
-        let mut queue = match IoQueue::connect(path.addr, params, &source.host, buffers) {
-            Ok(q) => q,
+        match setup.step() {
+            Ok(false) => return,
+            Ok(true) => {}
             Err(e) => {
-                let why = format!("I/O queue {}: {e}", self.params.qid);
-                path.link.report_down(generation, &why);
+                self.connecting = None;
+                self.connect_failed(source, &e);
                 return;
             }
+        }
+        let Some(setup) = self.connecting.take() else {
+            return;
         };
+        let mut queue = setup.into_queue();
+        let path = &source.paths[self.index];
         queue.keep_unfinished(true);
         if source.paths.len() > 1 {
             queue.reroute_path_errors();
@@ -411,10 +436,18 @@ impl PathQueue {
         self.disconnected = false;
         self.reconnects += 1;
         log::info!(
-            "{}: I/O queue {} reconnected (controller {cntlid})",
+            "{}: I/O queue {} reconnected (controller {})",
             path.addr,
-            self.params.qid
+            self.params.qid,
+            self.params.cntlid
         );
+    }
+
+    /// The connection to the association could not be made: the association is down again
+    /// (the controller thread tries anew).
+    fn connect_failed(&mut self, source: &RemoteQueues, e: &HostError) {
+        let why = format!("I/O queue {}: {e}", self.params.qid);
+        self.link(source).report_down(self.generation, &why);
     }
 }
 
@@ -540,6 +573,7 @@ impl RemoteQueues {
                     disconnected: false,
                     held: Vec::with_capacity(usize::from(entries)),
                     params,
+                    connecting: None,
                     now_ns: 0,
                     reconnects: 0,
                     lost: None,

@@ -26,6 +26,8 @@
 //!       "elapsed_ms": 2000, "job_runtime": 2000,
 //!       "joined_ms": 1000,                      // a drive that joined the run: when, into
 //!                                               // the window (its elapsed_ms counts from it)
+//!       "longest_gap_us": 12,                   // longest stretch with I/O in flight and no
+//!                                               // completion (a reactor held up, a stall)
 //!       "error": 0,                             // failed I/Os in the measured window
 //!       "failed_ios": 0,                        // failed I/Os over the whole run
 //!       "aborted_ios": 0,                       // of those, aborted by a controller reset
@@ -534,6 +536,7 @@ pub fn json(rows: &[Row], options: Value, latency: u8) -> Value {
             if let Some(joined) = r.joined {
                 v["joined_ms"] = json!(joined.as_millis() as u64);
             }
+            v["longest_gap_us"] = json!(r.stats.longest_gap_ns() / 1000);
             v["failed_ios"] = json!(r.failed);
             v["aborted_ios"] = json!(r.aborted);
             v["removed"] = json!(r.removed.is_some());
