@@ -11,6 +11,7 @@ mod firmware;
 mod format;
 mod format_nvm;
 mod health;
+mod hotplug;
 mod identify;
 mod list;
 mod maintenance;

@@ -6,16 +6,12 @@
 //! fail and the run goes on with the others.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use parking_lot::Mutex;
-use usnvme_driver::pci::uevent::PciEvent;
 
 use super::workload::DeviceResult;
 use super::*;
-
-/// How often the watcher looks at the stop flag, at most.
-const LOOK_EVERY: Duration = Duration::from_millis(200);
+use crate::hotplug::{Binds, Bound};
 
 /// The drives that joined the run, and the devices they added.
 #[derive(Debug, Default)]
@@ -36,7 +32,7 @@ impl Joined {
 }
 
 impl Session {
-    /// Brings up drive `spec` and adds its namespaces to `run`; what went wrong, if anything.
+    /// Brings up drive `spec` and adds its namespaces to `run` (see [`Session::join_up`]).
     pub(super) fn join(
         &self,
         run: &Run<Vec<DeviceResult>>,
@@ -51,6 +47,19 @@ impl Session {
             .into_iter()
             .next()
             .ok_or("no controller")?;
+        self.join_up(run, spec, controller, joined, added_spans)
+    }
+
+    /// Adds the namespaces of drive `spec`, brought up as `controller`, to `run`; what went
+    /// wrong, if anything.
+    pub(super) fn join_up(
+        &self,
+        run: &Run<Vec<DeviceResult>>,
+        spec: &DeviceSpec,
+        controller: Controller,
+        joined: &Joined,
+        added_spans: &Mutex<std::collections::HashMap<usize, Region>>,
+    ) -> std::result::Result<(), String> {
         let drive_index = self.engine.drives().len() + joined.controllers.lock().len();
         joined.controllers.lock().push(controller.clone());
         let pi = self.settings.pi;
@@ -109,29 +118,34 @@ impl Session {
 pub(super) fn watch_inserts(
     session: &Session,
     run: &Run<Vec<DeviceResult>>,
-    mut events: UeventSocket,
+    mut binds: Binds,
     joined: &Joined,
     added_spans: &Mutex<std::collections::HashMap<usize, Region>>,
     stop: &AtomicBool,
 ) {
-    let in_run = |spec: &DeviceSpec| session.engine.drives().iter().any(|d| &d.spec == spec);
-    let mut seen: Vec<DeviceSpec> = Vec::new();
+    let in_run = |addr| {
+        let spec = DeviceSpec::Pci(addr);
+        session.engine.drives().iter().any(|d| d.spec == spec)
+    };
     while !stop.load(Ordering::Acquire) {
-        let addr = match events.next(LOOK_EVERY) {
-            Ok(Some(PciEvent::BoundToVfio(addr))) => addr,
-            Ok(_) => continue,
+        let why = match binds.next(&session.opener, in_run) {
+            Ok(None) => continue,
+            Ok(Some(Bound::Up(spec, controller))) => {
+                match session.join_up(run, &spec, controller, joined, added_spans) {
+                    Ok(()) => continue,
+                    Err(why) => {
+                        format!("{spec} was bound to vfio-pci but does not join the run: {why}")
+                    }
+                }
+            }
+            Ok(Some(Bound::Failed(addr, why))) => {
+                format!("{addr} was bound to vfio-pci but does not join the run: {why}")
+            }
             Err(e) => {
                 eprintln!("usnvme perf: warning: watching the kernel's device events: {e}: no more drives join the run");
                 return;
             }
         };
-        let spec = DeviceSpec::Pci(addr);
-        if in_run(&spec) || seen.contains(&spec) {
-            continue;
-        }
-        seen.push(spec.clone());
-        if let Err(why) = session.join(run, &spec, joined, added_spans) {
-            eprintln!("usnvme perf: warning: {addr} was bound to vfio-pci but does not join the run: {why}");
-        }
+        eprintln!("usnvme perf: warning: {why}");
     }
 }

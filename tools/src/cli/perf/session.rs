@@ -357,7 +357,8 @@ impl Session {
         std::thread::scope(|scope| {
             let (run, joined, spans, stop) = (&run, &joined, &*added_spans, &stop_joining);
             if let Some(events) = uevents {
-                scope.spawn(move || hotplug::watch_inserts(self, run, events, joined, spans, stop));
+                let binds = crate::hotplug::Binds::new(events);
+                scope.spawn(move || hotplug::watch_inserts(self, run, binds, joined, spans, stop));
             }
             if let Some((device, after)) = &self.settings.add {
                 let at = measure_from + *after;

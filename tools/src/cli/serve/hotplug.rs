@@ -16,17 +16,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use usnvme_driver::pci::uevent::{PciEvent, UeventSocket};
 use usnvme_driver::pci::PciAddress;
-use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
+use usnvme_driver::{Controller, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::{drive_namespaces, BlockDevice, NamespaceDevice};
 
 use super::{exportable, nguid, not_exportable, EXPORTED_PI};
+use crate::hotplug::{Binds, Bound, LOOK_EVERY};
 
-/// How often the drives are looked at for removal (and the stop flag), at most.
-const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// How often the drives' asynchronous events are taken (a look at every drive's admin queue:
 /// with 24 drives in the test bed's guest, every 200 ms cost the idle target 0.7 % of a core).
 const EVENTS_EVERY: Duration = Duration::from_secs(1);
@@ -124,8 +122,8 @@ impl Drop for Watcher {
 
 /// What the watcher needs to bring a new drive up and export it.
 pub(super) struct Inserts {
-    /// The kernel's device events (a vfio-pci bind of an NVMe function is an insert).
-    pub(super) events: UeventSocket,
+    /// The drives bound to vfio-pci (an insert).
+    pub(super) binds: Binds,
     pub(super) opener: Arc<Opener>,
     /// The first engine index free for a new drive.
     pub(super) next_drive: usize,
@@ -150,11 +148,14 @@ pub(super) fn watch(
             let mut events_taken = Instant::now();
             while !stopped.load(Ordering::Acquire) {
                 match inserts.as_mut() {
-                    Some(i) => match i.events.next(LOOK_EVERY) {
-                        Ok(Some(PciEvent::BoundToVfio(addr))) if !drives.serves(addr) => {
-                            i.insert(addr, &drives, &live);
+                    Some(i) => match i.binds.next(&i.opener, |addr| drives.serves(addr)) {
+                        Ok(Some(Bound::Up(spec, controller))) => {
+                            i.insert(spec, controller, &drives, &live);
                         }
-                        Ok(_) => {}
+                        Ok(Some(Bound::Failed(addr, why))) => {
+                            eprintln!("usnvme: warning: {addr} was bound to vfio-pci but {why}; not exported");
+                        }
+                        Ok(None) => {}
                         Err(e) => {
                             eprintln!("usnvme: warning: watching the kernel's device events: {e}: drives bound to vfio-pci from now on are not exported");
                             inserts = None;
@@ -241,18 +242,16 @@ fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveNam
 }
 
 impl Inserts {
-    /// Brings up the controller just bound to vfio-pci at `addr` and exports its namespaces;
+    /// Exports the namespaces of the controller just bound to vfio-pci (`spec`, brought up);
     /// what goes wrong is said, and the target runs on without it.
-    fn insert(&mut self, addr: PciAddress, drives: &Drives, live: &LiveNamespaces) {
-        let spec = DeviceSpec::Pci(addr);
-        let controller = match self.opener.open(&spec, ControllerOptions::default()) {
-            Ok(mut opened) if !opened.is_empty() => opened.remove(0),
-            Ok(_) => return,
-            Err(e) => {
-                eprintln!("usnvme: warning: {addr} was bound to vfio-pci but cannot be brought up: {e}; not exported");
-                return;
-            }
-        };
+    fn insert(
+        &mut self,
+        spec: DeviceSpec,
+        controller: Controller,
+        drives: &Drives,
+        live: &LiveNamespaces,
+    ) {
+        let addr = spec.clone();
         let namespaces = exportable(drive_namespaces(
             self.next_drive,
             &controller,

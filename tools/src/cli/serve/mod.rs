@@ -315,7 +315,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let inserts = uevents
         .zip(first_device)
         .map(|(events, like)| hotplug::Inserts {
-            events,
+            binds: crate::hotplug::Binds::new(events),
             opener: opener.clone(),
             next_drive: engine.drives().len(),
             like,
