@@ -159,6 +159,19 @@ pub const fn host_configuration() -> Cc {
         .with_ams(0)
 }
 
+/// The most one command moves, whatever the controller allows (larger I/Os are split): the
+/// limit of every transport's queues.
+pub const MAX_TRANSFER: u64 = 2 << 20;
+
+/// The largest transfer of one command to a controller: its MDTS (a power of two of CAP's
+/// minimum memory page size), at most [`MAX_TRANSFER`], which is the limit also where it sets
+/// none (MDTS 0).
+pub fn max_transfer(cap: Cap, id: &IdentifyController) -> u64 {
+    let min_page = 4096u64 << cap.mpsmin();
+    id.mdts_bytes(min_page)
+        .map_or(MAX_TRANSFER, |m| m.min(MAX_TRANSFER))
+}
+
 /// How long CSTS.RDY may take to change: CAP.TO (500 ms units), at least 500 ms.
 pub fn ready_timeout(cap: Cap) -> Duration {
     Duration::from_millis(cap.to_ms().max(500))

@@ -35,7 +35,6 @@ use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
 
 /// The largest transfer the driver issues in one command, whatever MDTS allows: one PRP-list
 /// page of entries.
-const DRIVER_MAX_TRANSFER: u64 = 2 << 20;
 /// Admin data buffer: the largest page the driver reads or writes (Identify: 4 KiB).
 const ADMIN_DATA: usize = 16 << 10;
 
@@ -381,10 +380,7 @@ impl Controller {
             timeout: options.admin_timeout,
         };
         let identify = bringup::identify_controller(&mut path)?;
-        let max_transfer = identify
-            .mdts_bytes(PAGE)
-            .unwrap_or(DRIVER_MAX_TRANSFER)
-            .min(DRIVER_MAX_TRANSFER);
+        let max_transfer = bringup::max_transfer(cap, &identify);
         let sgl = options.sgl
             && !matches!(
                 identify.sgl_support(),

@@ -29,6 +29,7 @@ use crate::mmio::Doorbell;
 use crate::protection::{Guard, MetadataFormat, PiFields};
 use crate::prp::{self, PrpLayout, PAGE};
 use crate::regs::Registers;
+use crate::spec::command::MAX_BLOCKS_PER_COMMAND;
 use crate::spec::{Csts, DsmRange, SglDescriptor, Sqe, Status};
 use ring::{Rings, ShadowEntry};
 
@@ -1112,9 +1113,6 @@ fn ring(mmio: &Doorbell, shadow: Option<(&ShadowEntry, bool)>, old: u16, new: u1
 fn need_event(event_idx: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }
-
-/// Blocks one command carries at most (NLB is a 16-bit count of blocks less one).
-const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
 
 fn check_block_count(blocks: u64) -> Result<(), SubmitError> {
     if blocks == 0 || blocks > MAX_BLOCKS_PER_COMMAND {

@@ -170,6 +170,8 @@ pub const CDW12_FUA: u32 = 1 << 30;
 pub const CDW12_DEAC: u32 = 1 << 25;
 /// CDW11 of Dataset Management: Attribute – Deallocate (AD).
 pub const DSM_DEALLOCATE: u32 = 1 << 2;
+/// Blocks one I/O command carries at most: its NLB (CDW12 bits 15:0) counts them less one.
+pub const MAX_BLOCKS_PER_COMMAND: u64 = 1 << 16;
 
 /// A 64-byte submission queue entry.
 #[repr(C)]

@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use usnvme_driver::spec::command::MAX_BLOCKS_PER_COMMAND;
 use usnvme_driver::{Completion, Controller, IoBuffer};
 
 use super::split::SplitIos;
@@ -44,9 +45,6 @@ impl PiMode {
         }
     }
 }
-
-/// Write Zeroes and Deallocate carry at most this many blocks per command (NLB is 16 bits).
-const MAX_BLOCKS_PER_COMMAND: u64 = 65536;
 
 #[derive(Debug)]
 pub struct NamespaceDevice {

@@ -25,8 +25,6 @@ use crate::transport::tcp::queues::RemotePath;
 use crate::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
 use crate::transport::{RemoteController, RemoteError};
 
-/// The largest transfer when the controller sets no limit (MDTS 0): I/Os beyond it are split.
-const NO_LIMIT_TRANSFER: u32 = 1 << 20;
 /// How often the ANA state of a controller that reports it is read.
 const ANA_PERIOD: Duration = Duration::from_secs(1);
 
@@ -89,12 +87,7 @@ impl Attached {
             .map(|ns| (ns.nsid, ns.block_size, ns.blocks))
             .collect();
         let cap = ctrl.cap();
-        // MDTS: a power of two of the smallest memory page (CAP.MPSMIN)
-        let page = 4096u64 << cap.mpsmin();
-        let max_transfer = match id.mdts {
-            0 => NO_LIMIT_TRANSFER,
-            m => (page << m.min(20)).min(u64::from(NO_LIMIT_TRANSFER)) as u32,
-        };
+        let max_transfer = usnvme_driver::bringup::max_transfer(cap, &id) as u32;
         if host.kato_ms > 0 {
             // a Keep Alive not answered within KATO: the association is down
             ctrl.set_command_timeout(Duration::from_millis(u64::from(host.kato_ms)));

@@ -100,7 +100,8 @@ impl Session {
             return Err(SubmitError::Dead);
         }
         let p = &self.params;
-        if op != Op::Flush && !(1..=65536).contains(&blocks) {
+        let most = usnvme_driver::spec::command::MAX_BLOCKS_PER_COMMAND;
+        if op != Op::Flush && !(1..=most).contains(&u64::from(blocks)) {
             return Err(SubmitError::BlockCount {
                 blocks: u64::from(blocks),
             });
