@@ -149,7 +149,10 @@ fn a_host_not_allowed_is_refused_by_name_and_sigterm_stops_the_target() {
 #[test]
 fn serve_refuses_bad_flags_before_touching_a_drive() {
     for (args, says) in [
-        (&["--nqn", "not-an-nqn"][..], "--nqn not-an-nqn"),
+        (
+            &["--nqn", "not-an-nqn"][..],
+            "--nqn: NQN \"not-an-nqn\" does not start with \"nqn.\"",
+        ),
         (
             &["--allow-host", "x", "--allow-any-host"],
             "--allow-any-host",

@@ -285,6 +285,31 @@ impl PropertyCommand {
     }
 }
 
+/// NQNs are at most 223 bytes (NVMe Base 2.0, 4.5).
+pub const MAX_NQN_BYTES: usize = 223;
+
+/// The one rule for an NQN given by a person (a subsystem's, a host's): `nqn.` first, at most
+/// 223 bytes, no blanks or control characters; else what is wrong with it.
+pub fn check_nqn(nqn: &str) -> Result<(), String> {
+    if !nqn.starts_with("nqn.") {
+        return Err(format!(
+            "NQN {nqn:?} does not start with \"nqn.\" (e.g. nqn.2024-01.com.example:storage1)"
+        ));
+    }
+    if nqn.len() > MAX_NQN_BYTES {
+        return Err(format!(
+            "NQN {nqn:?} is {} bytes long, more than the {MAX_NQN_BYTES} allowed",
+            nqn.len()
+        ));
+    }
+    if nqn.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "NQN {nqn:?} has blanks or control characters in it"
+        ));
+    }
+    Ok(())
+}
+
 /// Why an NQN cannot go in its field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NqnError {

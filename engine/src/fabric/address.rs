@@ -11,8 +11,7 @@ use std::str::FromStr;
 
 /// The NVMe/TCP port IANA assigned (NVMe/TCP transport binding, 7.4.8).
 pub const DEFAULT_PORT: u16 = 4420;
-/// NQNs are at most 223 bytes (NVMe Base 2.0, 4.5).
-pub const MAX_NQN_BYTES: usize = 223;
+pub use usnvme_driver::spec::fabrics::{check_nqn, MAX_NQN_BYTES};
 
 /// Examples shown with every error.
 const SHORT_EXAMPLE: &str = "tcp://127.0.0.1:4420/nqn.2024-01.io.usnvme:host1";
@@ -63,25 +62,6 @@ fn spdk_error(what: impl Into<String>) -> AddressError {
         what: what.into(),
         example: SPDK_EXAMPLE,
     }
-}
-
-/// Checks an NQN's form: `nqn.` first, no blanks or control characters, at most 223 bytes.
-pub fn check_nqn(nqn: &str) -> Result<(), String> {
-    if !nqn.starts_with("nqn.") {
-        return Err(format!("NQN {nqn:?} does not start with \"nqn.\""));
-    }
-    if nqn.len() > MAX_NQN_BYTES {
-        return Err(format!(
-            "NQN {nqn:?} is {} bytes long, more than the {MAX_NQN_BYTES} allowed",
-            nqn.len()
-        ));
-    }
-    if nqn.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "NQN {nqn:?} has blanks or control characters in it"
-        ));
-    }
-    Ok(())
 }
 
 impl FromStr for TcpAddress {

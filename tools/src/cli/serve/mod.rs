@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 use usnvme_driver::pci::uevent::UeventSocket;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::PiChecks;
+use usnvme_driver::spec::fabrics::check_nqn;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
@@ -149,11 +150,14 @@ pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let nqn = match &args.nqn {
-        Some(n) => check_nqn(n).map_err(|e| usage(format!("--nqn {n}: {e}")))?,
+        Some(n) => {
+            check_nqn(n).map_err(|e| usage(format!("--nqn: {e}")))?;
+            n.clone()
+        }
         None => usnvme_engine::fabric::export::default_nqn(sysfs.root()),
     };
     for host in &args.allow_host {
-        check_nqn(host).map_err(|e| usage(format!("--allow-host {host}: {e}")))?;
+        check_nqn(host).map_err(|e| usage(format!("--allow-host: {e}")))?;
     }
     let topology = Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
     let cores = match &args.cores {
@@ -609,20 +613,6 @@ fn serial(nqn: &str) -> String {
         "usnvme{:08x}",
         usnvme_engine::fabric::pdu::crc32c(nqn.as_bytes())
     )
-}
-
-/// An NQN: "nqn." then at most 223 bytes, printable ASCII.
-fn check_nqn(nqn: &str) -> std::result::Result<String, String> {
-    if !nqn.starts_with("nqn.") {
-        return Err("an NQN starts with \"nqn.\", e.g. nqn.2024-01.com.example:storage1".into());
-    }
-    if nqn.len() > 223 {
-        return Err(format!("{} bytes; an NQN has at most 223", nqn.len()));
-    }
-    if !nqn.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("only printable ASCII without spaces".into());
-    }
-    Ok(nqn.to_string())
 }
 
 fn print_exports(out: &mut dyn Write, s: &SubsystemInfo, allowed: Option<&[String]>) -> Result<()> {
