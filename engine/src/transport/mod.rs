@@ -13,14 +13,17 @@
 //! - [`Queues`]: a reactor's I/O queues, one per controller, shared by the channels of that
 //!   controller's namespaces ([`SharedQueue`]); a queue only one channel uses becomes that
 //!   channel's own.
+//! - [`DeviceName`]: the one grammar of device names, local or remote.
 
 mod controller;
 mod io_queue;
+mod name;
 mod queues;
 pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};
 pub use io_queue::{IoQueue, NamespaceProtection, QueueNamespace};
+pub use name::DeviceName;
 pub use queues::{QueueSource, Queues, SharedQueue};
 pub use tcp::{
     ControllerLink, QueueIds, ReconnectPolicy, RemoteController, RemoteError, RemoteQueues,

@@ -11,24 +11,16 @@
 
 use std::str::FromStr;
 
-use usnvme_driver::DeviceSpec;
-use usnvme_engine::fabric::address::TcpAddress;
+use usnvme_engine::transport::DeviceName;
 
 /// Shown with every error: what a file name may be.
 const FORMS: &str = "file names: 0000.01.00.0, tcp\\://ADDR\\:PORT/NQN or an SPDK transport ID \
      ('trtype=PCIe traddr=0000.01.00.0'), then ' ns=N' for a namespace";
 
-/// Where a file's namespace is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Controller {
-    Local(DeviceSpec),
-    Remote(TcpAddress),
-}
-
 /// One fio file: a namespace of a controller (the only one, when `nsid` is not given).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileName {
-    pub controller: Controller,
+    pub controller: DeviceName,
     pub nsid: Option<u32>,
 }
 
@@ -73,12 +65,9 @@ fn is_transport_key(word: &str) -> bool {
         .is_some_and(|(k, _)| KEYS.iter().any(|key| key.eq_ignore_ascii_case(k)))
 }
 
-/// `0000.01.00.0`, `0000:01:00.0`, `sim:0` or `tcp://...`.
-fn controller(s: &str) -> Result<Controller, String> {
-    if TcpAddress::looks_remote(s) {
-        return remote(s);
-    }
-    let spec: DeviceSpec = pci_with_dots(s)
+/// `0000.01.00.0` (fio's way past its ':' splitting), or any device name.
+fn controller(s: &str) -> Result<DeviceName, String> {
+    let name: DeviceName = pci_with_dots(s)
         .unwrap_or_else(|| s.to_owned())
         .parse()
         .map_err(|e| {
@@ -89,12 +78,12 @@ fn controller(s: &str) -> Result<Controller, String> {
             };
             format!("{e}{split}")
         })?;
-    if spec.drives().len() != 1 {
+    if name.drives().len() != 1 {
         return Err(format!(
-            "{spec} names several drives: one file is one drive (list them with ':' between)"
+            "{name} names several drives: one file is one drive (list them with ':' between)"
         ));
     }
-    Ok(Controller::Local(spec))
+    Ok(name)
 }
 
 /// `DDDD.BB.DD.F` (SPDK's way past fio's ':' splitting) as `DDDD:BB:DD.F`.
@@ -109,19 +98,8 @@ fn pci_with_dots(s: &str) -> Option<String> {
     }
 }
 
-/// A remote subsystem: its NQN is needed for I/O.
-fn remote(s: &str) -> Result<Controller, String> {
-    let address: TcpAddress = s.parse().map_err(|e| format!("{e}"))?;
-    if address.subnqn.is_none() {
-        return Err(format!(
-            "{address} names no subsystem: add its NQN (`usnvme discover` lists them)"
-        ));
-    }
-    Ok(Controller::Remote(address))
-}
-
 /// SPDK's `key=value` transport ID.
-fn transport_id(words: &[&str]) -> Result<Controller, String> {
+fn transport_id(words: &[&str]) -> Result<DeviceName, String> {
     let mut trtype = None;
     let mut traddr = None;
     let mut pairs = Vec::new();
@@ -147,7 +125,7 @@ fn transport_id(words: &[&str]) -> Result<Controller, String> {
             let addr = traddr.ok_or("trtype=PCIe needs traddr=DDDD.BB.DD.F")?;
             controller(addr)
         }
-        Some("tcp") => remote(&pairs.join(" ")),
+        Some("tcp") => pairs.join(" ").parse(),
         Some(other) => Err(format!(
             "transport {other:?} is not supported (PCIe and TCP are)"
         )),
@@ -159,8 +137,8 @@ fn transport_id(words: &[&str]) -> Result<Controller, String> {
 mod tests {
     use super::*;
 
-    fn local(s: &str) -> Controller {
-        Controller::Local(s.parse().expect("a drive"))
+    fn local(s: &str) -> DeviceName {
+        DeviceName::Local(s.parse().expect("a drive"))
     }
 
     #[test]
@@ -194,7 +172,7 @@ mod tests {
         let a = short.parse::<FileName>().expect("short form");
         let b = format!("{spdk} ns=1").parse::<FileName>().expect("SPDK's");
         assert_eq!(a.controller, b.controller);
-        let Controller::Remote(addr) = &a.controller else {
+        let DeviceName::Remote(addr) = &a.controller else {
             panic!("remote: {a:?}")
         };
         assert_eq!(addr.subnqn.as_deref(), Some(nqn));

@@ -14,11 +14,11 @@ use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::identity::host_identity;
 use usnvme_engine::fabric::initiator::HostOptions;
 use usnvme_engine::fabric::subsystem::RemoteSubsystem;
-use usnvme_engine::transport::ReconnectPolicy;
+use usnvme_engine::transport::{DeviceName, ReconnectPolicy};
 use usnvme_engine::{BlockDevice, NamespaceDevice};
 use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
-use crate::name::{self, FileName};
+use crate::name::FileName;
 
 /// Keep Alive Timeout asked of remote controllers, as Linux's host asks by default.
 const REMOTE_KATO_MS: u32 = 5000;
@@ -95,7 +95,7 @@ impl Attached {
     fn attach(&mut self, files: &[FileName]) -> Result<(), String> {
         let mut specs: Vec<DeviceSpec> = Vec::new();
         for f in files {
-            if let name::Controller::Local(spec) = &f.controller {
+            if let DeviceName::Local(spec) = &f.controller {
                 if !specs.contains(spec) && !self.local.iter().any(|(s, _)| s == spec) {
                     specs.push(spec.clone());
                 }
@@ -107,7 +107,7 @@ impl Attached {
             self.local.push((drive.spec, drive.controller));
         }
         for f in files {
-            if let name::Controller::Remote(address) = &f.controller {
+            if let DeviceName::Remote(address) = &f.controller {
                 if !self.remote.iter().any(|r| r.address == *address) {
                     let subsystem = RemoteSubsystem::attach(
                         address,
@@ -132,7 +132,7 @@ impl Attached {
     /// The namespace `file` names, on its attached controller.
     fn device(&self, file: &FileName) -> Result<Arc<dyn BlockDevice>, String> {
         match &file.controller {
-            name::Controller::Local(spec) => {
+            DeviceName::Local(spec) => {
                 let (drive, ctrl) = self
                     .local
                     .iter()
@@ -145,7 +145,7 @@ impl Attached {
                     NamespaceDevice::new(ctrl.clone(), nsid, drive).map_err(|e| e.to_string())?;
                 Ok(Arc::new(device))
             }
-            name::Controller::Remote(address) => {
+            DeviceName::Remote(address) => {
                 let remote = self
                     .remote
                     .iter()

@@ -152,11 +152,7 @@ pub fn all_targets(sysfs: &Sysfs, given: &[Target]) -> Result<Vec<Target>> {
     }
     let mut all: Vec<Target> = Vec::with_capacity(given.len());
     for target in given {
-        let split = match target {
-            Target::Local(spec) => spec.drives().into_iter().map(Target::Local).collect(),
-            Target::Remote(_) => vec![target.clone()],
-        };
-        for t in split {
+        for t in target.drives() {
             if !all.contains(&t) {
                 all.push(t);
             }
@@ -189,20 +185,8 @@ pub fn report<T: Serialize + Send>(
             .write_all(text.as_bytes())
             .context("cannot write to standard output");
     }
-    let local: Vec<DeviceSpec> = targets
-        .iter()
-        .filter_map(|t| match t {
-            Target::Local(spec) => Some(spec.clone()),
-            Target::Remote(_) => None,
-        })
-        .collect();
-    let remotes: Vec<&TcpAddress> = targets
-        .iter()
-        .filter_map(|t| match t {
-            Target::Remote(addr) => Some(addr),
-            Target::Local(_) => None,
-        })
-        .collect();
+    let local: Vec<DeviceSpec> = targets.iter().filter_map(Target::local).cloned().collect();
+    let remotes: Vec<&TcpAddress> = targets.iter().filter_map(Target::remote).collect();
     // who this host is matters only to remote targets (and may fail: no host NQN)
     let opts = if remotes.is_empty() {
         HostOptions::default()

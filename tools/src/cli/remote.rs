@@ -3,11 +3,8 @@
 //! drive-or-remote argument of `identify` and `health`, connecting, and the errors a user can
 //! act on, each on one line with what to do.
 
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
-use usnvme_driver::DeviceSpec;
 use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
 use usnvme_engine::fabric::identity::{host_id_for, host_identity};
 use usnvme_engine::fabric::initiator::HostOptions;
@@ -55,43 +52,9 @@ impl RemoteArgs {
     }
 }
 
-/// A drive of `identify` / `health`: local (PCI, `sim:`) or a remote subsystem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Local(DeviceSpec),
-    Remote(TcpAddress),
-}
-
-impl FromStr for Target {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if !TcpAddress::looks_remote(s) {
-            return s
-                .parse()
-                .map(Target::Local)
-                .map_err(|e: usnvme_driver::device::DeviceSpecError| e.to_string());
-        }
-        let addr: TcpAddress = s.parse().map_err(|e| format!("{e}"))?;
-        if addr.subnqn.is_none() {
-            return Err(format!(
-                "{addr} names no subsystem: add /NQN, or subnqn:NQN in a transport ID \
-                 (`usnvme discover {addr}` lists the subsystems there; example: \
-                 {addr}/nqn.2024-01.io.usnvme:host1)"
-            ));
-        }
-        Ok(Target::Remote(addr))
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Local(spec) => spec.fmt(f),
-            Target::Remote(addr) => addr.fmt(f),
-        }
-    }
-}
+/// A drive of `identify` / `health`: local (PCI, `sim:`) or a remote subsystem (the engine's
+/// one device name grammar).
+pub use usnvme_engine::transport::DeviceName as Target;
 
 /// Connects to the subsystem of `target` (its NQN, or `subnqn` when given) and enables its
 /// controller; a failure comes back as one line naming the target and what to do.
@@ -176,20 +139,6 @@ mod tests {
         "tcp://127.0.0.1:4420/nqn.2024-01.io.usnvme:t"
             .parse()
             .expect("an address")
-    }
-
-    #[test]
-    fn targets_local_or_remote() {
-        assert!(matches!("sim:0".parse::<Target>(), Ok(Target::Local(_))));
-        assert!(matches!("01:00.0".parse::<Target>(), Ok(Target::Local(_))));
-        assert_eq!(
-            "trtype:tcp traddr:127.0.0.1 subnqn:nqn.2024-01.io.usnvme:t".parse::<Target>(),
-            Ok(Target::Remote(target()))
-        );
-        let err = "tcp://1.2.3.4".parse::<Target>().expect_err("no NQN");
-        assert!(err.contains("usnvme discover tcp://1.2.3.4:4420"), "{err}");
-        let err = "tcp://1.2.3.4:x".parse::<Target>().expect_err("bad port");
-        assert!(err.contains("example"), "{err}");
     }
 
     #[test]
