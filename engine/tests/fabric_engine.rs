@@ -12,6 +12,7 @@ use usnvme_driver::spec::command::Cns;
 use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{NamespaceList, Sqe, Status};
 use usnvme_driver::{pci::Sysfs, ControllerOptions, DeviceSpec, IoBuffer, Opener};
+use usnvme_engine::block::remote::RemoteSubsystem;
 use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits, Receive};
@@ -22,14 +23,13 @@ use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
 };
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
-use usnvme_engine::fabric::initiator::queue::{Buffers, IoQueue};
-use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
-use usnvme_engine::fabric::initiator::{Failure, QueueParams};
 use usnvme_engine::fabric::pdu::Digests;
-use usnvme_engine::fabric::subsystem::RemoteSubsystem;
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
 use usnvme_engine::topology::Topology;
+use usnvme_engine::transport::tcp::initiator::queue::{Buffers, IoQueue};
+use usnvme_engine::transport::tcp::initiator::{CommandQueue, HostOptions};
+use usnvme_engine::transport::tcp::initiator::{Failure, QueueParams};
 use usnvme_engine::transport::tcp::queues::RemotePath;
 use usnvme_engine::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
 use usnvme_engine::{

@@ -10,9 +10,9 @@ use usnvme_engine::block::Op;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
-use usnvme_engine::fabric::initiator::session::{Completion, QueueParams, Session};
-use usnvme_engine::fabric::initiator::{Gated, HostOptions};
 use usnvme_engine::fabric::pdu::{Digests, IcReq};
+use usnvme_engine::transport::tcp::initiator::session::{Completion, QueueParams, Session};
+use usnvme_engine::transport::tcp::initiator::{Gated, HostOptions};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::GuestAddress;
 

@@ -1,5 +1,5 @@
 //! `usnvme serve` on `sim:` drives over 127.0.0.1, reached with the project's NVMe/TCP host
-//! side (`usnvme_engine::fabric::initiator`): discovery, connect, identify, data written and read
+//! side (`usnvme_engine::transport::tcp::initiator`): discovery, connect, identify, data written and read
 //! back over in-capsule and R2T writes, with and without digests, refusals by name, SIGTERM,
 //! SMART reads that do not hold I/O up, shutdowns that flush, and no memory kept per connection.
 
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::{IdentifyController, IdentifyNamespace, Sqe, Status};
 use usnvme_engine::fabric::export::DISCOVERY_NQN;
-use usnvme_engine::fabric::initiator::{CommandQueue, HostError, HostOptions};
 use usnvme_engine::fabric::pdu::Digests;
+use usnvme_engine::transport::tcp::initiator::{CommandQueue, HostError, HostOptions};
 use usnvme_tests::signal;
 
 #[path = "common/serve.rs"]

@@ -4,5 +4,5 @@
 // the Connect response, CapsuleResp, C2HData, R2T, C2HTermReq): never a panic, never a loop
 // without end, every command completed once.
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    usnvme_engine::fabric::initiator::fuzz::fuzz_host(data);
+    usnvme_engine::transport::tcp::initiator::fuzz::fuzz_host(data);
 });

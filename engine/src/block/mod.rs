@@ -4,17 +4,17 @@
 //! once, when every part has; a part that fails fails the whole I/O with the part's error.
 
 mod namespace;
+pub mod remote;
 mod split;
 mod stripe;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use usnvme_driver::spec::Status;
 use usnvme_driver::{IoBuffer, SubmitError};
-use usnvme_hugepages::{IovaSpace, PageSize};
 
+pub use crate::transport::{ChannelOptions, DmaTarget, Op};
 use crate::transport::{NamespaceProtection, Queues};
 
 pub use namespace::{NamespaceChannel, NamespaceDevice, PiMode};
@@ -28,23 +28,6 @@ pub use stripe::{StripeChannel, StripeDevice};
 pub const MAX_TOKEN: u64 = (1 << 60) - 1;
 pub(crate) const NAMESPACE_PARENT: u64 = 1 << 61;
 pub(crate) const STRIPE_PARENT: u64 = 1 << 60;
-
-/// What an I/O does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-    WriteZeroes,
-    Deallocate,
-}
-
-impl Op {
-    /// Whether the op moves data through a buffer.
-    pub fn has_data(self) -> bool {
-        matches!(self, Op::Read | Op::Write)
-    }
-}
 
 /// The shape of a block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,63 +57,6 @@ impl BlockInfo {
             None => len,
         }
     }
-}
-
-/// How a reactor's channel is set up.
-#[derive(Debug, Clone, Copy)]
-pub struct ChannelOptions {
-    /// Queue depth of each queue pair under the channel: ring entries, or I/Os with `io_size`.
-    pub depth: u16,
-    /// With it, `depth` counts I/Os of up to this many bytes, not ring entries: each queue pair
-    /// holds `depth` such I/Os split at its drive's largest transfer (one more part where an
-    /// I/O straddles a boundary) and the entry a ring keeps empty, within what the drive grants.
-    pub io_size: Option<u64>,
-    /// NUMA node of the channel's DMA memory.
-    pub node: Option<u32>,
-    /// Commands older than this are aborted, then the controller reset.
-    pub timeout: Option<Duration>,
-    /// Keep latency histograms (percentiles) per device: costs more per I/O than the rest of
-    /// the statistics together, so only when asked for (`perf -L`).
-    pub latency_histograms: bool,
-    /// Local queue pairs raise an MSI-X interrupt when their controller posts a completion
-    /// (each an eventfd: `DeviceChannel::interrupts`), so that a reactor with I/O in flight and
-    /// nothing else to do can sleep until one comes. A drive with fewer MSI-X vectors than the
-    /// queues asked of it is refused by name. Remote (NVMe/TCP) queues are sockets, not
-    /// interrupts: unaffected.
-    pub interrupts: bool,
-}
-
-impl ChannelOptions {
-    /// Ring entries for a queue pair on a drive whose largest transfer is `max_transfer` bytes
-    /// and that grants `mqes + 1` entries.
-    pub fn queue_entries(&self, max_transfer: u64, mqes: u16) -> u16 {
-        let Some(io_size) = self.io_size else {
-            return self.depth;
-        };
-        let parts = io_size.div_ceil(max_transfer.max(1)) + 1;
-        let entries = (u64::from(self.depth) * parts + 1).min(u64::from(mqes) + 1);
-        entries.min(u64::from(u16::MAX)) as u16
-    }
-}
-
-impl Default for ChannelOptions {
-    fn default() -> Self {
-        ChannelOptions {
-            depth: 256,
-            io_size: None,
-            node: None,
-            timeout: Some(Duration::from_secs(30)),
-            latency_histograms: false,
-            interrupts: false,
-        }
-    }
-}
-
-/// Where a device's I/O buffers must live: its IOVA space, on pages of this size.
-#[derive(Debug, Clone)]
-pub struct DmaTarget {
-    pub space: Arc<IovaSpace>,
-    pub page: PageSize,
 }
 
 /// A block device: anything that can give a reactor a channel.

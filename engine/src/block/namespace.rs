@@ -557,11 +557,11 @@ mod tests {
     use usnvme_hugepages::{BufferPool, DmaBuffer, IovaSpace, NoIommu, PageSize};
 
     use super::*;
+    use crate::block::remote::RemoteSubsystem;
     use crate::block::{IoError, StripeDevice};
     use crate::fabric::address::TcpAddress;
-    use crate::fabric::initiator::queue::tests::target_of;
-    use crate::fabric::initiator::HostOptions;
-    use crate::fabric::subsystem::RemoteSubsystem;
+    use crate::transport::tcp::initiator::queue::tests::target_of;
+    use crate::transport::tcp::initiator::HostOptions;
     use crate::transport::ReconnectPolicy;
 
     /// A remote subsystem of `namespaces` namespaces served on `connections` connections.

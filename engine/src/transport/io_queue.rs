@@ -8,8 +8,8 @@ use usnvme_driver::{Completion, IoBuffer, MetadataIo, QueuePair, SubmitError};
 
 use super::tcp::RemoteQueue;
 use super::SharedQueue;
-use crate::block::Op;
-use crate::fabric::initiator::IoNamespace;
+use crate::transport::tcp::initiator::IoNamespace;
+use crate::transport::Op;
 
 /// The namespace a command goes to: its ID and shape, and how its metadata is moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

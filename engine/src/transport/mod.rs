@@ -13,15 +13,19 @@
 //! - [`Queues`]: a reactor's I/O queues, one per controller, shared by the channels of that
 //!   controller's namespaces ([`SharedQueue`]); a queue only one channel uses becomes that
 //!   channel's own.
+//! - [`Op`], [`ChannelOptions`], [`DmaTarget`]: what I/O the queues carry, how they are set
+//!   up, where their buffers live.
 //! - [`DeviceName`]: the one grammar of device names, local or remote.
 
 mod controller;
+mod io;
 mod io_queue;
 mod name;
 mod queues;
 pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};
+pub use io::{ChannelOptions, DmaTarget, Op};
 pub use io_queue::{IoQueue, NamespaceProtection, QueueNamespace};
 pub use name::DeviceName;
 pub use queues::{QueueSource, Queues, SharedQueue};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use usnvme_driver::{Completion, Controller, IoBuffer, QueuePairOptions, SubmitError};
 
 use super::{IoQueue, QueueNamespace, RemoteQueues};
-use crate::block::{ChannelOptions, Op};
+use crate::transport::{ChannelOptions, Op};
 
 /// Where a controller's I/O queues come from.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use usnvme_driver::pci::{Driver, Sysfs};
 use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::engine::AttachError;
 use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::initiator::HostOptions;
+use usnvme_engine::transport::tcp::HostOptions;
 use usnvme_engine::transport::{Controller as AnyController, ControllerError};
 use usnvme_engine::Drive;
 

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
 use usnvme_engine::fabric::identity::{host_id_for, host_identity};
-use usnvme_engine::fabric::initiator::HostOptions;
 use usnvme_engine::fabric::pdu::Digests;
+use usnvme_engine::transport::tcp::HostOptions;
 use usnvme_engine::transport::ControllerError;
 use usnvme_engine::transport::{RemoteController, RemoteError};
 

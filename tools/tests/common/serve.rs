@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
-use usnvme_engine::fabric::initiator::{CommandQueue, HostOptions};
+use usnvme_engine::transport::tcp::initiator::{CommandQueue, HostOptions};
 
 /// The host NQN the tests connect as (`HostOptions::default()`'s).
 pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-686f73743031";

@@ -27,7 +27,6 @@ pub mod namespaces;
 pub mod registry;
 pub mod server;
 pub mod waiting;
-pub mod wire;
 
 /// The well-known NQN of the discovery subsystem.
 pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;

@@ -2,7 +2,7 @@
 //! connections handed to it (non-blocking sockets, no thread per connection), feeds their
 //! bytes to their [`Connection`]s, submits their commands on its own channels to the block
 //! devices, and writes their responses. Data moves between the sockets and the reactor's DMA
-//! buffers with no copy (`readv`/`writev`, see [`super::wire`]).
+//! buffers with no copy (`readv`/`writev`, see [`crate::fabric::framing::socket`]).
 
 use std::net::TcpStream;
 use std::os::fd::AsFd;

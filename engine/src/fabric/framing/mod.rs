@@ -1,5 +1,5 @@
 //! NVMe/TCP PDU framing, one for both ends: the target's connections
-//! ([`export`](super::export)) and the initiator's queues ([`initiator`](super::initiator))
+//! ([`export`](super::export)) and the initiator's queues (`crate::transport::tcp::initiator`)
 //! receive and send PDUs through it, and only decide what the PDUs mean.
 //!
 //! [`Receiver`]: bytes in. A PDU's common header is read into a receive buffer and checked
@@ -17,6 +17,7 @@
 //! Nothing is allocated per PDU: both buffers are sized when the owner is made.
 
 mod receive;
+pub mod socket;
 mod transmit;
 
 pub use receive::{Ahead, Read, Receiver, Rules, Step};

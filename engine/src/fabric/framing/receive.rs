@@ -6,7 +6,7 @@ use std::io;
 use vm_memory::VolatileSlice;
 
 use super::Need;
-use crate::fabric::export::wire::ReadWire;
+use crate::fabric::framing::socket::ReadWire;
 use crate::fabric::pdu::{
     self, CommonHeader, FatalError, Layout, Limits, PduType, COMMON_HEADER, DIGEST,
 };

@@ -7,7 +7,7 @@ use usnvme_driver::spec::{Cqe, Status};
 use vm_memory::VolatileSlice;
 
 use super::*;
-use crate::fabric::export::wire::{ReadWire, WriteWire};
+use crate::fabric::framing::socket::{ReadWire, WriteWire};
 use crate::fabric::pdu::{
     self, flags, DataHeader, Digests, FatalError, Limits, OutHeader, PduType, DIGEST, SHORT_HEADER,
 };

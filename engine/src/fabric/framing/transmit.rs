@@ -6,7 +6,7 @@ use std::io;
 
 use vm_memory::VolatileSlice;
 
-use crate::fabric::export::wire::WriteWire;
+use crate::fabric::framing::socket::WriteWire;
 use crate::fabric::pdu;
 
 /// The owner's data buffers, as data segments name them (by `D`).

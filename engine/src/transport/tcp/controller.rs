@@ -27,8 +27,8 @@ use usnvme_driver::Namespace;
 
 use super::link::AnaState;
 use crate::fabric::discovery::{parse_discovery_log, DiscoveryLog, DISCOVERY_RECORD};
-use crate::fabric::initiator::{CommandQueue, HostError, HostOptions, Payload};
 use crate::fabric::pdu::Digests;
+use crate::transport::tcp::initiator::{CommandQueue, HostError, HostOptions, Payload};
 
 /// Admin queue entries asked for in Connect.
 const ADMIN_ENTRIES: u16 = 32;
@@ -505,8 +505,8 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    use crate::fabric::initiator::testing::connected_target;
     use crate::fabric::pdu;
+    use crate::transport::tcp::initiator::testing::connected_target;
 
     #[test]
     fn an_admin_command_a_silent_target_does_not_answer_fails_as_timed_out() {

@@ -6,7 +6,7 @@
 //! only when it changed or its own connection ended: then it reports the association down
 //! ([`ControllerLink::report_down`]), keeps its unfinished I/Os, and waits for the next
 //! generation (it connects to the new controller and sends them again) or the loss (it fails
-//! them). The controller thread ([`crate::fabric::subsystem`]) reconnects as the
+//! them). The controller thread ([`crate::block::remote`]) reconnects as the
 //! [`ReconnectPolicy`] says, as Linux's host does (`reconnect_delay`, `ctrl_loss_tmo`).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};

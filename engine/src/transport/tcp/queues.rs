@@ -18,12 +18,12 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, SubmitError};
 
 use super::link::{AnaState, ControllerLink, LinkState};
-use crate::block::{ChannelOptions, DmaTarget, Op};
-use crate::fabric::initiator::queue::Buffers;
-use crate::fabric::initiator::session::MAX_ENTRIES;
-use crate::fabric::initiator::{self, Failure, HostOptions, IoNamespace, Unfinished};
-use crate::fabric::initiator::{HostError, IoQueue, QueueParams, QueueSetup};
+use crate::transport::tcp::initiator::queue::Buffers;
+use crate::transport::tcp::initiator::session::MAX_ENTRIES;
+use crate::transport::tcp::initiator::{self, Failure, HostOptions, IoNamespace, Unfinished};
+use crate::transport::tcp::initiator::{HostError, IoQueue, QueueParams, QueueSetup};
 use crate::transport::QueueNamespace;
+use crate::transport::{ChannelOptions, DmaTarget, Op};
 
 /// What the owner learned from a remote subsystem (the admin queues of its controllers),
 /// shared by the devices of its namespaces: enough to connect I/O queues to it.

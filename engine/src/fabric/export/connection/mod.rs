@@ -1,6 +1,6 @@
 //! One NVMe/TCP connection of the target: PDUs in, commands out to the block devices (through
 //! a [`Backend`]), responses back. No socket here: the caller hands it a byte source and sink
-//! ([`ReadWire`](super::wire::ReadWire) / [`WriteWire`](super::wire::WriteWire): the socket,
+//! ([`ReadWire`](crate::fabric::framing::socket::ReadWire) / [`WriteWire`](crate::fabric::framing::socket::WriteWire): the socket,
 //! or memory in tests and the fuzzer), so tests and the fuzzer drive the same state machine
 //! the reactors do.
 //!

@@ -10,10 +10,10 @@ use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
 use vm_memory::VolatileSlice;
 
-use super::super::wire::ReadWire;
 use super::{
     Backend, Connection, Phase, Receive, Role, QUIET_BEFORE_READ_AHEAD, READ_BUDGET, TX_HIGH_WATER,
 };
+use crate::fabric::framing::socket::ReadWire;
 use crate::fabric::framing::{Ahead, Need, Read, Rules, Step};
 use crate::fabric::pdu::{
     self, CommonHeader, FatalError, Layout, Limits, PduType, CAPSULE_CMD_HEADER, DIGEST,

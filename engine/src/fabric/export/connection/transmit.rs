@@ -8,8 +8,8 @@ use usnvme_driver::spec::fabrics::{PropertyCommand, PropertySize};
 use usnvme_driver::spec::{Cqe, Status};
 use vm_memory::VolatileSlice;
 
-use super::super::wire::WriteWire;
 use super::{Backend, Connection, Role, Slot};
+use crate::fabric::framing::socket::WriteWire;
 use crate::fabric::framing::Buffers;
 use crate::fabric::pdu::{flags, DataHeader, OutHeader, PduType};
 

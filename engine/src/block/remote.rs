@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::address::TcpAddress;
-use super::initiator::HostOptions;
 use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
+use crate::fabric::address::TcpAddress;
+use crate::transport::tcp::initiator::HostOptions;
 use crate::transport::tcp::link::{LinkState, Wake};
 use crate::transport::tcp::queues::RemotePath;
 use crate::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};

@@ -6,13 +6,13 @@ use usnvme_driver::SubmitError;
 use vm_memory::Bytes;
 
 use super::*;
-use crate::block::Op;
 use crate::fabric::export::connection::{Connection, ConnectionLimits};
 use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
 use crate::fabric::export::registry::Registry;
-use crate::fabric::initiator::testing::{append_pdu, pattern};
-use crate::fabric::initiator::Gated;
 use crate::fabric::pdu::{flags, DataHeader, IcResp, OutHeader, PduType};
+use crate::transport::tcp::initiator::testing::{append_pdu, pattern};
+use crate::transport::tcp::initiator::Gated;
+use crate::transport::Op;
 use usnvme_driver::spec::fabrics::CNTLID_DYNAMIC;
 use usnvme_driver::spec::PropertySize;
 

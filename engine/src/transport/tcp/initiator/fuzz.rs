@@ -11,9 +11,11 @@ use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::fabric::discovery::parse_discovery_log;
-use crate::fabric::initiator::session::{Completion, Data, QueueParams, Session, ADMIN_IN_CAPSULE};
-use crate::fabric::initiator::{Gated, HostOptions};
 use crate::fabric::pdu::Digests;
+use crate::transport::tcp::initiator::session::{
+    Completion, Data, QueueParams, Session, ADMIN_IN_CAPSULE,
+};
+use crate::transport::tcp::initiator::{Gated, HostOptions};
 
 /// Where command `k`'s buffer is: 16 KiB each.
 const BASE: u64 = 0x10_0000;
@@ -119,8 +121,8 @@ mod tests {
     use usnvme_driver::spec::{Cqe, Status};
 
     use super::*;
-    use crate::fabric::initiator::testing::append_pdu;
     use crate::fabric::pdu::{flags, term_req, DataHeader, FatalError, IcResp, OutHeader, PduType};
+    use crate::transport::tcp::initiator::testing::append_pdu;
 
     const BOTH: Digests = Digests {
         header: true,

@@ -21,7 +21,7 @@ use super::options::{HostError, HostOptions};
 use super::session::{
     Completion, Data, Failure, IoNamespace, QueueParams, Receive, Session, Unfinished,
 };
-use crate::block::Op;
+use crate::transport::Op;
 
 /// Where the queue's I/O buffers live.
 #[derive(Debug, Clone)]
@@ -419,9 +419,9 @@ pub(crate) mod tests {
     use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::export::registry::Registry;
     use crate::fabric::export::SubsystemInfo;
-    use crate::fabric::initiator::testing::{connected_target, pattern};
-    use crate::fabric::initiator::CommandQueue;
     use crate::fabric::pdu::{self, Digests};
+    use crate::transport::tcp::initiator::testing::{connected_target, pattern};
+    use crate::transport::tcp::initiator::CommandQueue;
 
     const BASE: u64 = 0x10_0000;
 

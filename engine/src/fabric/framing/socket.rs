@@ -1,7 +1,7 @@
 //! Where a connection's bytes come from and go to, in parts: a receive is scattered over the
 //! connection's header buffer and a command's DMA buffer, a send gathers headers and DMA
 //! buffers. The socket does it with one `readv`/`writev` (no copy of the data); memory (tests,
-//! fuzzing) copies, so both drive the very same [`Connection`](super::connection::Connection)
+//! fuzzing) copies, so both drive the very same [`Connection`](crate::fabric::export::connection::Connection)
 //! code.
 
 use std::io;

@@ -282,7 +282,7 @@ fn property_size(eight_bytes: bool) -> PropertySize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::initiator::testing::{append_pdu, pattern};
+    use crate::transport::tcp::initiator::testing::{append_pdu, pattern};
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::thread::JoinHandle;

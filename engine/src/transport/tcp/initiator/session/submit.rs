@@ -13,10 +13,10 @@ use super::{
     field, slice, Data, Dir, IoNamespace, IoShape, Phase, Session, Slot, Unfinished, DSM_RANGE,
     SLOT_BITS,
 };
-use crate::block::Op;
-use crate::fabric::export::wire::WriteWire;
+use crate::fabric::framing::socket::WriteWire;
 use crate::fabric::framing::Buffers;
 use crate::fabric::pdu::{self, flags, DataHeader, FatalError, OutHeader, PduType};
+use crate::transport::Op;
 
 /// Where a data segment's bytes come from: slot `slot`'s buffer from `offset`.
 #[derive(Debug, Clone, Copy)]

@@ -5,7 +5,7 @@ use std::io;
 
 use vm_memory::VolatileSlice;
 
-use crate::fabric::export::wire::ReadWire;
+use crate::fabric::framing::socket::ReadWire;
 
 /// Bytes in memory that, once taken, would block (as a quiet socket), not end: the end of a
 /// stream would end the session.

@@ -10,7 +10,7 @@ use super::{
     field, slice, Completion, Dir, Failure, Phase, Session, Slot, HPDA, MAX_ENTRIES, RX_BATCH,
     SLOT_BITS,
 };
-use crate::fabric::export::wire::ReadWire;
+use crate::fabric::framing::socket::ReadWire;
 use crate::fabric::framing::{Ahead, Need, Read, Rules, Step};
 use crate::fabric::pdu::{
     self, flags, DataHeader, FatalError, Limits, PduType, DIGEST, SHORT_HEADER,

@@ -46,9 +46,9 @@ use self::receive::Transfer;
 use self::setup::Negotiated;
 use self::submit::Chunk;
 use super::options::{HostError, HostOptions};
-use crate::block::Op;
 use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, FatalError, IcReq, PFV_1_0};
+use crate::transport::Op;
 
 pub use self::receive::Receive;
 
