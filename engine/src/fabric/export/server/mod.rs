@@ -6,24 +6,30 @@
 
 use std::net::TcpStream;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
-use nix::sys::eventfd::{EfdFlags, EventFd};
-use usnvme_driver::spec::{SmartLog, Status};
-use usnvme_driver::IoBuffer;
+use usnvme_driver::spec::Status;
 use usnvme_hugepages::{BufferPool, DmaBuffer};
-use vm_memory::VolatileSlice;
 
-use super::connection::{Backend, Connection, ConnectionLimits, Receive, Refused, Request};
-use super::namespaces::NamespaceChange;
+use super::connection::{Connection, ConnectionLimits, Receive};
 use super::registry::Registry;
 use super::waiting::Waiting;
 use super::{Listener, SubsystemInfo};
-use crate::block::{BlockError, IoError};
-use crate::engine::{DeviceChannel, Job, ReactorContext, INTERRUPT};
+use crate::engine::{Job, ReactorContext, INTERRUPT};
+
+mod backend;
+mod counters;
+mod inbox;
+mod smart;
+
+use backend::ReactorBackend;
+pub use counters::Counters;
+use counters::{thread_cpu_ns, BusyClock};
+use inbox::BELL;
+pub use inbox::{Inbox, Incoming};
+pub use smart::{SmartService, SmartSlot};
 
 /// How long a stopping target waits for connections to drain and flush.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -76,151 +82,6 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// SMART reads queued to the worker at most (more wait in the hosts, answered "busy").
-const SMART_QUEUE: usize = 64;
-
-/// The thread that reads SMART / Health from the drives for the connections, so that no
-/// reactor waits on a drive's admin queue: a connection's request goes to it with the
-/// connection's answer slot, which the connection polls.
-#[derive(Clone)]
-pub struct SmartService {
-    requests: crossbeam_channel::Sender<Arc<SmartSlot>>,
-    /// Reads asked for and not answered yet.
-    pending: Arc<AtomicU64>,
-}
-
-/// Where the SMART thread leaves one connection's answer.
-#[derive(Debug, Default)]
-pub struct SmartSlot {
-    answer: parking_lot::Mutex<Option<SmartLog>>,
-}
-
-impl std::fmt::Debug for SmartService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SmartService")
-            .field("pending", &self.pending())
-            .finish()
-    }
-}
-
-impl SmartService {
-    /// Starts the thread; `read` reads and aggregates the drives' logs. The thread ends when
-    /// the last handle goes.
-    pub fn start(read: impl Fn() -> SmartLog + Send + 'static) -> std::io::Result<SmartService> {
-        let (requests, queue) = crossbeam_channel::bounded::<Arc<SmartSlot>>(SMART_QUEUE);
-        let pending = Arc::new(AtomicU64::new(0));
-        let done = pending.clone();
-        std::thread::Builder::new()
-            .name("usnvme-smart".into())
-            .spawn(move || {
-                while let Ok(slot) = queue.recv() {
-                    let log = read();
-                    *slot.answer.lock() = Some(log);
-                    done.fetch_sub(1, Ordering::Release);
-                }
-            })?;
-        Ok(SmartService { requests, pending })
-    }
-
-    /// Queues a read whose answer goes to `slot`; false when the queue is full.
-    fn request(&self, slot: &Arc<SmartSlot>) -> bool {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        let sent = self.requests.try_send(slot.clone()).is_ok();
-        if !sent {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-        }
-        sent
-    }
-
-    /// SMART reads asked for and not answered yet.
-    pub fn pending(&self) -> u64 {
-        self.pending.load(Ordering::Acquire)
-    }
-}
-
-/// Live figures for the status line.
-#[derive(Debug, Default)]
-pub struct Counters {
-    pub connections: AtomicU64,
-    pub commands: AtomicU64,
-    /// Bytes sent to hosts.
-    pub bytes: AtomicU64,
-    /// DMA buffers held by commands now (0 when nothing is in flight: none leaked).
-    pub buffers_in_use: AtomicU64,
-    /// Commands that could not start when they came (no DMA buffer free, or no room in their
-    /// device's queue) and waited for it, so far.
-    pub commands_waited: AtomicU64,
-    /// Write data that was read ahead with a header and copied into a DMA buffer, over the
-    /// connections closed so far (the rest went straight from the socket into the buffers).
-    pub data_copied: AtomicU64,
-    /// Reactor time, summed over the reactors, and the part of it spent in turns that did
-    /// work (bytes arrived, commands completed, responses went out): a polling reactor owns
-    /// its core whole, but this is the share of it the target needed.
-    pub reactor_ns: AtomicU64,
-    pub reactor_busy_ns: AtomicU64,
-    /// CPU time the reactor threads used (user and system): what sleeping saves.
-    pub reactor_cpu_ns: AtomicU64,
-}
-
-/// How much reactor time a job gathers before it adds it to the shared counters (one shared
-/// write per reactor every few milliseconds, not one per turn).
-const PUBLISH_NS: u64 = 10_000_000;
-
-/// One reactor's busy and total time since it last published them.
-#[derive(Debug, Default)]
-struct BusyClock {
-    /// The reactor's clock at the previous turn, and whether that turn did work.
-    last_turn_ns: Option<u64>,
-    last_busy: bool,
-    total_ns: u64,
-    busy_ns: u64,
-    /// The thread's CPU time when last published.
-    cpu_ns: u64,
-}
-
-/// CPU time (user and system) of the calling thread, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_THREAD).map_or(0, |u| {
-        let ns = |t: nix::sys::time::TimeVal| {
-            t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1000
-        };
-        ns(u.user_time()) + ns(u.system_time())
-    })
-}
-
-impl BusyClock {
-    /// Charges the time since the previous turn to that turn; `busy`: this turn did work.
-    fn turn(&mut self, now_ns: u64, busy: bool, counters: &Counters) {
-        if let Some(last) = self.last_turn_ns {
-            let spent = now_ns.saturating_sub(last);
-            self.total_ns += spent;
-            if self.last_busy {
-                self.busy_ns += spent;
-            }
-        }
-        self.last_turn_ns = Some(now_ns);
-        self.last_busy = busy;
-        if self.total_ns >= PUBLISH_NS {
-            self.publish(counters);
-        }
-    }
-
-    fn publish(&mut self, counters: &Counters) {
-        counters
-            .reactor_ns
-            .fetch_add(std::mem::take(&mut self.total_ns), Ordering::Relaxed);
-        counters
-            .reactor_busy_ns
-            .fetch_add(std::mem::take(&mut self.busy_ns), Ordering::Relaxed);
-        let cpu = thread_cpu_ns();
-        counters
-            .reactor_cpu_ns
-            .fetch_add(cpu.saturating_sub(self.cpu_ns), Ordering::Relaxed);
-        self.cpu_ns = cpu;
-    }
-}
-
 /// A connection on this reactor.
 struct Conn {
     stream: TcpStream,
@@ -234,72 +95,6 @@ struct Conn {
     /// receive paused with bytes of its own left to process.
     readable: bool,
 }
-
-/// A connection the acceptor hands a reactor: its socket, the peer (for logs) and the ID of
-/// the port (listener) it came in on.
-#[derive(Debug)]
-pub struct Incoming {
-    pub stream: TcpStream,
-    pub peer: String,
-    pub port_id: u16,
-}
-
-/// A reactor's inbox of new connections and namespace changes: the sender's end sends and
-/// rings the reactor's eventfd (which wakes it from an idle sleep); the reactor's end takes
-/// them.
-#[derive(Debug, Clone)]
-pub struct Inbox {
-    queue: crossbeam_channel::Sender<Incoming>,
-    rx: Receiver<Incoming>,
-    changes: crossbeam_channel::Sender<NamespaceChange>,
-    changes_rx: Receiver<NamespaceChange>,
-    bell: Arc<EventFd>,
-}
-
-impl Inbox {
-    pub fn new() -> std::io::Result<Inbox> {
-        let (queue, rx) = crossbeam_channel::unbounded();
-        let (changes, changes_rx) = crossbeam_channel::unbounded();
-        let bell =
-            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Inbox {
-            queue,
-            rx,
-            changes,
-            changes_rx,
-            bell: Arc::new(bell),
-        })
-    }
-
-    /// Hands the reactor a connection, and wakes it.
-    pub fn send(&self, incoming: Incoming) {
-        let _ = self.queue.send(incoming);
-        self.wake();
-    }
-
-    /// Hands the reactor a change of the namespaces, and wakes it.
-    pub(super) fn change(&self, change: NamespaceChange) {
-        let _ = self.changes.send(change);
-        self.wake();
-    }
-
-    /// Wakes the reactor (a stop, say).
-    pub fn wake(&self) {
-        let _ = self.bell.write(1);
-    }
-
-    /// Connections handed and not taken yet.
-    pub fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty() && self.changes.is_empty()
-    }
-}
-
-/// The wait token of the inbox's eventfd (the sockets' is their slot).
-const BELL: u64 = u64::MAX - 1;
 
 /// The job of one reactor.
 pub struct ServeJob {
@@ -492,140 +287,6 @@ impl ServeJob {
     }
 }
 
-/// A connection's view of the reactor: its channels and buffers.
-struct ReactorBackend<'a> {
-    devices: &'a mut [DeviceChannel],
-    pool: &'a mut BufferPool,
-    buffers: &'a mut [Option<DmaBuffer>],
-    slot: usize,
-    waiting: &'a mut Waiting,
-    smart: &'a SmartService,
-    smart_slot: &'a Arc<SmartSlot>,
-    smart_asked: &'a mut bool,
-    in_use: &'a AtomicU64,
-}
-
-impl<'a> ReactorBackend<'a> {
-    fn new(
-        devices: &'a mut [DeviceChannel],
-        pool: &'a mut BufferPool,
-        c: &'a mut Conn,
-        slot: usize,
-        shared: &'a Shared,
-        waiting: &'a mut Waiting,
-    ) -> (&'a mut Connection, &'a mut TcpStream, Self) {
-        let backend = ReactorBackend {
-            devices,
-            pool,
-            buffers: &mut c.buffers,
-            slot,
-            waiting,
-            smart: &shared.smart,
-            smart_slot: &c.smart,
-            smart_asked: &mut c.smart_asked,
-            in_use: &shared.counters.buffers_in_use,
-        };
-        (&mut c.conn, &mut c.stream, backend)
-    }
-}
-
-impl Backend for ReactorBackend<'_> {
-    fn reserve(&mut self, token: u16, len: usize) -> bool {
-        let Some(entry) = self.buffers.get_mut(token as usize) else {
-            return false;
-        };
-        // (never larger: the pool's buffers are of the largest transfer the target lets in)
-        debug_assert!(len <= self.pool.buffer_size());
-        if entry.is_none() {
-            // none taken ahead of a command that waits for one
-            if !self.waiting.gate.buffers_open() {
-                return false;
-            }
-            *entry = self.pool.alloc();
-            match entry {
-                Some(_) => {
-                    self.in_use.fetch_add(1, Ordering::Relaxed);
-                }
-                None => self.waiting.gate.no_buffer(),
-            }
-        }
-        entry.is_some()
-    }
-
-    fn buffer(&self, token: u16) -> Option<VolatileSlice<'_>> {
-        self.buffers
-            .get(token as usize)?
-            .as_ref()
-            .map(DmaBuffer::as_volatile_slice)
-    }
-
-    fn submit(&mut self, token: u16, request: Request) -> Result<(), Refused> {
-        let Request { op, len, .. } = request;
-        // none submitted ahead of a command that waits for room on the same device
-        if !self.waiting.gate.room_open(request.device) {
-            return Err(Refused::Busy);
-        }
-        let buf = match self.buffers.get(token as usize) {
-            Some(Some(b)) if op.has_data() => Some(IoBuffer {
-                iova: b.iova(),
-                len: len as u32,
-            }),
-            _ => None,
-        };
-        let engine_token = ((self.slot as u64) << TOKEN_BITS) | u64::from(token);
-        let device = self
-            .devices
-            .get_mut(request.device)
-            .ok_or(Refused::Failed(Status::INVALID_NAMESPACE))?;
-        let Err(e) = device.submit(op, request.offset, len, buf, engine_token) else {
-            return Ok(());
-        };
-        if let BlockError::Busy { needed, .. } = e {
-            // Room comes as the reactor's I/O completes; with none in flight, a command of
-            // several parts that finds no room never will (more parts than the queue holds).
-            let idle = self.devices.iter().all(|d| d.in_flight() == 0);
-            if needed < 2 || !idle {
-                self.waiting.gate.no_room(request.device);
-                return Err(Refused::Busy);
-            }
-            log::error!("{e}, and nothing in flight frees any: the command fails");
-            return Err(Refused::Failed(Status::INTERNAL_ERROR));
-        }
-        log::warn!("{e}");
-        Err(Refused::Failed(refusal_status(&e)))
-    }
-
-    fn wait(&mut self, token: u16) {
-        self.waiting.push(self.slot as u32, token);
-    }
-
-    fn release(&mut self, token: u16) {
-        if let Some(entry) = self.buffers.get_mut(token as usize) {
-            if let Some(b) = entry.take() {
-                self.in_use.fetch_sub(1, Ordering::Relaxed);
-                let _ = self.pool.free(b);
-                self.waiting.gate.freed();
-            }
-        }
-    }
-
-    fn smart_request(&mut self) -> bool {
-        if !*self.smart_asked {
-            *self.smart_asked = self.smart.request(self.smart_slot);
-        }
-        *self.smart_asked
-    }
-
-    fn smart_answer(&mut self) -> Option<SmartLog> {
-        if !*self.smart_asked {
-            return None;
-        }
-        let answer = self.smart_slot.answer.lock().take();
-        *self.smart_asked = answer.is_none();
-        answer
-    }
-}
-
 impl Job for ServeJob {
     type Output = ();
 
@@ -701,7 +362,7 @@ impl Job for ServeJob {
             d.poll(|c| {
                 let result = match c.result() {
                     Ok(()) => Ok(()),
-                    Err(e) => Err(status_of(&e)),
+                    Err(e) => Err(e.status()),
                 };
                 completions.push((c.token, result));
             });
@@ -797,64 +458,5 @@ impl Job for ServeJob {
 
     fn finish(mut self, _ctx: &mut ReactorContext) {
         self.busy.publish(&self.shared.counters);
-    }
-}
-
-/// The NVMe status a failed block I/O is answered with.
-fn status_of(e: &IoError) -> Status {
-    e.status()
-}
-
-/// The NVMe status of a block device's refusal to take a request (other than for want of
-/// room, which waits).
-fn refusal_status(e: &BlockError) -> Status {
-    use usnvme_driver::SubmitError;
-    match e {
-        BlockError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE,
-        BlockError::Submit {
-            source: SubmitError::InvalidNamespace { .. },
-            ..
-        } => Status::INVALID_NAMESPACE,
-        // the device is gone or failed (a hot-removed drive, a target given up)
-        BlockError::Submit {
-            source: SubmitError::Dead,
-            ..
-        } => Status::NAMESPACE_NOT_READY,
-        _ => Status::INTERNAL_ERROR,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{BusyClock, Counters, PUBLISH_NS};
-    use std::sync::atomic::Ordering;
-
-    #[test]
-    fn a_turns_time_is_busy_only_when_it_did_work_and_is_published_in_batches() {
-        let counters = Counters::default();
-        let mut clock = BusyClock::default();
-        let ms = 1_000_000;
-        // turns at 0, 1, 2, 3 ms: the first and third did work
-        clock.turn(0, true, &counters);
-        clock.turn(ms, false, &counters);
-        clock.turn(2 * ms, true, &counters);
-        clock.turn(3 * ms, false, &counters);
-        // under PUBLISH_NS gathered: nothing shared yet
-        assert_eq!(counters.reactor_ns.load(Ordering::Relaxed), 0);
-        // a long idle stretch crosses the batch: published, 2 ms of 3 + 20 busy
-        clock.turn(3 * ms + 2 * PUBLISH_NS, false, &counters);
-        assert_eq!(
-            counters.reactor_ns.load(Ordering::Relaxed),
-            3 * ms + 2 * PUBLISH_NS
-        );
-        assert_eq!(counters.reactor_busy_ns.load(Ordering::Relaxed), 2 * ms);
-        // what is left is published at the end
-        clock.turn(3 * ms + 2 * PUBLISH_NS + ms, true, &counters);
-        clock.publish(&counters);
-        assert_eq!(
-            counters.reactor_ns.load(Ordering::Relaxed),
-            4 * ms + 2 * PUBLISH_NS
-        );
-        assert_eq!(counters.reactor_busy_ns.load(Ordering::Relaxed), 2 * ms);
     }
 }

@@ -1,0 +1,75 @@
+//! How new connections and namespace changes reach a reactor, and its wake-up bell.
+
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::fabric::export::namespaces::NamespaceChange;
+
+/// A connection the acceptor hands a reactor: its socket, the peer (for logs) and the ID of
+/// the port (listener) it came in on.
+#[derive(Debug)]
+pub struct Incoming {
+    pub stream: TcpStream,
+    pub peer: String,
+    pub port_id: u16,
+}
+
+/// A reactor's inbox of new connections and namespace changes: the sender's end sends and
+/// rings the reactor's eventfd (which wakes it from an idle sleep); the reactor's end takes
+/// them.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    queue: crossbeam_channel::Sender<Incoming>,
+    pub(super) rx: Receiver<Incoming>,
+    changes: crossbeam_channel::Sender<NamespaceChange>,
+    pub(super) changes_rx: Receiver<NamespaceChange>,
+    pub(super) bell: Arc<EventFd>,
+}
+
+impl Inbox {
+    pub fn new() -> std::io::Result<Inbox> {
+        let (queue, rx) = crossbeam_channel::unbounded();
+        let (changes, changes_rx) = crossbeam_channel::unbounded();
+        let bell =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Inbox {
+            queue,
+            rx,
+            changes,
+            changes_rx,
+            bell: Arc::new(bell),
+        })
+    }
+
+    /// Hands the reactor a connection, and wakes it.
+    pub fn send(&self, incoming: Incoming) {
+        let _ = self.queue.send(incoming);
+        self.wake();
+    }
+
+    /// Hands the reactor a change of the namespaces, and wakes it.
+    pub(in crate::fabric::export) fn change(&self, change: NamespaceChange) {
+        let _ = self.changes.send(change);
+        self.wake();
+    }
+
+    /// Wakes the reactor (a stop, say).
+    pub fn wake(&self) {
+        let _ = self.bell.write(1);
+    }
+
+    /// Connections handed and not taken yet.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty() && self.changes.is_empty()
+    }
+}
+
+/// The wait token of the inbox's eventfd (the sockets' is their slot).
+pub(super) const BELL: u64 = u64::MAX - 1;
