@@ -31,7 +31,9 @@ use usnvme_engine::transport::tcp::initiator::queue::{Buffers, IoQueue};
 use usnvme_engine::transport::tcp::initiator::{CommandQueue, HostOptions};
 use usnvme_engine::transport::tcp::initiator::{Failure, QueueParams};
 use usnvme_engine::transport::tcp::queues::RemotePath;
-use usnvme_engine::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
+use usnvme_engine::transport::{
+    ControllerLink, QueueIds, QueueNamespace, ReconnectPolicy, RemoteQueues,
+};
 use usnvme_engine::{
     attach, BlockDevice, ChannelOptions, Engine, EngineOptions, Job, Op, ReactorContext,
 };
@@ -235,9 +237,7 @@ fn a_job_writes_and_verifies_a_remote_namespace_on_a_reactor() {
     let device = NamespaceDevice::remote(
         queues.name.clone(),
         Arc::new(queues),
-        ns.nsid,
-        ns.block_size,
-        ns.blocks,
+        QueueNamespace::plain(ns.nsid, ns.block_size, ns.blocks),
         None,
     );
     let devices: Vec<Arc<dyn BlockDevice>> = vec![Arc::new(device)];

@@ -119,24 +119,16 @@ impl NamespaceDevice {
         ))
     }
 
-    /// Namespace `nsid` (`blocks` blocks of `block_size` bytes) of a remote controller;
-    /// `keep` holds what must live as long as the device.
+    /// Namespace `ns` of a remote controller; `keep` holds what must live as long as the
+    /// device.
     pub fn remote(
         name: String,
         source: Arc<RemoteQueues>,
-        nsid: u32,
-        block_size: u32,
-        blocks: u64,
+        ns: QueueNamespace,
         keep: Option<Box<dyn std::fmt::Debug + Send + Sync>>,
     ) -> NamespaceDevice {
         let dma = source.dma.clone();
-        let shape = QueueNamespace {
-            nsid,
-            block_size,
-            blocks,
-            protection: None,
-        };
-        NamespaceDevice::on(QueueSource::Tcp(source), name, shape, dma, keep)
+        NamespaceDevice::on(QueueSource::Tcp(source), name, ns, dma, keep)
     }
 
     fn on(

@@ -22,7 +22,7 @@ use crate::fabric::address::TcpAddress;
 use crate::transport::tcp::initiator::HostOptions;
 use crate::transport::tcp::link::{LinkState, Wake};
 use crate::transport::tcp::queues::RemotePath;
-use crate::transport::{ControllerLink, QueueIds, ReconnectPolicy, RemoteQueues};
+use crate::transport::{ControllerLink, QueueIds, QueueNamespace, ReconnectPolicy, RemoteQueues};
 use crate::transport::{RemoteController, RemoteError};
 
 /// How often the ANA state of a controller that reports it is read.
@@ -34,8 +34,8 @@ pub struct RemoteSubsystem {
     address: TcpAddress,
     /// How to reach its I/O queues.
     queues: RemoteQueues,
-    /// Its active namespaces: NSID, block size, blocks.
-    namespaces: Vec<(u32, u32, u64)>,
+    /// Its active namespaces.
+    namespaces: Vec<QueueNamespace>,
     /// The most commands in flight on one of its I/O queues (CAP.MQES).
     max_depth: u32,
     controllers: Arc<Vec<ControllerThread>>,
@@ -67,7 +67,7 @@ impl Drop for ControllerThread {
 struct Attached {
     ctrl: RemoteController,
     granted: u16,
-    namespaces: Vec<(u32, u32, u64)>,
+    namespaces: Vec<QueueNamespace>,
     max_transfer: u32,
     in_capsule: u32,
     mqes: u16,
@@ -81,10 +81,10 @@ impl Attached {
         let mut ctrl = RemoteController::connect(address.addr, &subnqn, host)?;
         let id = ctrl.identify_controller()?;
         let granted = ctrl.set_io_queues(io_queues)?;
-        let namespaces: Vec<(u32, u32, u64)> = ctrl
+        let namespaces: Vec<QueueNamespace> = ctrl
             .namespaces(id.nn)?
             .iter()
-            .map(|ns| (ns.nsid, ns.block_size, ns.blocks))
+            .map(|ns| QueueNamespace::plain(ns.nsid, ns.block_size, ns.blocks))
             .collect();
         let cap = ctrl.cap();
         let max_transfer = usnvme_driver::bringup::max_transfer(cap, &id) as u32;
@@ -234,16 +234,17 @@ impl RemoteSubsystem {
 
     /// The active namespace IDs.
     pub fn nsids(&self) -> Vec<u32> {
-        self.namespaces.iter().map(|&(nsid, ..)| nsid).collect()
+        self.namespaces.iter().map(|ns| ns.nsid).collect()
     }
 
     /// Its namespaces (only `nsid`, when given) as block devices; each keeps the controller.
     /// `None` when it has no namespace `nsid`.
     pub fn devices(&self, nsid: Option<u32>) -> Option<Vec<Arc<dyn BlockDevice>>> {
-        let chosen: Vec<&(u32, u32, u64)> = self
+        let chosen: Vec<QueueNamespace> = self
             .namespaces
             .iter()
-            .filter(|(n, ..)| nsid.is_none_or(|wanted| wanted == *n))
+            .filter(|ns| nsid.is_none_or(|wanted| wanted == ns.nsid))
+            .copied()
             .collect();
         // a reactor's queue to the controller holds commands for each of them
         let queues = Arc::new(RemoteQueues {
@@ -253,21 +254,14 @@ impl RemoteSubsystem {
         let single = self.namespaces.len() == 1;
         let devices: Vec<Arc<dyn BlockDevice>> = chosen
             .into_iter()
-            .map(|&(nsid, block_size, blocks)| {
+            .map(|ns| {
                 let name = if single {
                     self.address.to_string()
                 } else {
-                    format!("{}/ns{nsid}", self.address)
+                    format!("{}/ns{}", self.address, ns.nsid)
                 };
                 let keep: Box<dyn fmt::Debug + Send + Sync> = Box::new(self.controllers.clone());
-                let device = NamespaceDevice::remote(
-                    name,
-                    queues.clone(),
-                    nsid,
-                    block_size,
-                    blocks,
-                    Some(keep),
-                );
+                let device = NamespaceDevice::remote(name, queues.clone(), ns, Some(keep));
                 Arc::new(device) as Arc<dyn BlockDevice>
             })
             .collect();
@@ -285,7 +279,7 @@ struct Reconnect {
     /// The I/O queues the first association granted (the queues' IDs).
     granted: u16,
     /// The namespaces the devices were made of: a new association must have them unchanged.
-    namespaces: Vec<(u32, u32, u64)>,
+    namespaces: Vec<QueueNamespace>,
     /// The controller reports ANA: its state is read again every period.
     ana: bool,
     link: Arc<ControllerLink>,
@@ -406,13 +400,14 @@ impl Reconnect {
                 a.granted, self.granted
             ));
         }
-        for &(nsid, block_size, blocks) in &self.namespaces {
-            match a.namespaces.iter().find(|n| n.0 == nsid) {
+        for before in &self.namespaces {
+            let nsid = before.nsid;
+            match a.namespaces.iter().find(|now| now.nsid == nsid) {
                 None => return Err(format!("namespace {nsid} is gone")),
-                Some(&(_, bs, n)) if (bs, n) != (block_size, blocks) => {
+                Some(now) if now != before => {
                     return Err(format!(
-                        "namespace {nsid} changed: {n} blocks of {bs} bytes, {blocks} of \
-                         {block_size} before"
+                        "namespace {nsid} changed: {} blocks of {} bytes, {} of {} before",
+                        now.blocks, now.block_size, before.blocks, before.block_size
                     ))
                 }
                 Some(_) => {}

@@ -21,6 +21,18 @@ pub struct QueueNamespace {
     pub protection: Option<NamespaceProtection>,
 }
 
+impl QueueNamespace {
+    /// A namespace without metadata.
+    pub fn plain(nsid: u32, block_size: u32, blocks: u64) -> QueueNamespace {
+        QueueNamespace {
+            nsid,
+            block_size,
+            blocks,
+            protection: None,
+        }
+    }
+}
+
 /// How the engine reads and writes a namespace formatted with metadata (perf and sweep `--pi`):
 /// its format, PRACT, PRCHK and the application tag of every command. The reference tag of a
 /// command follows from its LBA (types 1 and 2: the LBA, as type 1 requires; type 3: 0 for
