@@ -73,10 +73,18 @@ fn target_of(
     connections: usize,
     namespaces: u32,
 ) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
+    target_with(connections, namespaces, Arc::new(Registry::new(None)))
+}
+
+/// The same with its controllers in `registry`.
+fn target_with(
+    connections: usize,
+    namespaces: u32,
+    registry: Arc<Registry>,
+) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("address");
     let sub = Arc::new(test_subsystem(namespaces));
-    let registry = Arc::new(Registry::new(None));
     let s = sub.clone();
     let handle = std::thread::spawn(move || {
         let mut served = Vec::new();
@@ -794,6 +802,106 @@ fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
         let total = r.stats.total();
         assert_eq!(total.ios(OpKind::Write), 4 * BLOCKS, "core {}", r.info.cpu);
         assert_eq!(total.ios(OpKind::Read), 4 * BLOCKS, "core {}", r.info.cpu);
+    }
+    drop(remote);
+    server.join().expect("the target served its connections");
+}
+
+/// Reads the first block over and over, four at a time, until `until`.
+struct ReadUntil {
+    pool: Option<BufferPool>,
+    buffers: Vec<DmaBuffer>,
+    until: Instant,
+    failed: u64,
+}
+
+impl Job for ReadUntil {
+    type Output = u64;
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        let mut pool = ctx.devices[0]
+            .buffer_pool(IO, 4)
+            .map_err(|e| e.to_string())?;
+        for _ in 0..4 {
+            self.buffers.push(pool.alloc().ok_or("a buffer")?);
+        }
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        let dev = &mut ctx.devices[0];
+        let reading = Instant::now() < self.until;
+        while reading && dev.in_flight() < self.buffers.len() {
+            let b = &self.buffers[dev.in_flight()];
+            let io = IoBuffer {
+                iova: b.iova(),
+                len: IO as u32,
+            };
+            if dev.submit(Op::Read, 0, IO as u64, Some(io), 0).is_err() {
+                break;
+            }
+        }
+        let failed = &mut self.failed;
+        dev.poll(|c| *failed += u64::from(c.result().is_err()));
+        reading || dev.in_flight() > 0
+    }
+
+    fn finish(mut self, _ctx: &mut ReactorContext) -> u64 {
+        if let Some(pool) = self.pool.as_mut() {
+            for b in self.buffers.drain(..) {
+                let _ = pool.free(b);
+            }
+        }
+        self.failed
+    }
+}
+
+#[test]
+fn a_host_whose_io_flows_sends_no_keep_alive_to_a_traffic_based_target() {
+    let engine = sim_engine(1, EngineOptions::default());
+    let registry = Arc::new(Registry::new(None));
+    // the admin queue and one I/O queue
+    let (addr, sub, server) = target_with(2, 1, registry.clone());
+    let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
+        .parse()
+        .expect("address");
+    // KATO 300 ms: the controller thread's period is 100 ms
+    let host = HostOptions {
+        timeout: Duration::from_secs(5),
+        kato_ms: 300,
+        ..HostOptions::default()
+    };
+    let dma = DmaTarget {
+        space: IovaSpace::new(Arc::new(NoIommu)),
+        page: PageSize::Small4K,
+    };
+    let remote =
+        RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, 1, dma).expect("attached");
+    let devices = remote.devices(None).expect("its namespace");
+    let before = registry.keep_alives();
+    // 2 s of reads: 20 periods, each with I/O in it
+    let run = engine
+        .start(devices, |_| ReadUntil {
+            pool: None,
+            buffers: Vec::new(),
+            until: Instant::now() + Duration::from_secs(2),
+            failed: 0,
+        })
+        .expect("started");
+    let results = run.wait().expect("the run");
+    assert_eq!(results[0].output, 0, "reads failed");
+    assert!(results[0].stats.total().ios(OpKind::Read) > 20);
+    let during = registry.keep_alives() - before;
+    // (the period the run started in, and any a busy machine left without a completion, may
+    // send one; without traffic-based Keep Alive all 20 would)
+    assert!(during <= 4, "{during} Keep Alives while the I/O flowed");
+    // idle, the host sends them again (the hang guard is 100 periods)
+    let idle_since = registry.keep_alives();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registry.keep_alives() == idle_since {
+        assert!(Instant::now() < deadline, "no Keep Alive from an idle host");
+        std::thread::sleep(Duration::from_millis(10));
     }
     drop(remote);
     server.join().expect("the target served its connections");

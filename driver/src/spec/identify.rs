@@ -53,6 +53,10 @@ pub enum SglSupport {
     Reserved,
 }
 
+/// CTRATT: Traffic Based Keep Alive Support — a command completed on any queue of the
+/// controller counts as a Keep Alive, so a host whose I/O flows need send none.
+pub const CTRATT_TBKAS: u32 = 1 << 6;
+
 /// Identify Controller data structure (CNS 01h). Fields carry the specification's mnemonics;
 /// `rsvd<offset>` fields are reserved.
 #[repr(C)]
@@ -72,7 +76,7 @@ pub struct IdentifyController {
     pub rtd3r: u32,    // RTD3 Resume Latency (microseconds)
     pub rtd3e: u32,    // RTD3 Entry Latency (microseconds)
     pub oaes: u32,     // Optional Asynchronous Events Supported
-    pub ctratt: u32,   // Controller Attributes
+    pub ctratt: u32,   // Controller Attributes (CTRATT_*)
     pub rrls: u16,     // Read Recovery Levels Supported
     rsvd102: [u8; 9],
     pub cntrltype: u8,   // Controller Type (1 I/O, 2 discovery, 3 administrative)

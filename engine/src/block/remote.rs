@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use usnvme_driver::spec::identify::CTRATT_TBKAS;
+
 use crate::block::{BlockDevice, DmaTarget, NamespaceDevice};
 use crate::fabric::address::TcpAddress;
 use crate::transport::tcp::initiator::HostOptions;
@@ -73,6 +75,9 @@ struct Attached {
     mqes: u16,
     /// It reports ANA (CMIC bit 3): its state is read, and read again every period.
     ana: bool,
+    /// Its Keep Alive timer is traffic based (CTRATT.TBKAS): completed I/O keeps the
+    /// association alive, and a Keep Alive is sent only in a period without any.
+    traffic_keeps_alive: bool,
 }
 
 impl Attached {
@@ -101,6 +106,7 @@ impl Attached {
             in_capsule: (id.ioccsz.saturating_mul(16)).saturating_sub(64),
             mqes: cap.mqes(),
             ana: id.cmic & 8 != 0,
+            traffic_keeps_alive: id.ctratt & CTRATT_TBKAS != 0,
         })
     }
 }
@@ -197,6 +203,7 @@ impl RemoteSubsystem {
                 granted: a.granted,
                 namespaces: namespaces.clone(),
                 ana: a.ana,
+                traffic_keeps_alive: a.traffic_keeps_alive,
                 link: rp.link.clone(),
             };
             let ctrl = a.ctrl;
@@ -282,6 +289,8 @@ struct Reconnect {
     namespaces: Vec<QueueNamespace>,
     /// The controller reports ANA: its state is read again every period.
     ana: bool,
+    /// Its Keep Alive timer is traffic based: no Keep Alive after a period with I/O.
+    traffic_keeps_alive: bool,
     link: Arc<ControllerLink>,
 }
 
@@ -316,10 +325,12 @@ impl Reconnect {
                         if let Some(state) = state.filter(|s| self.link.set_ana(*s)) {
                             log::info!("{}: ANA state {state:?}", self.address);
                         }
-                        match self.host.kato_ms {
-                            0 => Ok(()),
-                            _ => c.keep_alive().map_err(|e| format!("Keep Alive: {e}")),
+                        // (the flag is taken every period, so that an idle one sends)
+                        let io_flowed = self.link.take_traffic();
+                        if self.host.kato_ms == 0 || (self.traffic_keeps_alive && io_flowed) {
+                            return Ok(());
                         }
+                        c.keep_alive().map_err(|e| format!("Keep Alive: {e}"))
                     });
                     if let Err(e) = checked {
                         let why = format!("keep-alive lost ({e})");

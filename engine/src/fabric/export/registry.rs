@@ -26,6 +26,8 @@ pub struct Registry {
     ana: [AtomicU8; MAX_PORTS],
     /// ANA state changes so far (the ANA log's change count).
     ana_changes: AtomicU64,
+    /// Keep Alive commands answered so far, over every controller.
+    keep_alives: AtomicU64,
 }
 
 /// Ports (listeners) whose ANA state is kept; the rest are optimized.
@@ -233,7 +235,18 @@ impl Registry {
             }),
             ana: std::array::from_fn(|_| AtomicU8::new(AnaState::Optimized as u8)),
             ana_changes: AtomicU64::new(0),
+            keep_alives: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn note_keep_alive(&self) {
+        self.keep_alives.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Keep Alive commands answered so far (a host on a traffic-based controller sends none
+    /// while its I/O flows).
+    pub fn keep_alives(&self) -> u64 {
+        self.keep_alives.load(Ordering::Relaxed)
     }
 
     /// The ANA state of port `port_id` (1-based; others are optimized).

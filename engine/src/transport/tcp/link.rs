@@ -9,7 +9,7 @@
 //! them). The controller thread ([`crate::block::remote`]) reconnects as the
 //! [`ReconnectPolicy`] says, as Linux's host does (`reconnect_delay`, `ctrl_loss_tmo`).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -127,6 +127,9 @@ pub struct ControllerLink {
     reconnects: AtomicU32,
     /// The path's ANA state ([`AnaState`]'s log code).
     ana: AtomicU8,
+    /// An I/O queue saw completions since the controller thread last looked: on a controller
+    /// with traffic-based Keep Alive, that period needs no Keep Alive.
+    traffic: AtomicBool,
 }
 
 /// What the lock guards.
@@ -163,7 +166,22 @@ impl ControllerLink {
             wake: Condvar::new(),
             reconnects: AtomicU32::new(0),
             ana: AtomicU8::new(1),
+            traffic: AtomicBool::new(false),
         }
+    }
+
+    /// An I/O queue's poll completed commands. A load, and a store only the first time in a
+    /// period: the cache line is written once per Keep Alive period, not per I/O.
+    #[inline]
+    pub fn note_traffic(&self) {
+        if !self.traffic.load(Ordering::Relaxed) {
+            self.traffic.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether I/O completed since the last call.
+    pub fn take_traffic(&self) -> bool {
+        self.traffic.swap(false, Ordering::Relaxed)
     }
 
     /// The current association (changes at each reconnect, and when given up).

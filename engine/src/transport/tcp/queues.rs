@@ -311,6 +311,9 @@ impl PathQueue {
         let link = self.link(source);
         if !self.disconnected && link.generation() == self.generation {
             let done = self.queue.poll(|c| on_done(completion(c, false)));
+            if done > 0 {
+                link.note_traffic();
+            }
             if !alone {
                 let held = &mut self.held;
                 self.queue.take_rerouted(|u, status| {

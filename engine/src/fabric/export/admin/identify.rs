@@ -3,7 +3,7 @@
 
 use usnvme_driver::spec::command::Cns;
 use usnvme_driver::spec::fabrics::{put_nqn, DISCOVERY_NQN};
-use usnvme_driver::spec::identify::Oncs;
+use usnvme_driver::spec::identify::{Oncs, CTRATT_TBKAS};
 use usnvme_driver::spec::{
     put_ascii, IdentifyController, IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status,
 };
@@ -18,8 +18,6 @@ use super::{
 /// Keep Alive Support: KATO granularity in 100 ms units. The connection times Keep Alive in
 /// milliseconds, so 100 ms is a granularity it keeps.
 const KAS: u16 = 1;
-/// Controller Attributes: Traffic Based Keep Alive Support.
-const CTRATT_TBKAS: u32 = 1 << 6;
 
 /// Controller types (CNTRLTYPE).
 const CNTRLTYPE_IO: u8 = 1;

@@ -88,7 +88,10 @@ impl Connection {
             Vec::new()
         };
         let result: Result<(u32, usize), Status> = match opcode {
-            KEEP_ALIVE => Ok((0, 0)),
+            KEEP_ALIVE => {
+                self.registry.note_keep_alive();
+                Ok((0, 0))
+            }
             ASYNC_EVENT_REQUEST => {
                 if events.len() >= admin::ASYNC_EVENT_LIMIT {
                     Err(Status::AER_LIMIT_EXCEEDED)
