@@ -1107,3 +1107,63 @@ fn serve_on_interrupts_sleeps_while_the_drive_works_and_fio_verifies() {
     signal(&target.0, "INT");
     assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
 }
+
+const KEEP_ALIVE_NQN: &str = "nqn.2024-01.io.usnvme:vm-fabric-keep-alive";
+const KEEP_ALIVE_DRIVE: usize = 8;
+const KEEP_ALIVE_OFFSET: u64 = 720 << 20;
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_kernel_host_whose_keep_alive_comes_late_is_kept_while_its_io_flows() {
+    let bed = VmBed::from_env();
+    let address = vfio_controllers()[KEEP_ALIVE_DRIVE].to_string();
+    let (target, namespaces) = serve(&bed, KEEP_ALIVE_NQN, &[address], &[]);
+    let mut target = KillOnDrop(target);
+    assert_eq!(namespaces.len(), 1, "{namespaces:?}");
+    // KATO 1 s, the shortest there is. The target's Keep Alive timer is traffic based
+    // (CTRATT.TBKAS), so the kernel sends no Keep Alive in a period its I/O completed in, and
+    // the emulated drive's slow I/O and the emulator's busy admin path make any it sends late:
+    // the I/O alone must keep the association.
+    let connected = Connected::new(KEEP_ALIVE_NQN, &["--keep-alive-tmo=1"]);
+    let dev = kernel_namespaces(KEEP_ALIVE_NQN, 1)[&1].clone();
+    let ctrl = kernel_controller(KEEP_ALIVE_NQN);
+    let sysfs = Path::new("/sys/class/nvme").join(ctrl.trim_start_matches("/dev/"));
+    let attr = |name: &str| {
+        std::fs::read_to_string(sysfs.join(name))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let id = run(NVME, &["id-ctrl", &ctrl, "--output-format=json"]);
+    let ctratt = serde_json::from_str::<serde_json::Value>(&id).expect("id-ctrl JSON")["ctratt"]
+        .as_u64()
+        .expect("ctratt");
+    assert_ne!(ctratt & (1 << 6), 0, "the target advertises TBKAS: {id}");
+    let cntlid = attr("cntlid");
+    // 20 s of verified random writes and reads, many Keep Alive timeouts long
+    let out = run(
+        FIO,
+        &[
+            "--name=keep-alive",
+            &format!("--filename={}", dev.display()),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randrw",
+            "--bs=4k",
+            &format!("--offset={KEEP_ALIVE_OFFSET}"),
+            "--size=16m",
+            "--iodepth=16",
+            "--time_based",
+            "--runtime=20",
+            "--verify=crc32c",
+            "--verify_backlog=256",
+        ],
+    );
+    assert!(!out.contains("verify: bad"), "{out}");
+    // never dropped: the same controller (a reconnect gets a new ID), still live
+    assert_eq!(attr("state"), "live");
+    assert_eq!(attr("cntlid"), cntlid, "the kernel host was reconnected");
+    drop(connected);
+    signal(&target.0, "INT");
+    assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
+}
