@@ -14,13 +14,12 @@ use crate::bringup::{
     self, AdminCommand, AdminPath, Data, Failed, Fault, Faults, Reg, RegisterAccess,
 };
 use crate::error::{Error, SubmitError};
-use crate::namespaces::MAX_NSID;
+use crate::namespaces::NamespaceSet;
 use crate::pci::PciAddress;
-use crate::protection::MetadataFormat;
 use crate::prp::PAGE;
 use crate::queue::{
-    ring_entries, Doorbells, Interrupt, IoBuffer, Layout, NamespaceGeometry, QueueOwner, QueuePair,
-    QueueSetup, Release, Shadow, Ticket,
+    ring_entries, Doorbells, Interrupt, IoBuffer, Layout, QueueOwner, QueuePair, QueueSetup,
+    Release, Shadow, Ticket,
 };
 use crate::regs::{Interrupts, Registers};
 use crate::spec::command::{FeatureId, QueuePriority};
@@ -28,10 +27,12 @@ use crate::spec::identify::{Oacs, SglSupport};
 use crate::spec::log::LogPageId;
 use crate::spec::registers::{cq_head_doorbell, reg, sq_tail_doorbell};
 use crate::spec::{
-    AdminOpcode, Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
-    IdentifyNamespace, SmartLog, Sqe, Status, Vs,
+    AdminOpcode, Aqa, Cap, Cc, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController, SmartLog,
+    Sqe, Status, Vs,
 };
 use crate::vfio::{PcieLink, Vfio, VfioPciDevice};
+
+pub use crate::namespaces::{Namespace, NamespaceChanges};
 
 /// The largest transfer the driver issues in one command, whatever MDTS allows: one PRP-list
 /// page of entries.
@@ -103,24 +104,6 @@ impl Default for QueuePairOptions {
             timeout: Some(Duration::from_secs(30)),
             interrupts: false,
         }
-    }
-}
-
-/// A namespace as Identify Namespace describes it.
-#[derive(Debug, Clone)]
-pub struct Namespace {
-    pub nsid: u32,
-    /// Bytes per logical block of the LBA format in use.
-    pub block_size: u32,
-    pub blocks: u64,
-    /// Metadata bytes per block, where they travel, and the protection information in them.
-    pub metadata: MetadataFormat,
-    pub identify: Box<IdentifyNamespace>,
-}
-
-impl Namespace {
-    pub fn capacity_bytes(&self) -> u64 {
-        self.blocks.saturating_mul(self.block_size as u64)
     }
 }
 
@@ -1500,88 +1483,6 @@ impl AdminPath for AdminAccess<'_> {
                 e => Failed::Transport(e),
             })
     }
-}
-
-/// The active namespaces, and their geometry as the queue pairs check it.
-struct NamespaceSet {
-    list: Arc<[Namespace]>,
-    geometry: Arc<[NamespaceGeometry]>,
-}
-
-impl NamespaceSet {
-    fn new(list: Vec<Namespace>) -> NamespaceSet {
-        NamespaceSet {
-            geometry: geometry_table(&list),
-            list: Arc::from(list),
-        }
-    }
-}
-
-/// What a rescan of the active namespaces found, by namespace ID.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NamespaceChanges {
-    /// Active now, not before (attached).
-    pub added: Vec<u32>,
-    /// Active before, not now (detached or deleted).
-    pub removed: Vec<u32>,
-    /// Active before and now, but not the same: another size, block size or metadata (formatted
-    /// or resized), or another namespace at the same ID (another NGUID or EUI-64).
-    pub changed: Vec<u32>,
-}
-
-impl NamespaceChanges {
-    fn between(before: &[Namespace], now: &[Namespace]) -> NamespaceChanges {
-        let find = |list: &[Namespace], nsid| list.iter().find(|n| n.nsid == nsid).cloned();
-        let mut changes = NamespaceChanges::default();
-        for n in now {
-            match find(before, n.nsid) {
-                None => changes.added.push(n.nsid),
-                Some(b) if !same_namespace(&b, n) => changes.changed.push(n.nsid),
-                Some(_) => {}
-            }
-        }
-        let gone = before.iter().filter(|b| find(now, b.nsid).is_none());
-        changes.removed = gone.map(|b| b.nsid).collect();
-        changes
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
-    }
-}
-
-/// Whether two reads of one namespace ID describe the same namespace in the same shape.
-fn same_namespace(a: &Namespace, b: &Namespace) -> bool {
-    (a.block_size, a.blocks, a.metadata) == (b.block_size, b.blocks, b.metadata)
-        && (a.identify.nguid, a.identify.eui64) == (b.identify.nguid, b.identify.eui64)
-}
-
-/// Geometry indexed by nsid - 1, for O(1) checks on the I/O path.
-fn geometry_table(namespaces: &[Namespace]) -> Arc<[NamespaceGeometry]> {
-    let len = namespaces
-        .iter()
-        .map(|n| n.nsid)
-        .max()
-        .unwrap_or(0)
-        .min(MAX_NSID) as usize;
-    let mut table = vec![
-        NamespaceGeometry {
-            nsid: 0,
-            block_size: 0,
-            blocks: 0,
-            metadata: MetadataFormat::default(),
-        };
-        len
-    ];
-    for n in namespaces.iter().filter(|n| (n.nsid as usize) <= len) {
-        table[n.nsid as usize - 1] = NamespaceGeometry {
-            nsid: n.nsid,
-            block_size: n.block_size,
-            blocks: n.blocks,
-            metadata: n.metadata,
-        };
-    }
-    Arc::from(table)
 }
 
 impl Shared {
