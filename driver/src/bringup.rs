@@ -18,8 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::controller::Namespace;
-use crate::namespaces::{self, IdentifyFailure};
+use crate::namespaces::{self, IdentifyFailure, Namespace};
 use crate::spec::command::{num_queues_allocated, Cns};
 use crate::spec::log::LogPageId;
 use crate::spec::registers::{reg, ShutdownStatus};

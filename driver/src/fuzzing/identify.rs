@@ -29,7 +29,7 @@ use crate::spec::{
 use crate::{IoBuffer, SubmitError};
 
 /// The driver's own cap on one transfer, and the largest namespace ID it uses (see
-/// `controller.rs`).
+/// `bringup::max_transfer` and `namespaces::MAX_NSID`).
 const DRIVER_MAX_TRANSFER: u64 = 2 << 20;
 const MAX_NSID: u32 = 4096;
 /// Bytes of Identify Controller the fuzzer gives (the rest is zero): every field the driver
