@@ -767,3 +767,121 @@ fn a_device_added_while_running_gets_a_queue_of_its_own() {
     // not behind the shared-queue cell: nothing else on the reactor uses its queue pair
     assert_eq!(results[0].output, [false]);
 }
+
+/// Reads block 0 of every device over and over (two at a time each), counting completions by
+/// device in `done`, failures in `failed`.
+struct ReadsEverything {
+    pool: Option<BufferPool>,
+    buffer: Option<DmaBuffer>,
+    done: Arc<[std::sync::atomic::AtomicU64; 2]>,
+    failed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Job for ReadsEverything {
+    type Output = ();
+
+    fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
+        let mut pool = ctx.devices[0]
+            .buffer_pool(4096, 1)
+            .map_err(|e| e.to_string())?;
+        self.buffer = pool.alloc();
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn turn(&mut self, ctx: &mut ReactorContext) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(b) = &self.buffer else { return false };
+        let io = IoBuffer {
+            iova: b.iova(),
+            len: 4096,
+        };
+        for (i, d) in ctx.devices.iter_mut().enumerate().take(2) {
+            while d.in_flight() < 2 && d.submit(Op::Read, 0, 4096, Some(io), 0).is_ok() {}
+            let (done, failed) = (&self.done[i], &self.failed);
+            d.poll(|c| match c.result() {
+                Ok(()) => _ = done.fetch_add(1, Relaxed),
+                Err(_) => _ = failed.fetch_add(1, Relaxed),
+            });
+        }
+        true
+    }
+
+    fn device_added(&mut self, _ctx: &mut ReactorContext, _share: Share) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn finish(mut self, _ctx: &mut ReactorContext) {
+        if let (Some(pool), Some(b)) = (self.pool.as_mut(), self.buffer.take()) {
+            let _ = pool.free(b);
+        }
+    }
+}
+
+#[test]
+fn a_device_added_while_its_controller_is_slow_to_create_queues_stops_no_other_device() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let (mut drives, sims) = sim_drives(2, "4M");
+    let second = drives.pop().expect("two drives");
+    let engine = Engine::new(
+        Topology::new(
+            vec![NumaNode {
+                id: 0,
+                cpus: vec![0],
+            }],
+            vec![0],
+        ),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            numa_memory: false,
+            ..Default::default()
+        },
+    )
+    .expect("engine");
+    let done = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let failed = Arc::new(AtomicU64::new(0));
+    let (d, f) = (done.clone(), failed.clone());
+    let run = engine
+        .start(engine.namespaces(), move |_| ReadsEverything {
+            pool: None,
+            buffer: None,
+            done: d.clone(),
+            failed: f.clone(),
+        })
+        .expect("start");
+    // the second drive holds its Create I/O CQ until the test releases it
+    sims[1].inject(Fault::new(
+        FaultWhen::admin(usnvme_driver::spec::AdminOpcode::CreateIoCq as u8),
+        FaultAction::Hold,
+    ));
+    let added: Arc<dyn BlockDevice> =
+        Arc::new(NamespaceDevice::new(second.controller.clone(), 1, 1).expect("namespace 1"));
+    // answered at once: the reactor does not wait for the queues
+    run.add_device(1, &added, std::slice::from_ref(&second.controller), &[0])
+        .expect("added");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wait_for = |what: &str, event: &dyn Fn() -> bool| {
+        while !event() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    };
+    wait_for("Create I/O CQ never came", &|| !sims[1].held(0).is_empty());
+    // while the controller holds it, the first drive's reads go on
+    let before = done[0].load(Relaxed);
+    wait_for("the first drive stopped", &|| {
+        done[0].load(Relaxed) >= before + 1000
+    });
+    assert_eq!(done[1].load(Relaxed), 0, "a read done without queues");
+    assert_eq!(
+        sims[1].release(0),
+        [usnvme_driver::spec::AdminOpcode::CreateIoCq as u8]
+    );
+    wait_for("the added drive's reads never completed", &|| {
+        done[1].load(Relaxed) > 0
+    });
+    run.stop();
+    run.wait().expect("reactors");
+    assert_eq!(failed.load(Relaxed), 0);
+}

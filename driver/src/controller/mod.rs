@@ -90,10 +90,10 @@ pub struct QueuePairOptions {
     /// A command older than this is aborted; if it is still there after another timeout, the
     /// controller is reset (None: never, e.g. for benchmarks that must not read the clock).
     pub timeout: Option<Duration>,
-    /// The CQ raises an MSI-X interrupt when the controller posts to it (IEN, on vector qid),
-    /// so that its owner can sleep until one comes ([`QueuePair::interrupt`]). MSI-X is enabled
-    /// with the first such queue pair; without one the controller's interrupts stay off. Needs
-    /// a vector of its own: refused (by name) where the device has fewer vectors than queues.
+    /// The CQ raises an MSI-X interrupt when the controller posts to it (IEN), so that its
+    /// owner can sleep until one comes ([`QueuePair::interrupt`]). MSI-X is enabled with the
+    /// first such queue pair; without one the controller's interrupts stay off. Where the
+    /// device has fewer I/O vectors than queues, queue pairs share them (round robin).
     pub interrupts: bool,
 }
 
@@ -232,6 +232,7 @@ impl Controller {
             use_sgl: false,
             timeout: None,
             generation: 0,
+            created: true,
             owner: None,
             // polled: admin completions raise vector 0 once MSI-X is on, nobody waits for it
             interrupt: None,

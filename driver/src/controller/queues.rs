@@ -35,8 +35,22 @@ pub(super) struct Deletion {
 }
 
 impl Controller {
-    /// Creates an I/O queue pair for the calling thread.
+    /// Creates an I/O queue pair for the calling thread: its queues exist on the controller
+    /// when it returns (two admin commands, which take milliseconds).
     pub fn create_queue_pair(&self, opts: QueuePairOptions) -> Result<QueuePair, Error> {
+        self.queue_pair(opts, true)
+    }
+
+    /// An I/O queue pair for the calling thread, at once: its queues are created on the
+    /// controller by its own polls (Create I/O CQ, then SQ, each submitted and picked up on a
+    /// later poll, as after a reset), so that a thread that polls other devices never waits
+    /// for it. I/O submitted meanwhile waits in the SQ and goes out once they exist; a
+    /// controller that refuses them leaves the queue pair refusing I/O.
+    pub fn open_queue_pair(&self, opts: QueuePairOptions) -> Result<QueuePair, Error> {
+        self.queue_pair(opts, false)
+    }
+
+    fn queue_pair(&self, opts: QueuePairOptions, create_now: bool) -> Result<QueuePair, Error> {
         let s = &self.shared;
         let depth = opts
             .depth
@@ -97,9 +111,11 @@ impl Controller {
         let generation = self.generation();
         let (sq_iova, cq_iova) = (memory.iova_of(layout.sq), memory.iova_of(layout.cq));
         let vector = interrupt.as_ref().map(|i| i.vector);
-        if let Err(e) = self.create_queues(qid, layout.depth, sq_iova, cq_iova, vector) {
-            release(s);
-            return Err(e);
+        if create_now {
+            if let Err(e) = self.create_queues(qid, layout.depth, sq_iova, cq_iova, vector) {
+                release(s);
+                return Err(e);
+            }
         }
         let stride = s.cap.doorbell_stride();
         let shadow = s.shadow.as_ref().map(|pages| Shadow {
@@ -124,6 +140,7 @@ impl Controller {
             use_sgl: s.sgl,
             timeout: opts.timeout,
             generation,
+            created: create_now,
             owner: Some(Arc::new(self.clone())),
             interrupt,
         }))

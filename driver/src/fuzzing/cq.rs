@@ -201,6 +201,7 @@ impl Harness {
             use_sgl,
             timeout: None,
             generation: 0,
+            created: true,
             owner: None,
             interrupt: None,
         });

@@ -42,6 +42,9 @@ const CQE_BYTES: usize = 16;
 /// Timeouts are checked every this many polls, not on every one: a poll that finds nothing
 /// costs a few instructions, and timeouts are seconds long.
 const TIMEOUT_CHECK_POLLS: u32 = 64;
+/// The generation of a queue pair whose queues are not created yet: no controller's (a
+/// generation counts resets, twice each).
+const NOT_CREATED: u64 = u64::MAX;
 
 /// A buffer for one command: IOVA-contiguous DMA memory (e.g. from a `BufferPool`).
 /// The memory must stay mapped and untouched until the command completes.
@@ -303,6 +306,8 @@ pub(crate) struct QueueSetup {
     /// Commands older than this are aborted, then the controller is reset (None: never).
     pub timeout: Option<std::time::Duration>,
     pub generation: u64,
+    /// Its queues exist on the controller; else its polls create them.
+    pub created: bool,
     pub owner: Option<Arc<dyn QueueOwner>>,
     /// The MSI-X vector the CQ was created with, and its eventfd (None: polled only).
     pub interrupt: Option<Interrupt>,
@@ -364,10 +369,14 @@ impl QueuePair {
             }),
             owner_clock: false,
             clock: Instant::now(),
-            generation: setup.generation,
+            // not created yet: lost to every generation until its polls create them
+            generation: match setup.created {
+                true => setup.generation,
+                false => NOT_CREATED,
+            },
             qid: setup.qid,
             owner: setup.owner,
-            recreate: None,
+            recreate: (!setup.created).then(|| recovery::Recreate::first(setup.generation)),
             aborts: Vec::new(),
             interrupt: setup.interrupt,
         }

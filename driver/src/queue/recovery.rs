@@ -20,6 +20,19 @@ const MAX_ABORTS: usize = 4;
 pub(super) struct Recreate {
     generation: u64,
     step: Step,
+    /// The queues are created for the first time (`Controller::open_queue_pair`).
+    first: bool,
+}
+
+impl Recreate {
+    /// Creating the queues of a queue pair opened in `generation` for the first time.
+    pub(super) fn first(generation: u64) -> Recreate {
+        Recreate {
+            generation,
+            step: Step::CreateCq,
+            first: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +161,7 @@ impl QueuePair {
         self.recreate = Some(Recreate {
             generation,
             step: Step::CreateCq,
+            first: false,
         });
     }
 
@@ -187,7 +201,9 @@ impl QueuePair {
                 Step::SqSent(t) => match owner.admin_result(t) {
                     None => break,
                     Some(Ok(_)) => {
-                        log::info!("{}: queue {qid} re-created after a reset", owner.name());
+                        if !r.first {
+                            log::info!("{}: queue {qid} re-created after a reset", owner.name());
+                        }
                         self.generation = r.generation;
                         self.recreate = None;
                         return;
@@ -203,8 +219,12 @@ impl QueuePair {
     /// A creation command failed: a controller that let it time out is reset (the queue pair
     /// tries again after it); one that refused it leaves the queue pair unusable.
     fn recreate_failed(&mut self, owner: &dyn QueueOwner, what: &str, e: Error, cq: bool) -> Step {
+        let when = match self.recreate.is_some_and(|r| r.first) {
+            true => "created",
+            false => "re-created after a reset",
+        };
         log::error!(
-            "{}: queue {} cannot be re-created after a reset ({what}): {e}",
+            "{}: queue {} cannot be {when} ({what}): {e}",
             owner.name(),
             self.qid
         );

@@ -2791,3 +2791,49 @@ fn interrupts_survive_a_controller_reset() {
     assert_eq!(qp.interrupt_vector(), Some(qp.qid()));
     assert_eq!((ctrl.resets(), sim.io_queues()), (1, (1, 1)));
 }
+
+#[test]
+fn a_queue_pair_opened_at_once_creates_its_queues_by_its_polls_and_then_moves_data() {
+    let (sim, ctrl) = start(ram(512, 1 << 16));
+    // the controller holds Create I/O CQ: a queue pair that waited for it would wait here
+    sim.inject(Fault::new(
+        FaultWhen::admin(AdminOpcode::CreateIoCq as u8),
+        FaultAction::Hold,
+    ));
+    let mut qp = ctrl
+        .open_queue_pair(QueuePairOptions {
+            depth: 16,
+            ..QueuePairOptions::default()
+        })
+        .expect("opened without waiting");
+    let mut buffers = pool(4096, 2);
+    let (w, r) = (
+        buffers.alloc().expect("buffer"),
+        buffers.alloc().expect("buffer"),
+    );
+    let data = pattern(9, 4096);
+    w.write_from(&data, 0).expect("fill");
+    // taken now, sent once the queues exist
+    qp.write(NSID, 24, span(&w, 0, 4096), 1).expect("submitted");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.held(0).is_empty() {
+        assert!(Instant::now() < deadline, "Create I/O CQ never came");
+        assert_eq!(
+            drain(&mut qp),
+            [],
+            "nothing completes before the queues exist"
+        );
+    }
+    assert_eq!(sim.io_queues(), (0, 0), "no I/O queue exists yet");
+    assert_eq!(sim.release(0), [AdminOpcode::CreateIoCq as u8]);
+    let c = wait(&mut qp);
+    assert_eq!((c.token, c.status), (1, Status::SUCCESS));
+    assert_eq!(sim.io_queues(), (1, 1));
+    r.fill(0);
+    qp.read(NSID, 24, span(&r, 0, 4096), 2).expect("submitted");
+    assert_eq!(wait(&mut qp).status, Status::SUCCESS);
+    let mut back = vec![0u8; 4096];
+    r.read_into(&mut back, 0).expect("read back");
+    assert!(back == data, "the block read back differs");
+    assert_eq!(ctrl.resets(), 0);
+}

@@ -108,8 +108,10 @@ impl ReactorContext {
     }
 
     /// Adds `device` (index `index` of the run's devices, on `controllers`) to this reactor
-    /// while it runs: its I/O queue pairs are created now (admin commands on its controllers,
-    /// which take milliseconds), on the reactor's memory node. The device becomes the last of
+    /// while it runs, without waiting: its local queue pairs are had at once, on the reactor's
+    /// memory node, and create their queues on the controller over their first polls (I/O
+    /// submitted meanwhile goes out once they exist; see `Queues::while_running`). A remote
+    /// device's queue still connects here. The device becomes the last of
     /// [`ReactorContext::devices`], even when its queues cannot be had: then it is there as a
     /// gone device (every submission refused), so that every reactor's list stays in step, and
     /// the error says why.
@@ -119,7 +121,7 @@ impl ReactorContext {
         device: &Arc<dyn BlockDevice>,
         controllers: Vec<Controller>,
     ) -> Result<(), String> {
-        let mut queues = Queues::new();
+        let mut queues = Queues::while_running();
         let opened = device.channel(&mut queues, &self.channel_options);
         self.queue_count += queues.len();
         // released before the channel settles: a queue only it uses becomes its own

@@ -42,8 +42,8 @@ pub struct ChannelOptions {
     pub latency_histograms: bool,
     /// Local queue pairs raise an MSI-X interrupt when their controller posts a completion
     /// (each an eventfd: `DeviceChannel::interrupts`), so that a reactor with I/O in flight and
-    /// nothing else to do can sleep until one comes. A drive with fewer MSI-X vectors than the
-    /// queues asked of it is refused by name. Remote (NVMe/TCP) queues are sockets, not
+    /// nothing else to do can sleep until one comes. On a drive with fewer MSI-X vectors than
+    /// queues, queue pairs share them. Remote (NVMe/TCP) queues are sockets, not
     /// interrupts: unaffected.
     pub interrupts: bool,
 }

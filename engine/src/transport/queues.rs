@@ -45,11 +45,13 @@ impl QueueSource {
     }
 
     /// A new I/O queue for a reactor, sized for `options` on each of the controller's
-    /// namespaces the run may use; `ns` is the namespace asking for it.
+    /// namespaces the run may use; `ns` is the namespace asking for it. `at_once`: a local
+    /// queue pair is had without waiting, its queues created by its own polls.
     fn create(
         &self,
         ns: QueueNamespace,
         options: &ChannelOptions,
+        at_once: bool,
     ) -> Result<IoQueue, usnvme_driver::Error> {
         match self {
             QueueSource::Pcie { ctrl, .. } => {
@@ -58,12 +60,16 @@ impl QueueSource {
                 let entries = (u64::from(per_namespace) * namespaces)
                     .min(u64::from(ctrl.cap().mqes()) + 1)
                     .min(u64::from(u16::MAX)) as u16;
-                let qp = ctrl.create_queue_pair(QueuePairOptions {
+                let opts = QueuePairOptions {
                     depth: entries,
                     node: options.node,
                     timeout: options.timeout,
                     interrupts: options.interrupts,
-                })?;
+                };
+                let qp = match at_once {
+                    true => ctrl.open_queue_pair(opts)?,
+                    false => ctrl.create_queue_pair(opts)?,
+                };
                 Ok(IoQueue::Pcie(qp))
             }
             // (a socket, not an interrupt: `options.interrupts` does not apply)
@@ -79,11 +85,25 @@ impl QueueSource {
 #[derive(Debug, Default)]
 pub struct Queues {
     queues: Vec<(QueueSource, SharedQueue)>,
+    /// Local queue pairs are had at once, their queues created by their polls.
+    at_once: bool,
 }
 
 impl Queues {
+    /// Queues for a reactor about to run: each local queue pair exists on its controller when
+    /// its channel is made (set-up errors show before any I/O).
     pub fn new() -> Queues {
         Queues::default()
+    }
+
+    /// Queues for a reactor that is running (a device added to the run): a local queue pair
+    /// creates its queues on the controller over its first polls (admin commands submitted and
+    /// picked up without waiting), so that the reactor's other devices never stop for it.
+    pub fn while_running() -> Queues {
+        Queues {
+            at_once: true,
+            ..Queues::default()
+        }
     }
 
     /// This reactor's queue to `source`'s controller, for namespace `ns`: the one it has,
@@ -101,7 +121,7 @@ impl Queues {
         let queue = match found {
             Some((_, q)) => q.clone(),
             None => {
-                let q = SharedQueue::new(source.create(ns, options)?);
+                let q = SharedQueue::new(source.create(ns, options, self.at_once)?);
                 self.queues.push((source.clone(), q.clone()));
                 q
             }
