@@ -983,3 +983,92 @@ fn a_reconnect_the_target_answers_late_holds_up_nothing_but_its_own_ios() {
         }
     }
 }
+
+/// One job per device, none failed, both moved data; the local drive (`sim:6`) never paused
+/// more than a busy machine can hold a thread, the remote one paused for its target.
+fn local_ran_on_while_remote_paused(out: &Output, doc: &Value, writes_only: bool) {
+    assert!(out.status.success(), "{}", text(out));
+    for job in doc["jobs"].as_array().expect("jobs") {
+        assert_eq!(job["failed_ios"], 0, "{job:#}");
+        assert!(ios(job, "write") > 0, "{job:#}");
+        assert!(writes_only || ios(job, "read") > 0, "{job:#}");
+        let gap = job["longest_gap_us"].as_u64().expect("longest gap");
+        if job["device"] == "sim:6" {
+            assert!(gap < 1_000_000, "the local drive paused {gap} µs: {job:#}");
+            eprintln!("the local drive's longest pause: {gap} µs");
+        } else {
+            assert!(
+                gap >= 1_000_000,
+                "the remote one waited for its target: {job:#}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_target_stopped_for_5_s_holds_up_nothing_but_its_own_ios_which_then_complete_verified() {
+    let serve = Serve::start(&["--allow-host", HOST, "--json-status-every", "0.05"]);
+    let root = host_root();
+    let remote = format!("tcp://{}/{NQN}", serve.addr);
+    let extra = ["-w", "randrw", "--verify"];
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &extra, || {
+        io_flows_to(&serve);
+        let pid = nix::unistd::Pid::from_raw(serve.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        // (the stimulus: a target process stopped for 5 s, its sockets open)
+        std::thread::sleep(Duration::from_secs(5));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    });
+    local_ran_on_while_remote_paused(&out, &doc, false);
+    assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
+}
+
+#[test]
+fn a_target_killed_and_restarted_is_reconnected_without_holding_up_the_local_drive() {
+    // a port of its own, so that the target comes back where it was
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let serve_args = [
+        "--allow-host",
+        HOST,
+        "--json-status-every",
+        "0.05",
+        "--listen",
+        &listen,
+    ];
+    let mut serve = Serve::start(&serve_args);
+    let root = host_root();
+    let remote = format!("tcp://{listen}/{NQN}");
+    // writes only: the restarted target's RAM drive has lost what was written before
+    let extra = [
+        "-w",
+        "randwrite",
+        "--reconnect-delay",
+        "1",
+        "--ctrl-loss-tmo",
+        "60",
+    ];
+    let mut restarted = None;
+    let (out, doc) = beside_a_local_drive(root.path(), &remote, &extra, || {
+        io_flows_to(&serve);
+        let _ = serve.child.kill(); // SIGKILL: no clean shutdown
+        let _ = serve.child.wait();
+        let again = Serve::start(&serve_args);
+        io_flows_to(&again);
+        restarted = Some(again);
+    });
+    local_ran_on_while_remote_paused(&out, &doc, true);
+    let remote_job = doc["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["device"] != "sim:6"))
+        .expect("the remote job");
+    assert!(
+        remote_job["reconnects"].as_u64() >= Some(1),
+        "{remote_job:#}"
+    );
+    drop(restarted);
+}
