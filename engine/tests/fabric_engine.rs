@@ -746,6 +746,30 @@ impl Job for StampEvery {
     }
 }
 
+/// The subsystem `sub` at `addr` attached for `io_queues` I/O queues, with a KATO of
+/// `kato_ms` (0: none), never reconnected.
+fn attach_remote(
+    addr: SocketAddr,
+    sub: &SubsystemInfo,
+    io_queues: u16,
+    kato_ms: u32,
+) -> RemoteSubsystem {
+    let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
+        .parse()
+        .expect("address");
+    let host = HostOptions {
+        timeout: Duration::from_secs(5),
+        kato_ms,
+        ..HostOptions::default()
+    };
+    let dma = DmaTarget {
+        space: IovaSpace::new(Arc::new(NoIommu)),
+        page: PageSize::Small4K,
+    };
+    RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, io_queues, dma)
+        .expect("attached")
+}
+
 #[test]
 fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
     let options = EngineOptions {
@@ -758,19 +782,7 @@ fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
     // queue would never be answered and the run would fail
     let connections = 1 + reactors;
     let (addr, sub, server) = target_of(connections, 4);
-    let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
-        .parse()
-        .expect("address");
-    let host = HostOptions {
-        timeout: Duration::from_secs(5),
-        ..HostOptions::default()
-    };
-    let dma = DmaTarget {
-        space: IovaSpace::new(Arc::new(NoIommu)),
-        page: PageSize::Small4K,
-    };
-    let remote =
-        RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, 4, dma).expect("attached");
+    let remote = attach_remote(addr, &sub, 4, 0);
     let devices = remote.devices(None).expect("its namespaces");
     assert_eq!(devices.len(), 4);
     let run = engine
@@ -863,21 +875,8 @@ fn a_host_whose_io_flows_sends_no_keep_alive_to_a_traffic_based_target() {
     let registry = Arc::new(Registry::new(None));
     // the admin queue and one I/O queue
     let (addr, sub, server) = target_with(2, 1, registry.clone());
-    let address: TcpAddress = format!("tcp://{addr}/{}", sub.nqn)
-        .parse()
-        .expect("address");
     // KATO 300 ms: the controller thread's period is 100 ms
-    let host = HostOptions {
-        timeout: Duration::from_secs(5),
-        kato_ms: 300,
-        ..HostOptions::default()
-    };
-    let dma = DmaTarget {
-        space: IovaSpace::new(Arc::new(NoIommu)),
-        page: PageSize::Small4K,
-    };
-    let remote =
-        RemoteSubsystem::attach(&address, &host, ReconnectPolicy::NEVER, 1, dma).expect("attached");
+    let remote = attach_remote(addr, &sub, 1, 300);
     let devices = remote.devices(None).expect("its namespace");
     let before = registry.keep_alives();
     // 2 s of reads: 20 periods, each with I/O in it

@@ -707,6 +707,26 @@ fn four_namespaces_on_two_cores_use_one_queue_pair_per_core() {
     }
 }
 
+/// An engine on `drives` with one reactor, on CPU 0.
+fn one_core_engine(drives: Vec<Drive>) -> Engine {
+    Engine::new(
+        Topology::new(
+            vec![NumaNode {
+                id: 0,
+                cpus: vec![0],
+            }],
+            vec![0],
+        ),
+        drives,
+        EngineOptions {
+            cores: vec![0],
+            numa_memory: false,
+            ..Default::default()
+        },
+    )
+    .expect("engine")
+}
+
 /// Takes devices added while it runs and says, for each, whether its queue is shared with the
 /// reactor's other devices; reads once from each so that its queue is really used.
 struct TakesAdded {
@@ -738,22 +758,7 @@ impl Job for TakesAdded {
 fn a_device_added_while_running_gets_a_queue_of_its_own() {
     let (mut drives, _sims) = sim_drives(2, "4M");
     let second = drives.pop().expect("two drives");
-    let engine = Engine::new(
-        Topology::new(
-            vec![NumaNode {
-                id: 0,
-                cpus: vec![0],
-            }],
-            vec![0],
-        ),
-        drives,
-        EngineOptions {
-            cores: vec![0],
-            numa_memory: false,
-            ..Default::default()
-        },
-    )
-    .expect("engine");
+    let engine = one_core_engine(drives);
     let run = engine
         .start(engine.namespaces(), |_| TakesAdded { shared: Vec::new() })
         .expect("start");
@@ -823,22 +828,7 @@ fn a_device_added_while_its_controller_is_slow_to_create_queues_stops_no_other_d
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let (mut drives, sims) = sim_drives(2, "4M");
     let second = drives.pop().expect("two drives");
-    let engine = Engine::new(
-        Topology::new(
-            vec![NumaNode {
-                id: 0,
-                cpus: vec![0],
-            }],
-            vec![0],
-        ),
-        drives,
-        EngineOptions {
-            cores: vec![0],
-            numa_memory: false,
-            ..Default::default()
-        },
-    )
-    .expect("engine");
+    let engine = one_core_engine(drives);
     let done = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let failed = Arc::new(AtomicU64::new(0));
     let (d, f) = (done.clone(), failed.clone());

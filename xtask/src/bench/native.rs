@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::spdk::{median, spdk_figures, usnvme_figures};
+use super::spdk::{first_error, median, spdk_figures, usnvme_figures};
 
 const SERVE_PORT: u16 = 4420;
 const SPDK_PORT: u16 = 4421;
@@ -518,7 +518,7 @@ fn measure(
             let command = format!("usnvme {}", args.join(" "));
             let result = match (figures, out) {
                 (Some(f), _) => Ok(f.iops),
-                (None, Ok(o)) => Err(first_line(&o.stderr)),
+                (None, Ok(o)) => Err(first_error(&String::from_utf8_lossy(&o.stderr))),
                 (None, Err(e)) => Err(e.to_string()),
             };
             (command, result)
@@ -552,30 +552,15 @@ fn measure(
             let result = match out {
                 Ok(o) => {
                     let text = String::from_utf8_lossy(&o.stdout);
-                    spdk_figures(&text)
-                        .map(|f| f.iops)
-                        .ok_or_else(|| first_line(&o.stderr).replace("no output", &text))
+                    spdk_figures(&text).map(|f| f.iops).ok_or_else(|| {
+                        first_error(&String::from_utf8_lossy(&o.stderr)).replace("no output", &text)
+                    })
                 }
                 Err(e) => Err(e.to_string()),
             };
             (command, result)
         }
     }
-}
-
-/// The first line of `bytes` that says what went wrong, or the last.
-fn first_line(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    lines
-        .iter()
-        .find(|l| l.contains("error") || l.contains("ERROR"))
-        .or(lines.last())
-        .map_or("no output".into(), |l| l.chars().take(200).collect())
 }
 
 fn fmt_iops(v: Option<f64>) -> String {

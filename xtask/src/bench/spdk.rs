@@ -323,7 +323,7 @@ pub(super) fn spdk_figures(output: &str) -> Option<Figures> {
 }
 
 /// The first line that says what went wrong (or the last line, or that there was no output).
-fn first_error(output: &str) -> String {
+pub(super) fn first_error(output: &str) -> String {
     let lines: Vec<&str> = output
         .lines()
         .map(str::trim)
