@@ -17,7 +17,7 @@ mod vectored;
 pub use iova::{IovaAllocator, IovaError};
 pub use memory::{hugepage_status, Memory, MemoryError, NodeHugepages, PageSize};
 pub use pool::{BufferPool, DmaBuffer, ForeignBuffer, PoolError};
-pub use space::{DmaMapper, DmaRegion, IovaSpace, MapError, NoIommu};
+pub use space::{DmaMapper, DmaRegion, IovaSpace, MapError, MemoryView, NoIommu};
 pub use vectored::{readv_volatile, writev_volatile, MAX_PARTS};
 
 /// The vm-memory address space of an [`IovaSpace`]: a [`vm_memory::GuestAddress`] is an IOVA.

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -94,6 +95,10 @@ pub struct IovaSpace {
     mapper: Arc<dyn DmaMapper>,
     /// Taken to map, unmap and snapshot: the setup path, never per I/O in the driver.
     state: Mutex<State>,
+    /// How many times the mapped memory changed (written under `state`): a [`MemoryView`]
+    /// is brought up to date only when this moved, so that reading one is a load of a line
+    /// written by map and unmap alone, not a lock and a reference count every user shares.
+    changes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -109,7 +114,11 @@ impl IovaSpace {
             allocator,
             memory: Arc::new(GuestMemoryMmap::new()),
         });
-        Arc::new(IovaSpace { mapper, state })
+        Arc::new(IovaSpace {
+            mapper,
+            state,
+            changes: AtomicU64::new(0),
+        })
     }
 
     pub fn mapper(&self) -> &Arc<dyn DmaMapper> {
@@ -150,6 +159,7 @@ impl IovaSpace {
         match result {
             Ok(collection) => {
                 state.memory = Arc::new(collection);
+                self.changes.fetch_add(1, Ordering::Release);
                 log::debug!(
                     "mapped {len:#x} bytes of {} pages at IOVA {iova:#x}",
                     memory.page_size()
@@ -177,6 +187,25 @@ impl IovaSpace {
         Arc::clone(&self.state.lock().memory)
     }
 
+    /// A [`MemoryView`] of everything mapped now.
+    pub fn view(&self) -> MemoryView {
+        let state = self.state.lock();
+        MemoryView {
+            seen: self.changes.load(Ordering::Relaxed),
+            memory: Arc::clone(&state.memory),
+        }
+    }
+
+    /// `view` brought up to date: what is mapped now (as [`IovaSpace::memory`], without a lock
+    /// or a shared reference count unless something was mapped or unmapped since).
+    #[inline]
+    pub fn refresh<'a>(&self, view: &'a mut MemoryView) -> &'a GuestMemoryMmap {
+        if self.changes.load(Ordering::Acquire) != view.seen {
+            *view = self.view();
+        }
+        &view.memory
+    }
+
     /// How many mappings are live (one per [`DmaRegion`]).
     pub fn mappings(&self) -> usize {
         self.state.lock().memory.num_regions()
@@ -186,7 +215,10 @@ impl IovaSpace {
         let len = memory.len() as u64;
         let mut state = self.state.lock();
         match state.memory.remove_region(GuestAddress(iova), len) {
-            Ok((collection, _)) => state.memory = Arc::new(collection),
+            Ok((collection, _)) => {
+                state.memory = Arc::new(collection);
+                self.changes.fetch_add(1, Ordering::Release);
+            }
             Err(e) => log::error!("IOVA {iova:#x}+{len:#x} missing from the address space: {e}"),
         }
         if let Err(e) = self.mapper.unmap(iova, memory.len()) {
@@ -199,6 +231,16 @@ impl IovaSpace {
             log::error!("{e}");
         }
     }
+}
+
+/// One user's copy of what an [`IovaSpace`] maps ([`IovaSpace::refresh`] keeps it current): a
+/// software controller's queue translates its commands' addresses through its own, so that
+/// queues on many cores share no lock or reference count per command. Like a snapshot, it
+/// keeps the pages it shows mapped in this process until it is refreshed or dropped.
+#[derive(Debug)]
+pub struct MemoryView {
+    seen: u64,
+    memory: Arc<GuestMemoryMmap>,
 }
 
 /// A [`Memory`] mapped at an IOVA. Dropping it unregisters, unmaps and frees the IOVA.
@@ -371,6 +413,29 @@ mod tests {
             "crosses the end"
         );
         assert!(a.slice(8190, 4).is_err(), "bounds-checked");
+    }
+
+    #[test]
+    fn a_view_follows_every_map_and_unmap_and_is_kept_while_nothing_changes() {
+        let (_mapper, space) = setup();
+        let a = space.map(small(4096)).expect("map a");
+        let mut view = space.view();
+        let seen = |view: &mut MemoryView, iova: u64| {
+            space.refresh(view).get_slice(GuestAddress(iova), 8).is_ok()
+        };
+        assert!(seen(&mut view, a.iova()));
+        // nothing changed: the same snapshot, not a new one
+        let before: *const GuestMemoryMmap = space.refresh(&mut view);
+        assert!(std::ptr::eq(before, space.refresh(&mut view)));
+        let b = space.map(small(4096)).expect("map b");
+        assert!(seen(&mut view, b.iova()), "a mapping made since");
+        let gone = a.iova();
+        drop(a);
+        assert!(
+            !seen(&mut view, gone),
+            "an unmapped region still translated"
+        );
+        assert!(seen(&mut view, b.iova()));
     }
 
     #[test]

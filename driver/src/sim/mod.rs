@@ -1121,28 +1121,36 @@ impl Inner {
                 self.invalid_doorbell(&format!("CQ {qid} does not exist"));
                 return;
             };
-            let mut cq = cq.lock();
-            if let Err(e) = cq.set_head(value) {
-                self.invalid_doorbell(&e);
-                return;
+            {
+                let mut cq = cq.lock();
+                if let Err(e) = cq.set_head(value) {
+                    self.invalid_doorbell(&e);
+                    return;
+                }
+                cq.shadow.rung(value);
             }
-            cq.shadow.rung(value);
             if threaded {
                 run.wake();
                 return;
             }
-            let mem = self.space.memory();
-            let ctx = self.ctx(run, &mem, shadow);
-            if let Err(e) = cq.drain(&mem) {
+            // (the queue pair's view of the IOVA space, taken before the CQ's lock: the SQ's
+            // lock comes first wherever both are held)
+            let mut view = sq
+                .as_ref()
+                .and_then(|sq| sq.lock().view.take())
+                .unwrap_or_else(|| self.space.view());
+            let mem = self.space.refresh(&mut view);
+            let ctx = self.ctx(run, mem, shadow);
+            if let Err(e) = cq.lock().drain(mem) {
                 self.cq_fault(e.0);
             }
-            drop(cq);
             // inline: a delayed completion of this queue pair may be due
             if let Some(sq) = sq {
                 let mut sq = sq.lock();
                 if !sq.deleted && sq.cqid == qid {
                     self.run_due(&ctx, &mut sq);
                 }
+                sq.view = Some(view);
             }
             return;
         }
@@ -1165,14 +1173,15 @@ impl Inner {
             run.wake();
             return;
         }
-        let mem = self.space.memory();
-        let ctx = self.ctx(run, &mem, shadow);
+        let mut view = sq.view.take().unwrap_or_else(|| self.space.view());
+        let ctx = self.ctx(run, self.space.refresh(&mut view), shadow);
         self.run_sq(&ctx, &mut sq);
         self.run_due(&ctx, &mut sq);
         if qid != 0 {
             // ring MMIO for the next batch: the host rings when EventIdx lies in [old, new)
             ctx.write_event_idx(qid, false, sq.tail);
         }
+        sq.view = Some(view);
     }
 
     fn ctx<'a>(

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::EventFd;
 use parking_lot::Mutex;
+use usnvme_hugepages::MemoryView;
 use vm_memory::GuestAddress;
 
 use super::fault::FaultAction;
@@ -106,6 +107,10 @@ pub(crate) struct Sq {
     pub segs: Vec<(u64, u32)>,
     pub data: Vec<u8>,
     pub ready: Vec<Pending>,
+    /// What the IOVA space maps, as this queue pair last saw it: its doorbells translate
+    /// through it (taken out while they do), so that queues on many cores share nothing per
+    /// command. None until its first doorbell.
+    pub view: Option<MemoryView>,
 }
 
 impl Sq {
@@ -126,6 +131,7 @@ impl Sq {
             segs: Vec::new(),
             data: Vec::new(),
             ready: Vec::new(),
+            view: None,
         }
     }
 
@@ -463,6 +469,7 @@ impl Inner {
     /// when due, sleeps when idle (a doorbell write wakes it).
     pub(super) fn worker(self: Arc<Self>, run: &Arc<Running>) {
         let mut sqs: Vec<Arc<Mutex<Sq>>> = Vec::new();
+        let mut view = self.space.view();
         while !run.stop.load(Ordering::Acquire) {
             if self.halted(run) {
                 std::thread::park_timeout(Duration::from_millis(1));
@@ -474,8 +481,8 @@ impl Inner {
                 sqs.extend(t.sqs.iter().skip(1).flatten().cloned());
                 t.shadow
             };
-            let mem = self.space.memory();
-            let ctx = self.ctx(run, &mem, shadow);
+            let mem = self.space.refresh(&mut view);
+            let ctx = self.ctx(run, mem, shadow);
             let mut busy = false;
             let mut next: Option<Instant> = None;
             for sq in &sqs {
@@ -506,7 +513,6 @@ impl Inner {
                     ctx.refresh_cq(&mut cq);
                 }
             }
-            drop(mem);
             if !busy {
                 let now = Instant::now();
                 let wait = next
