@@ -53,6 +53,18 @@ pub(super) fn execute(ctx: &Ctx, sq: &mut Sq, sqe: &Sqe) -> Outcome {
         Some(AdminOpcode::NamespaceAttachment) => namespaces::attachment(ctx, sq, sqe),
         _ => Err(Outcome::fail(Status::INVALID_OPCODE).at(0)),
     };
+    if matches!(
+        AdminOpcode::from_raw(sqe.opcode()),
+        Some(
+            AdminOpcode::CreateIoCq
+                | AdminOpcode::CreateIoSq
+                | AdminOpcode::DeleteIoSq
+                | AdminOpcode::DeleteIoCq
+                | AdminOpcode::DoorbellBufferConfig
+        )
+    ) {
+        ctx.inner.io_queues_changed(ctx.run);
+    }
     if sqe.opcode() != AdminOpcode::AsyncEventRequest as u8 {
         // an event raised while this queue was busy (`Inner::raise_event_while_busy`)
         ctx.inner.deliver_events(ctx, sq);

@@ -50,6 +50,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use nix::sys::eventfd::EventFd;
 use parking_lot::{Mutex, RwLock};
 use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
@@ -323,6 +324,10 @@ pub(crate) struct Inner {
     ready_at: Mutex<Option<Instant>>,
     removed: AtomicBool,
     running: RwLock<Option<Arc<Running>>>,
+    /// Each queue ID's doorbell: what a write to it reaches (a copy of the running state's
+    /// table entry, kept by the admin commands that change the table), on a cache line of its
+    /// own, so that queue pairs on many cores share no lock per doorbell, as hardware's don't.
+    doorbells: Box<[CachePadded<RwLock<Option<QueueDoorbell>>>]>,
     /// The namespaces allocated and attached (Namespace Management and Attachment change them).
     namespaces: RwLock<namespaces::NamespaceTable>,
     /// Each namespace ID's data.
@@ -344,6 +349,14 @@ pub(crate) struct Inner {
     /// The MSI-X table: each enabled vector's eventfd (empty: MSI-X off). A PCI function's
     /// state: a controller reset keeps it.
     msix: Mutex<Vec<Arc<EventFd>>>,
+}
+
+/// What a queue ID's doorbell reaches while the controller runs.
+struct QueueDoorbell {
+    run: Arc<Running>,
+    sq: Option<Arc<Mutex<Sq>>>,
+    cq: Option<Arc<Mutex<Cq>>>,
+    shadow: Option<ShadowBuf>,
 }
 
 /// Where Doorbell Buffer Config put the shadow doorbells and EventIdx entries.
@@ -500,6 +513,9 @@ impl SimController {
         if let Err(e) = config.check() {
             panic!("sim: impossible configuration: {e}");
         }
+        let doorbells = (0..=config.io_queues)
+            .map(|_| CachePadded::new(RwLock::new(None)))
+            .collect();
         let cap = Cap(config.mqes as u64
             | 1 << 16 // CQR: queues must be physically contiguous
             | (config.timeout as u64) << 24
@@ -534,6 +550,7 @@ impl SimController {
                 ready_at: Mutex::new(None),
                 removed: AtomicBool::new(false),
                 running: RwLock::new(None),
+                doorbells,
                 namespaces: RwLock::new(table),
                 stores,
                 metadata_stores,
@@ -944,7 +961,8 @@ impl Inner {
             match self.enable(regs, new) {
                 Ok(run) => {
                     self.start_worker(&run);
-                    *self.running.write() = Some(run);
+                    *self.running.write() = Some(run.clone());
+                    self.publish_doorbells(&run, 0..1);
                     if self.config.ready_delay.is_zero() {
                         self.csts.store(Csts(0).with_rdy(true).0, Ordering::Release);
                     } else {
@@ -1059,6 +1077,10 @@ impl Inner {
     fn reset(&self) {
         *self.ready_at.lock() = None;
         let run = self.running.write().take();
+        // (after the running state's lock is let go: a doorbell being handled holds its slot)
+        for slot in self.doorbells.iter() {
+            *slot.write() = None;
+        }
         if let Some(run) = run {
             run.stop.store(true, Ordering::Release);
             run.wake();
@@ -1067,6 +1089,39 @@ impl Inner {
                     log::error!("{}: controller thread panicked", self.config.serial);
                 }
             }
+        }
+    }
+
+    /// Copies the running state's queue table into the doorbells of `qids`: at enable, and
+    /// after an admin command changed the table, before its completion (a host rings only the
+    /// queues it was told exist). The table's lock is let go before a doorbell's is taken.
+    fn publish_doorbells(&self, run: &Arc<Running>, qids: std::ops::Range<usize>) {
+        let entries: Vec<(usize, QueueDoorbell)> = {
+            let t = run.table.read();
+            qids.map(|q| {
+                let doorbell = QueueDoorbell {
+                    run: run.clone(),
+                    sq: t.sqs.get(q).cloned().flatten(),
+                    cq: t.cqs.get(q).cloned().flatten(),
+                    shadow: t.shadow,
+                };
+                (q, doorbell)
+            })
+            .collect()
+        };
+        for (q, doorbell) in entries {
+            if let Some(slot) = self.doorbells.get(q) {
+                *slot.write() = Some(doorbell);
+            }
+        }
+    }
+
+    /// An admin command changed the I/O queues or their shadow doorbells: their doorbells
+    /// follow (unless a reset took the running state meanwhile).
+    pub(super) fn io_queues_changed(&self, run: &Running) {
+        let current = self.running.read().clone();
+        if let Some(current) = current.filter(|r| std::ptr::eq(&**r, run)) {
+            self.publish_doorbells(&current, 1..self.doorbells.len());
         }
     }
 
@@ -1094,27 +1149,30 @@ impl Inner {
         let stride = 4usize << self.config.dstrd;
         let rel = offset - reg::DOORBELLS;
         let (qid, is_cq) = (rel / stride / 2, rel / stride % 2 == 1);
-        let running = self.running.read();
-        let Some(run) = running.as_ref() else {
+        let Some(slot) = self
+            .doorbells
+            .get(qid)
+            .filter(|_| rel.is_multiple_of(stride))
+        else {
+            self.invalid_doorbell(&format!("no doorbell at {offset:#x}"));
+            return;
+        };
+        let slot = slot.read();
+        let Some(QueueDoorbell {
+            run,
+            sq,
+            cq,
+            shadow,
+        }) = slot.as_ref()
+        else {
             self.invalid_doorbell(&format!("doorbell {offset:#x} while disabled"));
             return;
         };
+        let (run, shadow) = (&**run, *shadow);
         if self.halted(run) {
             return;
         }
-        if !rel.is_multiple_of(stride) || qid > self.config.io_queues as usize {
-            self.invalid_doorbell(&format!("no doorbell at {offset:#x}"));
-            return;
-        }
         let qid = qid as u16;
-        let (sq, cq, shadow) = {
-            let t = run.table.read();
-            (
-                t.sqs[qid as usize].clone(),
-                t.cqs[qid as usize].clone(),
-                t.shadow,
-            )
-        };
         let threaded = self.config.threaded() && qid != 0;
         if is_cq {
             let Some(cq) = cq else {
