@@ -8,6 +8,7 @@ mod fabric;
 mod fio;
 mod host;
 mod native;
+mod scale;
 mod spdk;
 mod vm;
 
@@ -32,7 +33,8 @@ pub struct BenchArgs {
     /// kernel), fabric (usnvme serve against the kernel's nvmet-tcp), spdk (same boot as
     /// SPDK; needs --spdk), fio (fio with usnvme's engine against usnvme perf) or
     /// fabric-native (NVMe/TCP on this machine's cores: serve against SPDK's nvmf_tgt, perf
-    /// against spdk_nvme_perf; needs --spdk-target and --spdk-perf).
+    /// against spdk_nvme_perf; needs --spdk-target and --spdk-perf) or scale (one process on
+    /// 1, 2, 4, … cores against separate processes; serve on 1, 2, 4, 8 reactors).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -83,6 +85,7 @@ enum Section {
     Spdk,
     Fio,
     FabricNative,
+    Scale,
 }
 
 /// One host benchmark: what ran and what it measured.
@@ -131,6 +134,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
     let run_fabric = !args.no_vm && only(Section::Fabric);
     let run_fio = !args.no_vm && only(Section::Fio);
+    let run_scale = only(Section::Scale);
     let native_spdk = match (&args.spdk_target, &args.spdk_perf) {
         (Some(t), Some(p)) => Some(native::Spdk::find(t, p, args.spdk_rpc.as_deref())?),
         _ if args.only == Some(Section::FabricNative) => bail!(
@@ -212,6 +216,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
+    let scale = if run_scale {
+        println!("bench: scaling over this machine's cores");
+        Some(scale::run(&usnvme, args.seconds)?)
+    } else {
+        None
+    };
     let native = match &native_spdk {
         Some(spdk) if only(Section::FabricNative) => {
             println!(
@@ -247,6 +257,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
     )?;
     let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
+    scale::section(
+        &mut report,
+        scale.as_ref(),
+        &out.with_file_name("scaling.svg"),
+        "`--only`",
+    )?;
     std::fs::write(&out, report)?;
     println!("bench: wrote {}", out.display());
     Ok(())

@@ -140,7 +140,7 @@ pub struct NativeResults {
 }
 
 /// `a-b` / `a` as the tools take core lists.
-fn list(cores: &[u32]) -> String {
+pub(super) fn list(cores: &[u32]) -> String {
     match (cores.first(), cores.last()) {
         (Some(a), Some(b)) if a != b => format!("{a}-{b}"),
         (Some(a), _) => a.to_string(),
@@ -295,46 +295,13 @@ fn start(
     match target {
         Target::Serve => {
             let devices = format!("sim:0-{}", NAMESPACES - 1);
-            let listen = format!("127.0.0.1:{SERVE_PORT}");
-            let args = [
-                "serve",
-                "-r",
-                &devices,
-                "-c",
-                &list(cores),
-                "--idle",
-                "poll",
-                "--allow-any-host",
-                "--nqn",
-                SERVE_NQN,
-                "--listen",
-                &listen,
-            ];
-            let mut child = Command::new(usnvme)
-                .args(args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("usnvme serve")?;
-            let stdout = child.stdout.take().context("serve's output")?;
-            // it says which hosts may connect once it listens
-            let listening = BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .any(|l| l.starts_with("hosts:"));
+            let (child, command) = start_serve(usnvme, &devices, cores)?;
             let running = Running {
                 child,
                 target,
                 rpc_socket,
             };
-            if !listening {
-                stop(running, spdk);
-                bail!(
-                    "usnvme serve did not start (run `usnvme {}`)",
-                    args.join(" ")
-                );
-            }
-            Ok((running, format!("usnvme {}", args.join(" "))))
+            Ok((running, command))
         }
         Target::NvmfTgt => {
             let _ = std::fs::remove_file(&rpc_socket);
@@ -440,12 +407,7 @@ fn start(
 
 fn stop(mut running: Running, spdk: &Spdk) {
     match running.target {
-        Target::Serve => {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(running.child.id() as i32),
-                nix::sys::signal::Signal::SIGINT,
-            );
-        }
+        Target::Serve => stop_serve(running.child),
         Target::NvmfTgt => {
             let _ = Command::new("python3")
                 .arg(&spdk.rpc)
@@ -454,17 +416,9 @@ fn stop(mut running: Running, spdk: &Spdk) {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+            wait_or_kill(&mut running.child);
         }
     }
-    let since = Instant::now();
-    while since.elapsed() < Duration::from_secs(10) {
-        if running.child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = running.child.kill();
-    let _ = running.child.wait();
 }
 
 /// One initiator run: its command line, and its IOPS or why there are none.
@@ -487,41 +441,26 @@ fn measure(
     let limit = (seconds + 60).to_string();
     match initiator {
         Initiator::UsnvmePerf => {
-            let json = work.join("perf.json");
-            let _ = std::fs::remove_file(&json);
             let remote = format!("tcp://127.0.0.1:{port}/{nqn}");
-            let args = [
-                "perf".to_string(),
-                "-r".into(),
-                remote,
-                "-c".into(),
-                list(cores),
-                "-q".into(),
-                qd.to_string(),
-                "-o".into(),
-                "4k".into(),
-                "-w".into(),
-                "randread".into(),
-                "-t".into(),
-                seconds.to_string(),
-            ];
-            let out = Command::new("timeout")
-                .arg(&limit)
-                .arg(usnvme)
-                .args(&args)
-                .arg("--json")
-                .arg(&json)
-                .output();
-            let figures = std::fs::read_to_string(&json)
-                .ok()
-                .and_then(|j| usnvme_figures(&j));
-            let command = format!("usnvme {}", args.join(" "));
-            let result = match (figures, out) {
-                (Some(f), _) => Ok(f.iops),
-                (None, Ok(o)) => Err(first_error(&String::from_utf8_lossy(&o.stderr))),
-                (None, Err(e)) => Err(e.to_string()),
-            };
-            (command, result)
+            let args: Vec<String> = [
+                "perf",
+                "-r",
+                &remote,
+                "-c",
+                &list(cores),
+                "-q",
+                &qd.to_string(),
+                "-o",
+                "4k",
+                "-w",
+                "randread",
+                "-t",
+                &seconds.to_string(),
+            ]
+            .map(String::from)
+            .into();
+            let result = usnvme_perf(usnvme, &args, &work.join("perf.json"), seconds);
+            (format!("usnvme {}", args.join(" ")), result)
         }
         Initiator::SpdkPerf => {
             let trid =
@@ -560,6 +499,95 @@ fn measure(
             };
             (command, result)
         }
+    }
+}
+
+/// `usnvme serve` exporting `devices` on `cores` (polling, any host) at [`serve_address`],
+/// once it listens; its command line.
+pub(super) fn start_serve(usnvme: &Path, devices: &str, cores: &[u32]) -> Result<(Child, String)> {
+    let listen = format!("127.0.0.1:{SERVE_PORT}");
+    let args = [
+        "serve",
+        "-r",
+        devices,
+        "-c",
+        &list(cores),
+        "--idle",
+        "poll",
+        "--allow-any-host",
+        "--nqn",
+        SERVE_NQN,
+        "--listen",
+        &listen,
+    ];
+    let mut child = Command::new(usnvme)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("usnvme serve")?;
+    let stdout = child.stdout.take().context("serve's output")?;
+    // it says which hosts may connect once it listens
+    let listening = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("hosts:"));
+    if !listening {
+        stop_serve(child);
+        bail!(
+            "usnvme serve did not start (run `usnvme {}`)",
+            args.join(" ")
+        );
+    }
+    Ok((child, format!("usnvme {}", args.join(" "))))
+}
+
+/// The subsystem [`start_serve`] exports.
+pub(super) fn serve_address() -> String {
+    format!("tcp://127.0.0.1:{SERVE_PORT}/{SERVE_NQN}")
+}
+
+/// Stops a target `usnvme serve` (SIGINT; killed after 10 s).
+pub(super) fn stop_serve(mut child: Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+    wait_or_kill(&mut child);
+}
+
+fn wait_or_kill(child: &mut Child) {
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(10) {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs `usnvme ARGS --json JSON` (at most `seconds` + 60 s): its IOPS, or why there are none.
+pub(super) fn usnvme_perf(
+    usnvme: &Path,
+    args: &[String],
+    json: &Path,
+    seconds: u32,
+) -> std::result::Result<f64, String> {
+    let _ = std::fs::remove_file(json);
+    let out = Command::new("timeout")
+        .arg((seconds + 60).to_string())
+        .arg(usnvme)
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output();
+    let figures = std::fs::read_to_string(json)
+        .ok()
+        .and_then(|j| usnvme_figures(&j));
+    match (figures, out) {
+        (Some(f), _) => Ok(f.iops),
+        (None, Ok(o)) => Err(first_error(&String::from_utf8_lossy(&o.stderr))),
+        (None, Err(e)) => Err(e.to_string()),
     }
 }
 
