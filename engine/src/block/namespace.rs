@@ -217,7 +217,9 @@ impl BlockDevice for NamespaceDevice {
             block_shift: self.info.block_size.trailing_zeros(),
             block_mask: (1u64 << self.info.block_size.trailing_zeros()) - 1,
             info: self.info.clone(),
-            name: self.name.clone(),
+            // a copy of its own: an error that names the device (a full queue: Busy) touches
+            // this reactor's reference count, not one every reactor on the device shares
+            name: Arc::from(&*self.name),
             splits: SplitIos::new(capacity),
             now_ns: 0,
             moves_metadata,

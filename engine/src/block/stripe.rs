@@ -167,7 +167,9 @@ impl BlockDevice for StripeDevice {
             members,
             chunk: self.chunk,
             info: self.info.clone(),
-            name: self.name.clone(),
+            // a copy of its own: an error that names the device (a full queue: Busy) touches
+            // this reactor's reference count, not one every reactor on the device shares
+            name: Arc::from(&*self.name),
             splits: SplitIos::new(capacity.max(1)),
             now_ns: 0,
         }))
