@@ -875,3 +875,34 @@ fn a_device_added_while_its_controller_is_slow_to_create_queues_stops_no_other_d
     run.wait().expect("reactors");
     assert_eq!(failed.load(Relaxed), 0);
 }
+
+/// Says, at its end, which devices were found gone.
+struct SeesRemoved;
+
+impl Job for SeesRemoved {
+    type Output = Vec<Option<String>>;
+
+    fn turn(&mut self, _ctx: &mut ReactorContext) -> bool {
+        false
+    }
+
+    fn finish(self, ctx: &mut ReactorContext) -> Self::Output {
+        ctx.devices
+            .iter()
+            .map(|d| d.removed().map(String::from))
+            .collect()
+    }
+}
+
+#[test]
+fn a_drive_removed_before_its_reactor_has_queues_fails_alone() {
+    let (drives, sims) = sim_drives(2, "4M");
+    let engine = one_core_engine(drives);
+    // gone after attach, before the reactor creates its queue pairs
+    sims[1].remove();
+    let run = engine
+        .start(engine.namespaces(), |_| SeesRemoved)
+        .expect("the run starts without it");
+    let results = run.wait().expect("reactors");
+    assert_eq!(results[0].output, [None, Some("sim:1 is gone".to_string())]);
+}

@@ -104,8 +104,8 @@ impl DeviceChannel {
         }
         if !matches!(self.channel, Channel::Gone(_)) {
             self.channel = Channel::Gone(Arc::from(format!("{}: {why}", self.name)));
-            self.removed.get_or_insert_with(|| Arc::from(why));
         }
+        self.removed.get_or_insert_with(|| Arc::from(why));
         true
     }
 

@@ -224,11 +224,18 @@ pub(super) fn reactor<J: Job>(
     let clock = ReactorClock::new();
     // the reactor's I/O queues, one per controller: its channels share them
     let mut queues = Queues::new();
+    // each device's channel, and why it is gone if it went before it had one
     let mut channels = Vec::with_capacity(setup.info.devices.len());
     for &i in &setup.info.devices {
         let device = &setup.devices[i];
         match device.channel(&mut queues, &setup.channel) {
-            Ok(c) => channels.push(c),
+            Ok(c) => channels.push((c, None)),
+            // removed while the run was set up: it fails alone, as one removed while it runs
+            Err(e @ usnvme_driver::Error::Gone { .. }) => {
+                log::error!("{}: {e}: no I/O to it", device.info().name);
+                let why = format!("{} is gone", device.info().name);
+                channels.push((Channel::Gone(Arc::from(e.to_string())), Some(why)));
+            }
             Err(e) => {
                 let what = format!("{}: {e}", device.info().name);
                 let _ = ready.send(Err(EngineError::Reactor { cpu, what }));
@@ -239,14 +246,14 @@ pub(super) fn reactor<J: Job>(
     let queue_count = queues.len();
     queues.release();
     let mut devices = Vec::with_capacity(channels.len());
-    for (&i, channel) in setup.info.devices.iter().zip(channels) {
+    for (&i, (channel, gone)) in setup.info.devices.iter().zip(channels) {
         let device = &setup.devices[i];
         let controllers = device
             .drives()
             .iter()
             .filter_map(|&d| setup.controllers.get(d).cloned())
             .collect();
-        devices.push(DeviceChannel::new(
+        let mut added = DeviceChannel::new(
             i,
             device,
             channel.settle(),
@@ -254,7 +261,11 @@ pub(super) fn reactor<J: Job>(
             setup.info.memory_node,
             &clock,
             &setup.channel,
-        ));
+        );
+        if let Some(why) = gone {
+            added.close(&why);
+        }
+        devices.push(added);
     }
     let wait = Wait::new()
         .map_err(|e| format!("epoll: {e}"))

@@ -89,7 +89,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             p.io_size = point.block_size;
             p.random = point.pattern.is_random();
             p.read_pct = if point.pattern.is_read() { 100 } else { 0 };
-            let m = session.measure(&p, None, false)?;
+            let m = session.measure(&p, None, false, None)?;
             m.verdict()?;
             let result = point_result(&m.rows, point.pattern.is_read());
             // a point that Ctrl-C cut short is not a full point: left out
@@ -132,7 +132,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<()> {
     let run = session.settings.run.clone();
     let read = run.read_pct >= 50;
-    let peak = point_result(&session.measure(&run, None, false)?.rows, read);
+    let peak = point_result(&session.measure(&run, None, false, None)?.rows, read);
     writeln!(out, "peak: {:.0} IOPS", peak.iops)?;
     writeln!(
         out,
@@ -144,7 +144,7 @@ fn latency_curve(session: &Session, args: &Args, out: &mut dyn Write) -> Result<
         if crate::signals::received().is_some() {
             anyhow::bail!("interrupted");
         }
-        let m = session.measure(&run, step, false)?;
+        let m = session.measure(&run, step, false, None)?;
         m.verdict()?;
         let r = point_result(&m.rows, read);
         let target = step.map_or("max".to_string(), |s| s.to_string());

@@ -249,11 +249,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         Some(d) => format!("for {} s", d.as_secs()),
         None => format!("{} I/Os per device and core", run.io_count.unwrap_or(0)),
     };
-    eprintln!(
+    let announce = format!(
         "usnvme perf: {} device(s) on {cores} core(s): measuring {length}",
         session.devices.len()
     );
-    let m = session.measure(&run, args.rate, true)?;
+    let m = session.measure(&run, args.rate, true, Some(&announce))?;
     out.write_all(report::table(&m.rows, args.latency).as_bytes())?;
     out.write_all(report::errors(&m.rows).as_bytes())?;
     if let Some(line) = m.reset_line() {

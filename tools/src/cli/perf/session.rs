@@ -284,12 +284,15 @@ impl Session {
     }
 
     /// Runs `spec` on every reactor, capped at `rate` IOPS in total, and collects its rows.
-    /// `live`: the one-line progress on a terminal.
+    /// `live`: the one-line progress on a terminal. `announce`: a line for standard error once
+    /// every reactor has its queues and runs (what a test or a person waits for to act on a
+    /// run under way).
     pub(crate) fn measure(
         &self,
         spec: &RunSpec,
         rate: Option<u64>,
         live: bool,
+        announce: Option<&str>,
     ) -> Result<Measured> {
         let assignment = self.engine.assign(&self.devices)?;
         let pairs: usize = assignment.serving.iter().map(Vec::len).sum();
@@ -314,6 +317,9 @@ impl Session {
         // The reactors start their jobs as `start` returns: the measurement begins after the
         // warm-up from now.
         let measure_from = Instant::now() + spec.warmup;
+        if let Some(line) = announce {
+            eprintln!("{line}");
+        }
         // Side actions at a time into the measurement; dropping `cancel` ends those not yet due.
         let (cancel, cancelled) = mpsc::channel::<()>();
         let controllers: Vec<Controller> = self
