@@ -312,12 +312,8 @@ pub fn section(
         }
     }
     if let Some(s) = r.serve.last() {
-        writeln!(
-            m,
-            "- `{}` (serve on cores 0-{})",
-            s.command,
-            s.target_cores - 1
-        )?;
+        let target: Vec<u32> = (0..s.target_cores as u32).collect();
+        writeln!(m, "- `{}` (serve on cores {})", s.command, list(&target))?;
     }
     chart_svg(r, chart)
 }
