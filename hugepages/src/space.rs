@@ -99,6 +99,9 @@ pub struct IovaSpace {
     /// is brought up to date only when this moved, so that reading one is a load of a line
     /// written by map and unmap alone, not a lock and a reference count every user shares.
     changes: AtomicU64,
+    /// Snapshots taken ([`IovaSpace::memory`], [`IovaSpace::view`]): each one a lock and a
+    /// shared reference count; a software controller takes none per command.
+    snapshots: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -118,6 +121,7 @@ impl IovaSpace {
             mapper,
             state,
             changes: AtomicU64::new(0),
+            snapshots: AtomicU64::new(0),
         })
     }
 
@@ -184,11 +188,18 @@ impl IovaSpace {
     /// SGL translation). A snapshot keeps its regions' pages mapped in this process, but a region
     /// unmapped since may still appear in it: take a fresh one per command.
     pub fn memory(&self) -> Arc<GuestMemoryMmap> {
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
         Arc::clone(&self.state.lock().memory)
+    }
+
+    /// How many snapshots were taken so far (memory and views).
+    pub fn snapshots(&self) -> u64 {
+        self.snapshots.load(Ordering::Relaxed)
     }
 
     /// A [`MemoryView`] of everything mapped now.
     pub fn view(&self) -> MemoryView {
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
         let state = self.state.lock();
         MemoryView {
             seen: self.changes.load(Ordering::Relaxed),

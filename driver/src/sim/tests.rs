@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use usnvme_hugepages::{BufferPool, DmaBuffer, DmaRegion, Memory, PageSize};
+use usnvme_hugepages::{BufferPool, DmaBuffer, DmaRegion, Memory, NoIommu, PageSize};
 use vm_memory::Bytes;
 
 use super::*;
@@ -2838,4 +2838,38 @@ fn a_queue_pair_opened_at_once_creates_its_queues_by_its_polls_and_then_moves_da
     r.read_into(&mut back, 0).expect("read back");
     assert!(back == data, "the block read back differs");
     assert_eq!(ctrl.resets(), 0);
+}
+
+#[test]
+fn doorbells_translate_without_a_snapshot_of_the_iova_space_per_command() {
+    // a space of its own: the shared one changes as other tests map and unmap
+    let space = IovaSpace::new(Arc::new(NoIommu));
+    let sim = SimController::new(ram(512, 1024), space.clone());
+    let irq = Some(sim.clone() as Arc<dyn Interrupts>);
+    let ctrl = Controller::init(
+        "sim:s".into(),
+        sim,
+        irq,
+        space.clone(),
+        None,
+        None,
+        options(),
+    )
+    .expect("bring-up");
+    let mut qp = queue(&ctrl, 16);
+    let mut buffers = BufferPool::new(&space, 4096, 1, PageSize::Small4K, None).expect("pool");
+    let buf = buffers.alloc().expect("buffer");
+    // the queue pair's first doorbells take its view
+    assert!(run(&mut qp, |q| q.write(NSID, 3, span(&buf, 0, 4096), 7)).is_success());
+    let before = space.snapshots();
+    for lba in 0..1000 {
+        let st = run(&mut qp, |q| q.read(NSID, lba % 1024, span(&buf, 0, 512), 7));
+        assert!(st.is_success(), "{st}");
+    }
+    assert_eq!(
+        space.snapshots(),
+        before,
+        "a lock and a shared count per command"
+    );
+    buffers.free(buf).expect("own");
 }
