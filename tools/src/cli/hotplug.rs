@@ -1,7 +1,7 @@
 //! Drives bound to vfio-pci while a command runs (a drive hot added, then `usnvme setup bind`,
 //! or one handed over): the one watcher `perf --hotplug` and `serve` use. It reads the
-//! kernel's device events and brings each new NVMe controller up once; what becomes of it is
-//! the command's.
+//! kernel's device events and brings each NVMe controller bound there up; what becomes of it
+//! is the command's. A drive removed and bound again is a new controller, brought up again.
 
 use std::time::Duration;
 
@@ -17,7 +17,6 @@ pub const LOOK_EVERY: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct Binds {
     events: UeventSocket,
-    seen: Vec<PciAddress>,
 }
 
 /// A controller bound to vfio-pci: brought up, or why it could not be.
@@ -29,14 +28,11 @@ pub enum Bound {
 
 impl Binds {
     pub fn new(events: UeventSocket) -> Binds {
-        Binds {
-            events,
-            seen: Vec::new(),
-        }
+        Binds { events }
     }
 
     /// Waits at most [`LOOK_EVERY`] for an NVMe controller bound to vfio-pci that `known`
-    /// does not have, and brings it up (each address once). `Ok(None)`: none came; an error:
+    /// does not have (one it serves now), and brings it up. `Ok(None)`: none came; an error:
     /// the events cannot be read any more (the caller says so and watches no more).
     pub fn next(
         &mut self,
@@ -47,10 +43,9 @@ impl Binds {
             Some(PciEvent::BoundToVfio(addr)) => addr,
             _ => return Ok(None),
         };
-        if known(addr) || self.seen.contains(&addr) {
+        if known(addr) {
             return Ok(None);
         }
-        self.seen.push(addr);
         let spec = DeviceSpec::Pci(addr);
         Ok(Some(
             match opener.open(&spec, ControllerOptions::default()) {
