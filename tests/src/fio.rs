@@ -17,6 +17,80 @@ pub fn engine() -> PathBuf {
     path
 }
 
+/// The `usnvme` command (`USNVME_BIN`, set by `cargo xtask ci`): the targets fio's remote
+/// jobs run against.
+pub fn usnvme() -> PathBuf {
+    let path = std::env::var_os("USNVME_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("USNVME_BIN is not set: build usnvme (cargo build -p usnvme-tools) and set it to target/debug/usnvme")
+    });
+    assert!(path.is_file(), "{} is not there", path.display());
+    path
+}
+
+/// `usnvme serve` on a `sim:` drive that keeps data, over 127.0.0.1, allowing only `host`;
+/// its log (connections at info level) goes to a file. Killed when dropped.
+#[derive(Debug)]
+pub struct Target {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Target {
+    pub fn start(dir: &Path, nqn: &str, host: &str) -> Target {
+        use std::io::{BufRead, BufReader};
+        std::fs::create_dir_all(dir).expect("the target's folder");
+        let log = dir.join("serve.log");
+        let log_file = std::fs::File::create(&log).expect("serve's log");
+        let mut child = Command::new(usnvme())
+            .args(["serve", "-r", "sim:0,backend=ram,size=64M", "-c", "0"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--nqn",
+                nqn,
+                "--allow-host",
+                host,
+            ])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run usnvme serve: {e}"));
+        let stdout = child.stdout.take().expect("piped");
+        // serve says where it listens, then which hosts it allows: ready
+        let mut addr = None;
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                addr = addr.or(rest.split_whitespace().next().and_then(|a| a.parse().ok()));
+            }
+            if line.starts_with("hosts:") {
+                break;
+            }
+        }
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("usnvme serve never said where it listens:\n{log}");
+        };
+        Target { child, addr, log }
+    }
+
+    /// What serve logged so far.
+    pub fn logged(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// What a fio run gave: its exit status, its error output, and its JSON report.
 #[derive(Debug)]
 pub struct FioRun {

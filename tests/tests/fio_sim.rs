@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use usnvme_tests::fio::{
-    self, assert_clients_add_up, assert_three_jobs, job_error, three_jobs, FioServer,
+    self, assert_clients_add_up, assert_three_jobs, job_error, three_jobs, FioServer, Target,
 };
 
 fn dir(test: &str) -> PathBuf {
@@ -100,6 +100,53 @@ fn two_fio_servers_report_to_one_client_whose_aggregate_is_their_sum() {
     assert!(ios > 0);
 }
 
+#[test]
+#[ignore = "fio: needs the engine (cargo xtask fio-engine); cargo xtask ci runs it"]
+fn a_job_mixes_a_local_drive_and_a_remote_subsystem_reached_as_its_host_with_digests() {
+    const NQN: &str = "nqn.2024-01.io.usnvme:fio-mixed";
+    // the only host the target allows
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9";
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-4333-8444-555555555555";
+    let dir = dir("mixed");
+    let target = Target::start(&dir, NQN, HOST);
+    let remote = format!(
+        "tcp\\://127.0.0.1\\:{}/{}",
+        target.addr.port(),
+        NQN.replace(':', "\\:")
+    );
+    let job = |host: &str| {
+        format!(
+            "{}[mixed]\nfilename=sim\\:1,backend=ram:{remote}\nhostnqn={host}\nhdr_digest=1\n\
+             data_digest=1\nkeep_alive_tmo=2\nreconnect_delay=1\nctrl_loss_tmo=0\n\
+             rw=randwrite\niodepth=8\nsize=8m\nverify=crc32c\n",
+            global("")
+        )
+    };
+    let run = fio::run(&dir, "mixed", &job(HOST), &[]);
+    assert!(run.ok, "{}\n{:#}", run.stderr, run.report);
+    let j = run.job("mixed");
+    assert_eq!(job_error(j), 0, "{j:#}");
+    // 4 MiB on each file, written and read back verified
+    assert_eq!(fio::io_bytes(j, "write"), 8 << 20, "{j:#}");
+    assert_eq!(fio::io_bytes(j, "read"), 8 << 20, "{j:#}");
+    let logged = target.logged();
+    assert!(
+        logged.contains(&format!("host {HOST} connected (controller"))
+            && logged.contains("header and data digests)"),
+        "the target saw no host {HOST} with both digests:\n{logged}"
+    );
+    // another host NQN: the target refuses it, and the job says which host and why
+    let refused = fio::run(&dir, "other-host", &job(OTHER), &[]);
+    assert!(!refused.ok, "fio ran: {:#}", refused.report);
+    assert!(
+        refused
+            .stderr
+            .contains(&format!("does not allow host {OTHER}")),
+        "{}",
+        refused.stderr
+    );
+}
+
 /// Runs a one-line job and returns fio's error output; fio must fail.
 fn refused(test: &str, job: &str, args: &[&str]) -> String {
     let run = fio::run(&dir(test), test, job, args);
@@ -133,6 +180,8 @@ fn bad_jobs_get_fios_error_path_with_one_line_saying_what_is_wrong() {
     assert!(ns.contains("choose one with ' ns=N'"), "{ns}");
     let absent = refused("absent", &one("thread=1", "sim\\:0 ns=7"), &[]);
     assert!(absent.contains("namespace 7 is not active"), "{absent}");
+    let nqn = refused("hostnqn", &one("thread=1\nhostnqn=host-a", "sim\\:0"), &[]);
+    assert!(nqn.contains("fio: usnvme: hostnqn=host-a: "), "{nqn}");
     let gone = refused("gone", &one("thread=1", "0000.7f.1f.7"), &[]);
     assert!(gone.contains("fio: usnvme: 0000:7f:1f.7"), "{gone}");
 }

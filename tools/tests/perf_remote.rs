@@ -648,6 +648,10 @@ fn two_path_args<'a>(a: &'a str, b: &'a str, extra: &[&'a str]) -> Vec<&'a str> 
         "-w",
         "randrw",
         "--verify",
+        // 64 blocks: reads soon find blocks this run wrote, however short a loaded machine
+        // makes the run (over 16 MiB, 190 reads once verified none)
+        "--size",
+        "256k",
     ];
     args.extend(extra);
     args

@@ -64,7 +64,8 @@ pub fn run() -> Result<()> {
 }
 
 /// `ci: the fio engine`: builds it for the installed fio (and one for a fio that does not exist,
-/// which must be refused), then runs the fio suites that need no VM (`tests/tests/fio_sim.rs`).
+/// which must be refused), then runs the fio suites that need no VM (`tests/tests/fio_sim.rs`,
+/// against `usnvme serve` for the remote jobs).
 fn fio_engine_step(root: &Path) -> Result<()> {
     let step = "ci: the fio engine on sim drives";
     let t = Instant::now();
@@ -87,6 +88,8 @@ fn fio_engine_step(root: &Path) -> Result<()> {
                 "--ignored",
             ])
             .env("USNVME_FIO_ENGINE", &engine.library)
+            // built by the fio-plot step: the remote subsystem's target
+            .env("USNVME_BIN", crate::target_dir().join("debug/usnvme"))
             .env("USNVME_FIO_ENGINE_OTHER_VERSION", &other)
             .current_dir(root),
         "fix the failing tests above (tools/fio)",

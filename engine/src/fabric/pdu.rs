@@ -120,6 +120,18 @@ pub struct Digests {
     pub data: bool,
 }
 
+/// As a person reads it: "no digests", "header digest", "header and data digests".
+impl std::fmt::Display for Digests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match (self.header, self.data) {
+            (false, false) => "no digests",
+            (true, false) => "header digest",
+            (false, true) => "data digest",
+            (true, true) => "header and data digests",
+        })
+    }
+}
+
 impl Digests {
     /// From the ICReq/ICResp DGST field.
     pub fn from_bits(bits: u8) -> Digests {

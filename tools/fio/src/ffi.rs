@@ -7,6 +7,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
+use usnvme_engine::fabric::address::check_nqn;
+use usnvme_engine::fabric::pdu::Digests;
+use usnvme_engine::transport::ReconnectPolicy;
 use usnvme_engine::{BlockDevice, Op};
 
 use crate::job::{self, Done, Job, Queued};
@@ -49,19 +52,69 @@ fn write_str(out: Option<&mut [u8]>, s: &str) {
     out[n] = 0;
 }
 
+/// The engine's options of a job (`struct usnvme_remote_options` in shim.c, filled from fio's
+/// `hostnqn=`, `hdr_digest=`, … as fio parsed them within their ranges).
+#[repr(C)]
+#[derive(Debug)]
+pub struct RemoteOptions {
+    /// NUL-terminated; NULL or empty: this machine's host NQN.
+    pub hostnqn: *const c_char,
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+    /// Seconds; 0: no Keep Alive.
+    pub keep_alive_tmo: u32,
+    /// Seconds.
+    pub reconnect_delay: u32,
+    /// Seconds; 0: give up at once, -1: never.
+    pub ctrl_loss_tmo: i32,
+}
+
+impl RemoteOptions {
+    /// How the job's remote subsystems are reached; a host NQN that is not one is an error.
+    ///
+    /// # Safety
+    /// `hostnqn` is NULL or a NUL-terminated string.
+    unsafe fn host(&self) -> Result<registry::RemoteHost, String> {
+        let nqn = if self.hostnqn.is_null() {
+            None
+        } else {
+            // SAFETY: NUL-terminated (this function's contract).
+            let nqn = unsafe { CStr::from_ptr(self.hostnqn) }.to_string_lossy();
+            Some(nqn.into_owned()).filter(|n| !n.is_empty())
+        };
+        if let Some(nqn) = &nqn {
+            check_nqn(nqn).map_err(|e| {
+                format!("hostnqn={nqn}: {e} (example: nqn.2014-08.org.nvmexpress:uuid:UUID)")
+            })?;
+        }
+        Ok(registry::RemoteHost {
+            nqn,
+            digests: Digests {
+                header: self.hdr_digest,
+                data: self.data_digest,
+            },
+            keep_alive_tmo_s: self.keep_alive_tmo,
+            reconnect: ReconnectPolicy::from_secs(self.reconnect_delay, self.ctrl_loss_tmo),
+        })
+    }
+}
+
 /// Opens the files `names[..count]` of a job. `bs[..bs_count]` are the job's block sizes (fio's
 /// bs, each direction's smallest and largest; 0 where unused): each must be a multiple of every
-/// file's block size. Fills `sizes[i]` with file i's size in bytes. NULL on error.
+/// file's block size. Remote subsystems are reached as `remote` says (NULL: as Linux's host
+/// by default). Fills `sizes[i]` with file i's size in bytes. NULL on error.
 ///
 /// # Safety
 /// `names` holds `count` NUL-terminated strings; `sizes` has room for `count` values; `bs`
-/// holds `bs_count` values; `err` has `err_len` bytes.
+/// holds `bs_count` values; `remote` is NULL or valid as [`RemoteOptions::host`] says; `err`
+/// has `err_len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn usnvme_fio_files_open(
     names: *const *const c_char,
     count: usize,
     bs: *const u64,
     bs_count: usize,
+    remote: *const RemoteOptions,
     sizes: *mut u64,
     err: *mut c_char,
     err_len: usize,
@@ -78,7 +131,13 @@ pub unsafe extern "C" fn usnvme_fio_files_open(
             .collect();
         // SAFETY: per this function's contract.
         let bs = unsafe { std::slice::from_raw_parts(bs, bs_count) };
-        let files = Files(registry::open(&names)?);
+        // SAFETY: NULL or valid (the contract).
+        let host = match unsafe { remote.as_ref() } {
+            // SAFETY: its string is NULL or NUL-terminated (the contract).
+            Some(remote) => unsafe { remote.host() }?,
+            None => registry::RemoteHost::default(),
+        };
+        let files = Files(registry::open(&names, &host)?);
         for d in &files.0 {
             let info = d.info();
             let block = u64::from(info.block_size.max(1));

@@ -81,8 +81,8 @@ impl Job {
             .find(|d| !Arc::ptr_eq(&d.dma().space, &dma.space))
         {
             return Err(format!(
-                "{} and {} cannot share one job's I/O buffers (local drives and remote \
-                 subsystems need memory of their own): put them in separate jobs",
+                "{} and {} cannot share one job's I/O buffers (simulated drives and drives on \
+                 vfio-pci have DMA memory of their own): put them in separate jobs",
                 first.info().name,
                 other.info().name
             ));

@@ -2,6 +2,11 @@
 //! process, and a drive on vfio-pci can be opened once per process: the jobs share each
 //! controller, attached the first time a job names it, and each job makes its own I/O queues on
 //! it ([`crate::job`]). The last job to finish shuts the controllers down.
+//!
+//! A remote subsystem is attached once per host identity and DMA space that jobs ask for it
+//! with: jobs with other engine options (`hostnqn=`, digests, timeouts) get an association of
+//! their own, and a job that mixes it with local drives one whose I/O buffers are in the local
+//! drives' IOVA space (the transport reads and writes them through that space).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +17,8 @@ use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::block::remote::RemoteSubsystem;
 use usnvme_engine::block::DmaTarget;
 use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::identity::host_identity;
+use usnvme_engine::fabric::identity::{host_id_for, host_identity};
+use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::transport::tcp::HostOptions;
 use usnvme_engine::transport::{DeviceName, ReconnectPolicy};
 use usnvme_engine::{BlockDevice, NamespaceDevice};
@@ -20,8 +26,6 @@ use usnvme_hugepages::{IovaSpace, NoIommu, PageSize};
 
 use crate::name::FileName;
 
-/// Keep Alive Timeout asked of remote controllers, as Linux's host asks by default.
-const REMOTE_KATO_MS: u32 = 5000;
 /// I/O queues asked of a remote controller: one per job that uses it, as many as it grants.
 const REMOTE_IO_QUEUES: u16 = 64;
 
@@ -31,8 +35,51 @@ static ATTACHED: Mutex<Option<Attached>> = Mutex::new(None);
 /// one subsystem share its queue to it).
 struct Remote {
     address: TcpAddress,
+    host: RemoteHost,
+    space: Arc<IovaSpace>,
     subsystem: RemoteSubsystem,
     devices: Vec<Arc<dyn BlockDevice>>,
+}
+
+/// How a job's remote subsystems are reached: the engine's options of the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteHost {
+    /// Host NQN; `None`: this machine's (`/etc/nvme/hostnqn`, else one from the machine ID).
+    pub nqn: Option<String>,
+    pub digests: Digests,
+    /// Keep Alive Timeout asked of the target; 0: none.
+    pub keep_alive_tmo_s: u32,
+    pub reconnect: ReconnectPolicy,
+}
+
+/// As Linux's host (and `usnvme perf`) has them: a 5 s Keep Alive, reconnects every 10 s for
+/// 600 s.
+impl Default for RemoteHost {
+    fn default() -> Self {
+        RemoteHost {
+            nqn: None,
+            digests: Digests::default(),
+            keep_alive_tmo_s: 5,
+            reconnect: ReconnectPolicy::default(),
+        }
+    }
+}
+
+impl RemoteHost {
+    /// The transport's options: this host's identity, its digests and Keep Alive.
+    fn options(&self) -> Result<HostOptions, String> {
+        let (host_nqn, host_id) = match &self.nqn {
+            Some(nqn) => (nqn.clone(), host_id_for(nqn)),
+            None => host_identity(Path::new("/"))?,
+        };
+        Ok(HostOptions {
+            host_nqn,
+            host_id,
+            digests: self.digests,
+            kato_ms: self.keep_alive_tmo_s.saturating_mul(1000),
+            ..HostOptions::default()
+        })
+    }
 }
 
 /// What this process attached.
@@ -42,15 +89,16 @@ struct Attached {
     /// Local controllers; the index is the engine's drive number (queues are shared by it).
     local: Vec<(DeviceSpec, Controller)>,
     remote: Vec<Remote>,
-    /// Remote subsystems' I/O buffers: ordinary memory, read and written only by the socket.
+    /// I/O buffers of jobs with remote subsystems only: ordinary memory, read and written only
+    /// by the socket.
     remote_dma: DmaTarget,
     /// Jobs that opened files and have not finished.
     jobs: usize,
 }
 
 /// The block devices of a job's files (fio's names, in order), attaching what no job has yet;
-/// counts the job in until [`release`].
-pub fn open(names: &[String]) -> Result<Vec<Arc<dyn BlockDevice>>, String> {
+/// counts the job in until [`release`]. Remote subsystems are reached as `host` says.
+pub fn open(names: &[String], host: &RemoteHost) -> Result<Vec<Arc<dyn BlockDevice>>, String> {
     let files: Vec<FileName> = names.iter().map(|n| n.parse()).collect::<Result<_, _>>()?;
     let mut guard = ATTACHED.lock();
     let attached = guard.get_or_insert_with(|| Attached {
@@ -64,11 +112,15 @@ pub fn open(names: &[String]) -> Result<Vec<Arc<dyn BlockDevice>>, String> {
         },
         jobs: 0,
     });
-    attached.attach(&files)?;
+    let dma = attached.attach(&files, host)?;
     let devices = files
         .iter()
         .zip(names)
-        .map(|(f, name)| attached.device(f).map_err(|e| format!("{name}: {e}")))
+        .map(|(f, name)| {
+            attached
+                .device(f, host, &dma.space)
+                .map_err(|e| format!("{name}: {e}"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     attached.jobs += 1;
     Ok(devices)
@@ -91,8 +143,10 @@ pub fn release() {
 }
 
 impl Attached {
-    /// Attaches the controllers of `files` not attached yet: local ones all at once.
-    fn attach(&mut self, files: &[FileName]) -> Result<(), String> {
+    /// Attaches the controllers of `files` not attached yet: local ones all at once, then
+    /// remote ones in the DMA space of the job's first local drive (else memory of their
+    /// own), which it returns.
+    fn attach(&mut self, files: &[FileName], host: &RemoteHost) -> Result<DmaTarget, String> {
         let mut specs: Vec<DeviceSpec> = Vec::new();
         for f in files {
             if let DeviceName::Local(spec) = &f.controller {
@@ -106,31 +160,62 @@ impl Attached {
             let drive = drive.map_err(|e| e.to_string())?;
             self.local.push((drive.spec, drive.controller));
         }
+        let first_local = files.iter().find_map(|f| match &f.controller {
+            DeviceName::Local(spec) => self.local.iter().find(|(s, _)| s == spec),
+            DeviceName::Remote(_) => None,
+        });
+        let dma = match first_local {
+            Some((_, controller)) => DmaTarget {
+                space: controller.iova_space().clone(),
+                page: controller.page_size(),
+            },
+            None => self.remote_dma.clone(),
+        };
         for f in files {
             if let DeviceName::Remote(address) = &f.controller {
-                if !self.remote.iter().any(|r| r.address == *address) {
+                if self.remote(address, host, &dma.space).is_none() {
                     let subsystem = RemoteSubsystem::attach(
                         address,
-                        &host_options()?,
-                        ReconnectPolicy::default(),
+                        &host.options()?,
+                        host.reconnect,
                         REMOTE_IO_QUEUES,
-                        self.remote_dma.clone(),
+                        dma.clone(),
                     )
                     .map_err(|e| format!("{address}: {e}"))?;
                     let devices = subsystem.devices(None).unwrap_or_default();
                     self.remote.push(Remote {
                         address: address.clone(),
+                        host: host.clone(),
+                        space: dma.space.clone(),
                         subsystem,
                         devices,
                     });
                 }
             }
         }
-        Ok(())
+        Ok(dma)
     }
 
-    /// The namespace `file` names, on its attached controller.
-    fn device(&self, file: &FileName) -> Result<Arc<dyn BlockDevice>, String> {
+    /// Remote subsystem `address` as attached for `host` in `space`.
+    fn remote(
+        &self,
+        address: &TcpAddress,
+        host: &RemoteHost,
+        space: &Arc<IovaSpace>,
+    ) -> Option<&Remote> {
+        self.remote
+            .iter()
+            .find(|r| r.address == *address && r.host == *host && Arc::ptr_eq(&r.space, space))
+    }
+
+    /// The namespace `file` names, on its attached controller (a remote one as attached for
+    /// `host` in `space`).
+    fn device(
+        &self,
+        file: &FileName,
+        host: &RemoteHost,
+        space: &Arc<IovaSpace>,
+    ) -> Result<Arc<dyn BlockDevice>, String> {
         match &file.controller {
             DeviceName::Local(spec) => {
                 let (drive, ctrl) = self
@@ -147,9 +232,7 @@ impl Attached {
             }
             DeviceName::Remote(address) => {
                 let remote = self
-                    .remote
-                    .iter()
-                    .find(|r| r.address == *address)
+                    .remote(address, host, space)
                     .ok_or_else(|| format!("{address} is not attached"))?;
                 let nsids = remote.subsystem.nsids();
                 let nsid = choose(file.nsid, &nsids)?;
@@ -184,17 +267,6 @@ fn choose(wanted: Option<u32>, nsids: &[u32]) -> Result<u32, String> {
             list()
         )),
     }
-}
-
-/// This host's identity (as `usnvme perf` and nvme-cli have it) and a Keep Alive.
-fn host_options() -> Result<HostOptions, String> {
-    let (host_nqn, host_id) = host_identity(Path::new("/"))?;
-    Ok(HostOptions {
-        host_nqn,
-        host_id,
-        kato_ms: REMOTE_KATO_MS,
-        ..HostOptions::default()
-    })
 }
 
 #[cfg(test)]

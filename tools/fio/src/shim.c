@@ -11,12 +11,14 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fio.h"
+#include "optgroup.h"
 
 #define ERR_LEN 512
 
@@ -27,10 +29,21 @@ struct usnvme_done {
 	bool failed;
 };
 
+/* How a job reaches remote subsystems (tools/fio/src/ffi.rs RemoteOptions). */
+struct usnvme_remote_options {
+	const char *hostnqn; /* NULL or empty: this machine's */
+	bool hdr_digest;
+	bool data_digest;
+	uint32_t keep_alive_tmo;
+	uint32_t reconnect_delay;
+	int32_t ctrl_loss_tmo;
+};
+
 /* tools/fio/src/ffi.rs */
 struct usnvme_files *usnvme_fio_files_open(const char **names, size_t count, const uint64_t *bs,
-					   size_t bs_count, uint64_t *sizes, char *err,
-					   size_t err_len);
+					   size_t bs_count,
+					   const struct usnvme_remote_options *remote,
+					   uint64_t *sizes, char *err, size_t err_len);
 void usnvme_fio_files_close(struct usnvme_files *files);
 struct usnvme_job *usnvme_fio_job_new(const struct usnvme_files *files, uint32_t depth,
 				      uint64_t max_io, bool paced, char *err, size_t err_len);
@@ -48,6 +61,94 @@ void usnvme_fio_failure(char *buf, size_t len);
 /* the op codes of usnvme_fio_queue */
 enum { OP_READ = 0, OP_WRITE = 1, OP_TRIM = 2, OP_FLUSH = 3 };
 
+/*
+ * The engine's options (td->eo), fio's way: `--hostnqn=NQN --hdr_digest=1 …` on the command
+ * line or in a job file, listed by `fio --enghelp=/path/to/libusnvme_fio.so`. Named as nvme-cli's
+ * `connect` names them, with its defaults; they apply to the job's remote (tcp://) files.
+ */
+struct usnvme_options {
+	void *pad; /* fio's: the first member of every engine's options */
+	char *hostnqn;
+	unsigned int hdr_digest;
+	unsigned int data_digest;
+	unsigned int keep_alive_tmo;
+	unsigned int reconnect_delay;
+	int ctrl_loss_tmo;
+};
+
+static struct fio_option usnvme_options[] = {
+	{
+		.name = "hostnqn",
+		.lname = "usnvme host NQN",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct usnvme_options, hostnqn),
+		.help = "Host NQN to connect to remote subsystems as (default: /etc/nvme/hostnqn, "
+			"else one derived from /etc/machine-id)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "hdr_digest",
+		.lname = "usnvme header digest",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct usnvme_options, hdr_digest),
+		.def = "0",
+		.help = "Ask remote subsystems for header digests (CRC32C over each PDU header)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "data_digest",
+		.lname = "usnvme data digest",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct usnvme_options, data_digest),
+		.def = "0",
+		.help = "Ask remote subsystems for data digests (CRC32C over each PDU's data)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "keep_alive_tmo",
+		.lname = "usnvme Keep Alive timeout",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct usnvme_options, keep_alive_tmo),
+		.def = "5",
+		.minval = 0,
+		.maxval = 3600,
+		.help = "Keep Alive Timeout asked of remote subsystems, in seconds (0: none)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "reconnect_delay",
+		.lname = "usnvme reconnect delay",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct usnvme_options, reconnect_delay),
+		.def = "10",
+		.minval = 1,
+		.maxval = 3600,
+		.help = "Seconds between attempts to reconnect to a remote subsystem that went away",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "ctrl_loss_tmo",
+		.lname = "usnvme controller loss timeout",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct usnvme_options, ctrl_loss_tmo),
+		.def = "600",
+		.minval = -1,
+		.maxval = 86400,
+		.help = "Seconds after losing a remote subsystem before its I/O fails (0: at once, "
+			"-1: never)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = NULL,
+	},
+};
+
 /* A job's engine state (td->io_ops_data). */
 struct usnvme_td {
 	struct usnvme_files *files;
@@ -62,6 +163,8 @@ static int usnvme_setup(struct thread_data *td)
 	unsigned int i;
 	const char **names;
 	uint64_t *sizes;
+	const struct usnvme_options *o = td->eo;
+	struct usnvme_remote_options remote = { 0 };
 	char err[ERR_LEN] = "";
 	const uint64_t bs[] = {
 		td->o.min_bs[DDIR_READ],  td->o.max_bs[DDIR_READ],  td->o.min_bs[DDIR_WRITE],
@@ -88,8 +191,16 @@ static int usnvme_setup(struct thread_data *td)
 	}
 	for (i = 0; i < td->files_index; i++)
 		names[i] = td->files[i]->file_name;
+	if (o) {
+		remote.hostnqn = o->hostnqn;
+		remote.hdr_digest = o->hdr_digest;
+		remote.data_digest = o->data_digest;
+		remote.keep_alive_tmo = o->keep_alive_tmo;
+		remote.reconnect_delay = o->reconnect_delay;
+		remote.ctrl_loss_tmo = o->ctrl_loss_tmo;
+	}
 	s->files = usnvme_fio_files_open(names, td->files_index, bs, sizeof(bs) / sizeof(bs[0]),
-					 sizes, err, sizeof(err));
+					 o ? &remote : NULL, sizes, err, sizeof(err));
 	if (!s->files) {
 		log_err("fio: usnvme: %s\n", err);
 		goto fail;
@@ -286,6 +397,8 @@ static struct ioengine_ops usnvme_ops = {
 	.close_file = usnvme_close_file,
 	.iomem_alloc = usnvme_iomem_alloc,
 	.iomem_free = usnvme_iomem_free,
+	.options = usnvme_options,
+	.option_struct_size = sizeof(struct usnvme_options),
 };
 
 /* The fio that loaded us (fio links -rdynamic); weak: absent in anything else. */

@@ -71,7 +71,7 @@ fn park_once() {
 #[test]
 fn what_fio_writes_reads_back_and_the_path_allocates_nothing() {
     let names = vec!["sim:0,backend=ram,mode=threaded".to_string()];
-    let devices = registry::open(&names).expect("the drive opens");
+    let devices = registry::open(&names, &Default::default()).expect("the drive opens");
     let mut job = Job::new(&devices, DEPTH as u32, BS as u64, false).expect("the job's queues");
     let start = job.alloc_buffers(DEPTH * BS).expect("fio's buffers");
     // SAFETY: alloc_buffers gave DEPTH * BS bytes at `start`, alive until free_buffers; nothing

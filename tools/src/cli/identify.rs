@@ -9,6 +9,7 @@ use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::{Guard, PiType};
 use usnvme_driver::spec::identify::{IdentifyNamespace, SglSupport};
 use usnvme_driver::Namespace;
+use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::transport::{Controller, ControllerError, Reach};
 
 use crate::format::{iec_bytes, names_or_none, percent, si_bytes, Fields};
@@ -343,11 +344,9 @@ pub fn render(c: &ControllerReport) -> String {
             );
         }
         Some(fabric) => {
-            let digests = match (fabric.header_digest, fabric.data_digest) {
-                (false, false) => "no digests",
-                (true, false) => "header digest",
-                (false, true) => "data digest",
-                (true, true) => "header and data digests",
+            let digests = Digests {
+                header: fabric.header_digest,
+                data: fabric.data_digest,
             };
             f.field(
                 1,

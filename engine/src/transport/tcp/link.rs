@@ -94,6 +94,15 @@ impl ReconnectPolicy {
         give_up_after: Some(Duration::ZERO),
     };
 
+    /// The policy from Linux's options in seconds: `reconnect_delay`, and `ctrl_loss_tmo`
+    /// (0: give up at once, negative: never).
+    pub fn from_secs(reconnect_delay: u32, ctrl_loss_tmo: i32) -> ReconnectPolicy {
+        ReconnectPolicy {
+            delay: Duration::from_secs(u64::from(reconnect_delay)),
+            give_up_after: u64::try_from(ctrl_loss_tmo).ok().map(Duration::from_secs),
+        }
+    }
+
     /// How many attempts before giving up, as Linux counts them (`ctrl_loss_tmo` over
     /// `reconnect_delay`, rounded up); `None`: no limit.
     pub fn attempts(&self) -> Option<u64> {

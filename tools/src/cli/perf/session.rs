@@ -450,12 +450,7 @@ fn attach_remotes(
     }
     let mut host = args.remote.host_options(sysfs.root())?;
     host.kato_ms = args.keep_alive_tmo.saturating_mul(1000);
-    let policy = ReconnectPolicy {
-        delay: Duration::from_secs(u64::from(args.reconnect_delay)),
-        give_up_after: u64::try_from(args.ctrl_loss_tmo)
-            .ok()
-            .map(Duration::from_secs),
-    };
+    let policy = ReconnectPolicy::from_secs(args.reconnect_delay, args.ctrl_loss_tmo);
     let dma = match drives.first() {
         Some(d) => DmaTarget {
             space: d.controller.iova_space().clone(),

@@ -154,9 +154,10 @@ impl Connection {
                 io_traffic_seen: 0,
             };
             log::info!(
-                "{}: host {hostnqn} connected (controller {cntlid}{})",
+                "{}: host {hostnqn} connected (controller {cntlid}{}, {})",
                 self.peer,
-                if discovery { ", discovery" } else { "" }
+                if discovery { ", discovery" } else { "" },
+                self.digests
             );
             return Ok(cntlid);
         }
