@@ -106,6 +106,76 @@ pub fn place(
     Ok(Placement { reactors, remote })
 }
 
+impl Placement {
+    /// Where the drives are and who serves them, one line per NUMA node (drives of no known
+    /// node last, as `node ?`): the node's selected cores, its drives (`names[i]`: drive i's
+    /// name; `nodes[i]`: its node) and the cores their queue pairs are on, said to be the
+    /// node's own or not. Empty when no drive's node is known (simulated drives).
+    pub fn by_node(&self, names: &[String], nodes: &[Option<u32>]) -> Vec<String> {
+        if nodes.iter().all(Option::is_none) {
+            return Vec::new();
+        }
+        let mut listed: Vec<Option<u32>> = nodes.to_vec();
+        listed.extend(self.reactors.iter().map(|r| r.node));
+        listed.sort_by_key(|n| n.map_or(u64::MAX, u64::from));
+        listed.dedup();
+        listed
+            .into_iter()
+            .map(|node| {
+                let label = node.map_or("?".to_owned(), |n| n.to_string());
+                let cores: Vec<usize> = self
+                    .reactors
+                    .iter()
+                    .filter(|r| node.is_some() && r.node == node)
+                    .map(|r| r.cpu)
+                    .collect();
+                let cores = match cores.len() {
+                    0 => "no core selected".to_owned(),
+                    _ => cores_named(&cores),
+                };
+                let drives: Vec<usize> = (0..nodes.len()).filter(|&d| nodes[d] == node).collect();
+                let (Some(&first), Some(&last)) = (drives.first(), drives.last()) else {
+                    return format!("node {label}: {cores}; no drive");
+                };
+                let serving: Vec<usize> = self
+                    .reactors
+                    .iter()
+                    .filter(|r| r.drives.iter().any(|d| drives.contains(d)))
+                    .map(|r| r.cpu)
+                    .collect();
+                let own = node.is_some()
+                    && self
+                        .reactors
+                        .iter()
+                        .filter(|r| serving.contains(&r.cpu))
+                        .all(|r| r.node == node);
+                let name = |d: usize| names.get(d).map_or("?", String::as_str);
+                let which = match drives.len() {
+                    1 => format!("1 drive ({})", name(first)),
+                    n => format!("{n} drives ({} … {})", name(first), name(last)),
+                };
+                let whose = match (node, own) {
+                    (None, _) => "",
+                    (Some(_), true) => ", the node's own",
+                    (Some(_), false) => ", remote: select a core of this node",
+                };
+                format!(
+                    "node {label}: {cores}; {which}, their queue pairs on {}{whose}",
+                    cores_named(&serving)
+                )
+            })
+            .collect()
+    }
+}
+
+/// `core 3` or `cores 0-3`.
+fn cores_named(cores: &[usize]) -> String {
+    match cores {
+        [one] => format!("core {one}"),
+        _ => format!("cores {}", format_cpu_list(cores)),
+    }
+}
+
 impl fmt::Display for Placement {
     /// `core 3 (node 1): drives 12-23`, one line per core, then one warning line per remote drive.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -168,6 +238,29 @@ mod tests {
             p.to_string(),
             "core 0 (node 0): drives 0-11\ncore 2 (node 1): drives 12-23\n"
         );
+    }
+
+    #[test]
+    fn by_node_says_each_nodes_cores_drives_and_where_their_queue_pairs_are() {
+        let (topo, drives) = two_nodes();
+        let names: Vec<String> = (0..24).map(|d| format!("d{d}")).collect();
+        let p = place(&topo, &[0, 2], &drives, Policy::Local).unwrap();
+        assert_eq!(
+            p.by_node(&names, &drives),
+            [
+                "node 0: core 0; 12 drives (d0 … d11), their queue pairs on core 0, the node's own",
+                "node 1: core 2; 12 drives (d12 … d23), their queue pairs on core 2, the node's own",
+            ]
+        );
+        // no core on node 1: its drives are served from node 0, and the line says so
+        let p = place(&topo, &[0, 1], &drives, Policy::Local).unwrap();
+        assert_eq!(
+            p.by_node(&names, &drives)[1],
+            "node 1: no core selected; 12 drives (d12 … d23), their queue pairs on cores 0-1, \
+             remote: select a core of this node"
+        );
+        // simulated drives: no node known, nothing to say
+        assert!(p.by_node(&names, &[None; 24]).is_empty());
     }
 
     #[test]

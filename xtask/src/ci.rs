@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::apt;
 use crate::cmd::{self, sh_quote};
 use crate::vm::run::{self, RunArgs};
 
@@ -229,7 +230,7 @@ fn fio_plot_venv() -> Result<PathBuf> {
 }
 
 /// Debian's python3 with `venv` (Debian ships `ensurepip`, which `venv` needs, in python3-venv):
-/// installed with apt-get when missing, after an `apt-get update` if the first try fails.
+/// installed with apt when missing.
 fn python_venv() -> Result<()> {
     let has_venv = || {
         Path::new(PYTHON).exists()
@@ -242,28 +243,9 @@ fn python_venv() -> Result<()> {
         return Ok(());
     }
     eprintln!("ci: fio-plot: installing python3-venv");
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(["python3", "python3-venv"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let fix =
-        "run as root on Debian with the package archive reachable, or apt-get install python3-venv";
-    if !install() {
-        cmd::run(
-            "ci: fio-plot: apt-get update",
-            Command::new("apt-get").args(["update", "-q"]),
-            fix,
-        )?;
-        if !install() {
-            bail!("ci: fio-plot: apt-get install python3 python3-venv failed. Fix: {fix}");
-        }
-    }
+    apt::install("ci: fio-plot", &["python3", "python3-venv"], None)?;
     if !has_venv() {
-        bail!("ci: fio-plot: {PYTHON} still has no venv after installing python3-venv. Fix: {fix}");
+        bail!("ci: fio-plot: {PYTHON} still has no venv after installing python3-venv. Fix: apt-get install --reinstall python3-venv");
     }
     Ok(())
 }
@@ -334,7 +316,11 @@ pub fn demo() -> Result<ExitCode> {
          echo; echo '== usnvme sweep: 4K-1M x read, write, randread, randwrite, QD 4, 2 s a point'\n\
          {usnvme} sweep -q 4 -t 2 --sizes 4k,16k,64k,256k,1m --out {o}\n"
     );
-    let args = RunArgs::for_program(vec!["/bin/sh".into(), "-c".into(), script]);
+    // two NUMA nodes, a drive's queue pairs on its own node's core: the engine's placement
+    let args = RunArgs {
+        numa_nodes: 2,
+        ..RunArgs::for_program(vec!["/bin/sh".into(), "-c".into(), script])
+    };
     let exit_code = run::run(&args)?;
     if exit_code == 0 {
         println!("\ndemo: results in {}:", out.display());

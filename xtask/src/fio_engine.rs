@@ -14,7 +14,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::cmd;
+use crate::{apt, cmd};
 
 #[derive(Args, Debug, Default)]
 pub struct FioEngineArgs {
@@ -275,43 +275,26 @@ pub fn ops_version(dir: &Path) -> Result<u32> {
 
 /// Adds deb-src entries for this Debian release and updates apt's lists.
 fn enable_deb_src() -> Result<()> {
-    let os = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-    let field = |k: &str| {
-        os.lines()
-            .find_map(|l| l.strip_prefix(k))
-            .map(|v| v.trim_matches('"').to_string())
-    };
     let fix = "enable source packages (deb-src) for your distribution in apt's sources and run \
                `apt-get update`, or pass --fio-source";
-    let (Some("debian"), Some(codename)) = (field("ID=").as_deref(), field("VERSION_CODENAME="))
-    else {
+    let Some(codename) = apt::debian_codename() else {
         bail!("fio-engine: apt has no source packages enabled. Fix: {fix}");
     };
     eprintln!("fio-engine: enabling Debian's source packages ({DEB_SRC_SOURCES})");
-    std::fs::write(
+    apt::add_source(
+        "fio-engine: deb-src",
         DEB_SRC_SOURCES,
-        format!(
-            "# written by cargo xtask fio-engine: fio's source for usnvme's fio engine\n\
-             Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: {codename} {codename}-updates\n\
-             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
-        ),
-    )
-    .with_context(|| format!("fio-engine: writing {DEB_SRC_SOURCES}. Fix: run as root, or {fix}"))?;
-    cmd::run(
-        "fio-engine: apt-get update",
-        Command::new("apt-get").args(["update", "-q"]),
-        fix,
+        "fio's source for usnvme's fio engine",
+        "deb-src",
+        &format!("{codename} {codename}-updates"),
     )
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {
-    cmd::run(
+    apt::install(
         &format!("fio-engine: apt-get install {}", packages.join(" ")),
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        "run as root with the Debian archive reachable, or install them by hand",
+        packages,
+        None,
     )
 }
 

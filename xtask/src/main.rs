@@ -1,5 +1,6 @@
 //! `cargo xtask`: the VM test bed, the test suites, CI, benchmarks and the demo.
 
+mod apt;
 mod bench;
 mod ci;
 mod cmd;
@@ -22,8 +23,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install QEMU, busybox and fio, fetch the guest kernel and build the initramfs (idempotent).
-    VmSetup,
+    /// Install QEMU, busybox and fio, fetch the guest kernel and build the initramfs (idempotent;
+    /// never removes or downgrades a package).
+    VmSetup(vm::setup::SetupArgs),
+    /// vm-setup on a fresh Debian 12 chroot holding backports' qemu-utils: QEMU installed once,
+    /// nothing removed (root; downloads about 150 MB).
+    VmSetupCheck,
     /// Boot the test-bed guest, run PROGRAM in it on drives bound to vfio-pci, exit with its exit code.
     VmRun(Box<vm::run::RunArgs>),
     /// Build the VM test suites and run them all in one boot, plus the harness's own tests.
@@ -44,7 +49,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if find_workspace().is_none() {
+    // (host packages alone need no tree: vm-setup-check runs that in a chroot)
+    let packages_only = matches!(&cli.command, Command::VmSetup(a) if a.packages_only);
+    if find_workspace().is_none() && !packages_only {
         eprintln!(
             "xtask: error: cannot find the usnvme workspace (a Cargo.toml with [workspace] and \
              xtask/Cargo.toml) above the current folder or {}. Fix: run `cargo xtask` inside a \
@@ -56,7 +63,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Command::VmSetup => vm::setup::run().map(|_| ExitCode::SUCCESS),
+        Command::VmSetup(args) => vm::setup::run(&args).map(|_| ExitCode::SUCCESS),
+        Command::VmSetupCheck => vm::setup_check::run().map(|_| ExitCode::SUCCESS),
         Command::VmRun(args) => vm::run::main(*args),
         Command::VmTest(args) => vm::test::run(args).map(|_| ExitCode::SUCCESS),
         Command::Demo => ci::demo(),

@@ -209,6 +209,14 @@ impl Engine {
         &self.placement
     }
 
+    /// Each NUMA node's selected cores and drives, and the cores their queue pairs are on (see
+    /// [`Placement::by_node`]); empty when no drive's node is known.
+    pub fn placement_by_node(&self) -> Vec<String> {
+        let names: Vec<String> = self.drives.iter().map(|d| d.spec.to_string()).collect();
+        let nodes: Vec<Option<u32>> = self.drives.iter().map(|d| d.node).collect();
+        self.placement.by_node(&names, &nodes)
+    }
+
     /// Every namespace of every drive as a block device, in drive order; those formatted with
     /// metadata are left out, with a warning naming them.
     pub fn namespaces(&self) -> Vec<Arc<dyn BlockDevice>> {

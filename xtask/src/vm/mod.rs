@@ -8,6 +8,7 @@ pub mod namespaces;
 pub mod qemu;
 pub mod run;
 pub mod setup;
+pub mod setup_check;
 pub mod test;
 pub mod trace;
 pub mod watchdog;

@@ -7,11 +7,11 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use super::{initramfs, kmod, vm_dir};
-use crate::cmd;
+use crate::{apt, cmd};
 
-/// Host packages the test bed needs, with the file that shows each is installed.
+/// Host packages the test bed needs besides QEMU ([`ensure_qemu`]), with the file that shows
+/// each is installed.
 const PACKAGES: &[(&str, &str)] = &[
-    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
     ("busybox-static", "/bin/busybox"),
     ("fio", "/usr/bin/fio"),
     // the kernel's NVMe over Fabrics tooling, run in the guest against `usnvme serve`
@@ -37,8 +37,28 @@ pub struct Assets {
     pub kernel_release: String,
 }
 
+#[derive(Debug, Default, clap::Args)]
+pub struct SetupArgs {
+    /// Install the host packages (QEMU, busybox, fio, nvme-cli) only: no guest kernel, no
+    /// initramfs (needs no clone of the repository).
+    #[arg(long)]
+    pub packages_only: bool,
+}
+
 /// The command: set up, say what was done.
-pub fn run() -> Result<()> {
+pub fn run(args: &SetupArgs) -> Result<()> {
+    if args.packages_only {
+        let changed = install_host_packages()?;
+        println!(
+            "vm-setup: host packages {}",
+            if changed {
+                "installed"
+            } else {
+                "already there, nothing to do"
+            }
+        );
+        return Ok(());
+    }
     let (assets, changed) = ensure()?;
     if changed {
         println!(
@@ -58,8 +78,7 @@ pub fn run() -> Result<()> {
 
 /// Makes sure everything is installed and built; returns the assets and whether anything changed.
 pub fn ensure() -> Result<(Assets, bool)> {
-    let mut changed = install_packages()?;
-    changed |= ensure_new_qemu()?;
+    let mut changed = install_host_packages()?;
     let dir = vm_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
 
@@ -141,7 +160,13 @@ pub fn ensure() -> Result<(Assets, bool)> {
     ))
 }
 
-/// Installs missing host packages with apt; `apt-get update` once if the first try fails.
+/// QEMU and the other host packages, installed where missing; whether anything was.
+fn install_host_packages() -> Result<bool> {
+    let qemu = ensure_qemu()?;
+    Ok(install_packages()? | qemu)
+}
+
+/// Installs the missing host packages with apt (never removing or downgrading one).
 fn install_packages() -> Result<bool> {
     let missing: Vec<&str> = PACKAGES
         .iter()
@@ -152,92 +177,74 @@ fn install_packages() -> Result<bool> {
         return Ok(false);
     }
     eprintln!("vm-setup: installing {}", missing.join(" "));
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-    };
-    let fix = "run as root on Debian/Ubuntu with the package archive reachable, or install these packages by hand";
-    let ok = install().map(|s| s.success()).unwrap_or(false);
-    if !ok {
-        cmd::run(
-            "vm-setup: apt-get update",
-            Command::new("apt-get").args(["update", "-q"]),
-            fix,
-        )?;
-        let status =
-            install().with_context(|| format!("vm-setup: cannot run apt-get. Fix: {fix}"))?;
-        if !status.success() {
-            bail!(
-                "vm-setup: apt-get install {} failed ({status}). Fix: {fix}",
-                missing.join(" ")
-            );
-        }
-    }
+    apt::install("vm-setup: host packages", &missing, None)?;
     if let Some((pkg, file)) = PACKAGES.iter().find(|(_, f)| !Path::new(f).exists()) {
         bail!("vm-setup: {pkg} is installed but {file} is missing. Fix: apt-get install --reinstall {pkg}");
     }
     Ok(true)
 }
 
-/// Makes sure QEMU is at least `MIN_QEMU_MAJOR`; on Debian 12 installs it from bookworm-backports.
-fn ensure_new_qemu() -> Result<bool> {
-    let version = || {
-        cmd::output(
-            "vm-setup: QEMU's version",
-            Command::new("qemu-system-x86_64").arg("--version"),
-            "apt-get install --reinstall qemu-system-x86",
-        )
-        .map(|out| qemu_major(&out))
+/// Makes sure qemu-system-x86_64 is QEMU `MIN_QEMU_MAJOR` or newer, installing it once from
+/// where apt has one that new: the release's own, else (Debian 12) bookworm-backports. The
+/// candidates are looked at first: installing Debian 12's QEMU 7.2 and then backports' made apt
+/// remove a qemu-utils 10 the machine had, and downloaded QEMU twice.
+fn ensure_qemu() -> Result<bool> {
+    let step = "vm-setup: QEMU";
+    let installed = || {
+        Command::new("qemu-system-x86_64")
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|out| qemu_major(&String::from_utf8_lossy(&out.stdout)))
     };
-    let found = version()?;
+    let found = installed();
     if found.is_some_and(|major| major >= MIN_QEMU_MAJOR) {
         return Ok(false);
     }
-    let found = found.map_or("unknown".to_string(), |m| m.to_string());
-    let codename = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-                .map(str::to_string)
-        });
     let fix = format!(
         "install QEMU {MIN_QEMU_MAJOR} or newer as qemu-system-x86_64 (Debian 12: \
          apt-get install -t bookworm-backports qemu-system-x86, with bookworm-backports in apt's sources)"
     );
-    if codename.as_deref() != Some("bookworm") {
-        bail!("vm-setup: QEMU {found} is too old for the test bed (it needs {MIN_QEMU_MAJOR} or newer: 7.2 crashes under its load). Fix: {fix}");
+    let mut candidate = apt::candidate("qemu-system-x86")?;
+    if candidate.is_none() {
+        apt::update(step)?;
+        candidate = apt::candidate("qemu-system-x86")?;
     }
-    eprintln!("vm-setup: QEMU {found} is too old: installing QEMU from bookworm-backports");
-    std::fs::write(
-        BACKPORTS_SOURCES,
-        "# written by cargo xtask vm-setup: QEMU for usnvme's test bed\n\
-         Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\n\
-         Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
-    )
-    .with_context(|| {
-        format!("vm-setup: writing {BACKPORTS_SOURCES}. Fix: run as root, or {fix}")
-    })?;
-    cmd::run(
-        "vm-setup: apt-get update",
-        Command::new("apt-get").args(["update", "-q"]),
-        &fix,
-    )?;
-    cmd::run(
-        "vm-setup: install QEMU from bookworm-backports",
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(["-t", "bookworm-backports", "qemu-system-x86"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        &fix,
-    )?;
-    match version()? {
+    let release = match candidate.as_deref().and_then(apt::upstream_major) {
+        Some(major) if major >= MIN_QEMU_MAJOR => None,
+        _ if apt::debian_codename().as_deref() == Some("bookworm") => {
+            if !Path::new(BACKPORTS_SOURCES).exists() {
+                apt::add_source(
+                    step,
+                    BACKPORTS_SOURCES,
+                    "QEMU for usnvme's test bed",
+                    "deb",
+                    "bookworm-backports",
+                )?;
+            }
+            Some("bookworm-backports")
+        }
+        _ => bail!(
+            "{step}: apt's QEMU is {} and the test bed needs {MIN_QEMU_MAJOR} or newer (7.2 \
+             crashes under its load). Fix: {fix}",
+            candidate.as_deref().unwrap_or("none")
+        ),
+    };
+    match found {
+        Some(old) => eprintln!(
+            "vm-setup: QEMU {old} is too old: installing QEMU from {}",
+            release.unwrap_or("the release")
+        ),
+        None => eprintln!(
+            "vm-setup: installing QEMU from {}",
+            release.unwrap_or("the release")
+        ),
+    }
+    apt::install(step, &["qemu-system-x86"], release)?;
+    match installed() {
         Some(major) if major >= MIN_QEMU_MAJOR => Ok(true),
         other => bail!(
-            "vm-setup: QEMU is still {} after installing from bookworm-backports. Fix: {fix}",
+            "{step}: QEMU is {} after installing it. Fix: {fix}",
             other.map_or("unknown".to_string(), |m| m.to_string())
         ),
     }
@@ -274,11 +281,7 @@ fn kernel_deb(cache: &Path) -> Result<PathBuf> {
     };
     let mut pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
     if pkg.is_none() {
-        cmd::run(
-            "vm-setup: apt-get update",
-            Command::new("apt-get").args(["update", "-q"]),
-            fix,
-        )?;
+        apt::update("vm-setup: the guest kernel")?;
         pkg = kernel_package_name(&depends("vm-setup: find the guest kernel package")?);
     }
     let Some(pkg) = pkg else {

@@ -245,10 +245,17 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let session = Session::open(sysfs, args, None, args.latency > 0)?;
     let run = session.settings.run.clone();
     let cores = session.engine.placement().reactors.len();
-    let length = match run.duration {
+    for line in session.engine.placement_by_node() {
+        eprintln!("usnvme perf: {line}");
+    }
+    let mut length = match run.duration {
         Some(d) => format!("for {} s", d.as_secs()),
         None => format!("{} I/Os per device and core", run.io_count.unwrap_or(0)),
     };
+    if args.warmup > 0 {
+        // the table is the steady state: what the warm-up did is not in it
+        length += &format!(" after a {} s warm-up (not counted)", args.warmup);
+    }
     let announce = format!(
         "usnvme perf: {} device(s) on {cores} core(s): measuring {length}",
         session.devices.len()
