@@ -719,8 +719,10 @@ fn over_two_paths_the_io_of_a_path_cut_goes_the_other_way_at_once() {
         // I/O stuck in flight on A (sent after it went silent), then A's connections gone
         a.freeze();
         let stuck = a.bytes.load(Ordering::Relaxed);
+        // (a command capsule: 72 bytes for a read; reads alone may fill the path's share of
+        // the queue with less than 1 KiB, found by CI on a busy machine)
         wait_for("I/O sent on the silent path", || {
-            a.bytes.load(Ordering::Relaxed) > stuck + 1024
+            a.bytes.load(Ordering::Relaxed) >= stuck + 72
         });
         a.cut();
         let before = b.bytes.load(Ordering::Relaxed);
