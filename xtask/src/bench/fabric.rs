@@ -14,6 +14,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use super::spdk::median;
+use super::{times, Companions, Headlines, Section};
 use crate::cmd::sh_quote;
 use crate::vm::run::{self, RunArgs};
 
@@ -830,38 +832,52 @@ pub fn pairs(r: &FabricResults) -> Vec<Pair> {
     out
 }
 
+/// The pair of `initiator` in `round` at QD 32 on one namespace.
+fn qd32(pairs: &[Pair], initiator: Initiator, round: u32) -> Option<&Pair> {
+    pairs
+        .iter()
+        .find(|p| p.initiator == initiator && p.round == round && p.qd == 32 && p.drives == 1)
+}
+
+/// The rounds usnvme perf ran in at QD 32 on one namespace.
+fn perf_rounds(pairs: &[Pair]) -> Vec<u32> {
+    pairs
+        .iter()
+        .filter(|p| p.initiator == Initiator::UsnvmePerf && p.qd == 32 && p.drives == 1)
+        .map(|p| p.round)
+        .collect()
+}
+
+/// usnvme perf ÷ `other` in front of `target` at QD 32 on one namespace, round by round: IOPS
+/// per initiator core; IOPS alone against spdk_nvme_perf (both poll the same CPU, which the
+/// kernel target's work shares).
+fn initiator_ratios(pairs: &[Pair], other: Initiator, target: Target) -> Vec<f64> {
+    perf_rounds(pairs)
+        .iter()
+        .filter_map(|&r| {
+            let (ours, theirs) = (
+                qd32(pairs, Initiator::UsnvmePerf, r)?,
+                qd32(pairs, other, r)?,
+            );
+            match other {
+                Initiator::Spdk => Some(ours.figures(target)?.iops / theirs.figures(target)?.iops),
+                _ => Some(
+                    ours.iops_per_initiator_core(target)?
+                        / theirs.iops_per_initiator_core(target)?,
+                ),
+            }
+        })
+        .collect()
+}
+
 /// Issue 16's goals, on one namespace at QD 32, per target: usnvme perf's IOPS per initiator
 /// core ≥ 3 × fio's with the kernel's host, and ≥ 1.1 × spdk_nvme_perf's (when it ran: IOPS on
 /// the same polled CPU); judged on the median over the rounds (each shown).
 fn initiator_goals(m: &mut String, pairs: &[Pair]) -> Result<()> {
-    let of = |initiator: Initiator, round: u32| {
-        pairs
-            .iter()
-            .find(|p| p.initiator == initiator && p.round == round && p.qd == 32 && p.drives == 1)
-    };
-    let rounds: Vec<u32> = pairs
-        .iter()
-        .filter(|p| p.initiator == Initiator::UsnvmePerf && p.qd == 32 && p.drives == 1)
-        .map(|p| p.round)
-        .collect();
+    let rounds = perf_rounds(pairs);
     for (other, goal) in [(Initiator::KernelFio, 3.0), (Initiator::Spdk, 1.1)] {
         for target in Target::ALL {
-            let ratios: Vec<f64> = rounds
-                .iter()
-                .filter_map(|&r| {
-                    let (ours, theirs) = (of(Initiator::UsnvmePerf, r)?, of(other, r)?);
-                    match other {
-                        // both poll the same CPU, which the kernel target's work shares
-                        Initiator::Spdk => {
-                            Some(ours.figures(target)?.iops / theirs.figures(target)?.iops)
-                        }
-                        _ => Some(
-                            ours.iops_per_initiator_core(target)?
-                                / theirs.iops_per_initiator_core(target)?,
-                        ),
-                    }
-                })
-                .collect();
+            let ratios = initiator_ratios(pairs, other, target);
             if ratios.is_empty() && !pairs.iter().any(|p| p.initiator == other) {
                 continue; // spdk_nvme_perf was not given
             }
@@ -874,8 +890,8 @@ fn initiator_goals(m: &mut String, pairs: &[Pair]) -> Result<()> {
             let whole: Vec<f64> = rounds
                 .iter()
                 .filter_map(|&r| {
-                    let ours = of(Initiator::UsnvmePerf, r)?.figures(target)?.iops;
-                    Some(ours / of(other, r)?.iops_per_initiator_core(target)?)
+                    let ours = qd32(pairs, Initiator::UsnvmePerf, r)?.figures(target)?.iops;
+                    Some(ours / qd32(pairs, other, r)?.iops_per_initiator_core(target)?)
                 })
                 .collect();
             let whole = match (other, median(whole)) {
@@ -911,25 +927,60 @@ fn initiator_goals(m: &mut String, pairs: &[Pair]) -> Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
+/// The section's heading.
+pub const HEADING: &str = "Fabric: NVMe/TCP targets and initiators (one boot, on loopback)";
+
+/// The section's headline figures: usnvme serve against the kernel target, and usnvme perf
+/// against the kernel's initiator, at QD 32 on one namespace (medians over the rounds).
+fn headlines(h: &mut Headlines, pairs: &[Pair], script: &str) {
+    let command = format!("{} (guest script: {script})", h.rerun(Section::Fabric));
+    let fio: Vec<&Pair> = pairs
+        .iter()
+        .filter(|p| p.qd == 32 && p.drives == 1 && p.initiator == Initiator::KernelFio)
+        .collect();
+    let iops = median(
+        fio.iter()
+            .filter_map(|p| Some(p.serve?.iops / p.kernel?.iops))
+            .collect(),
+    );
+    let per_core = median(fio.iter().filter_map(|p| p.per_core_ratio()).collect());
+    h.add(
+        HEADING,
+        "`usnvme serve` ÷ the kernel's nvmet-tcp, 4 KiB randread QD 32, 1 namespace, Linux \
+         nvme-tcp + fio in front (VM under TCG; median of the rounds)",
+        match (iops, per_core) {
+            (Some(a), Some(c)) => format!("{a:.2} × IOPS; {c:.2} × IOPS per target core"),
+            (Some(a), None) => format!("{a:.2} × IOPS"),
+            _ => times(None),
+        },
+        command.clone(),
+    );
+    h.add(
+        HEADING,
+        "`usnvme perf` ÷ Linux nvme-tcp + fio, IOPS per initiator core, in front of `usnvme \
+         serve`, 4 KiB randread QD 32, 1 namespace (VM under TCG; median of the rounds)",
+        times(median(initiator_ratios(
+            pairs,
+            Initiator::KernelFio,
+            Target::Usnvme,
+        ))),
+        command,
+    );
 }
 
-pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -> Result<()> {
-    writeln!(
-        m,
-        "\n## Fabric: NVMe/TCP targets and initiators (one boot, on loopback)\n"
-    )?;
+pub fn section(
+    m: &mut String,
+    results: Option<&FabricResults>,
+    why_not: &str,
+    companions: &Companions,
+    h: &mut Headlines,
+) -> Result<()> {
+    writeln!(m, "\n## {HEADING}\n")?;
     let Some(r) = results else {
         writeln!(m, "Not run ({why_not}).")?;
         return Ok(());
     };
+    let script = companions.file("fabric.sh", &r.script)?;
     let rounds = r.runs.iter().map(|x| x.case.round).max().unwrap_or(0);
     writeln!(
         m,
@@ -1180,12 +1231,21 @@ pub fn section(m: &mut String, results: Option<&FabricResults>, why_not: &str) -
     writeln!(
         m,
         "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
-         --kernel-nvme 12`):\n\n```sh\n{}```",
-        r.script
+         --kernel-nvme 12`): {script}."
     )?;
-    for (tag, log) in &r.serve_logs {
-        writeln!(m, "\n`usnvme serve` ({tag}) printed:\n\n```\n{log}```")?;
+    let logs = r
+        .serve_logs
+        .iter()
+        .map(|(tag, log)| companions.file(&format!("fabric-serve-{tag}.log"), log))
+        .collect::<Result<Vec<_>>>()?;
+    if !logs.is_empty() {
+        writeln!(
+            m,
+            "\nWhat `usnvme serve` printed, per block of runs: {}.",
+            logs.join(", ")
+        )?;
     }
+    headlines(h, &pairs, &script);
     Ok(())
 }
 
@@ -1322,8 +1382,8 @@ mod tests {
             ],
             seconds: 10,
             exit_code: 0,
-            script: String::new(),
-            serve_logs: vec![],
+            script: "echo fabric\n".into(),
+            serve_logs: vec![("r1-serve-d1".into(), "hosts: any\n".into())],
             host_load: ("1.00 0.50 0.25".into(), "2.00 1.00 0.50".into()),
         };
         let p = pairs(&results);
@@ -1334,7 +1394,37 @@ mod tests {
         // busy half of its core: 10 000 per busy core, twice the kernel's
         assert!((p[0].busy_core_ratio().unwrap() - 2.0).abs() < 1e-9);
         let mut m = String::new();
-        section(&mut m, Some(&results), "").unwrap();
+        let (companions, mut h) = (
+            Companions::for_test("fabric"),
+            Headlines::new(String::new()),
+        );
+        section(&mut m, Some(&results), "", &companions, &mut h).unwrap();
+        assert!(
+            m.contains(
+                "The guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
+                 --kernel-nvme 12`): [benchmarks/fabric.sh](benchmarks/fabric.sh).\n\n\
+                 What `usnvme serve` printed, per block of runs: \
+                 [benchmarks/fabric-serve-r1-serve-d1.log](benchmarks/fabric-serve-r1-serve-d1.log).\n"
+            ),
+            "{m}"
+        );
+        assert_eq!(companions.read("fabric.sh"), "echo fabric\n");
+        assert_eq!(
+            companions.read("fabric-serve-r1-serve-d1.log"),
+            "hosts: any\n"
+        );
+        companions.remove();
+        let t = h.table();
+        assert!(
+            t.contains("1 namespace, Linux nvme-tcp + fio in front (VM under TCG; median of the \
+                        rounds) | 1.25 × IOPS; 1.00 × IOPS per target core | `cargo xtask bench \
+                        --only fabric` (guest script: [benchmarks/fabric.sh](benchmarks/fabric.sh)) |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| no figure (a run failed; see the section) |"),
+            "perf did not run: {t}"
+        );
         assert!(m.contains("| 1 | 1 | 32 | usnvme serve | Linux nvme-tcp + fio io_uring | 5.00 k | 10.0 | 9.0 | 1.00 (busy 0.50) | 5.00 k (10.00 k per busy core) |"), "{m}");
         assert!(m.contains("| 1 | 1 | 32 | kernel nvmet-tcp | Linux nvme-tcp + fio io_uring | 4.00 k | 10.0 | 9.0 | 0.80 | 5.00 k |"), "{m}");
         assert!(
@@ -1439,7 +1529,20 @@ mod tests {
             (fio.iops_per_initiator_core(Target::Kernel).expect("fio") - 10_000.0).abs() < 1e-6
         );
         let mut m = String::new();
-        section(&mut m, Some(&results), "").unwrap();
+        let (companions, mut h) = (
+            Companions::for_test("fabric-perf"),
+            Headlines::new(String::new()),
+        );
+        section(&mut m, Some(&results), "", &companions, &mut h).unwrap();
+        companions.remove();
+        assert!(
+            h.table().contains(
+                "in front of `usnvme serve`, 4 KiB randread QD 32, 1 namespace (VM under TCG; \
+                 median of the rounds) | 3.50 × |"
+            ),
+            "{}",
+            h.table()
+        );
         assert!(
             m.contains("against usnvme serve: usnvme perf ≥ 3 × Linux nvme-tcp + fio io_uring's IOPS per initiator core at 4 KiB randread QD 32, one namespace: 3.50 × (median; each round: 3.50): met.**"),
             "{m}"

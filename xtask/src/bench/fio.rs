@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::spdk::{median, usnvme_figures, Figures};
+use super::{times, Companions, Headlines, Section};
 use crate::cmd::sh_quote;
 use crate::vm::run;
 
@@ -340,12 +341,22 @@ fn ratio(r: &FioResults, case: usize, tool: Tool, base: Tool) -> Option<f64> {
     )
 }
 
-pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> Result<()> {
-    writeln!(m, "\n## fio with usnvme's engine (one boot)\n")?;
+/// The section's heading.
+pub const HEADING: &str = "fio with usnvme's engine (one boot)";
+
+pub fn section(
+    m: &mut String,
+    results: Option<&FioResults>,
+    why_not: &str,
+    companions: &Companions,
+    h: &mut Headlines,
+) -> Result<()> {
+    writeln!(m, "\n## {HEADING}\n")?;
     let Some(r) = results else {
         writeln!(m, "Not run ({why_not}).")?;
         return Ok(());
     };
+    let script = companions.file("fio.sh", &r.script)?;
     writeln!(
         m,
         "{} with `libusnvme_fio.so` (`cargo xtask fio-engine`) against `usnvme perf` on the same \
@@ -401,6 +412,17 @@ pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> R
         verdict(goal_perf, |v| v >= 0.9),
         verdict(goal_plugin, |v| v >= 1.0)
     )?;
+    let mut value = times(goal_perf);
+    if r.plugin.is_some() {
+        value += &format!("; ÷ SPDK's fio plugin: {}", times(goal_plugin));
+    }
+    h.add(
+        HEADING,
+        "fio + usnvme's engine ÷ `usnvme perf`, IOPS, 4 KiB randread QD 32, local drive, one core \
+         (VM; fio at its defaults; the median of the rounds' ratios)",
+        value,
+        format!("{} (guest script: {script})", h.rerun(Section::Fio)),
+    );
     writeln!(
         m,
         "\nOn the host, core 0, an inline `sim` null drive (no device time: what each tool costs a core):\n\n| command | IOPS |\n|---|---|"
@@ -426,8 +448,57 @@ pub fn section(m: &mut String, results: Option<&FioResults>, why_not: &str) -> R
     }
     writeln!(
         m,
-        "\n<details><summary>The guest script</summary>\n\n```sh\n{}```\n</details>",
-        r.script
+        "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run`, 2 drives \
+         on vfio-pci): {script}."
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_links_its_script_and_gives_the_engines_ratio_to_perf() {
+        let mut runs = plan(1, false);
+        for run in &mut runs {
+            let iops = if run.tool == Tool::Perf { 200.0 } else { 190.0 };
+            run.figures = Some(Figures {
+                iops,
+                mib_s: 1.0,
+                mean_us: 1.0,
+            });
+        }
+        let r = FioResults {
+            host: Vec::new(),
+            runs,
+            seconds: 3,
+            rounds: 1,
+            fio_version: "fio-3.33".into(),
+            plugin: None,
+            exit_code: 0,
+            script: "echo fio\n".into(),
+        };
+        let (companions, mut h) = (Companions::for_test("fio"), Headlines::new(String::new()));
+        let mut m = String::new();
+        section(&mut m, Some(&r), "", &companions, &mut h).expect("section");
+        assert!(
+            m.contains(
+                "The guest script (run by `cargo xtask bench` through `cargo xtask vm-run`, 2 \
+                 drives on vfio-pci): [benchmarks/fio.sh](benchmarks/fio.sh)."
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("<details>"), "{m}");
+        assert_eq!(companions.read("fio.sh"), "echo fio\n");
+        companions.remove();
+        let t = h.table();
+        assert!(
+            t.contains(
+                "| 0.95 × | `cargo xtask bench --only fio` (guest script: \
+                 [benchmarks/fio.sh](benchmarks/fio.sh)) |"
+            ),
+            "{t}"
+        );
+    }
 }

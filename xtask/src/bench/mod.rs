@@ -1,8 +1,9 @@
 //! `cargo xtask bench`: the driver's, the engine's and `usnvme perf`'s cost per I/O on `sim`
 //! (host), usnvme against the kernel's path side by side in one VM boot, `usnvme serve` against
 //! the kernel's nvmet-tcp under the same NVMe/TCP initiator in another, and, given a
-//! `spdk_nvme_perf` binary, against SPDK in a third; writes BENCHMARKS.md. Benchmarks report
-//! figures; they never fail on one.
+//! `spdk_nvme_perf` binary, against SPDK in a third; writes BENCHMARKS.md: a table of headline
+//! figures first, then the sections, whose guest scripts, `usnvme serve` logs and chart go into
+//! `benchmarks/` beside it ([`Companions`]). Benchmarks report figures; they never fail on one.
 
 mod fabric;
 mod fio;
@@ -13,10 +14,10 @@ mod spdk;
 mod vm;
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::cmd;
 use fabric::FabricResults;
@@ -72,7 +73,8 @@ pub struct BenchArgs {
     /// engine-stripe, perf-1, perf-24, perf-stripe; repeatable): a quicker way to measure one.
     #[arg(long, value_name = "KEY")]
     case: Vec<String>,
-    /// Where to write the report (default: BENCHMARKS.md in the workspace root).
+    /// Where to write the report (default: BENCHMARKS.md in the workspace root); the files it
+    /// links go into `benchmarks/` beside it.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -121,6 +123,7 @@ struct HostCase {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let root = crate::workspace_root();
+    let provenance = Provenance::now();
     let only = |s: Section| args.only.is_none_or(|o| o == s);
     let (run_host, run_vm) = (only(Section::Host), !args.no_vm && only(Section::Vm));
     let spdk_binary = match &args.spdk {
@@ -235,37 +238,36 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         _ => None,
     };
-    let mut report = report(
-        host.as_ref(),
-        vm.as_ref(),
-        fabric.as_ref(),
-        spdk.as_ref(),
-        &args,
-    )?;
-    fio::section(
-        &mut report,
-        fio.as_ref(),
-        if args.no_vm { "`--no-vm`" } else { "`--only`" },
-    )?;
-    native::section(
-        &mut report,
-        native.as_ref(),
-        if native_spdk.is_some() {
-            "`--only`"
-        } else {
-            "no SPDK given"
-        },
-    )?;
-    let out = args.out.unwrap_or_else(|| root.join("BENCHMARKS.md"));
-    scale::section(
-        &mut report,
-        scale.as_ref(),
-        &out.with_file_name("scaling.svg"),
-        "`--only`",
-    )?;
-    std::fs::write(&out, report)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("BENCHMARKS.md"));
+    let results = Results {
+        host,
+        vm,
+        fabric,
+        spdk,
+        fio,
+        native,
+        scale,
+    };
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out, report(&results, &args, &provenance, &out)?)?;
     println!("bench: wrote {}", out.display());
     Ok(())
+}
+
+/// What the sections measured; `None`: the section did not run.
+struct Results {
+    host: Option<HostResults>,
+    vm: Option<VmResults>,
+    fabric: Option<FabricResults>,
+    spdk: Option<SpdkResults>,
+    fio: Option<fio::FioResults>,
+    native: Option<native::NativeResults>,
+    scale: Option<scale::ScaleResults>,
 }
 
 fn host_section(args: &BenchArgs, usnvme: &std::path::Path) -> Result<HostResults> {
@@ -460,28 +462,48 @@ fn millions(iops: f64) -> String {
     format!("{:.2} M", iops / 1e6)
 }
 
-fn report(
-    host: Option<&HostResults>,
-    vm: Option<&VmResults>,
-    fabric: Option<&FabricResults>,
-    spdk: Option<&SpdkResults>,
-    args: &BenchArgs,
-) -> Result<String> {
-    let mut m = String::new();
-    let dirty = if git(&["status", "--porcelain"]).is_empty() {
-        ""
-    } else {
-        " (with uncommitted changes)"
-    };
+/// Where and when a run measured: the same for every figure of one run.
+struct Provenance {
+    /// When the run started (UTC).
+    date: String,
+    machine: String,
+    /// The commit, and whether the tree had uncommitted changes.
+    commit: String,
+}
+
+impl Provenance {
+    fn now() -> Provenance {
+        let date = Command::new("date")
+            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let dirty = if git(&["status", "--porcelain"]).is_empty() {
+            ""
+        } else {
+            " (with uncommitted changes)"
+        };
+        Provenance {
+            date,
+            machine: machine(),
+            commit: format!("{}{dirty}", git(&["rev-parse", "--short", "HEAD"])),
+        }
+    }
+}
+
+/// A section's name on the command line (`--only NAME`).
+fn section_name(section: Section) -> String {
+    use clap::ValueEnum as _;
+    section
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string())
+}
+
+/// The flags of a run that a section's rerun needs too: `--quick` and the programs given.
+fn common_flags(args: &BenchArgs) -> String {
     let mut flags = String::new();
     if args.quick {
         flags.push_str(" --quick");
-    }
-    if args.no_vm {
-        flags.push_str(" --no-vm");
-    }
-    if let Some(o) = args.only {
-        flags.push_str(&format!(" --only {}", format!("{o:?}").to_lowercase()));
     }
     if args.spdk.is_some() {
         flags.push_str(" --spdk PATH");
@@ -492,56 +514,258 @@ fn report(
     if args.spdk_target.is_some() {
         flags.push_str(" --spdk-target PATH --spdk-perf PATH");
     }
-    writeln!(m, "# Benchmarks\n")?;
+    flags
+}
+
+/// Markdown's code span.
+fn code(text: &str) -> String {
+    format!("`{text}`")
+}
+
+/// A headline's value where the section ran but the figure is missing.
+const MISSING: &str = "no figure (a run failed; see the section)";
+
+/// A median ratio as a headline's value.
+fn times(ratio: Option<f64>) -> String {
+    ratio.map_or(MISSING.into(), |x| format!("{x:.2} ×"))
+}
+
+/// `a` ÷ `b` with both IOPS, as a headline's value.
+fn versus(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!(
+            "{:.2} × ({:.1} k against {:.1} k IOPS)",
+            a / b,
+            a / 1e3,
+            b / 1e3
+        ),
+        _ => MISSING.into(),
+    }
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c),
+            _ => None,
+        })
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The files a report links, in a folder `benchmarks/` beside it: guest scripts, `usnvme
+/// serve`'s logs, the scaling chart. Only the sections that ran write theirs.
+struct Companions {
+    dir: PathBuf,
+    /// The folder as the report's links name it (relative to the report).
+    link: String,
+}
+
+impl Companions {
+    const FOLDER: &'static str = "benchmarks";
+
+    /// The folder beside the report `report`.
+    fn beside(report: &Path) -> Companions {
+        Companions {
+            dir: report.parent().unwrap_or(Path::new("")).join(Self::FOLDER),
+            link: Self::FOLDER.into(),
+        }
+    }
+
+    /// Where the file `name` goes (the folder is made).
+    fn path(&self, name: &str) -> Result<PathBuf> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("bench: making {}", self.dir.display()))?;
+        Ok(self.dir.join(name))
+    }
+
+    /// The Markdown link from the report to `name`.
+    fn link(&self, name: &str) -> String {
+        let target = format!("{}/{name}", self.link);
+        format!("[{target}]({target})")
+    }
+
+    /// Writes `body` into `name`; its Markdown link.
+    fn file(&self, name: &str, body: &str) -> Result<String> {
+        let path = self.path(name)?;
+        std::fs::write(&path, body)
+            .with_context(|| format!("bench: writing {}", path.display()))?;
+        Ok(self.link(name))
+    }
+}
+
+/// One key figure for the report's first page.
+struct Headline {
+    /// The heading of the section it comes from.
+    section: &'static str,
+    figure: String,
+    value: String,
+    /// Markdown: the command line that produced it, or how to rerun its section.
+    command: String,
+}
+
+/// The headline figures the sections that ran give, in the order they give them.
+struct Headlines {
+    rows: Vec<Headline>,
+    /// `common_flags` of this run.
+    flags: String,
+}
+
+impl Headlines {
+    fn new(flags: String) -> Headlines {
+        Headlines {
+            rows: Vec::new(),
+            flags,
+        }
+    }
+
+    /// A figure of the section headed `section`; `command` is Markdown.
+    fn add(
+        &mut self,
+        section: &'static str,
+        figure: impl Into<String>,
+        value: impl Into<String>,
+        command: impl Into<String>,
+    ) {
+        self.rows.push(Headline {
+            section,
+            figure: figure.into(),
+            value: value.into(),
+            command: command.into(),
+        });
+    }
+
+    /// The command that runs `section` again, as a code span, where no single program's
+    /// command line gives a figure.
+    fn rerun(&self, section: Section) -> String {
+        code(&format!(
+            "cargo xtask bench --only {}{}",
+            section_name(section),
+            self.flags
+        ))
+    }
+
+    fn render(&self, m: &mut String, p: &Provenance) -> std::fmt::Result {
+        writeln!(
+            m,
+            "## Headline figures\n\nEvery figure below is from this one run: machine {}, commit \
+             {}, date {}. Each links to the section that says how it was measured.\n",
+            p.machine, p.commit, p.date
+        )?;
+        if self.rows.is_empty() {
+            return writeln!(m, "None: no section that gives one ran.\n");
+        }
+        writeln!(
+            m,
+            "| Figure | Value | Command | Section |\n|---|---|---|---|"
+        )?;
+        let cell = |text: &str| text.replace('|', "\\|");
+        for r in &self.rows {
+            // the link names the section by its heading's first words
+            let short = r.section.split([':', '(']).next().unwrap_or_default();
+            writeln!(
+                m,
+                "| {} | {} | {} | [{}](#{}) |",
+                cell(&r.figure),
+                cell(&r.value),
+                cell(&r.command),
+                short.trim(),
+                anchor(r.section)
+            )?;
+        }
+        writeln!(m)
+    }
+}
+
+/// The report: the run's title lines, the headline figures, then every section.
+fn report(r: &Results, args: &BenchArgs, p: &Provenance, out: &Path) -> Result<String> {
+    let companions = Companions::beside(out);
+    let mut headlines = Headlines::new(common_flags(args));
+    let h = &mut headlines;
+    let mut body = String::new();
+    let m = &mut body;
+    let why_not_vm = if args.no_vm { "`--no-vm`" } else { "`--only`" };
+    match &r.host {
+        Some(host) => host_report(m, host, args, h)?,
+        None => writeln!(m, "## {HOST}\n\nNot run (`--only`).\n")?,
+    }
+    match &r.vm {
+        Some(vm) => vm_section(m, vm, args, &companions, h)?,
+        None => writeln!(m, "\n## {VM}\n\nNot run ({why_not_vm}).")?,
+    }
+    fabric::section(m, r.fabric.as_ref(), why_not_vm, &companions, h)?;
+    if r.spdk.is_none() && args.spdk.is_some() {
+        writeln!(m, "\n## {}\n\nNot run ({why_not_vm}).", spdk::HEADING)?;
+    } else {
+        spdk::section(m, r.spdk.as_ref(), &companions, h)?;
+    }
+    fio::section(m, r.fio.as_ref(), why_not_vm, &companions, h)?;
+    let why_not_native = if args.spdk_target.is_some() {
+        "`--only`"
+    } else {
+        "no SPDK given"
+    };
+    native::section(m, r.native.as_ref(), why_not_native, h)?;
+    scale::section(m, r.scale.as_ref(), "`--only`", &companions, h)?;
+    let mut flags = String::new();
+    if args.no_vm {
+        flags.push_str(" --no-vm");
+    }
+    if let Some(o) = args.only {
+        flags.push_str(&format!(" --only {}", section_name(o)));
+    }
+    flags.push_str(&common_flags(args));
+    let mut report = String::new();
+    writeln!(report, "# Benchmarks\n")?;
     writeln!(
-        m,
-        "Written by `cargo xtask bench{flags}` on {}.\n\n- Machine: {}\n- Commit: {}{dirty}\n- \
+        report,
+        "Written by `cargo xtask bench{flags}` on {}.\n\n- Machine: {}\n- Commit: {}\n- \
          Programs: `driver/examples/null_bench.rs`, `engine/examples/engine_bench.rs` and \
          `usnvme perf` (release build) on `sim`; `usnvme perf`, fio, `usnvme serve`, nvmet-tcp and \
          `spdk_nvme_perf` in the VM test bed.\n",
-        git(&["log", "-1", "--format=%cd", "--date=iso"]),
-        machine(),
-        git(&["rev-parse", "--short", "HEAD"]),
+        p.date, p.machine, p.commit,
     )?;
-    match host {
-        Some(h) => host_report(&mut m, h, args)?,
-        None => writeln!(
-            m,
-            "## Cost per I/O (host, `sim` null backend, inline mode)\n\nNot run (`--only`).\n"
-        )?,
-    }
-    match vm {
-        Some(vm) => vm_section(&mut m, vm, args)?,
-        None => writeln!(
-            m,
-            "\n## VM side by side (one boot: 12 drives on the kernel's nvme, 12 on vfio-pci)\n\n\
-             Not run (`{}`).",
-            if args.no_vm { "--no-vm" } else { "--only" }
-        )?,
-    }
-    fabric::section(
-        &mut m,
-        fabric,
-        if args.no_vm { "`--no-vm`" } else { "`--only`" },
-    )?;
-    if spdk.is_none() && args.spdk.is_some() {
-        writeln!(
-            m,
-            "\n## Same boot as SPDK's spdk_nvme_perf\n\nNot run (`{}`).",
-            if args.no_vm { "--no-vm" } else { "--only" }
-        )?;
-    } else {
-        spdk::section(&mut m, spdk)?;
-    }
-    Ok(m)
+    headlines.render(&mut report, p)?;
+    report.push_str(&body);
+    Ok(report)
 }
 
-fn host_report(m: &mut String, h: &HostResults, args: &BenchArgs) -> Result<()> {
+/// The host section's heading.
+const HOST: &str = "Cost per I/O (host, `sim` null backend, inline mode)";
+/// The VM section's heading.
+const VM: &str = "VM side by side (one boot: 12 drives on the kernel's nvme, 12 on vfio-pci)";
+
+fn host_report(
+    m: &mut String,
+    h: &HostResults,
+    args: &BenchArgs,
+    headlines: &mut Headlines,
+) -> Result<()> {
     let rows = &h.rows;
     let row = |key: &str| rows.iter().find(|r| r.key == key);
+    if let Some(p) = row("perf-1") {
+        headlines.add(
+            HOST,
+            "Instructions per 4 KiB read, the whole `usnvme perf` path less the simulated \
+             controller (callgrind; 1 `sim` null drive, QD 128)",
+            format!("{:.0} (driver {:.0})", p.split.host_side(), p.split.driver),
+            code(&p.command),
+        );
+        headlines.add(
+            HOST,
+            "IOPS on one core, `usnvme perf`, 1 `sim` null drive, QD 128 (the simulated \
+             controller on the same core)",
+            millions(p.iops),
+            code(&p.command),
+        );
+    }
     writeln!(
         m,
-        "## Cost per I/O (host, `sim` null backend, inline mode)\n\n\
+        "## {HOST}\n\n\
          4 KiB random reads, one thread (one reactor on core 0), with production settings: \
          command timeouts on (30 s), and `usnvme perf` with its default flags otherwise \
          (statistics, latency stamps, progress line). The inline `sim` controller runs inside \
@@ -732,10 +956,25 @@ fn functions_report(m: &mut String, r: &HostRow) -> Result<()> {
     Ok(())
 }
 
-fn vm_section(m: &mut String, vm: &VmResults, args: &BenchArgs) -> Result<()> {
+fn vm_section(
+    m: &mut String,
+    vm: &VmResults,
+    args: &BenchArgs,
+    companions: &Companions,
+    headlines: &mut Headlines,
+) -> Result<()> {
+    let script = companions.file("vm.sh", &vm.script)?;
+    let get = |t| vm::lookup(vm, t, 32, 1, 1);
+    headlines.add(
+        VM,
+        "`usnvme perf` ÷ fio with io_uring on the kernel's nvme driver, IOPS, 4 KiB randread \
+         QD 32, 1 drive, 1 core (VM under TCG: only the ratio counts)",
+        versus(get(Tool::Usnvme), get(Tool::FioIoUring)),
+        format!("{} (guest script: {script})", headlines.rerun(Section::Vm)),
+    );
     writeln!(
         m,
-        "\n## VM side by side (one boot: 12 drives on the kernel's nvme, 12 on vfio-pci)\n\n\
+        "\n## {VM}\n\n\
          QEMU's emulated NVMe under software emulation (TCG, 2 vCPUs): an emulation ceiling, \
          not a hardware figure; only the ratios mean something. 4 KiB random reads, {} s per \
          run after 1 s of warm-up; QD is per drive per core for both (fio gets `iodepth = QD × \
@@ -795,8 +1034,208 @@ fn vm_section(m: &mut String, vm: &VmResults, args: &BenchArgs) -> Result<()> {
         "\nFor reference (issue 7): SPDK's `spdk_nvme_perf` reached about 270 k IOPS at QD 32 on \
          one core and one drive in this test bed; the kernel path about 10 k.\n\n\
          The guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
-         --kernel-nvme 12`):\n\n```sh\n{}```",
-        vm.script
+         --kernel-nvme 12`): {script}."
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+impl Companions {
+    /// The companions of a report in a folder of its own under the temporary directory.
+    fn for_test(name: &str) -> Companions {
+        let dir = std::env::temp_dir().join(format!("usnvme-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Companions::beside(&dir.join("BENCHMARKS.md"))
+    }
+
+    /// The file `name` as written.
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+    }
+
+    /// Removes the report's folder.
+    fn remove(self) {
+        if let Some(report_dir) = self.dir.parent() {
+            let _ = std::fs::remove_dir_all(report_dir);
+        }
+    }
+}
+
+#[cfg(test)]
+impl Headlines {
+    /// The headline table alone, under a made-up machine.
+    fn table(&self) -> String {
+        let p = Provenance {
+            date: "2030-01-01 00:00 UTC".into(),
+            machine: "M".into(),
+            commit: "C".into(),
+        };
+        let mut m = String::new();
+        self.render(&mut m, &p).expect("rendered");
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(flags: &[&str]) -> BenchArgs {
+        Cli::parse_from(std::iter::once("bench").chain(flags.iter().copied())).bench
+    }
+
+    #[test]
+    fn anchors_are_the_ones_github_gives_headings() {
+        assert_eq!(
+            anchor(HOST),
+            "cost-per-io-host-sim-null-backend-inline-mode"
+        );
+        assert_eq!(anchor(spdk::HEADING), "same-boot-as-spdks-spdk_nvme_perf");
+        assert_eq!(
+            anchor(fabric::HEADING),
+            "fabric-nvmetcp-targets-and-initiators-one-boot-on-loopback"
+        );
+    }
+
+    #[test]
+    fn the_headline_table_gives_each_figure_its_value_command_and_section() {
+        let mut h = Headlines::new(common_flags(&args(&["--quick", "--spdk", "/x"])));
+        assert!(h
+            .table()
+            .ends_with("None: no section that gives one ran.\n\n"));
+        h.add(
+            HOST,
+            "IOPS on one core",
+            "10.33 M",
+            code("usnvme perf -q 128"),
+        );
+        let rerun = h.rerun(Section::FabricNative);
+        h.add(
+            native::HEADING,
+            "serve ÷ nvmf_tgt",
+            "1.20 ×",
+            format!("{rerun} (a | b)"),
+        );
+        let t = h.table();
+        assert!(
+            t.starts_with(
+                "## Headline figures\n\nEvery figure below is from this one run: machine M, \
+                 commit C, date 2030-01-01 00:00 UTC."
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| Figure | Value | Command | Section |\n|---|---|---|---|\n\
+                 | IOPS on one core | 10.33 M | `usnvme perf -q 128` | \
+                 [Cost per I/O](#cost-per-io-host-sim-null-backend-inline-mode) |\n\
+                 | serve ÷ nvmf_tgt | 1.20 × | `cargo xtask bench --only fabric-native --quick \
+                 --spdk PATH` (a \\| b) | [NVMe/TCP natively](#nvmetcp-natively-serve-against-\
+                 nvmf_tgt-perf-against-spdk_nvme_perf) |\n"
+            ),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn companions_go_into_a_folder_beside_the_report_and_are_linked_relatively() {
+        let elsewhere = Companions::beside(Path::new("/tmp/x.md"));
+        assert_eq!(elsewhere.dir, Path::new("/tmp/benchmarks"));
+        assert_eq!(
+            Companions::beside(Path::new("x.md")).dir,
+            Path::new("benchmarks")
+        );
+        let c = Companions::for_test("companions");
+        let link = c.file("vm.sh", "echo hello\n").expect("written");
+        assert_eq!(link, "[benchmarks/vm.sh](benchmarks/vm.sh)");
+        let report_dir = c.dir.parent().expect("the report's folder").to_path_buf();
+        assert_eq!(
+            std::fs::read_to_string(report_dir.join("benchmarks/vm.sh")).expect("the file"),
+            "echo hello\n"
+        );
+        assert_eq!(
+            c.path("scaling.svg").expect("a path"),
+            report_dir.join("benchmarks/scaling.svg")
+        );
+        c.remove();
+    }
+
+    #[test]
+    fn the_report_puts_the_headlines_first_and_the_vm_script_in_a_file() {
+        let case = |tool, qd| vm::Case {
+            tool,
+            qd,
+            cores: 1,
+            drives: 1,
+        };
+        let vm = VmResults {
+            cells: vec![
+                (case(Tool::Usnvme, 32), Some(120_000.0)),
+                (case(Tool::FioIoUring, 32), Some(10_000.0)),
+                (case(Tool::FioIoUringPolled, 32), None),
+            ],
+            script: "echo the guest script\n".into(),
+            ..Default::default()
+        };
+        let results = Results {
+            host: None,
+            vm: Some(vm),
+            fabric: None,
+            spdk: None,
+            fio: None,
+            native: None,
+            scale: None,
+        };
+        let p = Provenance {
+            date: "D".into(),
+            machine: "M".into(),
+            commit: "C".into(),
+        };
+        let c = Companions::for_test("report");
+        let out = c.dir.parent().expect("a folder").join("BENCHMARKS.md");
+        let m = report(&results, &args(&["--only", "vm", "--quick"]), &p, &out).expect("report");
+        assert!(
+            m.starts_with("# Benchmarks\n\nWritten by `cargo xtask bench --only vm --quick` on D."),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "| `usnvme perf` ÷ fio with io_uring on the kernel's nvme driver, IOPS, 4 KiB \
+                 randread QD 32, 1 drive, 1 core (VM under TCG: only the ratio counts) | 12.00 × \
+                 (120.0 k against 10.0 k IOPS) | `cargo xtask bench --only vm --quick` (guest \
+                 script: [benchmarks/vm.sh](benchmarks/vm.sh)) | [VM side by side](#vm-side-by-\
+                 side-one-boot-12-drives-on-the-kernels-nvme-12-on-vfio-pci) |"
+            ),
+            "{m}"
+        );
+        let (headlines, sections) = (m.find("## Headline figures"), m.find("## VM side by side"));
+        assert!(
+            headlines.expect("headlines") < sections.expect("the VM section"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "The guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
+                 --kernel-nvme 12`): [benchmarks/vm.sh](benchmarks/vm.sh)."
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("```sh"), "no script in the report: {m}");
+        assert_eq!(c.read("vm.sh"), "echo the guest script\n");
+        assert!(
+            m.contains("## Scaling over cores (host, `sim` null drives)\n\nNot run (`--only`).")
+        );
+        assert!(
+            !c.dir.join("scaling.svg").exists(),
+            "only the sections that ran write"
+        );
+        c.remove();
+    }
 }

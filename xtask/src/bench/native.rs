@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::spdk::{first_error, median, spdk_figures, usnvme_figures};
+use super::{versus, Headlines, Section};
 
 const SERVE_PORT: u16 = 4420;
 const SPDK_PORT: u16 = 4421;
@@ -602,12 +603,88 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
+/// The section's heading.
+pub const HEADING: &str = "NVMe/TCP natively: serve against nvmf_tgt, perf against spdk_nvme_perf";
+
+/// The median IOPS of `initiator` on `ic` in front of `target` on `tc` at `qd`.
+fn median_iops(
+    r: &NativeResults,
+    target: Target,
+    tc: &[u32],
+    initiator: Initiator,
+    ic: &[u32],
+    qd: u32,
+) -> Option<f64> {
+    r.cases
+        .iter()
+        .find(|c| {
+            c.target == target
+                && c.target_cores == tc
+                && c.initiator == initiator
+                && c.initiator_cores == ic
+                && c.qd == qd
+        })
+        .and_then(|c| median(c.iops.clone()))
+}
+
+/// The section's headline figures at QD 32: the targets on their fewest cores with `usnvme
+/// perf` in front, and the initiators on one core in front of nvmf_tgt.
+fn headlines(h: &mut Headlines, r: &NativeResults) {
+    let command = h.rerun(Section::FabricNative);
+    let serve = r
+        .cases
+        .iter()
+        .find(|c| c.target == Target::Serve && c.initiator == Initiator::UsnvmePerf && c.qd == 32);
+    if let Some(c) = serve {
+        let (tc, ic) = (&c.target_cores, &c.initiator_cores);
+        h.add(
+            HEADING,
+            format!(
+                "`usnvme serve` ÷ `nvmf_tgt`, IOPS, target on core(s) {}, `usnvme perf` on {} in \
+                 front, 4 KiB randread QD 32 per namespace (loopback, no VM; medians)",
+                list(tc),
+                list(ic)
+            ),
+            versus(
+                median(c.iops.clone()),
+                median_iops(r, Target::NvmfTgt, tc, c.initiator, ic, 32),
+            ),
+            command.clone(),
+        );
+    }
+    let perf = r.cases.iter().find(|c| {
+        c.target == Target::NvmfTgt
+            && c.initiator == Initiator::SpdkPerf
+            && c.initiator_cores.len() == 1
+            && c.qd == 32
+    });
+    if let Some(c) = perf {
+        let (tc, ic) = (&c.target_cores, &c.initiator_cores);
+        h.add(
+            HEADING,
+            format!(
+                "`usnvme perf` ÷ `spdk_nvme_perf`, IOPS on core {} in front of `nvmf_tgt` on {}, \
+                 4 KiB randread QD 32 per namespace (loopback, no VM; medians)",
+                list(ic),
+                list(tc)
+            ),
+            versus(
+                median_iops(r, c.target, tc, Initiator::UsnvmePerf, ic, 32),
+                median(c.iops.clone()),
+            ),
+            command,
+        );
+    }
+}
+
 /// The report's section.
-pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -> Result<()> {
-    writeln!(
-        m,
-        "\n## NVMe/TCP natively: serve against nvmf_tgt, perf against spdk_nvme_perf\n"
-    )?;
+pub fn section(
+    m: &mut String,
+    results: Option<&NativeResults>,
+    why_not: &str,
+    h: &mut Headlines,
+) -> Result<()> {
+    writeln!(m, "\n## {HEADING}\n")?;
     let Some(r) = results else {
         writeln!(
             m,
@@ -625,18 +702,7 @@ pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -
          Per core: the IOPS divided by the cores of the side compared.\n",
         r.seconds, r.rounds, r.spdk_memory
     )?;
-    let median_of = |t: Target, tc: &[u32], i: Initiator, ic: &[u32], qd: u32| {
-        r.cases
-            .iter()
-            .find(|c| {
-                c.target == t
-                    && c.target_cores == tc
-                    && c.initiator == i
-                    && c.initiator_cores == ic
-                    && c.qd == qd
-            })
-            .and_then(|c| median(c.iops.clone()))
-    };
+    headlines(h, r);
     // Targets compared: the same initiator in front of each.
     for initiator in [Initiator::UsnvmePerf, Initiator::SpdkPerf] {
         let rows: Vec<&Case> = r
@@ -657,7 +723,7 @@ pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -
         for c in rows {
             let (tc, ic) = (&c.target_cores, &c.initiator_cores);
             let us = median(c.iops.clone());
-            let them = median_of(Target::NvmfTgt, tc, initiator, ic, c.qd);
+            let them = median_iops(r, Target::NvmfTgt, tc, initiator, ic, c.qd);
             let n = tc.len() as f64;
             writeln!(
                 m,
@@ -687,7 +753,8 @@ pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -
              IOPS | spdk_nvme_perf IOPS | usnvme perf / spdk_nvme_perf |\n|---|---|---:|---:|---:|---:|"
         )?;
         for c in single {
-            let us = median_of(
+            let us = median_iops(
+                r,
                 c.target,
                 &c.target_cores,
                 Initiator::UsnvmePerf,
@@ -737,6 +804,53 @@ pub fn section(m: &mut String, results: Option<&NativeResults>, why_not: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_headlines_compare_targets_and_initiators_at_qd_32() {
+        use Initiator::{SpdkPerf, UsnvmePerf};
+        use Target::{NvmfTgt, Serve};
+        let case = |target, initiator, iops| Case {
+            target,
+            target_cores: vec![0],
+            initiator,
+            initiator_cores: vec![1],
+            qd: 32,
+            iops: vec![iops],
+            error: None,
+            command: String::new(),
+        };
+        let r = NativeResults {
+            cases: vec![
+                case(Serve, UsnvmePerf, 120_000.0),
+                case(Serve, SpdkPerf, 100_000.0),
+                case(NvmfTgt, UsnvmePerf, 100_000.0),
+                case(NvmfTgt, SpdkPerf, 80_000.0),
+            ],
+            seconds: 3,
+            rounds: 1,
+            spdk_memory: "--no-huge".into(),
+            target_commands: vec![],
+        };
+        let mut h = Headlines::new(String::new());
+        section(&mut String::new(), Some(&r), "", &mut h).expect("section");
+        let t = h.table();
+        assert!(
+            t.contains(
+                "| `usnvme serve` ÷ `nvmf_tgt`, IOPS, target on core(s) 0, `usnvme perf` on 1 in \
+                 front, 4 KiB randread QD 32 per namespace (loopback, no VM; medians) | 1.20 × \
+                 (120.0 k against 100.0 k IOPS) | `cargo xtask bench --only fabric-native` |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| `usnvme perf` ÷ `spdk_nvme_perf`, IOPS on core 1 in front of `nvmf_tgt` on 0, \
+                 4 KiB randread QD 32 per namespace (loopback, no VM; medians) | 1.25 × (100.0 k \
+                 against 80.0 k IOPS) |"
+            ),
+            "{t}"
+        );
+    }
 
     #[test]
     fn core_lists_and_masks_are_as_the_tools_take_them() {

@@ -3,7 +3,7 @@
 //! on every one of 24 drives, one drive per core, a stripe over the 24), and `usnvme serve` on
 //! 1, 2, 4, 8 reactors against `usnvme perf` on the cores left. Inline `sim:` null drives, 4 KiB
 //! random reads: what is measured is the host side's cost and what it shares between cores.
-//! The figures go into a table and a chart (`scaling.svg` beside the report).
+//! The figures go into a table and a chart (`benchmarks/scaling.svg` beside the report).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -13,6 +13,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 
 use super::native::{list, start_serve, stop_serve, usnvme_perf};
+use super::{code, Companions, Headlines, MISSING};
 
 const DRIVES: u32 = 24;
 const QD: u32 = 128;
@@ -223,27 +224,70 @@ fn percent(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{:.0} %", r * 100.0))
 }
 
+/// The section's heading.
+pub const HEADING: &str = "Scaling over cores (host, `sim` null drives)";
+
+/// The chart's file, in the report's companions.
+const CHART: &str = "scaling.svg";
+
+/// A row's efficiency: one process ÷ the separate processes; the stripe ÷ the every-drive
+/// namespaces in one process.
+fn efficiency(r: &ScaleResults, row: &Row) -> Option<f64> {
+    match row.layout {
+        Layout::Stripe => ratio(&row.one, &every_drive(r, row.cores)),
+        _ => ratio(&row.one, &row.separate),
+    }
+}
+
+/// The section's headline figures: each layout's efficiency on the most cores.
+fn headlines(h: &mut Headlines, r: &ScaleResults) {
+    for layout in Layout::ALL {
+        let Some(row) = r.rows.iter().rev().find(|row| row.layout == layout) else {
+            continue;
+        };
+        let against = match layout {
+            Layout::Stripe => "the namespaces of every drive in one process",
+            _ => "as many separate single-core processes",
+        };
+        h.add(
+            HEADING,
+            format!(
+                "Efficiency on {} core{}, {}: one `usnvme perf` process ÷ {against}",
+                row.cores,
+                if row.cores == 1 { "" } else { "s" },
+                layout.name()
+            ),
+            efficiency(r, row).map_or(MISSING.into(), |e| {
+                format!("{} ({} IOPS)", percent(Some(e)), fmt(&row.one))
+            }),
+            code(&row.command),
+        );
+    }
+}
+
 pub fn section(
     m: &mut String,
     results: Option<&ScaleResults>,
-    chart: &Path,
     why_not: &str,
+    companions: &Companions,
+    h: &mut Headlines,
 ) -> Result<()> {
-    writeln!(m, "\n## Scaling over cores (host, `sim` null drives)\n")?;
+    writeln!(m, "\n## {HEADING}\n")?;
     let Some(r) = results else {
         writeln!(m, "Not run ({why_not}).")?;
         return Ok(());
     };
+    headlines(h, r);
     writeln!(
         m,
         "On this machine's {} cores: one `usnvme perf` process on the first N cores against N \
          separate single-core processes run at once (the reference: nothing shared between \
          them but the machine), {} s per run, 4 KiB random reads, QD {QD} per device, inline \
          `sim:` null drives. *Efficiency*: one process / separate processes; for the stripe, \
-         the stripe / every-drive namespaces in one process. Chart: `{}`.\n",
+         the stripe / every-drive namespaces in one process. Chart: {}.\n",
         r.cores,
         r.seconds,
-        chart.file_name().map_or("".into(), |f| f.to_string_lossy())
+        companions.link(CHART)
     )?;
     writeln!(
         m,
@@ -256,10 +300,7 @@ pub fn section(
             .as_ref()
             .map(|i| i / row.cores as f64)
             .map_err(Clone::clone);
-        let efficiency = match row.layout {
-            Layout::Stripe => ratio(&row.one, &every_drive(r, row.cores)),
-            _ => ratio(&row.one, &row.separate),
-        };
+        let efficiency = efficiency(r, row);
         writeln!(
             m,
             "| {} | {} | {} | {} | {} | {} |",
@@ -315,7 +356,7 @@ pub fn section(
         let target: Vec<u32> = (0..s.target_cores as u32).collect();
         writeln!(m, "- `{}` (serve on cores {})", s.command, list(&target))?;
     }
-    chart_svg(r, chart)
+    chart_svg(r, &companions.path(CHART)?)
 }
 
 fn every_drive(r: &ScaleResults, cores: usize) -> Result<f64, String> {
@@ -350,13 +391,7 @@ fn chart_svg(r: &ScaleResults, path: &Path) -> Result<()> {
                 .rows
                 .iter()
                 .filter(|row| row.layout == layout)
-                .filter_map(|row| {
-                    let e = match layout {
-                        Layout::Stripe => ratio(&row.one, &every_drive(r, row.cores)),
-                        _ => ratio(&row.one, &row.separate),
-                    }?;
-                    Some((row.cores as f64, e * 100.0))
-                })
+                .filter_map(|row| Some((row.cores as f64, efficiency(r, row)? * 100.0)))
                 .collect();
             (layout.name().to_string(), points)
         })
@@ -423,12 +458,30 @@ mod tests {
             serve: Vec::new(),
         };
         let mut m = String::new();
-        let chart = std::env::temp_dir().join(format!("scale-{}.svg", std::process::id()));
-        section(&mut m, Some(&r), &chart, "").expect("section");
+        let (companions, mut h) = (Companions::for_test("scale"), Headlines::new(String::new()));
+        section(&mut m, Some(&r), "", &companions, &mut h).expect("section");
         assert!(m.contains("| 80 % |"), "{m}");
         assert!(m.contains("| 75 % |"), "the stripe against 8 M: {m}");
-        let svg = std::fs::read_to_string(&chart).expect("the chart");
-        assert!(svg.contains("<svg"));
-        let _ = std::fs::remove_file(chart);
+        assert!(
+            m.contains("Chart: [benchmarks/scaling.svg](benchmarks/scaling.svg)."),
+            "{m}"
+        );
+        assert!(companions.read("scaling.svg").contains("<svg"));
+        companions.remove();
+        let t = h.table();
+        assert!(
+            t.contains(
+                "| Efficiency on 2 cores, every core on every drive (24): one `usnvme perf` \
+                 process ÷ as many separate single-core processes | 80 % (8.00 M IOPS) |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| Efficiency on 2 cores, stripe over 24 drives: one `usnvme perf` process ÷ the \
+                 namespaces of every drive in one process | 75 % (6.00 M IOPS) |"
+            ),
+            "{t}"
+        );
     }
 }

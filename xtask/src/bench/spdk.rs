@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use super::{Companions, Headlines, Section};
 use crate::cmd::sh_quote;
 use crate::vm::run;
 use crate::vm::trace::{self, Counts};
@@ -474,16 +475,45 @@ fn device_ops_table(m: &mut String, r: &SpdkResults) -> std::fmt::Result {
     Ok(())
 }
 
+/// The section's heading.
+pub const HEADING: &str = "Same boot as SPDK's spdk_nvme_perf";
+
+/// usnvme ÷ SPDK of a workload: the median of the rounds' ratios.
+fn ratio(s: &Summary) -> String {
+    median(s.pairs.clone()).map_or("–".into(), |x| format!("{x:.2}"))
+}
+
 /// The report's section; `None`: not run.
-pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Result {
-    writeln!(m, "\n## Same boot as SPDK's spdk_nvme_perf\n")?;
+pub fn section(
+    m: &mut String,
+    results: Option<&SpdkResults>,
+    companions: &Companions,
+    h: &mut Headlines,
+) -> Result<()> {
+    writeln!(m, "\n## {HEADING}\n")?;
     let Some(r) = results else {
-        return writeln!(
+        writeln!(
             m,
             "Not run: `cargo xtask bench --spdk PATH` (a `spdk_nvme_perf` binary) runs issue 13's \
              workloads with both tools in one boot."
-        );
+        )?;
+        return Ok(());
     };
+    let script = companions.file("spdk.sh", &r.script)?;
+    let ratios: Vec<String> = (0..WORKLOADS.len())
+        .map(|i| format!("{} {}", WORKLOADS[i].key, ratio(&summary(r, i))))
+        .collect();
+    h.add(
+        HEADING,
+        "`usnvme perf` ÷ `spdk_nvme_perf`, IOPS on one core, per workload of issue 13 (VM; the \
+         median of the rounds' ratios)",
+        ratios.join(", "),
+        format!(
+            "{} (the same flags for both, e.g. `{}`; guest script: {script})",
+            h.rerun(Section::Spdk),
+            WORKLOADS[0].flags(r.seconds)
+        ),
+    );
     writeln!(
         m,
         "One boot of the test bed (QEMU, 24 null-backed emulated drives, all on vfio-pci), one \
@@ -519,7 +549,7 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
             spread(&s.usnvme, |f| f.iops / 1e3, " k"),
             spread(&s.spdk, |f| f.iops / 1e3, " k"),
         );
-        let ratio = median(s.pairs.clone()).map_or("–".into(), |x| format!("{x:.2}"));
+        let ratio = ratio(&s);
         let rounds = s
             .pairs
             .iter()
@@ -587,10 +617,10 @@ pub fn section(m: &mut String, results: Option<&SpdkResults>) -> std::fmt::Resul
     device_ops_table(m, r)?;
     writeln!(
         m,
-        "\nThe guest script (run by `cargo xtask bench` \
-         through `cargo xtask vm-run`, 24 drives on vfio-pci):\n\n```sh\n{}```",
-        r.script
-    )
+        "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run`, 24 drives \
+         on vfio-pci): {script}."
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -685,6 +715,54 @@ Total                                                  :  123456.78     482.25  
         );
         assert_eq!(first_error("a\nlast\n\n"), "last");
         assert_eq!(first_error(""), "no output");
+    }
+
+    #[test]
+    fn the_section_links_its_script_and_gives_each_workloads_ratio() {
+        let mut runs = plan(1);
+        for run in &mut runs {
+            let iops = match run.tool {
+                Tool::Usnvme => 1100.0,
+                Tool::Spdk => 1000.0,
+            };
+            run.figures = Some(Figures {
+                iops,
+                mib_s: 1.0,
+                mean_us: 10.0,
+            });
+        }
+        let r = SpdkResults {
+            runs,
+            device_ops: Counts::new(),
+            seconds: 10,
+            rounds: 1,
+            binary: PathBuf::from("/s"),
+            version: None,
+            exit_code: 0,
+            script: "echo spdk\n".into(),
+        };
+        let (companions, mut h) = (Companions::for_test("spdk"), Headlines::new(String::new()));
+        let mut m = String::new();
+        section(&mut m, Some(&r), &companions, &mut h).expect("section");
+        assert!(
+            m.contains(
+                "The guest script (run by `cargo xtask bench` through `cargo xtask vm-run`, 24 \
+                 drives on vfio-pci): [benchmarks/spdk.sh](benchmarks/spdk.sh)."
+            ),
+            "{m}"
+        );
+        assert_eq!(companions.read("spdk.sh"), "echo spdk\n");
+        companions.remove();
+        let t = h.table();
+        assert!(
+            t.contains(
+                "| A 1.10, Q1 1.10, B 1.10, D 1.10, E 1.10 | `cargo xtask bench --only spdk` (the \
+                 same flags for both, e.g. `-q 32 -o 4096 -w randread -t 10 -c 0x1`; guest \
+                 script: [benchmarks/spdk.sh](benchmarks/spdk.sh)) | [Same boot as SPDK's \
+                 spdk_nvme_perf](#same-boot-as-spdks-spdk_nvme_perf) |"
+            ),
+            "{t}"
+        );
     }
 
     #[test]
