@@ -57,6 +57,9 @@ pub struct VmConfig {
     pub hugepages_bytes: u64,
     pub cpus: usize,
     pub tcg_threads: TcgThreads,
+    /// x2APIC (`-cpu max,+x2apic`, the IOMMU's extended interrupt mode): the guest's EOI and
+    /// timer are MSR writes, not xAPIC MMIO (issue 22's lead against multi-threaded TCG's hang).
+    pub x2apic: bool,
     pub mem_bytes: u64,
     pub qmp: Option<PathBuf>,
     /// QEMU trace events logged from the start, beside the IOMMU's DMA faults.
@@ -297,14 +300,16 @@ impl VmConfig {
                 TcgThreads::Single => "tcg,thread=single",
                 TcgThreads::Multi => "tcg,thread=multi",
             };
-            push(&["-M", "q35", "-accel", accel, "-cpu", "max"]);
+            let cpu = if self.x2apic { "max,+x2apic" } else { "max" };
+            push(&["-M", "q35", "-accel", accel, "-cpu", cpu]);
         }
         let smp = self.cpus.to_string();
         let mem = format!("{}M", self.mem_bytes / MIB);
         push(&["-smp", &smp, "-m", &mem]);
+        let eim = if self.x2apic { ",eim=on" } else { "" };
         push(&[
             "-device",
-            "intel-iommu,intremap=on,caching-mode=on,aw-bits=48",
+            &format!("intel-iommu,intremap=on,caching-mode=on,aw-bits=48{eim}"),
         ]);
         let vmlinux = assets.vmlinux.display().to_string();
         let initrd = assets.initramfs.display().to_string();
@@ -566,6 +571,7 @@ mod tests {
             hugepages_bytes: 1 << 30,
             cpus: 2,
             tcg_threads: TcgThreads::Single,
+            x2apic: false,
             mem_bytes: 4 << 30,
             qmp: None,
             trace: Vec::new(),
@@ -599,6 +605,19 @@ mod tests {
         assert!(!nvme[11].contains("logical_block_size"));
         assert!(nvme[12].contains("logical_block_size=4096") && nvme[12].ends_with(",mdts=2"));
         assert!(args.contains(&QBOOT.to_string()));
+    }
+
+    #[test]
+    fn x2apic_gives_the_cpu_x2apic_and_the_iommu_extended_interrupts() {
+        let plain = config(2, 1).qemu_args(&assets(), None, Path::new("/t"));
+        assert!(!plain.iter().any(|a| a.contains("x2apic") || a.contains("eim=on")));
+        let mut c = config(2, 1);
+        c.x2apic = true;
+        let args = c.qemu_args(&assets(), None, Path::new("/t"));
+        assert!(args.iter().any(|a| a.starts_with("intel-iommu,") && a.ends_with(",eim=on")));
+        if !kvm_usable() {
+            assert!(args.contains(&"max,+x2apic".to_string()), "{args:?}");
+        }
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// interrupts and hangs the guest when the host is busy) or multi (a thread per vCPU).
     #[arg(long, value_enum, default_value_t = TcgThreads::Single, env = "USNVME_VM_TCG_THREADS")]
     pub tcg_threads: TcgThreads,
+    /// Give the guest x2APIC (its EOI an MSR write, not xAPIC MMIO): issue 22's lead against
+    /// multi-threaded TCG's lost interrupts.
+    #[arg(long, env = "USNVME_VM_X2APIC")]
+    pub x2apic: bool,
     /// Guest memory.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     pub mem: u64,
@@ -143,6 +147,7 @@ impl RunArgs {
             hugepages_bytes: self.hugepages,
             cpus: self.cpus,
             tcg_threads: self.tcg_threads,
+            x2apic: self.x2apic,
             mem_bytes: self.mem,
             qmp: self.qmp.clone(),
             trace: self.trace.clone(),
