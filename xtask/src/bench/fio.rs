@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::spdk::{median, usnvme_figures, Figures};
-use super::{times, Companions, Headlines, Section};
+use super::{open_section, times, Companions, Headlines, Section};
 use crate::cmd::sh_quote;
 use crate::vm::run;
 
@@ -351,9 +351,7 @@ pub fn section(
     companions: &Companions,
     h: &mut Headlines,
 ) -> Result<()> {
-    writeln!(m, "\n## {HEADING}\n")?;
-    let Some(r) = results else {
-        writeln!(m, "Not run ({why_not}).")?;
+    let Some(r) = open_section(m, HEADING, results, why_not)? else {
         return Ok(());
     };
     let script = companions.file("fio.sh", &r.script)?;

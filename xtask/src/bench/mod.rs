@@ -517,6 +517,20 @@ fn common_flags(args: &BenchArgs) -> String {
     flags
 }
 
+/// Starts section `heading`: its results, or `None` once it said it did not run (`why_not`).
+fn open_section<'a, T>(
+    m: &mut String,
+    heading: &str,
+    results: Option<&'a T>,
+    why_not: &str,
+) -> Result<Option<&'a T>> {
+    writeln!(m, "\n## {heading}\n")?;
+    if results.is_none() {
+        writeln!(m, "Not run ({why_not}).")?;
+    }
+    Ok(results)
+}
+
 /// Markdown's code span.
 fn code(text: &str) -> String {
     format!("`{text}`")

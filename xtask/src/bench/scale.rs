@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 
 use super::native::{list, start_serve, stop_serve, usnvme_perf};
-use super::{code, Companions, Headlines, MISSING};
+use super::{code, open_section, Companions, Headlines, MISSING};
 
 const DRIVES: u32 = 24;
 const QD: u32 = 128;
@@ -272,9 +272,7 @@ pub fn section(
     companions: &Companions,
     h: &mut Headlines,
 ) -> Result<()> {
-    writeln!(m, "\n## {HEADING}\n")?;
-    let Some(r) = results else {
-        writeln!(m, "Not run ({why_not}).")?;
+    let Some(r) = open_section(m, HEADING, results, why_not)? else {
         return Ok(());
     };
     headlines(h, r);

@@ -610,11 +610,15 @@ mod tests {
     #[test]
     fn x2apic_gives_the_cpu_x2apic_and_the_iommu_extended_interrupts() {
         let plain = config(2, 1).qemu_args(&assets(), None, Path::new("/t"));
-        assert!(!plain.iter().any(|a| a.contains("x2apic") || a.contains("eim=on")));
+        assert!(!plain
+            .iter()
+            .any(|a| a.contains("x2apic") || a.contains("eim=on")));
         let mut c = config(2, 1);
         c.x2apic = true;
         let args = c.qemu_args(&assets(), None, Path::new("/t"));
-        assert!(args.iter().any(|a| a.starts_with("intel-iommu,") && a.ends_with(",eim=on")));
+        assert!(args
+            .iter()
+            .any(|a| a.starts_with("intel-iommu,") && a.ends_with(",eim=on")));
         if !kvm_usable() {
             assert!(args.contains(&"max,+x2apic".to_string()), "{args:?}");
         }
