@@ -68,7 +68,7 @@ pub struct RunArgs {
     pub tcg_threads: TcgThreads,
     /// Give the guest x2APIC (its EOI an MSR write, not xAPIC MMIO): issue 22's lead against
     /// multi-threaded TCG's lost interrupts.
-    #[arg(long, env = "USNVME_VM_X2APIC")]
+    #[arg(long, env = "USNVME_VM_X2APIC", value_parser = clap::builder::BoolishValueParser::new())]
     pub x2apic: bool,
     /// Guest memory.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
