@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use super::spdk::median;
 use super::{open_section, times, Companions, Headlines, Section};
 use crate::cmd::sh_quote;
-use crate::vm::run::{self, RunArgs};
+use crate::vm::run;
 
 const NVME: &str = "/usr/sbin/nvme";
 const FIO: &str = "/usr/bin/fio";
@@ -639,7 +639,7 @@ pub fn same_boot(
         seconds,
     );
     std::fs::write(out.join("fabric.sh"), &body)?;
-    let mut args = RunArgs::for_program(vec![
+    let mut args = super::bench_boot(vec![
         "/bin/sh".into(),
         out.join("fabric.sh").display().to_string(),
     ]);
