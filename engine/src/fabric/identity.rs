@@ -44,6 +44,15 @@ pub fn host_identity(root: &Path) -> Result<(String, [u8; 16]), String> {
     Ok((nqn, id.into_bytes()))
 }
 
+/// The host NQN given (`--hostnqn`, fio's `hostnqn=`) with its host ID, else this host's
+/// ([`host_identity`] under `root`).
+pub fn host_identity_or(given: Option<&str>, root: &Path) -> Result<(String, [u8; 16]), String> {
+    match given {
+        Some(nqn) => Ok((nqn.to_owned(), host_id_for(nqn))),
+        None => host_identity(root),
+    }
+}
+
 /// The text of the file `path` under `root`, trimmed; None when it is missing or empty.
 pub(crate) fn read_setting(root: &Path, path: &str) -> Option<String> {
     std::fs::read_to_string(root.join(path))
@@ -108,6 +117,13 @@ mod tests {
         )
         .expect("write");
         assert_eq!(host_identity(&dir).expect("hostid").1[0], 0xff);
+        let by_hand = "nqn.2024-01.io.usnvme:host-a";
+        assert_eq!(
+            host_identity_or(Some(by_hand), &dir).expect("given"),
+            (by_hand.to_owned(), host_id_for(by_hand)),
+            "an NQN given wins over the files"
+        );
+        assert_eq!(host_identity_or(None, &dir).expect("files").0, given);
         let _ = std::fs::remove_dir_all(&dir);
 
         assert_eq!(host_id_for(given)[15], 0xff);

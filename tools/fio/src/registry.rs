@@ -17,7 +17,7 @@ use usnvme_driver::{Controller, ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::block::remote::RemoteSubsystem;
 use usnvme_engine::block::DmaTarget;
 use usnvme_engine::fabric::address::TcpAddress;
-use usnvme_engine::fabric::identity::{host_id_for, host_identity};
+use usnvme_engine::fabric::identity::host_identity_or;
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::transport::tcp::HostOptions;
 use usnvme_engine::transport::{DeviceName, ReconnectPolicy};
@@ -68,10 +68,7 @@ impl Default for RemoteHost {
 impl RemoteHost {
     /// The transport's options: this host's identity, its digests and Keep Alive.
     fn options(&self) -> Result<HostOptions, String> {
-        let (host_nqn, host_id) = match &self.nqn {
-            Some(nqn) => (nqn.clone(), host_id_for(nqn)),
-            None => host_identity(Path::new("/"))?,
-        };
+        let (host_nqn, host_id) = host_identity_or(self.nqn.as_deref(), Path::new("/"))?;
         Ok(HostOptions {
             host_nqn,
             host_id,

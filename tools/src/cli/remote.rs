@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use usnvme_engine::fabric::address::{check_nqn, TcpAddress};
-use usnvme_engine::fabric::identity::{host_id_for, host_identity};
+use usnvme_engine::fabric::identity::host_identity_or;
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::transport::tcp::HostOptions;
 use usnvme_engine::transport::ControllerError;
@@ -36,10 +36,8 @@ fn parse_nqn(s: &str) -> Result<String, String> {
 impl RemoteArgs {
     /// The host options: the NQN given, or the one of this machine (files under `root`).
     pub fn host_options(&self, root: &Path) -> anyhow::Result<HostOptions> {
-        let (host_nqn, host_id) = match &self.hostnqn {
-            Some(nqn) => (nqn.clone(), host_id_for(nqn)),
-            None => host_identity(root).map_err(anyhow::Error::msg)?,
-        };
+        let (host_nqn, host_id) =
+            host_identity_or(self.hostnqn.as_deref(), root).map_err(anyhow::Error::msg)?;
         Ok(HostOptions {
             digests: Digests {
                 header: self.hdr_digest,
