@@ -288,6 +288,48 @@ fn beside_a_local_drive(
     perf_then(root, &args, when_measuring)
 }
 
+/// Perf on a local RAM drive and namespace 1 of `remote` as [`beside_a_local_drive`], with no
+/// time of its own: `stimulus` runs once perf measures and must return only once the remote
+/// I/O flows again; perf is then stopped (SIGINT), so that however late a busy machine runs the
+/// stimulus, the run holds all of it. (The time given perf is a hang guard.)
+fn beside_a_local_drive_through(
+    root: &Path,
+    remote: &str,
+    extra: &[&str],
+    stimulus: impl FnOnce(),
+) -> (Output, Value) {
+    let mut args = vec![
+        "-r",
+        "sim:6,backend=ram,size=4M",
+        "-r",
+        remote,
+        "-n",
+        "1",
+        "-c",
+        perf_core(),
+        "-t",
+        "600",
+        "-q",
+        "8",
+    ];
+    args.extend(extra);
+    perf_then_with_pid(root, &args, |pid| {
+        stimulus();
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    })
+}
+
+/// Waits until `serve` has answered another 200 commands from now (the host's I/O goes on).
+fn io_resumes(serve: &Serve) {
+    let now = serve.wait_for_status("a status", |_| true)["commands"]
+        .as_u64()
+        .unwrap_or(0);
+    serve.wait_for_status("answering I/O again", |s| {
+        s["commands"].as_u64() >= Some(now + 200)
+    });
+}
+
 /// One job per device; the local one ran the whole time without a failure, the remote ones
 /// were lost with `why` and failed I/Os.
 fn check_lost_remote(out: &Output, doc: &Value, remote: &str, why: &str) {
@@ -947,7 +989,7 @@ fn a_reconnect_the_target_answers_late_holds_up_nothing_but_its_own_ios() {
     let root = host_root();
     let relay = Relay::to(serve.addr);
     let remote = format!("tcp://{}/{NQN}", relay.addr);
-    let (out, doc) = beside_a_local_drive(
+    let (out, doc) = beside_a_local_drive_through(
         root.path(),
         &remote,
         &[
@@ -967,9 +1009,10 @@ fn a_reconnect_the_target_answers_late_holds_up_nothing_but_its_own_ios() {
             // (the stimulus: the I/O queue's connection unanswered for 5 s)
             std::thread::sleep(Duration::from_secs(5));
             relay.release();
+            io_resumes(&serve);
         },
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(130), "stopped: {}", text(&out));
     assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
     for job in doc["jobs"].as_array().expect("jobs") {
         assert_eq!(job["failed_ios"], 0, "{job:#}");
@@ -993,7 +1036,7 @@ fn a_reconnect_the_target_answers_late_holds_up_nothing_but_its_own_ios() {
 /// One job per device, none failed, both moved data; the local drive (`sim:6`) never paused
 /// more than a busy machine can hold a thread, the remote one paused for its target.
 fn local_ran_on_while_remote_paused(out: &Output, doc: &Value, writes_only: bool) {
-    assert!(out.status.success(), "{}", text(out));
+    assert_eq!(out.status.code(), Some(130), "stopped: {}", text(out));
     for job in doc["jobs"].as_array().expect("jobs") {
         assert_eq!(job["failed_ios"], 0, "{job:#}");
         assert!(ios(job, "write") > 0, "{job:#}");
@@ -1017,13 +1060,14 @@ fn a_target_stopped_for_5_s_holds_up_nothing_but_its_own_ios_which_then_complete
     let root = host_root();
     let remote = format!("tcp://{}/{NQN}", serve.addr);
     let extra = ["-w", "randrw", "--verify"];
-    let (out, doc) = beside_a_local_drive(root.path(), &remote, &extra, || {
+    let (out, doc) = beside_a_local_drive_through(root.path(), &remote, &extra, || {
         io_flows_to(&serve);
         let pid = nix::unistd::Pid::from_raw(serve.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
         // (the stimulus: a target process stopped for 5 s, its sockets open)
         std::thread::sleep(Duration::from_secs(5));
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        io_resumes(&serve);
     });
     local_ran_on_while_remote_paused(&out, &doc, false);
     assert!(doc["verified_blocks"].as_u64() > Some(0), "{doc:#}");
@@ -1059,12 +1103,13 @@ fn a_target_killed_and_restarted_is_reconnected_without_holding_up_the_local_dri
         "60",
     ];
     let mut restarted = None;
-    let (out, doc) = beside_a_local_drive(root.path(), &remote, &extra, || {
+    let (out, doc) = beside_a_local_drive_through(root.path(), &remote, &extra, || {
         io_flows_to(&serve);
         let _ = serve.child.kill(); // SIGKILL: no clean shutdown
         let _ = serve.child.wait();
         let again = Serve::start(&serve_args);
         io_flows_to(&again);
+        io_resumes(&again);
         restarted = Some(again);
     });
     local_ran_on_while_remote_paused(&out, &doc, true);
