@@ -20,7 +20,7 @@ use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::export::server::{
-    Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
+    Counters, IdleMode, Inbox, Incoming, ReactorBuffers, ServeJob, Shared, SmartService,
 };
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::fabric::pdu::Digests;
@@ -314,6 +314,7 @@ fn serve_sim() -> SimTarget {
             block_size: info.block_size,
             blocks: info.size_bytes / u64::from(info.block_size),
             nguid: [1; 16],
+            uuid: [2; 16],
             device: 0,
         }],
         listeners: vec![Listener {
@@ -350,7 +351,15 @@ fn serve_sim() -> SimTarget {
     ));
     let run = engine
         .start(devices, move |_| {
-            ServeJob::new(shared.clone(), inbox.clone(), 64)
+            ServeJob::new(
+                shared.clone(),
+                inbox.clone(),
+                ReactorBuffers {
+                    size: 64 << 10,
+                    count: 64,
+                    large: 4,
+                },
+            )
         })
         .expect("the target's reactors");
     let accepting = stop.clone();
@@ -415,7 +424,8 @@ fn the_io_queue_moves_data_through_the_real_target_on_a_sim_drive() {
         let bs = params.block_size;
         let mut q =
             IoQueue::connect(addr, params, &host, Buffers::Memory(mem.clone())).expect("I/O queue");
-        // 16 writes at once: half in the capsule (4 KiB), half by R2T (128 KiB)
+        // 16 writes at once: half in the capsule (4 KiB), half by R2T (128 KiB: beyond the
+        // reactor's 64 KiB buffers, eight commands for its four large ones, so some wait)
         let size = |i: u64| {
             if i.is_multiple_of(2) {
                 4096u32

@@ -31,14 +31,26 @@ pub fn run(program: &str, args: &[&str]) -> String {
     text
 }
 
+/// A namespace `usnvme serve` said it exports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    pub nsid: u32,
+    /// The device behind it (a PCI address and namespace, `stripe0`).
+    pub name: String,
+    pub bytes: u64,
+    /// Its UUID, as serve prints it (hyphenated, lower case), which the kernel's `uuid` and
+    /// `wwid` (`uuid.…`) show.
+    pub uuid: String,
+}
+
 /// `usnvme serve` of subsystem `nqn` on `addresses`, allowing [`HOSTNQN`], running; the
-/// namespaces it printed: (NSID, PCI address, bytes).
+/// namespaces it printed.
 pub fn serve(
     bed: &VmBed,
     nqn: &str,
     addresses: &[String],
     extra: &[&str],
-) -> (Child, Vec<(u32, String, u64)>) {
+) -> (Child, Vec<Exported>) {
     let mut args = vec!["serve", "--nqn", nqn, "--allow-host", HOSTNQN];
     args.extend_from_slice(extra);
     for a in addresses {
@@ -54,17 +66,23 @@ pub fn serve(
     let mut namespaces = Vec::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.expect("a line");
-        // "  namespace 3: 0000:01:00.0 (2097152 blocks of 512 bytes, 1.0 GiB)"
+        // "  namespace 3: 0000:01:00.0 (2097152 blocks of 512 bytes, 1.0 GiB), uuid 8c1f…"
         if let Some(rest) = line.trim().strip_prefix("namespace ") {
             let (nsid, rest) = rest.split_once(": ").expect("NSID: name");
             let (name, rest) = rest.split_once(" (").expect("name (size)");
-            let mut words = rest.split_whitespace();
+            let (size, uuid) = rest.split_once("), uuid ").expect("(size), uuid UUID");
+            let mut words = size.split_whitespace();
             let blocks: u64 = words.next().and_then(|w| w.parse().ok()).expect("blocks");
             let bs: u64 = words
                 .nth(2)
                 .and_then(|w| w.parse().ok())
                 .expect("block size");
-            namespaces.push((nsid.parse().expect("NSID"), name.to_string(), blocks * bs));
+            namespaces.push(Exported {
+                nsid: nsid.parse().expect("NSID"),
+                name: name.to_string(),
+                bytes: blocks * bs,
+                uuid: uuid.to_string(),
+            });
         }
         if line.starts_with("hosts:") {
             break;
@@ -162,18 +180,22 @@ pub fn kernel_namespaces(nqn: &str, count: usize) -> HashMap<u32, PathBuf> {
 }
 
 pub fn block_bytes(dev: &Path) -> u64 {
+    let sectors: u64 = sysfs_block(dev, "size").parse().expect("a number");
+    sectors * 512
+}
+
+/// Attribute `attr` of block device `dev` (`/sys/class/block/NAME/ATTR`), trimmed.
+pub fn sysfs_block(dev: &Path, attr: &str) -> String {
     let name = dev
         .file_name()
         .expect("a name")
         .to_string_lossy()
         .into_owned();
-    let path = format!("/sys/class/block/{name}/size");
-    let sectors: u64 = std::fs::read_to_string(&path)
+    let path = format!("/sys/class/block/{name}/{attr}");
+    std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{path}: {e}"))
         .trim()
-        .parse()
-        .expect("a number");
-    sectors * 512
+        .to_string()
 }
 
 /// fio writes `size` of `dev` at random and verifies it.

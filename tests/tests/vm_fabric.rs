@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use usnvme_tests::kernel_host::{
-    block_bytes, kernel_namespaces, run, serve, Connected, FIO, HOSTNQN, NVME,
+    block_bytes, kernel_namespaces, run, serve, sysfs_block, Connected, Exported, FIO, HOSTNQN,
+    NVME,
 };
 use usnvme_tests::{
     drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers,
@@ -105,9 +106,23 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
     for digests in [&[][..], &["--hdr-digest", "--data-digest"]] {
         let connected = Connected::new(NQN, digests);
         let devices = kernel_namespaces(NQN, EXPORTED);
-        for (nsid, name, bytes) in &namespaces {
-            let dev = &devices[nsid];
-            assert_eq!(block_bytes(dev), *bytes, "{name} as {}", dev.display());
+        for ns in &namespaces {
+            let dev = &devices[&ns.nsid];
+            assert_eq!(
+                block_bytes(dev),
+                ns.bytes,
+                "{} as {}",
+                ns.name,
+                dev.display()
+            );
+            // named by its UUID, as nvmet's namespaces are (not by the NGUID: `eui.…`)
+            let wwid = sysfs_block(dev, "wwid");
+            assert_eq!(wwid, format!("uuid.{}", ns.uuid), "{}", ns.name);
+            // MDTS 1 MiB: the host sends a 512 KiB or 1 MiB I/O as one command
+            let max_kb: u64 = sysfs_block(dev, "queue/max_hw_sectors_kb")
+                .parse()
+                .expect("a number");
+            assert!(max_kb >= 1024, "{}: max_hw_sectors_kb {max_kb}", ns.name);
         }
         let ctrl = kernel_controller(NQN);
         let id = run(NVME, &["id-ctrl", &ctrl]);
@@ -147,7 +162,7 @@ fn the_linux_initiator_reads_back_what_it_wrote_through_usnvme_serve() {
         assert!(!out.contains("verify: bad"), "{out}");
 
         // a pattern per drive, which the host finds in its image after the run
-        for (nsid, name, _) in &namespaces {
+        for Exported { nsid, name, .. } in &namespaces {
             let address = name.split('/').next().unwrap_or(name); // "BDF" or "BDF/nsN"
             let k = index_of[address];
             let data = pattern(0xfab0 + k as u64, CHECKED_LEN);
@@ -183,7 +198,10 @@ fn a_stripe_of_twelve_drives_is_one_namespace_the_kernel_verifies() {
         2 * EXPORTED
     );
     let (mut target, namespaces) = serve(&bed, NQN, &addresses, &["--stripe", "12:128K"]);
-    let [(nsid, name, bytes)] = &namespaces[..] else {
+    let [Exported {
+        nsid, name, bytes, ..
+    }] = &namespaces[..]
+    else {
         panic!("one stripe: {namespaces:?}");
     };
     assert_eq!(name, "stripe0");

@@ -219,7 +219,7 @@ fn the_kernel_initiator_verifies_through_serve_exporting_a_pi_namespace_as_plain
     let (mut target, namespaces) = serve(&bed, NQN, &addresses, &[]);
     // namespaces 1 (plain) and 2 (PI the drive inserts and strips) of each drive; namespace 3,
     // whose 64 bytes of metadata per block would have to travel, is left out by name
-    let mut names: Vec<&str> = namespaces.iter().map(|(_, n, _)| n.as_str()).collect();
+    let mut names: Vec<&str> = namespaces.iter().map(|n| n.name.as_str()).collect();
     names.sort_unstable();
     let expected: Vec<String> = addresses
         .iter()
@@ -242,7 +242,10 @@ fn the_kernel_initiator_verifies_through_serve_exporting_a_pi_namespace_as_plain
     .iter()
     .map(|s| s.to_string())
     .collect();
-    for (nsid, name, bytes) in &namespaces {
+    for usnvme_tests::kernel_host::Exported {
+        nsid, name, bytes, ..
+    } in &namespaces
+    {
         let dev = &devices[nsid];
         assert_eq!(block_bytes(dev), *bytes, "{name} as {}", dev.display());
         fio.extend([

@@ -75,6 +75,10 @@ fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_diges
         assert_eq!(id.subnqn(), NQN);
         assert_eq!(id.cntlid, cntlid);
         assert_ne!(id.sgls, 0);
+        assert_eq!(
+            id.mdts, 8,
+            "1 MiB: a host's 512 KiB or 1 MiB I/O is one command"
+        );
         let in_capsule = (id.ioccsz as usize * 16).saturating_sub(64);
         let ns = IdentifyNamespace::from_slice(&identify(&mut admin, 0, 2)).expect("4096 bytes");
         assert_eq!(ns.nsze, 16 << 20 >> 9, "16 MiB of 512-byte blocks");
@@ -85,6 +89,8 @@ fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_diges
             (1u32, 8u64, 4096usize),
             (2, 1000, 64 << 10),
             (1, 30000, 128 << 10),
+            // beyond the reactor's usual 128 KiB buffers: one of its large ones
+            (2, 4096, 1 << 20),
         ] {
             let data: Vec<u8> = (0..len)
                 .map(|i| (i * 7 + nsid as usize + slba as usize) as u8)
@@ -112,6 +118,48 @@ fn a_host_discovers_connects_and_reads_back_what_it_wrote_with_and_without_diges
         io.disconnect();
         admin.disconnect();
     }
+}
+
+/// The UUIDs serve's status gives its namespaces, by NSID.
+fn namespace_uuids(serve: &Serve) -> Vec<(u64, String)> {
+    let status = serve.wait_for_status("a status", |s| s["namespaces"].is_array());
+    status["namespaces"]
+        .as_array()
+        .expect("namespaces")
+        .iter()
+        .map(|n| {
+            let uuid = n["uuid"].as_str().expect("a UUID").to_string();
+            (n["nsid"].as_u64().expect("an NSID"), uuid)
+        })
+        .collect()
+}
+
+#[test]
+fn each_namespace_has_a_uuid_descriptor_beside_its_nguid_the_same_after_a_restart() {
+    let opts = options(Digests::default());
+    let mut seen = Vec::new();
+    for _run in 0..2 {
+        let serve = Serve::start(&["--allow-host", HOST]);
+        let uuids = namespace_uuids(&serve);
+        assert_eq!(uuids.len(), 2, "{uuids:?}");
+        assert_ne!(uuids[0].1, uuids[1].1, "each namespace its own UUID");
+        let (mut admin, _) = serve.admin(NQN, &opts);
+        for (nsid, uuid) in &uuids {
+            // CNS 03h: NGUID (type 2), then UUID (type 3), 16 bytes each, then the end
+            let list = identify(&mut admin, 3, *nsid as u32);
+            assert_eq!((list[0], list[1], list[20], list[21]), (2, 16, 3, 16));
+            let nguid = IdentifyNamespace::from_slice(&identify(&mut admin, 0, *nsid as u32))
+                .expect("4096 bytes")
+                .nguid;
+            assert_eq!(list[4..20], nguid, "the NGUID Identify Namespace gives");
+            let wire = uuid::Uuid::from_slice(&list[24..40]).expect("16 bytes");
+            assert_eq!(&wire.hyphenated().to_string(), uuid, "NSID {nsid}");
+            assert_eq!(list[40], 0, "the list ends");
+        }
+        admin.disconnect();
+        seen.push(uuids);
+    }
+    assert_eq!(seen[0], seen[1], "the same UUIDs after a restart");
 }
 
 #[test]

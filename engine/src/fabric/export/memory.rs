@@ -100,12 +100,12 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     fn reserve(&mut self, token: u16, len: usize) -> bool {
         let held = self.buffers_held();
-        let open = self.waiting.gate.buffers_open();
+        let open = self.waiting.gate.buffers_open(false);
         match self.held.get_mut(token as usize) {
             Some(true) => true,
             Some(h) if len <= self.max_buffer => {
                 if !open || held >= self.buffer_limit {
-                    self.waiting.gate.no_buffer();
+                    self.waiting.gate.no_buffer(false);
                     return false;
                 }
                 *h = true;
@@ -203,6 +203,7 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
                 block_size: 512,
                 blocks: 2048,
                 nguid: [nsid as u8; 16],
+                uuid: super::uuid_of_nguid(&[nsid as u8; 16]),
                 device: nsid as usize - 1,
             })
             .collect(),

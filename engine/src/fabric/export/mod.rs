@@ -78,6 +78,9 @@ pub struct ExportedNamespace {
     pub blocks: u64,
     /// Stable across restarts for the same device (derived from its name and the subsystem).
     pub nguid: [u8; 16],
+    /// Its UUID, as stable: Linux names a namespace by it first (`uuid.…` in its wwid), as
+    /// nvmet's are named. [`uuid_of_nguid`] unless given.
+    pub uuid: [u8; 16],
     /// The block device behind it: its index among the reactors' devices (the one every
     /// request for this namespace names; never reused while the target runs).
     pub device: usize,
@@ -93,16 +96,28 @@ impl ExportedNamespace {
         nguid: &dyn Fn(&str) -> [u8; 16],
     ) -> ExportedNamespace {
         let info = device.info();
+        let nguid = nguid(&info.name);
         ExportedNamespace {
             nsid,
             name: info.name.clone(),
             block_size: info.block_size,
             blocks: info.size_bytes / u64::from(info.block_size),
-            nguid: nguid(&info.name),
+            nguid,
+            uuid: uuid_of_nguid(&nguid),
             device: index,
         }
     }
 }
+
+/// The UUID a namespace with NGUID `nguid` has unless one is given: name-based (version 5),
+/// so as stable as the NGUID.
+pub fn uuid_of_nguid(nguid: &[u8; 16]) -> [u8; 16] {
+    uuid::Uuid::new_v5(&NAMESPACE_UUIDS, nguid).into_bytes()
+}
+
+/// The namespace of the name-based UUIDs of namespaces: a fixed random UUID.
+const NAMESPACE_UUIDS: uuid::Uuid =
+    uuid::Uuid::from_u128(0x8b2f_6c1d_94e7_5a30_b1c8_7e52_0f9d_36a4);
 
 /// Where the subsystem listens (the discovery log lists it).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -28,8 +28,8 @@ pub struct Waiter {
 /// one waits for.
 #[derive(Debug, Default)]
 pub struct Gate {
-    /// A waiter found no DMA buffer.
-    buffers_short: bool,
+    /// A waiter found no DMA buffer: of the usual size (0), or a large one (1).
+    buffers_short: [bool; 2],
     /// Per device: a waiter found its queue full.
     full: Vec<bool>,
     /// Something was released or completed since the last retry pass: worth one.
@@ -37,14 +37,15 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Whether a command may take a buffer now (none waits for one).
-    pub fn buffers_open(&self) -> bool {
-        !self.buffers_short
+    /// Whether a command may take a buffer (a `large` one, or one of the usual size) now:
+    /// none waits for one of that kind.
+    pub fn buffers_open(&self, large: bool) -> bool {
+        !self.buffers_short[usize::from(large)]
     }
 
-    /// No buffer was free: later commands queue behind this one.
-    pub fn no_buffer(&mut self) {
-        self.buffers_short = true;
+    /// No buffer of the kind was free: later commands for one queue behind this one.
+    pub fn no_buffer(&mut self, large: bool) {
+        self.buffers_short[usize::from(large)] = true;
     }
 
     /// Whether a command may be submitted to `device` now (none waits for its room).
@@ -121,7 +122,7 @@ impl Waiting {
         if self.queue.is_empty() || !(std::mem::take(&mut self.gate.freed) || idle) {
             return None;
         }
-        self.gate.buffers_short = false;
+        self.gate.buffers_short = [false; 2];
         self.gate.full.fill(false);
         Some(std::mem::take(&mut self.queue))
     }
@@ -149,10 +150,10 @@ mod tests {
         assert!(waiting.begin_retry(false).is_none(), "nothing freed yet");
         waiting.gate.freed();
         let mut queue = waiting.begin_retry(false).expect("a pass");
-        // tokens 0 and 2 start; 1 finds no buffer, 3 no room on device 1
+        // tokens 0 and 2 start; 1 finds no large buffer, 3 no room on device 1
         queue.retain(|w| match w.token {
             1 => {
-                waiting.gate.no_buffer();
+                waiting.gate.no_buffer(true);
                 true
             }
             3 => {
@@ -165,12 +166,16 @@ mod tests {
         waiting.end_retry(queue);
         let order: Vec<u16> = waiting.queue.iter().map(|w| w.token).collect();
         assert_eq!(order, [1, 3, 9]);
-        assert!(!waiting.gate.buffers_open());
+        assert!(!waiting.gate.buffers_open(true));
+        assert!(
+            waiting.gate.buffers_open(false),
+            "one waiting for a large buffer holds up no small one"
+        );
         assert!(!waiting.gate.room_open(1));
         assert!(waiting.gate.room_open(0));
         // the next pass opens the gate again; with nothing in flight, one runs unasked
         let queue = waiting.begin_retry(true).expect("a pass when idle");
-        assert!(waiting.gate.buffers_open() && waiting.gate.room_open(1));
+        assert!(waiting.gate.buffers_open(true) && waiting.gate.room_open(1));
         waiting.end_retry(queue);
         waiting.forget(5);
         assert_eq!(waiting.len(), 2);

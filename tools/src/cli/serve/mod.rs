@@ -28,7 +28,7 @@ use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::namespaces::LiveNamespaces;
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::server::{
-    Counters, IdleMode, Inbox, Incoming, ServeJob, Shared, SmartService,
+    Counters, IdleMode, Inbox, Incoming, ReactorBuffers, ServeJob, Shared, SmartService,
 };
 use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
 use usnvme_engine::placement::Policy;
@@ -37,16 +37,26 @@ use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions, 
 
 use crate::perf::{stripe, usage, Given};
 
-/// Largest transfer of one command (MDTS): 128 KiB, as most drives; the host splits larger I/O.
-const MAX_TRANSFER: u32 = 128 << 10;
+/// Largest transfer of one command (MDTS): 1 MiB, so that a host's 512 KiB or 1 MiB I/O is one
+/// command (nvmet sets no limit; Linux's own cap for NVMe/TCP is larger); serve splits at its
+/// drives' limits itself.
+const MAX_TRANSFER: u32 = 1 << 20;
+/// The usual size of a reactor's DMA buffers, and the I/O size its channels are sized for:
+/// 128 KiB, as most drives' largest transfer.
+const USUAL_TRANSFER: u32 = 128 << 10;
 /// In-capsule data a command may carry: 8 KiB (a 4 KiB or 8 KiB write needs no R2T).
 const IN_CAPSULE: u32 = 8192;
 /// Entries of each queue, MAXCMD.
 const QUEUE_ENTRIES: u16 = 128;
 /// Most data in one H2CData PDU.
 const MAXH2CDATA: u32 = 128 << 10;
-/// DMA buffers of MAX_TRANSFER bytes each reactor keeps for its connections' commands.
-const BUFFERS_PER_REACTOR: usize = 256;
+/// DMA buffers each reactor keeps for its connections' commands: 256 of the usual size (32
+/// MiB) and 16 of MAX_TRANSFER for those beyond it (16 MiB); more commands wait for them.
+const BUFFERS_PER_REACTOR: ReactorBuffers = ReactorBuffers {
+    size: USUAL_TRANSFER as usize,
+    count: 256,
+    large: 16,
+};
 
 /// Export drives and stripes over NVMe/TCP.
 #[derive(Debug, clap::Args)]
@@ -217,7 +227,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             policy: Policy::AllToAll,
             channel: ChannelOptions {
                 depth: QUEUE_ENTRIES,
-                io_size: Some(u64::from(MAX_TRANSFER)),
+                io_size: Some(u64::from(USUAL_TRANSFER)),
                 interrupts: args.idle == Idle::Interrupt,
                 ..ChannelOptions::default()
             },
@@ -521,6 +531,8 @@ fn status_json(
         "subsystem": s.nqn,
         "namespaces": s.namespaces.iter().map(|n| serde_json::json!({
             "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
+            "uuid": uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
+            "nguid": uuid::Uuid::from_bytes(n.nguid).simple().to_string(),
         })).collect::<Vec<_>>(),
         "listeners": s.listeners.iter().map(|l| l.address.to_string()).collect::<Vec<_>>(),
         "ana_states": s.listeners.iter().map(|l| (l.address.to_string(),
@@ -620,12 +632,13 @@ fn print_exports(out: &mut dyn Write, s: &SubsystemInfo, allowed: Option<&[Strin
     for ns in &s.namespaces {
         writeln!(
             out,
-            "  namespace {}: {} ({} blocks of {} bytes, {:.1} GiB)",
+            "  namespace {}: {} ({} blocks of {} bytes, {:.1} GiB), uuid {}",
             ns.nsid,
             ns.name,
             ns.blocks,
             ns.block_size,
-            (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64
+            (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64,
+            uuid::Uuid::from_bytes(ns.uuid).hyphenated()
         )?;
     }
     for l in &s.listeners {

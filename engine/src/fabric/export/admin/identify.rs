@@ -52,9 +52,11 @@ const SGLS_SUPPORTED: u32 = 1 << 0;
 const SGLS_OFFSET: u32 = 1 << 20;
 /// OFCS bit 0: the Disconnect command is supported.
 const OFCS_DISCONNECT: u16 = 1 << 0;
-/// Namespace Identifier Type of a Namespace Identification Descriptor: NGUID, 16 bytes.
+/// Namespace Identifier Types of Namespace Identification Descriptors: NGUID and UUID, 16
+/// bytes each.
 const NIDT_NGUID: u8 = 2;
-const NIDL_NGUID: u8 = 16;
+const NIDT_UUID: u8 = 3;
+const NIDL_16: u8 = 16;
 /// Identify CNS 06h, the I/O command set's Identify Controller data (served besides the
 /// [`Cns`] values).
 const CNS_IO_COMMAND_SET_CONTROLLER: u8 = 0x06;
@@ -170,13 +172,15 @@ pub fn active_namespaces(sub: &SubsystemInfo, after_nsid: u32) -> NamespaceList 
     NamespaceList::from_ids(ids)
 }
 
-/// Namespace Identification Descriptor list (CNS 03h): the NGUID, then a zero descriptor
-/// that ends the list.
+/// Namespace Identification Descriptor list (CNS 03h): the NGUID and the UUID (each a
+/// 4-byte header and 16 bytes), then a zero descriptor that ends the list.
 pub fn namespace_descriptors(ns: &ExportedNamespace) -> [u8; IDENTIFY_BYTES] {
     let mut page = [0u8; IDENTIFY_BYTES];
-    page[0] = NIDT_NGUID;
-    page[1] = NIDL_NGUID;
-    page[4..20].copy_from_slice(&ns.nguid);
+    for (at, nidt, id) in [(0, NIDT_NGUID, &ns.nguid), (20, NIDT_UUID, &ns.uuid)] {
+        page[at] = nidt;
+        page[at + 1] = NIDL_16;
+        page[at + 4..at + 20].copy_from_slice(id);
+    }
     page
 }
 

@@ -17,10 +17,28 @@ use crate::engine::DeviceChannel;
 use crate::fabric::export::connection::{Backend, Connection, Refused, Request};
 use crate::fabric::export::waiting::Waiting;
 
+/// A reactor's DMA buffers for its commands' data: many of the usual size, and a few of the
+/// largest transfer the target lets in for the commands beyond it (the usual ones are that
+/// size where it is not larger).
+pub(super) struct Pools {
+    pub usual: BufferPool,
+    pub large: Option<BufferPool>,
+}
+
+impl Pools {
+    /// The pool for a buffer of `len` bytes, and whether it is the large one.
+    fn for_len(&mut self, len: usize) -> (&mut BufferPool, bool) {
+        match &mut self.large {
+            Some(large) if len > self.usual.buffer_size() => (large, true),
+            _ => (&mut self.usual, false),
+        }
+    }
+}
+
 /// A connection's view of the reactor: its channels and buffers.
 pub(super) struct ReactorBackend<'a> {
     devices: &'a mut [DeviceChannel],
-    pool: &'a mut BufferPool,
+    pools: &'a mut Pools,
     buffers: &'a mut [Option<DmaBuffer>],
     slot: usize,
     waiting: &'a mut Waiting,
@@ -33,7 +51,7 @@ pub(super) struct ReactorBackend<'a> {
 impl<'a> ReactorBackend<'a> {
     pub(super) fn new(
         devices: &'a mut [DeviceChannel],
-        pool: &'a mut BufferPool,
+        pools: &'a mut Pools,
         c: &'a mut Conn,
         slot: usize,
         shared: &'a Shared,
@@ -41,7 +59,7 @@ impl<'a> ReactorBackend<'a> {
     ) -> (&'a mut Connection, &'a mut TcpStream, Self) {
         let backend = ReactorBackend {
             devices,
-            pool,
+            pools,
             buffers: &mut c.buffers,
             slot,
             waiting,
@@ -59,19 +77,20 @@ impl Backend for ReactorBackend<'_> {
         let Some(entry) = self.buffers.get_mut(token as usize) else {
             return false;
         };
-        // (never larger: the pool's buffers are of the largest transfer the target lets in)
-        debug_assert!(len <= self.pool.buffer_size());
         if entry.is_none() {
-            // none taken ahead of a command that waits for one
-            if !self.waiting.gate.buffers_open() {
+            let (pool, large) = self.pools.for_len(len);
+            // (never larger: the largest buffers are of the largest transfer let in)
+            debug_assert!(len <= pool.buffer_size());
+            // none taken ahead of a command that waits for one of its kind
+            if !self.waiting.gate.buffers_open(large) {
                 return false;
             }
-            *entry = self.pool.alloc();
+            *entry = pool.alloc();
             match entry {
                 Some(_) => {
                     self.in_use.fetch_add(1, Ordering::Relaxed);
                 }
-                None => self.waiting.gate.no_buffer(),
+                None => self.waiting.gate.no_buffer(large),
             }
         }
         entry.is_some()
@@ -128,7 +147,7 @@ impl Backend for ReactorBackend<'_> {
         if let Some(entry) = self.buffers.get_mut(token as usize) {
             if let Some(b) = entry.take() {
                 self.in_use.fetch_sub(1, Ordering::Relaxed);
-                let _ = self.pool.free(b);
+                let _ = self.pools.for_len(b.len()).0.free(b);
                 self.waiting.gate.freed();
             }
         }

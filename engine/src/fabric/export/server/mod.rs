@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::Status;
-use usnvme_hugepages::{BufferPool, DmaBuffer};
+use usnvme_hugepages::DmaBuffer;
 
 use super::connection::{Connection, ConnectionLimits, Receive};
 use super::registry::Registry;
@@ -24,7 +24,7 @@ mod counters;
 mod inbox;
 mod smart;
 
-use backend::ReactorBackend;
+use backend::{Pools, ReactorBackend};
 pub use counters::Counters;
 use counters::{thread_cpu_ns, BusyClock};
 use inbox::BELL;
@@ -96,13 +96,23 @@ struct Conn {
     readable: bool,
 }
 
+/// The DMA buffers each reactor keeps for its commands' data: `count` of `size` bytes, and
+/// `large` of the subsystem's largest transfer for the commands beyond `size` (a few: hosts
+/// send most I/O small; a 1 MiB buffer for each of the many would take 8 times the memory).
+#[derive(Debug, Clone, Copy)]
+pub struct ReactorBuffers {
+    pub size: usize,
+    pub count: usize,
+    pub large: usize,
+}
+
 /// The job of one reactor.
 pub struct ServeJob {
     shared: Shared,
     inbox: Inbox,
     conns: Vec<Option<Conn>>,
-    pool: Option<BufferPool>,
-    buffers_per_reactor: usize,
+    pools: Option<Pools>,
+    buffers: ReactorBuffers,
     completions: Vec<(u64, Result<(), Status>)>,
     stopping_since: Option<Instant>,
     busy: BusyClock,
@@ -124,15 +134,15 @@ impl std::fmt::Debug for ServeJob {
 }
 
 impl ServeJob {
-    /// `inbox`: where the acceptor gives this reactor its connections; `buffers`: DMA buffers
-    /// of `max_transfer` bytes this reactor keeps for its commands' data.
-    pub fn new(shared: Shared, inbox: Inbox, buffers: usize) -> Self {
+    /// `inbox`: where the acceptor gives this reactor its connections; `buffers`: the DMA
+    /// buffers this reactor keeps for its commands' data.
+    pub fn new(shared: Shared, inbox: Inbox, buffers: ReactorBuffers) -> Self {
         ServeJob {
             shared,
             inbox,
             conns: Vec::new(),
-            pool: None,
-            buffers_per_reactor: buffers,
+            pools: None,
+            buffers,
             completions: Vec::with_capacity(1024),
             stopping_since: None,
             busy: BusyClock::default(),
@@ -292,11 +302,19 @@ impl Job for ServeJob {
 
     fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
         let device = ctx.devices.first().ok_or("no device")?;
-        let size = self.shared.subsystem.max_transfer as usize;
-        let pool = device
-            .buffer_pool(size, self.buffers_per_reactor)
-            .map_err(|e| format!("DMA buffers for the target: {e}"))?;
-        self.pool = Some(pool);
+        let largest = self.shared.subsystem.max_transfer as usize;
+        let ReactorBuffers { size, count, large } = self.buffers;
+        let pool = |size, count| {
+            device
+                .buffer_pool(size, count)
+                .map_err(|e| format!("DMA buffers for the target: {e}"))
+        };
+        let (usual, large) = if size >= largest || large == 0 {
+            (pool(largest, count)?, None)
+        } else {
+            (pool(size, count)?, Some(pool(largest, large)?))
+        };
+        self.pools = Some(Pools { usual, large });
         ctx.watch(self.inbox.bell.as_fd(), BELL)
             .map_err(|e| format!("watching the target's inbox: {e}"))?;
         self.waiting.size_for(0, ctx.devices.len());
@@ -316,7 +334,7 @@ impl Job for ServeJob {
         }
         let timeout = self.sleep(ctx.now());
         let mut busy = self.poll_readiness(ctx, timeout);
-        let Some(pool) = self.pool.as_mut() else {
+        let Some(pool) = self.pools.as_mut() else {
             return false;
         };
         let now = Instant::now();

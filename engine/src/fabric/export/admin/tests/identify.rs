@@ -138,8 +138,17 @@ fn identify_dispatch_by_cns_and_nsid() {
         "NIDT NGUID, NIDL 16"
     );
     assert_eq!(&descriptors[4..20], &sub.namespaces[1].nguid);
+    assert_eq!(
+        (descriptors[20], descriptors[21]),
+        (3, 16),
+        "NIDT UUID, NIDL 16"
+    );
+    let uuid = &descriptors[24..40];
+    assert_eq!(uuid, &sub.namespaces[1].uuid);
+    assert_ne!(uuid, &sub.namespaces[0].uuid, "each namespace its own");
+    assert_eq!(uuid[6] >> 4, 5, "a name-based (version 5) UUID");
     assert!(
-        descriptors[20..].iter().all(|&b| b == 0),
+        descriptors[40..].iter().all(|&b| b == 0),
         "ended by a zero descriptor"
     );
     assert_eq!(code(ask(3, 2)), Err(Status::INVALID_NAMESPACE));

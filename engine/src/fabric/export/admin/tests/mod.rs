@@ -93,6 +93,7 @@ fn namespace(nsid: u32, block_size: u32, blocks: u64) -> ExportedNamespace {
         block_size,
         blocks,
         nguid,
+        uuid: crate::fabric::export::uuid_of_nguid(&nguid),
         device: nsid as usize - 1,
     }
 }
