@@ -39,6 +39,8 @@ pub struct Spdk {
     perf: PathBuf,
     rpc: PathBuf,
     lib: Option<PathBuf>,
+    /// `spdk_nvme_perf`'s memory flags on this machine.
+    memory: String,
 }
 
 impl Spdk {
@@ -68,12 +70,16 @@ impl Spdk {
                 })?,
         };
         let lib = Some(bin.join("../lib")).filter(|l| l.is_dir());
-        Ok(Spdk {
+        let mut spdk = Spdk {
             target,
             perf,
             rpc,
             lib,
-        })
+            memory: String::new(),
+        };
+        // checked now, not after the other sections' half hour
+        spdk.memory = spdk_perf_memory(&spdk)?;
+        Ok(spdk)
     }
 
     fn command(&self, program: &Path) -> Command {
@@ -189,7 +195,7 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
     }
     let work = crate::target_dir().join("bench-native");
     std::fs::create_dir_all(&work)?;
-    let spdk_memory = spdk_perf_memory();
+    let spdk_memory = spdk.memory.clone();
     let mut cases: Vec<Case> = Vec::new();
     let mut target_commands = Vec::new();
     for round in 0..rounds {
@@ -267,9 +273,8 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
     })
 }
 
-/// `spdk_nvme_perf`'s memory flags: hugepages where 1 GiB of them is free, else `--no-huge`
-/// (which SPDK's perf takes from v24.01 on).
-fn spdk_perf_memory() -> String {
+/// `spdk_nvme_perf`'s memory flags on this machine (see [`perf_memory_flags`]).
+fn spdk_perf_memory(spdk: &Spdk) -> Result<String> {
     let free_pages = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
@@ -278,11 +283,44 @@ fn spdk_perf_memory() -> String {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .unwrap_or(0);
-    if free_pages >= 512 {
-        "-s 1024 --iova-mode va".into()
-    } else {
-        "--no-huge -s 1024 --iova-mode va".into()
+    let hugetlbfs = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+    });
+    // its usage text lists the options it takes (`-h` prints it)
+    let usage = spdk.command(&spdk.perf).arg("-h").output();
+    let takes_no_huge = usage.is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout).contains("--no-huge")
+            || String::from_utf8_lossy(&o.stderr).contains("--no-huge")
+    });
+    perf_memory_flags(free_pages, hugetlbfs, takes_no_huge)
+        .map_err(|why| anyhow::anyhow!("--spdk-perf {}: {why}", spdk.perf.display()))
+}
+
+/// `spdk_nvme_perf`'s memory flags: hugepages where 1 GiB of them is free on a mounted
+/// hugetlbfs, else `--no-huge` where the perf takes it (SPDK v24.01 on); else, before any run,
+/// what to do (an SPDK v23.01 perf without hugepages fails every run).
+fn perf_memory_flags(
+    free_pages: u64,
+    hugetlbfs: bool,
+    takes_no_huge: bool,
+) -> Result<String, String> {
+    if free_pages >= 512 && hugetlbfs {
+        return Ok("-s 1024 --iova-mode va".into());
     }
+    if takes_no_huge {
+        return Ok("--no-huge -s 1024 --iova-mode va".into());
+    }
+    Err(format!(
+        "this spdk_nvme_perf takes no --no-huge (SPDK before v24.01), so it needs 1 GiB of free \
+         hugepages on a mounted hugetlbfs; this machine has {free_pages} free 2 MiB pages{}: \
+         echo 768 > /proc/sys/vm/nr_hugepages; mount -t hugetlbfs nodev /dev/hugepages",
+        if hugetlbfs {
+            ""
+        } else {
+            " and no hugetlbfs mounted"
+        }
+    ))
 }
 
 fn start(
@@ -804,6 +842,25 @@ pub fn section(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spdk_perf_gets_hugepages_or_no_huge_or_the_fix_before_any_run() {
+        assert_eq!(
+            perf_memory_flags(768, true, false).as_deref(),
+            Ok("-s 1024 --iova-mode va")
+        );
+        assert_eq!(
+            perf_memory_flags(768, false, true).as_deref(),
+            Ok("--no-huge -s 1024 --iova-mode va"),
+            "pages but no hugetlbfs: without them"
+        );
+        let why = perf_memory_flags(768, false, false).expect_err("v23.01 without hugetlbfs");
+        assert!(why.contains("no hugetlbfs mounted"), "{why}");
+        assert!(why.contains("mount -t hugetlbfs"), "{why}");
+        let why = perf_memory_flags(0, true, false).expect_err("no free pages");
+        assert!(why.contains("0 free 2 MiB pages:"), "{why}");
+        assert!(why.contains("nr_hugepages"), "{why}");
+    }
 
     #[test]
     fn the_headlines_compare_targets_and_initiators_at_qd_32() {
