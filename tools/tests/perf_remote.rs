@@ -270,6 +270,12 @@ fn beside_a_local_drive(
     when_measuring: impl FnOnce(),
 ) -> (Output, Value) {
     let seconds = BESIDE_SECONDS.to_string();
+    perf_then(root, &beside_args(remote, &seconds, extra), when_measuring)
+}
+
+/// Perf's flags for `seconds` on a local RAM drive and namespace 1 of `remote`, one core (not
+/// the target's), QD 8, then `extra`.
+fn beside_args<'a>(remote: &'a str, seconds: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "-r",
         "sim:6,backend=ram,size=4M",
@@ -280,12 +286,12 @@ fn beside_a_local_drive(
         "-c",
         perf_core(),
         "-t",
-        &seconds,
+        seconds,
         "-q",
         "8",
     ];
     args.extend(extra);
-    perf_then(root, &args, when_measuring)
+    args
 }
 
 /// Perf on a local RAM drive and namespace 1 of `remote` as [`beside_a_local_drive`], with no
@@ -298,22 +304,7 @@ fn beside_a_local_drive_through(
     extra: &[&str],
     stimulus: impl FnOnce(),
 ) -> (Output, Value) {
-    let mut args = vec![
-        "-r",
-        "sim:6,backend=ram,size=4M",
-        "-r",
-        remote,
-        "-n",
-        "1",
-        "-c",
-        perf_core(),
-        "-t",
-        "600",
-        "-q",
-        "8",
-    ];
-    args.extend(extra);
-    perf_then_with_pid(root, &args, |pid| {
+    perf_then_with_pid(root, &beside_args(remote, "600", extra), |pid| {
         stimulus();
         let pid = nix::unistd::Pid::from_raw(pid as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
