@@ -16,13 +16,13 @@ use usnvme_engine::block::remote::RemoteSubsystem;
 use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits, Receive};
+use usnvme_engine::fabric::export::live::{LiveTarget, NewDevice};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
-use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ReactorBuffers, ServeJob, Shared, SmartService,
 };
-use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo, Subsystems};
 use usnvme_engine::fabric::pdu::Digests;
 use usnvme_engine::placement::Policy;
 use usnvme_engine::stats::{OpKind, Snapshot};
@@ -45,7 +45,7 @@ fn serve(mut stream: TcpStream, sub: Arc<SubsystemInfo>, registry: Arc<Registry>
     stream.set_nonblocking(true).expect("non-blocking");
     let mut backend = MemoryBackend::new(&sub);
     let limits = ConnectionLimits { maxh2cdata: 16384 };
-    let mut conn = Connection::new(sub, registry, limits, "test".into());
+    let mut conn = Connection::new(Subsystems::one(sub), registry, limits, "test".into());
     loop {
         match conn.receive_from(&mut stream, &mut backend) {
             Ok(Receive::Ended) | Err(_) => conn.peer_gone("gone", &mut backend),
@@ -73,7 +73,7 @@ fn target_of(
     connections: usize,
     namespaces: u32,
 ) -> (SocketAddr, Arc<SubsystemInfo>, JoinHandle<()>) {
-    target_with(connections, namespaces, Arc::new(Registry::new(None)))
+    target_with(connections, namespaces, Arc::new(Registry::new()))
 }
 
 /// The same with its controllers in `registry`.
@@ -279,7 +279,7 @@ struct SimTarget {
     sub: Arc<SubsystemInfo>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     run: usnvme_engine::Run<()>,
-    live: Arc<LiveNamespaces>,
+    live: Arc<LiveTarget>,
     /// The simulated drive's controller (namespace 1 is exported as namespace 1).
     drive: usnvme_driver::Controller,
 }
@@ -329,11 +329,13 @@ fn serve_sim() -> SimTarget {
         max_transfer: 128 << 10,
         queue_entries: 64,
         io_queues: 8,
+        allowed_hosts: None,
     });
+    let subsystems = Subsystems::one(sub.clone());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let registry = Arc::new(Registry::new(None));
+    let registry = Arc::new(Registry::new());
     let shared = Shared {
-        subsystem: sub.clone(),
+        subsystems: subsystems.clone(),
         registry: registry.clone(),
         limits: ConnectionLimits { maxh2cdata: 32768 },
         smart: SmartService::start(usnvme_driver::spec::SmartLog::zeroed).expect("SMART"),
@@ -343,8 +345,8 @@ fn serve_sim() -> SimTarget {
     };
     let inbox = Inbox::new().expect("inbox");
     let tx = inbox.clone();
-    let live = Arc::new(LiveNamespaces::new(
-        sub.clone(),
+    let live = Arc::new(LiveTarget::new(
+        subsystems,
         &devices,
         vec![inbox.clone()],
         registry,
@@ -504,7 +506,7 @@ fn a_drive_added_to_a_running_target_is_its_next_namespace_until_it_is_removed()
             controllers: vec![controller.clone()],
         })
         .collect();
-    let added = target.live.add(new, |_| [2; 16]).expect("exported");
+    let added = target.live.add(new).expect("exported");
     assert_eq!((added.len(), added[0].nsid, added[0].device), (1, 2, 1));
     assert_eq!(active(&mut admin), [1, 2], "the host sees it");
     assert_eq!(changed(&mut admin), [2]);
@@ -596,10 +598,9 @@ fn a_namespace_attached_to_a_served_drive_is_exported_until_it_is_detached() {
     };
     let rescan = || {
         namespace_change(&ctrl);
-        let nguid = |_: &str| [2; 16];
         target
             .live
-            .rescan_drive(0, &ctrl, export, nguid)
+            .rescan_drive(0, &ctrl, export)
             .expect("rescanned")
     };
     let attachment = |attach: bool| {
@@ -882,7 +883,7 @@ impl Job for ReadUntil {
 #[test]
 fn a_host_whose_io_flows_sends_no_keep_alive_to_a_traffic_based_target() {
     let engine = sim_engine(1, EngineOptions::default());
-    let registry = Arc::new(Registry::new(None));
+    let registry = Arc::new(Registry::new());
     // the admin queue and one I/O queue
     let (addr, sub, server) = target_with(2, 1, registry.clone());
     // KATO 300 ms: the controller thread's period is 100 ms

@@ -9,6 +9,7 @@ use usnvme_driver::spec::{Cqe, Sqe, Status};
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::fabric::export::Subsystems;
 use usnvme_engine::fabric::pdu::{
     self, flags, DataHeader, IcReq, OutHeader, PduType, SHORT_HEADER,
 };
@@ -42,7 +43,7 @@ fn commands_allocate_nothing_once_warm() {
     assert_counting();
     for digests in DIGESTS {
         let sub = Arc::new(test_subsystem(1));
-        let registry = Arc::new(Registry::new(None));
+        let registry = Arc::new(Registry::new());
         let limits = ConnectionLimits { maxh2cdata: 16384 };
         let ic = IcReq {
             pfv: 0,
@@ -56,13 +57,23 @@ fn commands_allocate_nothing_once_warm() {
         let mut seen = Vec::with_capacity(1 << 16);
 
         // an admin queue, enabled
-        let mut admin = Connection::new(sub.clone(), registry.clone(), limits, "a".into());
+        let mut admin = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "a".into(),
+        );
         admin.receive(&ic, &mut backend);
         admin.receive(&connect(0, 0xffff, &sub.nqn, HOST, digests), &mut backend);
         admin.receive(&capsule(&enable(), &[], digests), &mut backend);
         admin.transmit(&mut out, &mut backend).expect("memory");
         // (the controller ID of the first controller is 1)
-        let mut io = Connection::new(sub.clone(), registry.clone(), limits, "i".into());
+        let mut io = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "i".into(),
+        );
         io.receive(&ic, &mut backend);
         io.receive(&connect(1, 1, &sub.nqn, HOST, digests), &mut backend);
         out.clear();

@@ -10,6 +10,7 @@ use usnvme_engine::block::Op;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
+use usnvme_engine::fabric::export::Subsystems;
 use usnvme_engine::fabric::pdu::{Digests, IcReq};
 use usnvme_engine::transport::tcp::initiator::session::{Completion, QueueParams, Session};
 use usnvme_engine::transport::tcp::initiator::{Gated, HostOptions};
@@ -46,10 +47,15 @@ fn submit_and_poll_allocate_nothing_once_warm() {
     assert_counting();
     for digests in DIGESTS {
         let sub = Arc::new(test_subsystem(1));
-        let registry = Arc::new(Registry::new(None));
+        let registry = Arc::new(Registry::new());
         let limits = ConnectionLimits { maxh2cdata: 16384 };
         let mut backend = MemoryBackend::new(&sub);
-        let mut admin = Connection::new(sub.clone(), registry.clone(), limits, "a".into());
+        let mut admin = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "a".into(),
+        );
         for p in admin_pdus(&sub.nqn) {
             admin.receive(&p, &mut backend);
         }
@@ -57,7 +63,12 @@ fn submit_and_poll_allocate_nothing_once_warm() {
             .transmit(&mut Vec::new(), &mut backend)
             .expect("memory");
 
-        let mut conn = Connection::new(sub.clone(), registry.clone(), limits, "i".into());
+        let mut conn = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "i".into(),
+        );
         let params = QueueParams {
             subnqn: sub.nqn.clone(),
             qid: 1,

@@ -23,6 +23,7 @@ mod serve;
 mod setup;
 mod signals;
 mod sweep;
+mod target;
 mod usage;
 
 use std::io::{self, Write};
@@ -74,6 +75,8 @@ enum Command {
     Serve(serve::Args),
     /// Sweep block sizes × patterns (read, write, randread, randwrite): table, CSV, JSON, SVG charts.
     Sweep(sweep::Args),
+    /// Change a running target (subsystems, namespaces, hosts, listeners, ANA) and save it.
+    Target(target::Args),
 }
 
 fn main() -> ExitCode {
@@ -134,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Perf(args) => perf::main(&sysfs, &args, &mut stdout),
         Command::Serve(args) => serve::main(&sysfs, &args, &mut stdout),
         Command::Sweep(args) => sweep::main(&sysfs, &args, &mut stdout),
+        Command::Target(args) => target::main(&args, &mut stdout),
     };
     // What was reported goes out before the errors about the rest.
     let flushed = stdout.flush();

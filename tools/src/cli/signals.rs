@@ -50,6 +50,14 @@ pub fn received() -> Option<i32> {
         .then(|| r.which.load(Ordering::SeqCst) as i32)
 }
 
+/// SIGHUP from now on (a target's "read your config again"): the flag is set at each, and the
+/// process no longer ends on it.
+pub fn hangups() -> std::io::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, flag.clone())?;
+    Ok(flag)
+}
+
 /// The conventional exit status after `signal`.
 pub fn exit_status(signal: i32) -> u8 {
     (128 + signal).clamp(0, 255) as u8

@@ -22,7 +22,7 @@ use usnvme_driver::spec::{Cqe, SglDescriptor, Sqe, Status};
 use super::connection::{Connection, ConnectionLimits};
 use super::memory::{test_subsystem, MemoryBackend};
 use super::registry::Registry;
-use super::SubsystemInfo;
+use super::{SubsystemInfo, Subsystems};
 use crate::fabric::pdu::{flags, DataHeader, Digests, IcReq, OutHeader, PduType};
 
 /// Most data in one H2CData PDU the target takes (the fuzzed connections' MAXH2CDATA).
@@ -34,8 +34,8 @@ pub fn fuzz_connection(bytes: &[u8]) {
     let sub = Arc::new(test_subsystem(2));
     let mut backend = MemoryBackend::new(&sub);
     let mut conn = Connection::new(
-        sub.clone(),
-        Arc::new(Registry::new(None)),
+        Subsystems::one(sub.clone()),
+        Arc::new(Registry::new()),
         ConnectionLimits {
             maxh2cdata: MAXH2CDATA,
         },
@@ -106,7 +106,12 @@ impl Queue {
         let limits = ConnectionLimits {
             maxh2cdata: MAXH2CDATA,
         };
-        let conn = Connection::new(sub.clone(), registry.clone(), limits, "fuzz".into());
+        let conn = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "fuzz".into(),
+        );
         Queue {
             conn,
             backend,
@@ -274,7 +279,7 @@ fn capsule_data(choices: u8) -> &'static [u8] {
 /// device room are; then 65 bytes per command: a byte of choices, the SQE.
 pub fn fuzz_commands(bytes: &[u8]) {
     let sub = Arc::new(test_subsystem(2));
-    let registry = Arc::new(Registry::new(None));
+    let registry = Arc::new(Registry::new());
     let (choices, commands) = bytes.split_at(bytes.len().min(2));
     // the one clock reading: no timer expires (the Keep Alive timeout a command set, say)
     let now = Instant::now();

@@ -215,5 +215,6 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
         max_transfer: 128 << 10,
         queue_entries: 32,
         io_queues: 4,
+        allowed_hosts: None,
     }
 }

@@ -1,5 +1,5 @@
-//! The NVMe/TCP target: one NVM subsystem whose namespaces are the engine's block devices,
-//! plus the discovery subsystem on the same listener. (The module is `export`, not `target`: a
+//! The NVMe/TCP target: NVM subsystems whose namespaces are the engine's block devices, plus
+//! the discovery subsystem on the same listeners. (The module is `export`, not `target`: a
 //! folder named `target` is taken for build output by tools and common gitignore rules.)
 //!
 //! - [`admin`]: what the controllers answer without touching a drive: properties (CAP, VS, CC,
@@ -12,6 +12,8 @@
 //! - [`memory`]: a backend over memory, for tests and the fuzz targets.
 //! - [`fuzz`]: the fuzz targets' bodies: arbitrary bytes, and arbitrary commands each answered
 //!   exactly once.
+//! - [`live`]: the target while it runs: subsystems, namespaces and hosts added and removed,
+//!   every reactor told before the hosts are.
 //! - [`registry`]: the controllers (dynamic IDs) and the hosts allowed to connect.
 //! - [`server`]: the job each reactor runs: its connections' sockets, commands and buffers.
 //! - [`waiting`]: commands that wait for a DMA buffer or room in a device's queue, in arrival
@@ -22,11 +24,13 @@
 pub mod admin;
 pub mod connection;
 pub mod fuzz;
+pub mod live;
 pub mod memory;
-pub mod namespaces;
 pub mod registry;
 pub mod server;
 pub mod waiting;
+
+use std::sync::Arc;
 
 /// The well-known NQN of the discovery subsystem.
 pub use usnvme_driver::spec::fabrics::DISCOVERY_NQN;
@@ -87,16 +91,16 @@ pub struct ExportedNamespace {
 }
 
 impl ExportedNamespace {
-    /// Block device `device` (the reactors' index `index`) as namespace `nsid`, its NGUID from
-    /// its name.
+    /// Block device `device` (the reactors' index `index`) as namespace `nsid` of subsystem
+    /// `subnqn`, its NGUID from both names ([`nguid_of`]).
     pub fn of(
         nsid: u32,
         index: usize,
         device: &dyn crate::block::BlockDevice,
-        nguid: &dyn Fn(&str) -> [u8; 16],
+        subnqn: &str,
     ) -> ExportedNamespace {
         let info = device.info();
-        let nguid = nguid(&info.name);
+        let nguid = nguid_of(subnqn, &info.name);
         ExportedNamespace {
             nsid,
             name: info.name.clone(),
@@ -107,6 +111,36 @@ impl ExportedNamespace {
             device: index,
         }
     }
+}
+
+/// The NGUID of device `name` in subsystem `subnqn` unless one is given: 16 bytes that stay
+/// the same for the same device under the same NQN (across restarts, so a host's multipath
+/// finds the namespace again).
+pub fn nguid_of(subnqn: &str, name: &str) -> [u8; 16] {
+    let crc = |first: &[u8], second: &[u8], salt: u8| {
+        let mut bytes = Vec::with_capacity(first.len() + second.len() + 1);
+        bytes.push(salt);
+        bytes.extend_from_slice(first);
+        bytes.extend_from_slice(second);
+        crate::fabric::pdu::crc32c(&bytes)
+    };
+    let (nqn, name) = (subnqn.as_bytes(), name.as_bytes());
+    let words = [
+        crc(nqn, name, 0),
+        crc(name, nqn, 1),
+        crc(nqn, name, 2),
+        crc(name, nqn, 3),
+    ];
+    let mut g = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        g[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    g
+}
+
+/// A subsystem's serial number unless one is given: from its NQN (20 ASCII characters).
+pub fn serial_of(nqn: &str) -> String {
+    format!("usnvme{:08x}", crate::fabric::pdu::crc32c(nqn.as_bytes()))
 }
 
 /// The UUID a namespace with NGUID `nguid` has unless one is given: name-based (version 5),
@@ -147,6 +181,62 @@ pub struct SubsystemInfo {
     pub queue_entries: u16,
     /// I/O queues a controller may have.
     pub io_queues: u16,
+    /// Host NQNs that may connect; None: any host.
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+impl SubsystemInfo {
+    pub fn host_allowed(&self, host_nqn: &str) -> bool {
+        self.allowed_hosts
+            .as_ref()
+            .is_none_or(|hosts| hosts.iter().any(|h| h == host_nqn))
+    }
+
+    /// The target-wide part of `sub` (its limits, listeners, firmware) under the discovery NQN.
+    pub fn base_of(sub: &SubsystemInfo) -> SubsystemInfo {
+        SubsystemInfo {
+            nqn: DISCOVERY_NQN.to_string(),
+            namespaces: Vec::new(),
+            allowed_hosts: None,
+            ..sub.clone()
+        }
+    }
+}
+
+/// Every NVM subsystem of the target, as its connections see them (each reactor swaps in a new
+/// `Arc` when one is added, removed or changed).
+#[derive(Debug, Clone)]
+pub struct Subsystems {
+    /// The target's own description (limits, listeners, firmware) under the discovery NQN, with
+    /// no namespaces: what a connection goes by until its Connect names a subsystem, and what a
+    /// discovery controller describes.
+    pub base: Arc<SubsystemInfo>,
+    /// The NVM subsystems, in the order they were made.
+    pub list: Vec<Arc<SubsystemInfo>>,
+    /// Changes whenever the discovery log would (a subsystem added or removed, its hosts
+    /// changed): the log's GENCTR.
+    pub generation: u64,
+}
+
+impl Subsystems {
+    /// The target of subsystem `sub` alone.
+    pub fn one(sub: Arc<SubsystemInfo>) -> Arc<Subsystems> {
+        Arc::new(Subsystems {
+            base: Arc::new(SubsystemInfo::base_of(&sub)),
+            list: vec![sub],
+            generation: 1,
+        })
+    }
+
+    pub fn find(&self, nqn: &str) -> Option<&Arc<SubsystemInfo>> {
+        self.list.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// The NQNs of the subsystems host `host_nqn` may connect to (what its discovery log lists).
+    pub fn open_to(&self, host_nqn: &str) -> Vec<&str> {
+        let open = self.list.iter().filter(|s| s.host_allowed(host_nqn));
+        open.map(|s| s.nqn.as_str()).collect()
+    }
 }
 
 #[cfg(test)]

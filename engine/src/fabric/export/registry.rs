@@ -1,6 +1,8 @@
 //! The target's controllers: created by an admin queue's Connect (dynamic controller IDs),
-//! found by the I/O queues' Connects, gone when their admin queue closes. Only Connect and
-//! connection teardown take its lock; no command on an established queue does.
+//! found by the I/O queues' Connects, gone when their admin queue closes or their subsystem is
+//! removed. Only Connect, connection teardown and changes of the target take its lock; no
+//! command on an established queue does. (Who may connect to which subsystem is in
+//! [`super::Subsystems`], which each connection has.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -13,12 +15,9 @@ use usnvme_driver::spec::Status;
 const FIRST_CNTLID: u16 = 1;
 const LAST_CNTLID: u16 = 0xffef;
 
-/// Who may connect, the controllers that exist, and each port's Asymmetric Namespace Access
-/// state.
+/// The controllers that exist, and each port's Asymmetric Namespace Access state.
 #[derive(Debug)]
 pub struct Registry {
-    /// Host NQNs allowed to connect; None: any host.
-    allowed: Option<Vec<String>>,
     controllers: Mutex<Controllers>,
     /// By port ID - 1: the state of the one ANA group (every namespace is in it) as the
     /// controllers reached through that port see it. Read by every I/O command (a relaxed
@@ -89,6 +88,8 @@ struct Controllers {
 pub struct Controller {
     cntlid: u16,
     host_nqn: String,
+    /// The subsystem it is a controller of (the discovery NQN for a discovery controller).
+    subnqn: String,
     discovery: bool,
     /// CSTS.RDY: I/O queues may connect only to an enabled controller.
     ready: AtomicBool,
@@ -108,6 +109,10 @@ pub struct Controller {
     changed: Mutex<Vec<u32>>,
 }
 
+/// Asynchronous event "Discovery Log Page Change": a notice (type 2, information F0h) whose
+/// log page is the discovery log (70h).
+pub const DISCOVERY_LOG_CHANGED: u32 = 2 | 0xf0 << 8 | 0x70 << 16;
+
 /// Events kept for a controller at most (more are dropped: its host is not taking them).
 const EVENTS_KEPT: usize = 16;
 
@@ -125,6 +130,10 @@ impl Controller {
 
     pub fn host_nqn(&self) -> &str {
         &self.host_nqn
+    }
+
+    pub fn subnqn(&self) -> &str {
+        &self.subnqn
     }
 
     pub fn discovery(&self) -> bool {
@@ -223,11 +232,15 @@ impl Controller {
     }
 }
 
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry::new()
+    }
+}
+
 impl Registry {
-    /// `allowed`: the host NQNs that may connect (None: any).
-    pub fn new(allowed: Option<Vec<String>>) -> Registry {
+    pub fn new() -> Registry {
         Registry {
-            allowed,
             controllers: Mutex::new(Controllers {
                 by_id: HashMap::new(),
                 next: FIRST_CNTLID,
@@ -283,14 +296,14 @@ impl Registry {
         true
     }
 
-    pub fn host_allowed(&self, host_nqn: &str) -> bool {
-        self.allowed
-            .as_ref()
-            .is_none_or(|hosts| hosts.iter().any(|h| h == host_nqn))
-    }
-
-    /// A new controller with the next free ID; "Connect Controller Busy" when all are taken.
-    pub fn create(&self, host_nqn: &str, discovery: bool) -> Result<Arc<Controller>, Status> {
+    /// A new controller of subsystem `subnqn` (the discovery one: `discovery`) for host
+    /// `host_nqn`, with the next free ID; "Connect Controller Busy" when all are taken.
+    pub fn create(
+        &self,
+        subnqn: &str,
+        host_nqn: &str,
+        discovery: bool,
+    ) -> Result<Arc<Controller>, Status> {
         let mut c = self.controllers.lock();
         c.by_id.retain(|_, ctrl| !ctrl.gone());
         let span = usize::from(LAST_CNTLID - FIRST_CNTLID) + 1;
@@ -307,6 +320,7 @@ impl Registry {
             let controller = Arc::new(Controller {
                 cntlid: id,
                 host_nqn: host_nqn.to_string(),
+                subnqn: subnqn.to_string(),
                 discovery,
                 ready: AtomicBool::new(false),
                 gone: AtomicBool::new(false),
@@ -347,15 +361,40 @@ impl Registry {
         live.map(|ctrl| ctrl.raise_event(dw0)).count()
     }
 
-    /// Namespaces `nsids` were added or removed: every live I/O controller lists them in its
-    /// Changed Namespace List log and tells its host; how many controllers were told.
-    pub fn namespaces_changed(&self, nsids: &[u32]) -> usize {
+    /// Namespaces `nsids` of subsystem `subnqn` were added or removed: every live controller
+    /// of it lists them in its Changed Namespace List log and tells its host; how many
+    /// controllers were told.
+    pub fn namespaces_changed(&self, subnqn: &str, nsids: &[u32]) -> usize {
         let c = self.controllers.lock();
         let live = c
             .by_id
             .values()
-            .filter(|ctrl| !ctrl.gone() && !ctrl.discovery);
+            .filter(|ctrl| !ctrl.gone() && !ctrl.discovery && ctrl.subnqn == subnqn);
         live.map(|ctrl| ctrl.namespaces_changed(nsids)).count()
+    }
+
+    /// The discovery log changed (a subsystem added or removed, the hosts of one changed):
+    /// every live discovery controller tells its host (a persistent discovery controller then
+    /// reads the log again); how many were told.
+    pub fn discovery_changed(&self) -> usize {
+        let c = self.controllers.lock();
+        let live = c
+            .by_id
+            .values()
+            .filter(|ctrl| !ctrl.gone() && ctrl.discovery);
+        live.map(|ctrl| ctrl.raise_event(DISCOVERY_LOG_CHANGED))
+            .count()
+    }
+
+    /// Subsystem `subnqn` was removed: its controllers go away (their connections close, and
+    /// the hosts' commands in flight end with them); how many went.
+    pub fn subsystem_removed(&self, subnqn: &str) -> usize {
+        let c = self.controllers.lock();
+        let gone = c
+            .by_id
+            .values()
+            .filter(|ctrl| !ctrl.gone() && ctrl.subnqn == subnqn);
+        gone.map(|ctrl| ctrl.go_away()).count()
     }
 
     /// Controllers alive now.
@@ -367,15 +406,40 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use super::super::DISCOVERY_NQN;
     use super::*;
 
     #[test]
+    fn a_subsystems_changes_and_removal_reach_its_controllers_only() {
+        let r = Registry::new();
+        let a = r.create("nqn.a", "h", false).expect("a");
+        let b = r.create("nqn.b", "h", false).expect("b");
+        let discovery = r.create(DISCOVERY_NQN, "h", true).expect("discovery");
+        assert_eq!(r.namespaces_changed("nqn.a", &[1]), 1);
+        assert_eq!(a.changed_namespaces(), [1]);
+        assert!(b.changed_namespaces().is_empty(), "another subsystem's");
+        assert_eq!(b.take_event(|_| true), None);
+        assert_eq!(r.discovery_changed(), 1);
+        assert_eq!(discovery.take_event(|_| true), Some(DISCOVERY_LOG_CHANGED));
+        assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
+        assert_eq!(
+            a.take_event(|_| true),
+            None,
+            "no discovery notice on an I/O controller"
+        );
+        assert_eq!(r.subsystem_removed("nqn.a"), 1);
+        assert!(a.gone() && !b.gone() && !discovery.gone());
+        assert!(r.find(a.cntlid(), "h").is_none());
+        assert!(r.find(b.cntlid(), "h").is_some());
+    }
+
+    #[test]
     fn ids_are_dynamic_and_io_queues_find_only_their_hosts_live_controller() {
-        let r = Registry::new(Some(vec!["nqn.host-a".into()]));
-        assert!(r.host_allowed("nqn.host-a"));
-        assert!(!r.host_allowed("nqn.host-b"));
-        let a = r.create("nqn.host-a", false).expect("a controller");
-        let b = r.create("nqn.host-a", false).expect("another");
+        let r = Registry::new();
+        let a = r
+            .create("nqn.s", "nqn.host-a", false)
+            .expect("a controller");
+        let b = r.create("nqn.s", "nqn.host-a", false).expect("another");
         assert_ne!(a.cntlid(), b.cntlid());
         assert!(r.find(a.cntlid(), "nqn.host-a").is_some());
         assert!(
@@ -392,12 +456,12 @@ mod tests {
 
     #[test]
     fn events_reach_every_live_io_controller_once_and_as_its_host_enabled_them() {
-        let r = Registry::new(None);
+        let r = Registry::new();
         let (a, b) = (
-            r.create("h", false).expect("a"),
-            r.create("h", false).expect("b"),
+            r.create("nqn.s", "h", false).expect("a"),
+            r.create("nqn.s", "h", false).expect("b"),
         );
-        let discovery = r.create("h", true).expect("discovery");
+        let discovery = r.create(DISCOVERY_NQN, "h", true).expect("discovery");
         b.go_away();
         let temperature = 1 | 1 << 8 | 2 << 16;
         let spare = 1 | 2 << 8 | 2 << 16;
@@ -417,17 +481,17 @@ mod tests {
 
     #[test]
     fn namespace_changes_are_listed_per_controller_and_notified_once_until_the_log_is_read() {
-        let r = Registry::new(None);
-        let a = r.create("h", false).expect("a");
-        assert_eq!(r.namespaces_changed(&[3]), 1);
-        assert_eq!(r.namespaces_changed(&[2, 3]), 1);
+        let r = Registry::new();
+        let a = r.create("nqn.s", "h", false).expect("a");
+        assert_eq!(r.namespaces_changed("nqn.s", &[3]), 1);
+        assert_eq!(r.namespaces_changed("nqn.s", &[2, 3]), 1);
         assert_eq!(a.changed_namespaces(), [2, 3]);
         // one notice for both changes: the second came before the host read the log
         assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
         assert_eq!(a.take_event(|_| true), None);
         // a change between the host's read and its clear stays listed, and is notified then
         let seen = a.changed_namespaces();
-        r.namespaces_changed(&[7]);
+        r.namespaces_changed("nqn.s", &[7]);
         assert_eq!(a.take_event(|_| true), None, "not while the host reads");
         a.clear_changed_namespaces(&seen);
         assert_eq!(a.changed_namespaces(), [7]);
@@ -436,12 +500,12 @@ mod tests {
         assert!(a.changed_namespaces().is_empty());
         assert_eq!(a.take_event(|_| true), None);
         // once read, the next change is notified again
-        r.namespaces_changed(&[4]);
+        r.namespaces_changed("nqn.s", &[4]);
         assert_eq!(a.take_event(|_| true), Some(NAMESPACE_ATTRIBUTE_CHANGED));
         a.clear_changed_namespaces(&[4]);
         // more than the log holds: "too many" (FFFFFFFFh alone), then cleared whole
         let many: Vec<u32> = (1..=CHANGED_LIST_ENTRIES as u32 + 1).collect();
-        r.namespaces_changed(&many);
+        r.namespaces_changed("nqn.s", &many);
         assert_eq!(a.changed_namespaces(), [u32::MAX]);
         a.clear_changed_namespaces(&[u32::MAX]);
         assert!(a.changed_namespaces().is_empty());

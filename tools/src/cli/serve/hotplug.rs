@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use usnvme_driver::pci::PciAddress;
 use usnvme_driver::{Controller, DeviceSpec, Opener};
-use usnvme_engine::fabric::export::namespaces::{LiveNamespaces, NewDevice};
+use usnvme_engine::fabric::export::live::{LiveTarget, NewDevice};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::{drive_namespaces, BlockDevice, NamespaceDevice};
 
-use super::{exportable, nguid, not_exportable, EXPORTED_PI};
+use super::{exportable, not_exportable, EXPORTED_PI};
 use crate::hotplug::{Binds, Bound, LOOK_EVERY};
 
 /// How often the drives' asynchronous events are taken (a look at every drive's admin queue:
@@ -135,7 +135,7 @@ pub(super) struct Inserts {
 /// Starts watching: removals and the drives' events always, inserts with `inserts`.
 pub(super) fn watch(
     drives: Drives,
-    live: Arc<LiveNamespaces>,
+    live: Arc<LiveTarget>,
     registry: Arc<Registry>,
     inserts: Option<Inserts>,
 ) -> std::io::Result<Watcher> {
@@ -186,7 +186,7 @@ pub(super) fn watch(
 /// The drives' asynchronous events: a SMART / health warning is passed on to every connected
 /// host (the SMART log the hosts read is the drives' own, aggregated); a namespace change has
 /// the drive's namespaces read again.
-fn take_events(drives: &Drives, live: &LiveNamespaces, registry: &Registry) {
+fn take_events(drives: &Drives, live: &LiveTarget, registry: &Registry) {
     for (index, controller) in drives.live() {
         for event in controller.events() {
             let name = controller.name();
@@ -204,7 +204,7 @@ fn take_events(drives: &Drives, live: &LiveNamespaces, registry: &Registry) {
 }
 
 /// Drive `index`'s namespaces changed: the subsystem's follow them, and what happened is said.
-fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveNamespaces) {
+fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveTarget) {
     let name = controller.name();
     let export = |nsid| {
         let device = NamespaceDevice::with_pi(controller.clone(), nsid, index, Some(EXPORTED_PI))
@@ -215,8 +215,7 @@ fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveNam
             None => Ok(device),
         }
     };
-    let nqn = live.subsystem().nqn.clone();
-    let rescan = match live.rescan_drive(index, controller, export, |n| nguid(&nqn, n)) {
+    let rescan = match live.rescan_drive(index, controller, export) {
         Ok(rescan) => rescan,
         Err(why) => {
             eprintln!("usnvme: warning: {name}: its namespaces changed, but {why}; the target goes on exporting what it did");
@@ -249,7 +248,7 @@ impl Inserts {
         spec: DeviceSpec,
         controller: Controller,
         drives: &Drives,
-        live: &LiveNamespaces,
+        live: &LiveTarget,
     ) {
         let addr = spec.clone();
         let namespaces = exportable(drive_namespaces(
@@ -278,8 +277,7 @@ impl Inserts {
                 controllers: vec![controller.clone()],
             })
             .collect();
-        let nqn = live.subsystem().nqn.clone();
-        match live.add(new, |name| nguid(&nqn, name)) {
+        match live.add(new) {
             Ok(added) => {
                 for ns in &added {
                     eprintln!(

@@ -8,6 +8,8 @@
 //! while it runs ([`hotplug`]). Ctrl-C / SIGTERM: stop accepting, complete what is in flight,
 //! close the connections, shut the controllers down, exit 130 / 143.
 
+mod config;
+mod control;
 mod hotplug;
 
 use std::io::{ErrorKind, Write};
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use parking_lot::Mutex;
 use usnvme_driver::pci::uevent::UeventSocket;
 use usnvme_driver::pci::Sysfs;
 use usnvme_driver::protection::PiChecks;
@@ -25,17 +28,22 @@ use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
-use usnvme_engine::fabric::export::namespaces::LiveNamespaces;
+use usnvme_engine::fabric::export::live::LiveTarget;
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::server::{
     Counters, IdleMode, Inbox, Incoming, ReactorBuffers, ServeJob, Shared, SmartService,
 };
-use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::fabric::export::{
+    ExportedNamespace, Listener, SubsystemInfo, Subsystems, DISCOVERY_NQN,
+};
 use usnvme_engine::placement::Policy;
 use usnvme_engine::topology::{parse_cores, Topology};
 use usnvme_engine::{attach, BlockDevice, ChannelOptions, Engine, EngineOptions, PiMode};
 
 use crate::perf::{stripe, usage, Given};
+pub use config::TargetConfig;
+use config::{PortConfig, SubsystemConfig};
+pub use control::{request as control_request, DEFAULT_SOCKET};
 
 /// Largest transfer of one command (MDTS): 1 MiB, so that a host's 512 KiB or 1 MiB I/O is one
 /// command (nvmet sets no limit; Linux's own cap for NVMe/TCP is larger); serve splits at its
@@ -61,6 +69,16 @@ const BUFFERS_PER_REACTOR: ReactorBuffers = ReactorBuffers {
 /// Export drives and stripes over NVMe/TCP.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// The target as a JSON file: drives, ports, subsystems with their hosts and namespaces
+    /// (the README gives its schema; `usnvme target save` writes one). Read again on SIGHUP,
+    /// and what changed is applied while the target runs. Instead of -r, --stripe, -c,
+    /// --listen, --nqn and the host flags.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["devices", "stripe", "cores", "listen", "nqn", "allow_host", "allow_any_host"])]
+    config: Option<std::path::PathBuf>,
+    /// The control socket `usnvme target` talks to (JSON-RPC 2.0, owner only). Default with
+    /// --config: /run/usnvme/target.sock; without, none unless given.
+    #[arg(long, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
     /// Device: a BDF (0000:01:00.0) or sim:N[-M][,options]; repeatable. Default: every NVMe
     /// controller bound to vfio-pci, now and later (see --hotplug). A drive removed or
     /// unbound while the target runs takes its namespaces (and a stripe it is in) away.
@@ -77,12 +95,8 @@ pub struct Args {
     /// Reactor cores: a list (0,2-3), bracketed list ([0-3]) or hex mask (0xF). Default: all.
     #[arg(short = 'c', long = "cores")]
     cores: Option<String>,
-    /// Where to listen (repeatable).
-    #[arg(
-        long = "listen",
-        value_name = "ADDR:PORT",
-        default_value = "127.0.0.1:4420"
-    )]
+    /// Where to listen (repeatable). Default: 127.0.0.1:4420.
+    #[arg(long = "listen", value_name = "ADDR:PORT")]
     listen: Vec<SocketAddr>,
     /// The subsystem's NQN (default: derived from the host name).
     #[arg(long = "nqn", value_name = "NQN")]
@@ -159,42 +173,34 @@ pub fn main(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
 }
 
 fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
-    let nqn = match &args.nqn {
-        Some(n) => {
-            check_nqn(n).map_err(|e| usage(format!("--nqn: {e}")))?;
-            n.clone()
-        }
-        None => usnvme_engine::fabric::export::default_nqn(sysfs.root()),
+    let config = match &args.config {
+        Some(path) => TargetConfig::read(path).map_err(|e| usage(format!("--config {e}")))?,
+        None => config_of_flags(sysfs, args)?,
     };
-    for host in &args.allow_host {
-        check_nqn(host).map_err(|e| usage(format!("--allow-host: {e}")))?;
-    }
     let topology = Topology::from_sysfs(sysfs.root()).context("cannot read the CPU topology")?;
-    let cores = match &args.cores {
+    let cores = match &config.cores {
         None => Vec::new(),
-        Some(c) => parse_cores(c).map_err(|e| usage(format!("-c: {e}")))?,
+        Some(c) => parse_cores(c).map_err(|e| usage(format!("cores {c}: {e}")))?,
+    };
+    let stripe = match &config.stripe {
+        None => None,
+        Some(s) => Some(
+            stripe(s)
+                .map_err(|e| usage(format!("stripe {s}: {e}")))?
+                .value,
+        ),
     };
     let mut specs = Vec::new();
-    for given in &args.devices {
+    for given in &config.devices {
         let spec: DeviceSpec = given
             .parse()
-            .map_err(|e| usage(format!("-r {given}: {e}")))?;
+            .map_err(|e| usage(format!("device {given}: {e}")))?;
         specs.push(spec);
     }
     // Listen first: a port in use is refused before any drive is touched.
     let mut listeners = Vec::new();
-    for (i, addr) in args.listen.iter().enumerate() {
-        let l = TcpListener::bind(addr)
-            .map_err(|e| usage(format!("--listen {addr}: cannot listen there: {e}")))?;
-        l.set_nonblocking(true)?;
-        let address = l.local_addr()?;
-        listeners.push((
-            l,
-            Listener {
-                address,
-                port_id: i as u16 + 1,
-            },
-        ));
+    for (i, port) in config.ports.iter().enumerate() {
+        listeners.push(listen(port.address, i as u16 + 1)?);
     }
     // Drives bound to vfio-pci later are exported too: their events are watched from before
     // the drives are listed, so that none falls between. (Not under a test's sysfs tree: the
@@ -235,10 +241,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         },
     )?;
     let namespaces = crate::perf::namespaces(&engine, &[], None, Some(EXPORTED_PI))?;
-    let devices = crate::perf::stripes(
-        exportable(namespaces),
-        args.stripe.as_ref().map(|s| s.value),
-    )?;
+    let devices = crate::perf::stripes(exportable(namespaces), stripe)?;
     let served = hotplug::Drives::default();
     for (i, drive) in engine.drives().iter().enumerate() {
         let on_it = (0..devices.len()).filter(|&k| devices[k].drives().contains(&i));
@@ -249,43 +252,45 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             on_it.collect(),
         );
     }
-    let subsystem = Arc::new(SubsystemInfo {
-        namespaces: devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                ExportedNamespace::of(i as u32 + 1, i, d.as_ref(), &|name| nguid(&nqn, name))
-            })
-            .collect(),
+    let base = SubsystemInfo {
+        nqn: DISCOVERY_NQN.into(),
+        namespaces: Vec::new(),
         listeners: listeners.iter().map(|(_, l)| l.clone()).collect(),
-        serial: serial(&nqn),
+        serial: String::new(),
         model: "usnvme".into(),
         firmware: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
-        nqn,
         in_capsule_bytes: IN_CAPSULE,
         max_transfer: MAX_TRANSFER,
         queue_entries: QUEUE_ENTRIES,
         io_queues: engine.placement().reactors.len().max(1) as u16 * 8,
-    });
-    let allowed = (!args.allow_any_host).then(|| args.allow_host.clone());
-    print_exports(out, &subsystem, allowed.as_deref())?;
-    let loopback_only = subsystem
-        .listeners
-        .iter()
-        .all(|l| l.address.ip().is_loopback());
-    if !loopback_only && allowed.as_ref().is_some_and(Vec::is_empty) {
-        eprintln!(
-            "usnvme: warning: listening beyond this machine with no --allow-host: no host can connect"
-        );
-    } else if !loopback_only && args.allow_any_host {
-        eprintln!("usnvme: warning: listening beyond this machine and any host may connect");
+        allowed_hosts: None,
+    };
+    let mut list = Vec::new();
+    for sub in &config.subsystems {
+        list.push(Arc::new(subsystem_of(
+            sub,
+            &base,
+            &devices,
+            args.config.is_none(),
+        )?));
     }
+    let subsystems = Arc::new(Subsystems {
+        base: Arc::new(base),
+        list,
+        generation: 1,
+    });
+    warn_of_open_doors(&subsystems, &listeners);
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let smart_drives = served.clone();
-    let registry = Arc::new(Registry::new(allowed.clone()));
+    let registry = Arc::new(Registry::new());
+    for (port, (_, listener)) in config.ports.iter().zip(&listeners) {
+        if let Ok(state) = port.ana_state.parse() {
+            registry.set_ana_state(listener.port_id, state);
+        }
+    }
     let shared = Shared {
-        subsystem: subsystem.clone(),
+        subsystems: subsystems.clone(),
         registry: registry.clone(),
         limits: ConnectionLimits {
             maxh2cdata: MAXH2CDATA,
@@ -320,8 +325,8 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         let inbox = job_inboxes[info.index].clone();
         ServeJob::new(job_shared.clone(), inbox, BUFFERS_PER_REACTOR)
     })?;
-    let live = Arc::new(LiveNamespaces::new(
-        subsystem.clone(),
+    let live = Arc::new(LiveTarget::new(
+        subsystems,
         &exported,
         inboxes.clone(),
         registry.clone(),
@@ -335,69 +340,73 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             like,
         });
     let watcher = hotplug::watch(served.clone(), live.clone(), registry.clone(), inserts)?;
-    let status = |live: &LiveNamespaces| {
-        status_json(
-            &live.subsystem(),
-            allowed.as_deref(),
-            &counters,
-            &registry,
-            &smart,
-        )
+    let listeners = Arc::new(Mutex::new(listeners));
+    let status = {
+        let (live, listeners, registry) = (live.clone(), listeners.clone(), registry.clone());
+        let counters = counters.clone();
+        move || status_json(&live, &listeners.lock(), &counters, &registry, &smart)
+    };
+    let operator = Arc::new(control::Operator {
+        live: live.clone(),
+        registry: registry.clone(),
+        listeners: listeners.clone(),
+        start: control::StartOptions {
+            devices: config.devices.clone(),
+            stripe: config.stripe.clone(),
+            cores: config.cores.clone(),
+        },
+        status: Box::new(status.clone()),
+    });
+    let control_path = args.control.clone().or_else(|| {
+        args.config
+            .is_some()
+            .then(|| std::path::PathBuf::from(control::DEFAULT_SOCKET))
+    });
+    let control = match &control_path {
+        Some(path) => Some(control::serve(path, operator.clone(), stop.clone())?),
+        None => None,
     };
     if let Some(path) = &args.json_status {
-        write_status(path, &status(&live))?;
+        write_status(path, &status())?;
     }
+    let hangups = crate::signals::hangups()?;
     let mut ana_file = AnaFile::default();
     if let Some(path) = &args.ana_state_file {
-        ana_file.apply(path, &subsystem.listeners, &registry);
+        ana_file.apply(path, &ports(&listeners.lock()), &registry);
     }
+    print_exports(
+        out,
+        &live.subsystems(),
+        &listeners.lock(),
+        control_path.as_deref(),
+    )?;
+    // the listeners and the control socket answer: systemd's Type=notify may go on
+    notify_ready();
     let tty = usnvme_tools::progress::wanted();
     let mut next = 0usize;
     let mut last_line = Instant::now();
     let mut last_status = Instant::now();
     let (mut last_commands, mut last_bytes) = (0u64, 0u64);
     while crate::signals::received().is_none() && !run.is_finished() {
-        let mut accepted = false;
-        for (l, listener) in &listeners {
-            match l.accept() {
-                Ok((stream, peer)) => {
-                    accepted = true;
-                    // open, and accepted but not yet taken by a reactor
-                    let open = counters.connections.load(Ordering::Relaxed)
-                        + inboxes.iter().map(|s| s.len() as u64).sum::<u64>();
-                    if open >= args.max_connections {
-                        log::warn!(
-                            "{peer}: refused: {open} connections are open (--max-connections {})",
-                            args.max_connections
-                        );
-                        drop(stream);
-                        continue;
-                    }
-                    log::info!("{peer}: connected");
-                    inboxes[next % inboxes.len()].send(Incoming {
-                        stream,
-                        peer: peer.to_string(),
-                        port_id: listener.port_id,
-                    });
-                    next += 1;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => log::warn!(
-                    "accepting on {}: {e}",
-                    l.local_addr()
-                        .map_or_else(|_| "?".into(), |a| a.to_string())
-                ),
-            }
+        let accepted = accept_hosts(
+            &listeners.lock(),
+            &inboxes,
+            &counters,
+            &mut next,
+            args.max_connections,
+        );
+        if hangups.swap(false, Ordering::AcqRel) {
+            reload(args.config.as_deref(), &operator);
         }
         if let Some(path) = &args.json_status {
             if last_status.elapsed() >= args.json_status_every {
-                write_status(path, &status(&live))?;
+                write_status(path, &status())?;
                 last_status = Instant::now();
             }
         }
         if last_line.elapsed() >= Duration::from_secs(1) {
             if let Some(path) = &args.ana_state_file {
-                ana_file.apply(path, &subsystem.listeners, &registry);
+                ana_file.apply(path, &ports(&listeners.lock()), &registry);
             }
             let commands = counters.commands.load(Ordering::Relaxed);
             let bytes = counters.bytes.load(Ordering::Relaxed);
@@ -422,22 +431,233 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             if args.json_status.is_some() {
                 at_most = at_most.min(args.json_status_every);
             }
-            wait_for_hosts(&listeners, at_most);
+            // (a listener added meanwhile is polled from the next wait on)
+            let fds = listener_fds(&listeners.lock());
+            wait_for_hosts(&fds, at_most);
         }
     }
     if tty {
         eprintln!();
     }
-    // no namespace change from here on (one under way waits for the reactors: they still run)
+    // no change of the target from here on (one under way waits for the reactors: they still
+    // run)
+    drop(control);
     drop(watcher);
     stop.store(true, Ordering::Release);
     inboxes.iter().for_each(Inbox::wake);
-    drop(listeners);
+    listeners.lock().clear();
     run.wait()?;
     if let Some(path) = &args.json_status {
-        write_status(path, &status(&live))?;
+        write_status(path, &status())?;
     }
     Ok(())
+}
+
+/// The config the flags stand for: one subsystem, every device a namespace of it (in the
+/// order they come).
+fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
+    let nqn = match &args.nqn {
+        Some(n) => {
+            check_nqn(n).map_err(|e| usage(format!("--nqn: {e}")))?;
+            n.clone()
+        }
+        None => usnvme_engine::fabric::export::default_nqn(sysfs.root()),
+    };
+    for host in &args.allow_host {
+        check_nqn(host).map_err(|e| usage(format!("--allow-host: {e}")))?;
+    }
+    let listen = if args.listen.is_empty() {
+        vec![DEFAULT_LISTEN.parse()?]
+    } else {
+        args.listen.clone()
+    };
+    Ok(TargetConfig {
+        devices: args.devices.clone(),
+        stripe: args.stripe.as_ref().map(|s| s.text.clone()),
+        cores: args.cores.clone(),
+        ports: listen
+            .into_iter()
+            .map(|address| PortConfig {
+                transport: "tcp".into(),
+                address,
+                ana_state: AnaState::Optimized.name().into(),
+            })
+            .collect(),
+        subsystems: vec![SubsystemConfig {
+            nqn,
+            serial: None,
+            model: None,
+            allow_any_host: args.allow_any_host,
+            hosts: args.allow_host.clone(),
+            namespaces: Vec::new(),
+        }],
+    })
+}
+
+/// Subsystem `sub` of the config, on the target described by `base`, its namespaces on
+/// `devices` (the target's, by name) — or every device when `every_device` (the flags' form).
+fn subsystem_of(
+    sub: &SubsystemConfig,
+    base: &SubsystemInfo,
+    devices: &[Arc<dyn BlockDevice>],
+    every_device: bool,
+) -> Result<SubsystemInfo> {
+    let mut namespaces = Vec::new();
+    if every_device {
+        for (i, d) in devices.iter().enumerate() {
+            namespaces.push(ExportedNamespace::of(i as u32 + 1, i, d.as_ref(), &sub.nqn));
+        }
+    }
+    for ns in &sub.namespaces {
+        let (nsid, uuid, nguid) = ns.identity().map_err(usage)?;
+        let Some(index) = devices.iter().position(|d| d.info().name == ns.device) else {
+            let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
+            return Err(usage(format!(
+                "subsystem {}: the target has no device {} (it has {})",
+                sub.nqn,
+                ns.device,
+                names.join(", ")
+            )));
+        };
+        let taken = |id: u32| namespaces.iter().any(|n: &ExportedNamespace| n.nsid == id);
+        let nsid = nsid.or_else(|| (1..).find(|&id| !taken(id))).unwrap_or(1);
+        let mut exported = ExportedNamespace::of(nsid, index, devices[index].as_ref(), &sub.nqn);
+        if let Some(nguid) = nguid {
+            exported.nguid = nguid;
+            exported.uuid = usnvme_engine::fabric::export::uuid_of_nguid(&nguid);
+        }
+        if let Some(uuid) = uuid {
+            exported.uuid = uuid;
+        }
+        namespaces.push(exported);
+    }
+    namespaces.sort_by_key(|ns| ns.nsid);
+    Ok(SubsystemInfo {
+        serial: sub
+            .serial
+            .clone()
+            .unwrap_or_else(|| usnvme_engine::fabric::export::serial_of(&sub.nqn)),
+        model: sub.model.clone().unwrap_or_else(|| "usnvme".into()),
+        allowed_hosts: sub.allowed_hosts(),
+        nqn: sub.nqn.clone(),
+        namespaces,
+        ..base.clone()
+    })
+}
+
+/// A listener on `address`, port `port_id`; a port in use is refused by name.
+fn listen(address: SocketAddr, port_id: u16) -> Result<(TcpListener, Listener)> {
+    let l = TcpListener::bind(address)
+        .map_err(|e| usage(format!("listen on {address}: cannot listen there: {e}")))?;
+    l.set_nonblocking(true)?;
+    let address = l.local_addr()?;
+    Ok((l, Listener { address, port_id }))
+}
+
+/// Warns of subsystems no host can reach, or any host can, beyond this machine.
+fn warn_of_open_doors(subsystems: &Subsystems, listeners: &[(TcpListener, Listener)]) {
+    let loopback_only = listeners.iter().all(|(_, l)| l.address.ip().is_loopback());
+    if loopback_only {
+        return;
+    }
+    for sub in &subsystems.list {
+        match &sub.allowed_hosts {
+            Some(hosts) if hosts.is_empty() => eprintln!(
+                "usnvme: warning: {}: listening beyond this machine with no --allow-host: no host can connect",
+                sub.nqn
+            ),
+            None => eprintln!(
+                "usnvme: warning: {}: listening beyond this machine and any host may connect",
+                sub.nqn
+            ),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Takes the hosts knocking on `listeners`, each connection to the next reactor; whether any
+/// came.
+fn accept_hosts(
+    listeners: &[(TcpListener, Listener)],
+    inboxes: &[Inbox],
+    counters: &Counters,
+    next: &mut usize,
+    max_connections: u64,
+) -> bool {
+    let mut accepted = false;
+    for (l, listener) in listeners {
+        match l.accept() {
+            Ok((stream, peer)) => {
+                accepted = true;
+                // open, and accepted but not yet taken by a reactor
+                let open = counters.connections.load(Ordering::Relaxed)
+                    + inboxes.iter().map(|s| s.len() as u64).sum::<u64>();
+                if open >= max_connections {
+                    log::warn!(
+                        "{peer}: refused: {open} connections are open (--max-connections {max_connections})"
+                    );
+                    drop(stream);
+                    continue;
+                }
+                log::info!("{peer}: connected");
+                inboxes[*next % inboxes.len()].send(Incoming {
+                    stream,
+                    peer: peer.to_string(),
+                    port_id: listener.port_id,
+                });
+                *next += 1;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) => log::warn!(
+                "accepting on {}: {e}",
+                l.local_addr()
+                    .map_or_else(|_| "?".into(), |a| a.to_string())
+            ),
+        }
+    }
+    accepted
+}
+
+/// SIGHUP: reads `--config` again and applies what changed; a config that cannot be read or
+/// applied is logged, and the target runs on as it was (the changes made before the failure
+/// stand).
+fn reload(config: Option<&std::path::Path>, operator: &control::Operator) {
+    let Some(path) = config else {
+        log::warn!("SIGHUP: serve was started without --config: nothing to read again");
+        return;
+    };
+    let applied = TargetConfig::read(path).and_then(|new| operator.apply_config(&new));
+    match applied {
+        Ok(changes) if changes.is_empty() => {
+            log::info!("SIGHUP: {}: nothing changed", path.display())
+        }
+        Ok(changes) => {
+            for change in changes {
+                log::info!("SIGHUP: {change}");
+            }
+        }
+        Err(e) => log::error!("SIGHUP: {e}; the target runs on"),
+    }
+}
+
+/// Tells systemd (Type=notify) that the target is ready, when it runs under it.
+fn notify_ready() {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    // "@name": an abstract socket
+    let bytes = path.as_bytes();
+    let sent = match bytes.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(&path),
+    }
+    .and_then(|address| UnixDatagram::unbound()?.send_to_addr(b"READY=1", &address));
+    if let Err(e) = sent {
+        log::warn!("cannot tell systemd the target is ready ({e})");
+    }
 }
 
 /// The `--ana-state-file` as last applied (its modification time).
@@ -497,14 +717,30 @@ fn parse_ana_line<'a>(
     Ok((port, state.trim().parse()?))
 }
 
+/// The default listener.
+const DEFAULT_LISTEN: &str = "127.0.0.1:4420";
+
+/// The ports (listeners) as the target describes them.
+fn ports(listeners: &[(TcpListener, Listener)]) -> Vec<Listener> {
+    listeners.iter().map(|(_, l)| l.clone()).collect()
+}
+
+/// The listeners' sockets to wait on (copies: the list may change while the wait goes on).
+fn listener_fds(listeners: &[(TcpListener, Listener)]) -> Vec<TcpListener> {
+    listeners
+        .iter()
+        .filter_map(|(l, _)| l.try_clone().ok())
+        .collect()
+}
+
 /// Waits until a listener has a host knocking, at most `at_most` (a signal ends the wait at
 /// once).
-fn wait_for_hosts(listeners: &[(TcpListener, Listener)], at_most: Duration) {
+fn wait_for_hosts(listeners: &[TcpListener], at_most: Duration) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let mut fds: Vec<PollFd> = listeners
         .iter()
-        .map(|(l, _)| PollFd::new(l.as_fd(), PollFlags::POLLIN))
+        .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
         .collect();
     let ms = at_most.as_millis().clamp(1, 1000) as u16;
     let _ = poll(&mut fds, PollTimeout::from(ms));
@@ -520,24 +756,40 @@ fn process_cpu_seconds() -> f64 {
 }
 
 fn status_json(
-    s: &SubsystemInfo,
-    allowed: Option<&[String]>,
+    live: &LiveTarget,
+    listeners: &[(TcpListener, Listener)],
     counters: &Counters,
     registry: &Registry,
     smart: &SmartService,
 ) -> serde_json::Value {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let subsystems = live.subsystems();
+    let subsystem_json = |s: &SubsystemInfo| {
+        serde_json::json!({
+            "nqn": s.nqn, "serial": s.serial, "model": s.model,
+            "allowed_hosts": s.allowed_hosts,
+            "namespaces": s.namespaces.iter().map(|n| serde_json::json!({
+                "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
+                "uuid": config::uuid_text(&n.uuid),
+                "nguid": config::nguid_text(&n.nguid),
+            })).collect::<Vec<_>>(),
+        })
+    };
+    let first = subsystems.list.first().map(|s| subsystem_json(s));
+    let first = first.unwrap_or_else(|| serde_json::json!({}));
     serde_json::json!({
-        "subsystem": s.nqn,
-        "namespaces": s.namespaces.iter().map(|n| serde_json::json!({
-            "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
-            "uuid": uuid::Uuid::from_bytes(n.uuid).hyphenated().to_string(),
-            "nguid": uuid::Uuid::from_bytes(n.nguid).simple().to_string(),
+        // the first subsystem's, as before there were several
+        "subsystem": first["nqn"],
+        "namespaces": first["namespaces"],
+        "allowed_hosts": first["allowed_hosts"],
+        "subsystems": subsystems.list.iter().map(|s| subsystem_json(s)).collect::<Vec<_>>(),
+        "devices": live.devices().iter().map(|d| serde_json::json!({
+            "name": d.name, "bytes": d.bytes, "present": d.present,
+            "exported_as": d.exported_as.as_ref().map(|(nqn, nsid)| serde_json::json!({"nqn": nqn, "nsid": nsid})),
         })).collect::<Vec<_>>(),
-        "listeners": s.listeners.iter().map(|l| l.address.to_string()).collect::<Vec<_>>(),
-        "ana_states": s.listeners.iter().map(|l| (l.address.to_string(),
+        "listeners": listeners.iter().map(|(_, l)| l.address.to_string()).collect::<Vec<_>>(),
+        "ana_states": listeners.iter().map(|(_, l)| (l.address.to_string(),
             serde_json::json!(registry.ana_state(l.port_id).name()))).collect::<serde_json::Map<_, _>>(),
-        "allowed_hosts": allowed,
         "connections": load(&counters.connections),
         "controllers": registry.live(),
         "controllers_created": registry.created(),
@@ -562,27 +814,6 @@ fn write_status(path: &std::path::Path, status: &serde_json::Value) -> Result<()
     std::fs::write(&tmp, serde_json::to_string_pretty(status)? + "\n")
         .and_then(|()| std::fs::rename(&tmp, path))
         .with_context(|| format!("--json-status {}: cannot write it", path.display()))
-}
-
-/// 16 bytes that stay the same for the same device under the same subsystem NQN.
-fn nguid(nqn: &str, name: &str) -> [u8; 16] {
-    let a = crc32c_of(nqn.as_bytes(), name.as_bytes(), 0);
-    let b = crc32c_of(name.as_bytes(), nqn.as_bytes(), 1);
-    let c = crc32c_of(nqn.as_bytes(), name.as_bytes(), 2);
-    let d = crc32c_of(name.as_bytes(), nqn.as_bytes(), 3);
-    let mut g = [0u8; 16];
-    for (i, w) in [a, b, c, d].iter().enumerate() {
-        g[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
-    }
-    g
-}
-
-fn crc32c_of(first: &[u8], second: &[u8], salt: u8) -> u32 {
-    let mut bytes = Vec::with_capacity(first.len() + second.len() + 1);
-    bytes.push(salt);
-    bytes.extend_from_slice(first);
-    bytes.extend_from_slice(second);
-    usnvme_engine::fabric::pdu::crc32c(&bytes)
 }
 
 /// How a namespace formatted with protection information is exported: NVMe/TCP carries no
@@ -619,43 +850,62 @@ fn not_exportable(device: &dyn BlockDevice) -> Option<String> {
     (metadata > 0).then(|| format!("{}: not exported: its metadata ({metadata} bytes per block) would have to travel with the data, which NVMe/TCP does not carry to the host; format it without metadata, or with protection information alone", info.name))
 }
 
-/// A serial number (20 ASCII characters at most) from the NQN.
-fn serial(nqn: &str) -> String {
-    format!(
-        "usnvme{:08x}",
-        usnvme_engine::fabric::pdu::crc32c(nqn.as_bytes())
-    )
-}
-
-fn print_exports(out: &mut dyn Write, s: &SubsystemInfo, allowed: Option<&[String]>) -> Result<()> {
-    writeln!(out, "subsystem {}", s.nqn)?;
-    for ns in &s.namespaces {
-        writeln!(
-            out,
-            "  namespace {}: {} ({} blocks of {} bytes, {:.1} GiB), uuid {}",
-            ns.nsid,
-            ns.name,
-            ns.blocks,
-            ns.block_size,
-            (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64,
-            uuid::Uuid::from_bytes(ns.uuid).hyphenated()
-        )?;
+/// What the target serves, ending with the line `hosts: …` (scripts and tests wait for it:
+/// the target is ready).
+fn print_exports(
+    out: &mut dyn Write,
+    subsystems: &Subsystems,
+    listeners: &[(TcpListener, Listener)],
+    control: Option<&std::path::Path>,
+) -> Result<()> {
+    for s in &subsystems.list {
+        writeln!(out, "subsystem {}", s.nqn)?;
+        for ns in &s.namespaces {
+            writeln!(out, "  {}", namespace_line(ns))?;
+        }
+        if subsystems.list.len() > 1 {
+            writeln!(out, "  hosts: {}", hosts_text(s.allowed_hosts.as_deref()))?;
+        }
     }
-    for l in &s.listeners {
+    for (_, l) in listeners {
         writeln!(
             out,
             "listening on {} (tcp), discovery on the same port",
             l.address
         )?;
     }
-    match allowed {
-        None => writeln!(out, "hosts: any")?,
-        Some([]) => writeln!(
+    if let Some(path) = control {
+        writeln!(out, "control socket {} (usnvme target)", path.display())?;
+    }
+    match subsystems.list.as_slice() {
+        [] => writeln!(
             out,
-            "hosts: none allowed (give --allow-host or --allow-any-host)"
+            "hosts: none yet (no subsystem: add one with `usnvme target subsystem add`)"
         )?,
-        Some(hosts) => writeln!(out, "hosts: {}", hosts.join(", "))?,
+        [one] => writeln!(out, "hosts: {}", hosts_text(one.allowed_hosts.as_deref()))?,
+        _ => writeln!(out, "hosts: each subsystem's, as above")?,
     }
     out.flush()?;
     Ok(())
+}
+
+fn hosts_text(allowed: Option<&[String]>) -> String {
+    match allowed {
+        None => "any".into(),
+        Some([]) => "none allowed (give --allow-host or --allow-any-host)".into(),
+        Some(hosts) => hosts.join(", "),
+    }
+}
+
+/// `namespace N: DEVICE (… blocks of … bytes, … GiB), uuid U`.
+fn namespace_line(ns: &ExportedNamespace) -> String {
+    format!(
+        "namespace {}: {} ({} blocks of {} bytes, {:.1} GiB), uuid {}",
+        ns.nsid,
+        ns.name,
+        ns.blocks,
+        ns.block_size,
+        (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64,
+        config::uuid_text(&ns.uuid)
+    )
 }

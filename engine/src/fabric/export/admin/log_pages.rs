@@ -19,25 +19,25 @@ use crate::fabric::export::registry::CHANGED_LIST_ENTRIES;
 // per record. Every field is written as Linux's nvmet writes it
 // (`drivers/nvme/target/discovery.c`), the reference every host is tested against.
 
-/// GENCTR: the log never changes while the target runs.
-const DISCOVERY_GENCTR: u64 = 1;
 /// ASQSZ: the admin queue entries a host may use: 32, nvmet's NVME_AQ_DEPTH (and the least
 /// the specification allows).
 const DISCOVERY_ASQSZ: u16 = 32;
 
 /// Who reads the discovery log: the port (listener) its connection came in on, as the host
-/// reached it (the address is the connection's local one, never a wildcard), and whether the
-/// host may use the subsystem. As nvmet, the log describes that port only, and names the NVM
-/// subsystem only to a host allowed to connect to it.
+/// reached it (the address is the connection's local one, never a wildcard), and the NVM
+/// subsystems the host may connect to. As nvmet, the log describes that port only, and names
+/// an NVM subsystem only to a host allowed to connect to it.
 #[derive(Debug, Clone, Copy)]
 pub struct DiscoveryAsker<'a> {
     pub port: &'a Listener,
-    pub host_allowed: bool,
+    pub subsystems: &'a [&'a str],
+    /// GENCTR: changes whenever the log does.
+    pub generation: u64,
 }
 
 impl DiscoveryAsker<'_> {
     fn records(&self) -> usize {
-        1 + usize::from(self.host_allowed)
+        1 + self.subsystems.len()
     }
 }
 
@@ -93,13 +93,11 @@ pub fn log_page(
         (Some(LogPageId::Discovery), Some(asker)) => {
             // the current discovery subsystem first, as nvmet lists it (since NVMe-oF 1.1
             // hosts expect it: nvme-cli skips it when connecting)
-            let header = DiscoveryLogHeader::new(DISCOVERY_GENCTR, asker.records() as u64);
+            let header = DiscoveryLogHeader::new(asker.generation, asker.records() as u64);
             put_log_part(out, offset, 0, header.as_bytes());
-            let records = [
-                (SUBTYPE_CURRENT_DISCOVERY, DISCOVERY_NQN),
-                (SUBTYPE_NVME, sub.nqn.as_str()),
-            ];
-            for (i, (subtype, nqn)) in records.into_iter().take(asker.records()).enumerate() {
+            let current = std::iter::once((SUBTYPE_CURRENT_DISCOVERY, DISCOVERY_NQN));
+            let nvm = asker.subsystems.iter().map(|n| (SUBTYPE_NVME, *n));
+            for (i, (subtype, nqn)) in current.chain(nvm).enumerate() {
                 let entry = discovery_entry(subtype, nqn, asker.port);
                 put_log_part(out, offset, discovery_log_len(i), entry.as_bytes());
             }

@@ -9,7 +9,7 @@ use usnvme_driver::spec::{SmartLog, Sqe, Status};
 
 use super::super::admin;
 use super::super::registry::{Controller, Registry};
-use super::super::Listener;
+use super::super::{Listener, Subsystems};
 use super::{Backend, Connection, Role};
 use crate::fabric::pdu::FatalError;
 
@@ -26,16 +26,28 @@ fn reads_changed_namespaces(sqe: &Sqe, opcode: u8) -> bool {
     opcode == GET_LOG_PAGE && sqe.cdw10 as u8 == LogPageId::ChangedNamespaceList as u8
 }
 
+/// The NVM subsystems a discovery controller's host may connect to (what its discovery log
+/// lists); none for an I/O controller.
+fn open_to<'a>(subsystems: &'a Subsystems, controller: &Controller) -> Vec<&'a str> {
+    if controller.discovery() {
+        subsystems.open_to(controller.host_nqn())
+    } else {
+        Vec::new()
+    }
+}
+
 /// How a discovery controller's host reads the discovery log: at the port it came in on, with
-/// the NVM subsystem listed only if the host may connect to it. None for an I/O controller.
+/// the NVM subsystems `open` to it. None for an I/O controller.
 fn discovery_asker<'a>(
     port: &'a Listener,
-    registry: &Registry,
+    subsystems: &Subsystems,
+    open: &'a [&'a str],
     controller: &Controller,
 ) -> Option<admin::DiscoveryAsker<'a>> {
-    controller.discovery().then(|| admin::DiscoveryAsker {
+    controller.discovery().then_some(admin::DiscoveryAsker {
         port,
-        host_allowed: registry.host_allowed(controller.host_nqn()),
+        subsystems: open,
+        generation: subsystems.generation,
     })
 }
 
@@ -87,6 +99,7 @@ impl Connection {
         } else {
             Vec::new()
         };
+        let open = open_to(&self.subsystems, controller);
         let result: Result<(u32, usize), Status> = match opcode {
             KEEP_ALIVE => {
                 self.registry.note_keep_alive();
@@ -104,7 +117,7 @@ impl Connection {
                 &self.subsystem,
                 admin::Asked {
                     cntlid,
-                    discovery: discovery_asker(&self.port, &self.registry, controller),
+                    discovery: discovery_asker(&self.port, &self.subsystems, &open, controller),
                     ana: ana_view(&self.port, &self.registry),
                     changed_namespaces: &changed,
                 },
@@ -189,11 +202,12 @@ impl Connection {
                 break;
             };
             let cntlid = controller.cntlid();
+            let open = open_to(&self.subsystems, controller);
             let result = admin::execute(
                 &self.subsystem,
                 admin::Asked {
                     cntlid,
-                    discovery: discovery_asker(&self.port, &self.registry, controller),
+                    discovery: discovery_asker(&self.port, &self.subsystems, &open, controller),
                     ana: ana_view(&self.port, &self.registry),
                     changed_namespaces: &[],
                 },

@@ -100,21 +100,28 @@ impl Connection {
         if !matches!(self.role, Role::None) {
             return Err(Status::COMMAND_SEQUENCE_ERROR);
         }
+        // any host may ask the discovery controller what it may connect to
         let discovery = subnqn == DISCOVERY_NQN;
-        if !discovery && subnqn != self.subsystem.nqn {
+        let subsystem = if discovery {
+            self.subsystems.base.clone()
+        } else {
+            let Some(subsystem) = self.subsystems.find(subnqn) else {
+                log::warn!(
+                    "{}: Connect to unknown subsystem {subnqn:?} refused",
+                    self.peer
+                );
+                return Err(Status::CONNECT_INVALID_PARAMETERS);
+            };
+            subsystem.clone()
+        };
+        if !subsystem.host_allowed(hostnqn) {
             log::warn!(
-                "{}: Connect to unknown subsystem {subnqn:?} refused",
-                self.peer
-            );
-            return Err(Status::CONNECT_INVALID_PARAMETERS);
-        }
-        if !self.registry.host_allowed(hostnqn) {
-            log::warn!(
-                "{}: host {hostnqn} is not allowed (--allow-host): Connect refused",
+                "{}: host {hostnqn} is not allowed to connect to {subnqn}: Connect refused",
                 self.peer
             );
             return Err(Status::CONNECT_INVALID_HOST);
         }
+        self.subsystem = subsystem;
         let entries = connect.entries();
         if connect.sqsize == 0 || entries > u32::from(self.subsystem.queue_entries) {
             log::warn!(
@@ -138,7 +145,7 @@ impl Connection {
                 );
                 return Err(Status::CONNECT_INVALID_PARAMETERS);
             }
-            let controller = self.registry.create(hostnqn, discovery)?;
+            let controller = self.registry.create(subnqn, hostnqn, discovery)?;
             let cntlid = controller.cntlid();
             let mut features = Features::new(&self.subsystem);
             features.set_keep_alive_ms(connect.kato);
@@ -164,6 +171,7 @@ impl Connection {
         let controller = self
             .registry
             .find(data.cntlid, hostnqn)
+            .filter(|c| c.subnqn() == subnqn)
             .ok_or(Status::CONNECT_INVALID_PARAMETERS)?;
         if controller.discovery() || !controller.ready() || connect.qid > self.subsystem.io_queues {
             return Err(Status::CONNECT_INVALID_PARAMETERS);

@@ -43,7 +43,7 @@ use vm_memory::VolatileSlice;
 
 use super::admin::{self, Features};
 use super::registry::{Controller, Registry};
-use super::{Listener, SubsystemInfo};
+use super::{Listener, SubsystemInfo, Subsystems};
 use crate::block::Op;
 use crate::fabric::framing::{Receiver, Transmitter};
 use crate::fabric::pdu::{self, Digests, DIGEST, SHORT_HEADER};
@@ -240,6 +240,9 @@ pub struct Connection {
     sq_entries: u32,
     sq_taken: u32,
     sq_flow: bool,
+    /// The target's subsystems, and the one this connection's Connect named (until then, and
+    /// for a discovery controller, the target's own description).
+    subsystems: Arc<Subsystems>,
     subsystem: Arc<SubsystemInfo>,
     registry: Arc<Registry>,
     limits: ConnectionLimits,
@@ -289,11 +292,12 @@ impl std::fmt::Debug for Connection {
 impl Connection {
     /// A new connection from `peer` (for logs), waiting for its ICReq.
     pub fn new(
-        subsystem: Arc<SubsystemInfo>,
+        subsystems: Arc<Subsystems>,
         registry: Arc<Registry>,
         limits: ConnectionLimits,
         peer: String,
     ) -> Connection {
+        let subsystem = subsystems.base.clone();
         // What the connection keeps whole: a header with its digest, padding up to the
         // largest PDO, in-capsule data for itself (Connect, ranges) and its digest.
         let own_data = (subsystem.in_capsule_bytes as usize).max(1024);
@@ -314,6 +318,7 @@ impl Connection {
             sq_flow: true,
             role: Role::None,
             slots: vec![Slot::default(); entries].into_boxed_slice(),
+            subsystems,
             subsystem,
             registry,
             limits,
@@ -333,10 +338,26 @@ impl Connection {
         }
     }
 
-    /// The subsystem's namespaces changed (one added or removed while the target runs): later
-    /// commands see `subsystem`; those in flight go on to the devices they were sent to.
-    pub fn set_subsystem(&mut self, subsystem: Arc<SubsystemInfo>) {
-        self.subsystem = subsystem;
+    /// The target changed while it runs (a subsystem added or removed, namespaces or hosts of
+    /// one changed): later commands see `subsystems`; those in flight go on to the devices they
+    /// were sent to. A connection whose subsystem was removed keeps its last view of it until
+    /// it closes (its controller went away with the subsystem).
+    pub fn set_subsystems(&mut self, subsystems: Arc<Subsystems>) {
+        let connected = match &self.role {
+            Role::Admin { controller, .. } | Role::Io { controller, .. } => {
+                (!controller.discovery()).then(|| controller.subnqn())
+            }
+            Role::None => None,
+        };
+        match connected {
+            Some(nqn) => {
+                if let Some(sub) = subsystems.find(nqn) {
+                    self.subsystem = sub.clone();
+                }
+            }
+            None => self.subsystem = subsystems.base.clone(),
+        }
+        self.subsystems = subsystems;
     }
 
     /// The connection came in on `port`, at its address (the connection's local one).

@@ -30,6 +30,10 @@ impl Connection {
         self.deliver_events();
         let sq_taken = self.sq_taken;
         let why = self.stalled(now).or_else(|| match &mut self.role {
+            Role::Admin { controller, .. } if controller.gone() => Some(format!(
+                "controller {} went away (its subsystem was removed)",
+                controller.cntlid()
+            )),
             Role::Admin {
                 features,
                 controller,

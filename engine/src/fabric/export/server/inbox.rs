@@ -1,4 +1,4 @@
-//! How new connections and namespace changes reach a reactor, and its wake-up bell.
+//! How new connections and changes of the target reach a reactor, and its wake-up bell.
 
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crossbeam_channel::Receiver;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use crate::fabric::export::namespaces::NamespaceChange;
+use crate::fabric::export::live::TargetChange;
 
 /// A connection the acceptor hands a reactor: its socket, the peer (for logs) and the ID of
 /// the port (listener) it came in on.
@@ -17,15 +17,15 @@ pub struct Incoming {
     pub port_id: u16,
 }
 
-/// A reactor's inbox of new connections and namespace changes: the sender's end sends and
+/// A reactor's inbox of new connections and changes of the target: the sender's end sends and
 /// rings the reactor's eventfd (which wakes it from an idle sleep); the reactor's end takes
 /// them.
 #[derive(Debug, Clone)]
 pub struct Inbox {
     queue: crossbeam_channel::Sender<Incoming>,
     pub(super) rx: Receiver<Incoming>,
-    changes: crossbeam_channel::Sender<NamespaceChange>,
-    pub(super) changes_rx: Receiver<NamespaceChange>,
+    changes: crossbeam_channel::Sender<TargetChange>,
+    pub(super) changes_rx: Receiver<TargetChange>,
     pub(super) bell: Arc<EventFd>,
 }
 
@@ -50,8 +50,8 @@ impl Inbox {
         self.wake();
     }
 
-    /// Hands the reactor a change of the namespaces, and wakes it.
-    pub(in crate::fabric::export) fn change(&self, change: NamespaceChange) {
+    /// Hands the reactor a change of the target, and wakes it.
+    pub(in crate::fabric::export) fn change(&self, change: TargetChange) {
         let _ = self.changes.send(change);
         self.wake();
     }

@@ -16,7 +16,7 @@ use usnvme_hugepages::DmaBuffer;
 use super::connection::{Connection, ConnectionLimits, Receive};
 use super::registry::Registry;
 use super::waiting::Waiting;
-use super::{Listener, SubsystemInfo};
+use super::{Listener, Subsystems};
 use crate::engine::{Job, ReactorContext, INTERRUPT};
 
 mod backend;
@@ -63,7 +63,7 @@ const SLEEP_AT_MOST: Duration = Duration::from_millis(250);
 /// What every reactor's job shares.
 #[derive(Clone)]
 pub struct Shared {
-    pub subsystem: Arc<SubsystemInfo>,
+    pub subsystems: Arc<Subsystems>,
     pub registry: Arc<Registry>,
     pub limits: ConnectionLimits,
     /// Reads SMART / Health of the drives on its own thread (it takes milliseconds).
@@ -77,7 +77,7 @@ pub struct Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("subsystem", &self.subsystem.nqn)
+            .field("subsystems", &self.subsystems.list.len())
             .finish()
     }
 }
@@ -152,8 +152,8 @@ impl ServeJob {
         }
     }
 
-    /// Applies the namespace changes handed to this reactor: channels to added devices are
-    /// opened (before any connection can name them), the connections get the new subsystem,
+    /// Applies the changes of the target handed to this reactor: channels to added devices are
+    /// opened (before any connection can name them), the connections get the new subsystems,
     /// and removed devices are let go of once nothing is in flight on them.
     fn apply_changes(&mut self, ctx: &mut ReactorContext) {
         while let Ok(change) = self.inbox.changes_rx.try_recv() {
@@ -174,9 +174,9 @@ impl ServeJob {
             self.waiting.size_for(0, ctx.devices.len());
             self.letting_go.extend(change.removed);
             for c in self.conns.iter_mut().flatten() {
-                c.conn.set_subsystem(change.subsystem.clone());
+                c.conn.set_subsystems(change.subsystems.clone());
             }
-            self.shared.subsystem = change.subsystem;
+            self.shared.subsystems = change.subsystems;
             let _ = change.done.send(result);
         }
         // (a removed drive's I/Os in flight are failed within the stall probe)
@@ -260,13 +260,13 @@ impl ServeJob {
                 }
             };
             let conn = Connection::new(
-                self.shared.subsystem.clone(),
+                self.shared.subsystems.clone(),
                 self.shared.registry.clone(),
                 self.shared.limits,
                 peer,
             )
             .on_port(Listener { address, port_id });
-            let entries = self.shared.subsystem.queue_entries as usize;
+            let entries = self.shared.subsystems.base.queue_entries as usize;
             let c = Conn {
                 stream,
                 conn,
@@ -302,7 +302,7 @@ impl Job for ServeJob {
 
     fn prepare(&mut self, ctx: &mut ReactorContext) -> Result<(), String> {
         let device = ctx.devices.first().ok_or("no device")?;
-        let largest = self.shared.subsystem.max_transfer as usize;
+        let largest = self.shared.subsystems.base.max_transfer as usize;
         let ReactorBuffers { size, count, large } = self.buffers;
         let pool = |size, count| {
             device

@@ -418,7 +418,7 @@ pub(crate) mod tests {
     use crate::fabric::export::connection::{Connection, ConnectionLimits, Receive};
     use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
     use crate::fabric::export::registry::Registry;
-    use crate::fabric::export::SubsystemInfo;
+    use crate::fabric::export::{SubsystemInfo, Subsystems};
     use crate::fabric::pdu::{self, Digests};
     use crate::transport::tcp::initiator::testing::{connected_target, pattern};
     use crate::transport::tcp::initiator::CommandQueue;
@@ -431,7 +431,7 @@ pub(crate) mod tests {
         stream.set_nonblocking(true).expect("non-blocking");
         let mut backend = MemoryBackend::new(&sub);
         let limits = ConnectionLimits { maxh2cdata: 16384 };
-        let mut conn = Connection::new(sub, registry, limits, "test".into());
+        let mut conn = Connection::new(Subsystems::one(sub), registry, limits, "test".into());
         loop {
             match conn.receive_from(&mut stream, &mut backend) {
                 Ok(Receive::Ended) | Err(_) => conn.peer_gone("gone", &mut backend),
@@ -462,7 +462,7 @@ pub(crate) mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         let sub = Arc::new(test_subsystem(namespaces));
-        let registry = Arc::new(Registry::new(None));
+        let registry = Arc::new(Registry::new());
         let s = sub.clone();
         let handle = std::thread::spawn(move || {
             let mut served = Vec::new();

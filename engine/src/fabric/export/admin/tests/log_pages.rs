@@ -161,7 +161,8 @@ fn the_discovery_log_is_what_nvmet_writes_field_by_field() {
     ] {
         let asker = DiscoveryAsker {
             port: &sub.listeners[port],
-            host_allowed: true,
+            subsystems: &["nqn.2024-01.io.usnvme:test"],
+            generation: 1,
         };
         let log = discovery_log_for(&sub, asker);
         assert_eq!(log.len(), 3 * 1024);
@@ -201,7 +202,8 @@ fn the_discovery_log_is_what_nvmet_writes_field_by_field() {
     // skips subsystems whose allowed hosts exclude it)
     let stranger = DiscoveryAsker {
         port: &sub.listeners[0],
-        host_allowed: false,
+        subsystems: &[],
+        generation: 1,
     };
     let log = discovery_log_for(&sub, stranger);
     assert_eq!((log.len(), le64(&log, 8)), (2048, 1));

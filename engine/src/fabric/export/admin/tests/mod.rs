@@ -12,13 +12,18 @@ mod identify;
 mod log_pages;
 mod properties;
 
-/// The discovery controller's asker: an allowed host on the first listener.
+/// The discovery controller's asker: a host allowed to connect to `OPEN` on the first
+/// listener.
 fn asker(sub: &SubsystemInfo, discovery: bool) -> Option<DiscoveryAsker<'_>> {
     discovery.then(|| DiscoveryAsker {
         port: &sub.listeners[0],
-        host_allowed: true,
+        subsystems: OPEN,
+        generation: 1,
     })
 }
+
+/// The one subsystem of the tests' target.
+const OPEN: &[&str] = &["nqn.2024-01.io.usnvme:test"];
 
 /// [`super::log_page`] into a buffer of its own, as a Vec.
 fn log_page(
@@ -107,6 +112,7 @@ fn listener(address: &str, port_id: u16) -> Listener {
 
 fn subsystem() -> SubsystemInfo {
     SubsystemInfo {
+        allowed_hosts: None,
         nqn: "nqn.2024-01.io.usnvme:test".into(),
         serial: "USN0001".into(),
         model: "usnvme".into(),

@@ -462,8 +462,8 @@ fn a_namespace_removed_while_a_write_waits_for_its_data_keeps_that_write_on_its_
         namespaces: io.sub.namespaces[1..].to_vec(),
         ..(*io.sub).clone()
     });
-    io.conn.set_subsystem(without_1.clone());
-    admin.conn.set_subsystem(without_1);
+    io.conn.set_subsystems(Subsystems::one(without_1.clone()));
+    admin.conn.set_subsystems(Subsystems::one(without_1));
     io.send(&h2c_pdu(
         9,
         r2t.ttag,
@@ -496,7 +496,7 @@ fn a_namespace_removed_while_a_write_waits_for_its_data_keeps_that_write_on_its_
     io.capsule(&write1, &[1; 4096]);
     assert_eq!(io.status().code(), Status::INVALID_NAMESPACE);
     // the host hears of it once, and reads which namespace changed
-    assert_eq!(admin.conn.registry.namespaces_changed(&[1]), 1);
+    assert_eq!(admin.conn.registry.namespaces_changed(&io.sub.nqn, &[1]), 1);
     admin.conn.tick(Instant::now(), &mut admin.backend);
     match &admin.take()[..] {
         [Got::Resp(c)] => assert_eq!((c.cid, c.dw0), (80, NAMESPACE_ATTRIBUTE_CHANGED)),

@@ -11,7 +11,7 @@ use super::*;
 fn a_connection_without_an_icreq_is_closed_after_the_limit_and_a_half_sent_pdu_after_its_own() {
     let sub = Arc::new(test_subsystem(1));
     let mut backend = MemoryBackend::new(&sub);
-    let registry = Arc::new(Registry::new(None));
+    let registry = Arc::new(Registry::new());
     let limits = ConnectionLimits { maxh2cdata: 4096 };
     let t0 = Instant::now();
     let secs = |s: u64| t0 + Duration::from_secs(s);
@@ -19,7 +19,12 @@ fn a_connection_without_an_icreq_is_closed_after_the_limit_and_a_half_sent_pdu_a
     // no ICReq at all; then one begun (bytes come) but never finished: the limit counts
     // from the connection's opening either way
     for sent in [&[][..], &[0u8, 0, 128, 0][..]] {
-        let mut conn = Connection::new(sub.clone(), registry.clone(), limits, "h".into());
+        let mut conn = Connection::new(
+            Subsystems::one(sub.clone()),
+            registry.clone(),
+            limits,
+            "h".into(),
+        );
         conn.tick(t0, &mut backend);
         conn.receive(sent, &mut backend);
         conn.tick(secs(9), &mut backend);

@@ -50,11 +50,14 @@ impl Got {
 
 impl Bed {
     fn new(allowed: Option<Vec<String>>, digests: Digests) -> Bed {
-        let sub = Arc::new(test_subsystem(2));
+        let sub = Arc::new(SubsystemInfo {
+            allowed_hosts: allowed,
+            ..test_subsystem(2)
+        });
         let backend = MemoryBackend::new(&sub);
         let conn = Connection::new(
-            sub.clone(),
-            Arc::new(Registry::new(allowed)),
+            Subsystems::one(sub.clone()),
+            Arc::new(Registry::new()),
             ConnectionLimits { maxh2cdata: 4096 },
             "test".into(),
         );

@@ -9,6 +9,7 @@ use super::*;
 use crate::fabric::export::connection::{Connection, ConnectionLimits};
 use crate::fabric::export::memory::{test_subsystem, MemoryBackend};
 use crate::fabric::export::registry::Registry;
+use crate::fabric::export::Subsystems;
 use crate::fabric::pdu::{flags, DataHeader, IcResp, OutHeader, PduType};
 use crate::transport::tcp::initiator::testing::{append_pdu, pattern};
 use crate::transport::tcp::initiator::Gated;
@@ -38,7 +39,12 @@ fn capsule(sqe: &Sqe, data: &[u8], digests: pdu::Digests) -> Vec<u8> {
 fn admin(sub: &Arc<crate::fabric::export::SubsystemInfo>, registry: &Arc<Registry>) -> Connection {
     let mut backend = MemoryBackend::new(sub);
     let limits = ConnectionLimits { maxh2cdata: 16384 };
-    let mut a = Connection::new(sub.clone(), registry.clone(), limits, "admin".into());
+    let mut a = Connection::new(
+        Subsystems::one(sub.clone()),
+        registry.clone(),
+        limits,
+        "admin".into(),
+    );
     let ic = IcReq {
         pfv: PFV_1_0,
         hpda: 0,
@@ -90,11 +96,11 @@ fn params(sub: &crate::fabric::export::SubsystemInfo) -> QueueParams {
 impl Bed {
     fn new(digests: pdu::Digests) -> Bed {
         let sub = Arc::new(test_subsystem(1));
-        let registry = Arc::new(Registry::new(None));
+        let registry = Arc::new(Registry::new());
         let admin = admin(&sub, &registry);
         let backend = MemoryBackend::new(&sub);
         let limits = ConnectionLimits { maxh2cdata: 16384 };
-        let conn = Connection::new(sub.clone(), registry, limits, "io".into());
+        let conn = Connection::new(Subsystems::one(sub.clone()), registry, limits, "io".into());
         let host = HostOptions {
             digests,
             ..HostOptions::default()
