@@ -184,6 +184,7 @@ pub fn signal(child: &std::process::Child, name: &str) {
         .expect("kill runs");
     assert!(sent.success());
     let bit = match name {
+        "HUP" => 1u64,
         "INT" => 1u64 << 1,
         "TERM" => 1u64 << 14,
         other => panic!("signal {other}: not used by these tests"),

@@ -21,6 +21,15 @@ pub struct Serve {
     pub addr: SocketAddr,
     pub listeners: Vec<SocketAddr>,
     pub status: std::path::PathBuf,
+    /// Its control socket (`usnvme target --socket`), and its config file if it has one.
+    pub control: std::path::PathBuf,
+    pub config: Option<std::path::PathBuf>,
+}
+
+/// A number of its own for each target a test process starts.
+fn next_target() -> usize {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Serve {
@@ -30,25 +39,47 @@ impl Serve {
 
     /// `usnvme serve` on one reactor (core 0) exporting the `sim:` drives `device`.
     pub fn start_on(device: &str, extra: &[&str]) -> Serve {
-        // one status file per target: tests run at once, and two sharing a file made one
-        // target fail to write it and exit (a host then saw its connection reset)
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let status =
-            std::env::temp_dir().join(format!("serve-status-{}-{nth}.json", std::process::id()));
+        let args = [
+            "-r",
+            device,
+            "-c",
+            "0",
+            "--listen",
+            "127.0.0.1:0",
+            "--nqn",
+            NQN,
+        ];
+        Serve::spawn(&args, extra, None)
+    }
+
+    /// `usnvme serve --config` of `config` (written to a file of its own: `config_file`),
+    /// with a control socket of its own (`control`).
+    pub fn with_config(config: &serde_json::Value, extra: &[&str]) -> Serve {
+        let nth = next_target();
+        let file =
+            std::env::temp_dir().join(format!("serve-config-{}-{nth}.json", std::process::id()));
+        std::fs::write(&file, config.to_string()).expect("the config written");
+        let path = file.to_str().expect("UTF-8 temp path").to_string();
+        Serve::spawn(&["--config", &path], extra, Some(file))
+    }
+
+    fn spawn(args: &[&str], extra: &[&str], config: Option<std::path::PathBuf>) -> Serve {
+        // one status file and control socket per target: tests run at once, and two sharing
+        // a file made one target fail to write it and exit (a host then saw its connection
+        // reset)
+        let nth = next_target();
+        let name = |what: &str| {
+            std::env::temp_dir().join(format!("serve-{what}-{}-{nth}", std::process::id()))
+        };
+        let (status, control) = (name("status.json"), name("control.sock"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+            .arg("serve")
+            .args(args)
             .args([
-                "serve",
-                "-r",
-                device,
-                "-c",
-                "0",
-                "--listen",
-                "127.0.0.1:0",
-                "--nqn",
-                NQN,
                 "--json-status",
                 status.to_str().expect("UTF-8 temp path"),
+                "--control",
+                control.to_str().expect("UTF-8 temp path"),
             ])
             .args(extra)
             .env_remove("RUST_LOG")
@@ -77,10 +108,29 @@ impl Serve {
             addr,
             listeners,
             status,
+            control,
+            config,
         }
     }
 
-    /// Waits (at most 20 s) until the status file shows `done`.
+    /// `usnvme target --socket (this target's) ARGS`: its exit status, output and errors.
+    pub fn target(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_usnvme"))
+            .args(["target", "--socket", self.control.to_str().expect("UTF-8")])
+            .args(args)
+            .output()
+            .expect("usnvme target runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    }
+
+    /// `usnvme target ARGS`, which must succeed: its output.
+    pub fn target_ok(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.target(args);
+        assert_eq!(code, Some(0), "usnvme target {args:?}: {err}");
+        out
+    }
+
     /// Waits (at most 20 s) until the status file says `done`; returns that status.
     pub fn wait_for_status(
         &self,
@@ -120,5 +170,8 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.status);
+        if let Some(config) = &self.config {
+            let _ = std::fs::remove_file(config);
+        }
     }
 }

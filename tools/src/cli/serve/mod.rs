@@ -341,10 +341,17 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         });
     let watcher = hotplug::watch(served.clone(), live.clone(), registry.clone(), inserts)?;
     let listeners = Arc::new(Mutex::new(listeners));
+    let reloads = Arc::new(Reloads::default());
     let status = {
+        let reloads = reloads.clone();
         let (live, listeners, registry) = (live.clone(), listeners.clone(), registry.clone());
         let counters = counters.clone();
-        move || status_json(&live, &listeners.lock(), &counters, &registry, &smart)
+        move || {
+            let mut status = status_json(&live, &listeners.lock(), &counters, &registry, &smart);
+            status["config_reloads"] = reloads.applied.load(Ordering::Relaxed).into();
+            status["config_reloads_failed"] = reloads.failed.load(Ordering::Relaxed).into();
+            status
+        }
     };
     let operator = Arc::new(control::Operator {
         live: live.clone(),
@@ -396,7 +403,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             args.max_connections,
         );
         if hangups.swap(false, Ordering::AcqRel) {
-            reload(args.config.as_deref(), &operator);
+            reload(args.config.as_deref(), &operator, &reloads);
         }
         if let Some(path) = &args.json_status {
             if last_status.elapsed() >= args.json_status_every {
@@ -621,12 +628,18 @@ fn accept_hosts(
 /// SIGHUP: reads `--config` again and applies what changed; a config that cannot be read or
 /// applied is logged, and the target runs on as it was (the changes made before the failure
 /// stand).
-fn reload(config: Option<&std::path::Path>, operator: &control::Operator) {
+fn reload(config: Option<&std::path::Path>, operator: &control::Operator, reloads: &Reloads) {
     let Some(path) = config else {
         log::warn!("SIGHUP: serve was started without --config: nothing to read again");
         return;
     };
     let applied = TargetConfig::read(path).and_then(|new| operator.apply_config(&new));
+    let counter = if applied.is_ok() {
+        &reloads.applied
+    } else {
+        &reloads.failed
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
     match applied {
         Ok(changes) if changes.is_empty() => {
             log::info!("SIGHUP: {}: nothing changed", path.display())
@@ -638,6 +651,14 @@ fn reload(config: Option<&std::path::Path>, operator: &control::Operator) {
         }
         Err(e) => log::error!("SIGHUP: {e}; the target runs on"),
     }
+}
+
+/// SIGHUPs taken: configs applied, and those that could not be read or applied (the status
+/// says both).
+#[derive(Debug, Default)]
+struct Reloads {
+    applied: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
 }
 
 /// Tells systemd (Type=notify) that the target is ready, when it runs under it.

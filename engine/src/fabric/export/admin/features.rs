@@ -12,9 +12,10 @@ const FEATURE_SAVE: u32 = 1 << 31;
 /// Get Features with SEL 3: bit 2 of DW0 says the feature is changeable.
 const FEATURE_CHANGEABLE: u32 = 1 << 2;
 /// Asynchronous Event Configuration bits a host may enable: the SMART / Health critical
-/// warnings (7:0), which the drives raise and `serve` passes on, and the Asymmetric Namespace
-/// Access Change notices (11).
-const AEC_SUPPORTED: u32 = 0xff | 1 << 8 | 1 << 11;
+/// warnings (7:0), which the drives raise and `serve` passes on, the Namespace Attribute (8)
+/// and Asymmetric Namespace Access Change (11) notices, and, on a discovery controller, the
+/// Discovery Log Page Change notice (31).
+const AEC_SUPPORTED: u32 = 0xff | 1 << 8 | 1 << 11 | 1 << 31;
 
 const FID_VOLATILE_WRITE_CACHE: u8 = FeatureId::VolatileWriteCache as u8;
 const FID_NUMBER_OF_QUEUES: u8 = FeatureId::NumberOfQueues as u8;

@@ -37,6 +37,7 @@ const ANATT_SECONDS: u8 = 10;
 /// target runs); bit 11: Asymmetric Namespace Access Change notices.
 const OAES_NAMESPACE_ATTRIBUTE: u32 = 1 << 8;
 const OAES_ANA_CHANGE: u32 = 1 << 11;
+const OAES_DISCOVERY_LOG_CHANGE: u32 = 1 << 31;
 /// NMIC: a namespace may be reached through several controllers (needed with the above).
 const NMIC_SHARED: u8 = 1 << 0;
 /// FRMW: slot 1 is read-only, one slot.
@@ -114,6 +115,8 @@ pub fn identify_controller(
     id.ofcs = OFCS_DISCONNECT;
     if discovery {
         id.cntrltype = CNTRLTYPE_DISCOVERY;
+        // its host may ask to hear when the log changes (Linux does, on a persistent one)
+        id.oaes = OAES_DISCOVERY_LOG_CHANGE;
         return id;
     }
     id.cntrltype = CNTRLTYPE_IO;

@@ -71,6 +71,7 @@ pub fn event_enabled(aec: u32, dw0: u32) -> bool {
         (1, 1) => 1 << 1, // temperature
         (1, 2) => 1 << 0, // spare
         (2, 0..=3) => 1 << (8 + info),
+        (2, 0xf0) => 1 << 31, // discovery log change
         _ => return false,
     };
     aec & bit != 0

@@ -37,6 +37,13 @@ fn features_number_of_queues_keep_alive_and_events() {
     let aec = set_features(FeatureId::AsyncEventConfiguration, 0xff);
     assert_eq!(f.set_feature(&aec), Ok(0));
     assert_eq!(current(&f, FeatureId::AsyncEventConfiguration), Ok(0xff));
+    // a discovery controller's host asks for Discovery Log Page Change notices
+    let discovery_changes = set_features(FeatureId::AsyncEventConfiguration, 1 << 31);
+    assert_eq!(f.set_feature(&discovery_changes), Ok(0));
+    let discovery_changed = crate::fabric::export::registry::DISCOVERY_LOG_CHANGED;
+    assert!(super::super::event_enabled(1 << 31, discovery_changed));
+    assert!(!super::super::event_enabled(0xff, discovery_changed));
+    assert_eq!(f.set_feature(&aec), Ok(0));
     let firmware_notices = set_features(FeatureId::AsyncEventConfiguration, 1 << 9);
     assert_eq!(
         f.set_feature(&firmware_notices).map_err(|s| s.code()),

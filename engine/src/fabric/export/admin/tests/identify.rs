@@ -54,6 +54,7 @@ fn identify_controller_bytes_where_linux_reads_them() {
     let d = identify_controller(&sub, 9, true);
     let b = d.as_bytes();
     assert_eq!(b[111], 2, "CNTRLTYPE: discovery");
+    assert_eq!(le32(b, 92), 1 << 31, "OAES: Discovery Log Page Change");
     assert_eq!(le16(b, 78), 9);
     assert_eq!(c_string(&b[768..1024]), DISCOVERY_NQN);
     assert_eq!((le32(b, 516), le16(b, 520), b[525], b[76]), (0, 0, 0, 0));
