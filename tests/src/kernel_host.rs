@@ -51,13 +51,19 @@ pub fn serve(
     addresses: &[String],
     extra: &[&str],
 ) -> (Child, Vec<Exported>) {
-    let mut args = vec!["serve", "--nqn", nqn, "--allow-host", HOSTNQN];
+    let mut args = vec!["--nqn", nqn, "--allow-host", HOSTNQN];
     args.extend_from_slice(extra);
     for a in addresses {
         args.extend(["-r", a.as_str()]);
     }
+    serve_with(bed, &args)
+}
+
+/// `usnvme serve ARGS` running; the namespaces it printed.
+pub fn serve_with(bed: &VmBed, args: &[&str]) -> (Child, Vec<Exported>) {
     let mut child = Command::new(&bed.usnvme)
-        .args(&args)
+        .arg("serve")
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

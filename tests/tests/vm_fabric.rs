@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use usnvme_tests::kernel_host::{
-    block_bytes, kernel_namespaces, run, serve, sysfs_block, Connected, Exported, FIO, HOSTNQN,
-    NVME,
+    block_bytes, kernel_namespaces, run, serve, serve_with, sysfs_block, Connected, Exported, FIO,
+    HOSTNQN, NVME,
 };
 use usnvme_tests::{
     drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers,
@@ -1184,4 +1184,175 @@ fn a_kernel_host_whose_keep_alive_comes_late_is_kept_while_its_io_flows() {
     drop(connected);
     signal(&target.0, "INT");
     assert_eq!(target.0.wait().expect("serve ends").code(), Some(130));
+}
+
+const CONFIGURED_NQN: &str = "nqn.2024-01.io.usnvme:vm-configured";
+
+/// fio's verified random writes on `dev` (in the fabric suites' region): `runs` of it, one
+/// after another, until `done` is set (at least one).
+fn fio_until(
+    dev: PathBuf,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    started: std::sync::mpsc::Sender<()>,
+) -> usize {
+    let mut runs = 0;
+    loop {
+        let out = run(
+            FIO,
+            &[
+                "--name=across-changes",
+                &format!("--filename={}", dev.display()),
+                "--ioengine=io_uring",
+                "--direct=1",
+                "--rw=randwrite",
+                "--bsrange=4k-128k",
+                &format!("--offset={FIO_OFFSET}"),
+                &format!("--size={FIO_SIZE}"),
+                "--iodepth=8",
+                "--verify=crc32c",
+                "--do_verify=1",
+            ],
+        );
+        assert!(!out.contains("verify: bad"), "{out}");
+        runs += 1;
+        let _ = started.send(());
+        if done.load(std::sync::atomic::Ordering::Acquire) {
+            return runs;
+        }
+    }
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn a_configured_target_changes_under_a_kernel_host_running_fio_and_is_the_same_after_save_and_restart(
+) {
+    let bed = VmBed::from_env();
+    let addresses: Vec<String> = vfio_controllers()
+        .iter()
+        .take(2)
+        .map(|a| a.to_string())
+        .collect();
+    let config = serde_json::json!({
+        "devices": addresses,
+        "ports": [{"address": "127.0.0.1:4420"}],
+        "subsystems": [{"nqn": CONFIGURED_NQN, "hosts": [HOSTNQN],
+                        "namespaces": [{"nsid": 1, "device": addresses[0]}]}]
+    });
+    let config_file = std::env::temp_dir().join("vm-configured.json");
+    std::fs::write(&config_file, config.to_string()).expect("the config written");
+    let (control, file) = (
+        "/tmp/vm-configured.sock",
+        config_file.to_str().expect("UTF-8"),
+    );
+    let target_args = ["--config", file, "--control", control];
+    let (target, exported) = serve_with(&bed, &target_args);
+    let mut target = KillOnDrop(target);
+    assert_eq!(exported.len(), 1, "{exported:?}");
+    let usnvme_target = |args: &[&str]| {
+        let mut all = vec!["target", "--socket", control];
+        all.extend_from_slice(args);
+        let out = bed.usnvme(&all);
+        assert!(
+            out.status.success(),
+            "usnvme target {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let connected = Connected::new(CONFIGURED_NQN, &["--reconnect-delay=1"]);
+    let one = kernel_namespaces(CONFIGURED_NQN, 1)[&1].clone();
+    let wwid = sysfs_block(&one, "wwid");
+    assert_eq!(wwid, format!("uuid.{}", exported[0].uuid));
+
+    // fio verifies on namespace 1 the whole time the subsystem changes
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (started, first_run) = std::sync::mpsc::channel();
+    let fio = {
+        let (dev, done) = (one.clone(), done.clone());
+        std::thread::spawn(move || fio_until(dev, done, started))
+    };
+    let _ = first_run.recv_timeout(Duration::from_secs(300));
+    // a namespace added: the kernel makes its block device without a reconnect
+    let added_at = Instant::now();
+    let added = usnvme_target(&[
+        "namespace",
+        "add",
+        CONFIGURED_NQN,
+        "--device",
+        &addresses[1],
+    ]);
+    assert!(added.starts_with("namespace 2 of"), "{added}");
+    let two = kernel_namespaces(CONFIGURED_NQN, 2)[&2].clone();
+    let seen_after = added_at.elapsed();
+    eprintln!(
+        "the kernel host saw namespace 2 {} ms after it was added",
+        seen_after.as_millis()
+    );
+    let data = pattern(0xc0f1, 64 << 10);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&two)
+        .expect("opens");
+    file.write_all_at(&data, CHECKED_OFFSET).expect("written");
+    file.sync_all().expect("synced");
+    drop(file);
+    // and removed: its block device goes, namespace 1's fio runs on
+    let removed_at = Instant::now();
+    usnvme_target(&["namespace", "remove", CONFIGURED_NQN, "2"]);
+    wait_until("namespace 2 gone from the kernel", || !two.exists());
+    eprintln!(
+        "the kernel host dropped namespace 2 {} ms after it was removed",
+        removed_at.elapsed().as_millis()
+    );
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let runs = fio.join().expect("fio verified every run");
+    eprintln!("{runs} verified fio runs on namespace 1 across the changes");
+
+    // saved, the target restarted with it: the kernel reconnects to the same namespace (its
+    // head device and wwid as before) and its I/O goes on
+    let saved = std::env::temp_dir().join("vm-configured-saved.json");
+    usnvme_target(&["save", saved.to_str().expect("UTF-8")]);
+    signal(&target.0, "TERM");
+    assert_eq!(target.0.wait().expect("serve exits").code(), Some(143));
+    let restart_args = [
+        "--config",
+        saved.to_str().expect("UTF-8"),
+        "--control",
+        control,
+    ];
+    let (again, _) = serve_with(&bed, &restart_args);
+    target = KillOnDrop(again);
+    wait_until("the kernel's controller live again", || {
+        kernel_controllers(CONFIGURED_NQN).iter().any(|c| {
+            let name = c.trim_start_matches("/dev/");
+            std::fs::read_to_string(format!("/sys/class/nvme/{name}/state"))
+                .is_ok_and(|s| s.trim() == "live")
+        })
+    });
+    assert!(one.exists(), "the same head device");
+    assert_eq!(sysfs_block(&one, "wwid"), wwid);
+    let (started, _) = std::sync::mpsc::channel();
+    let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    assert_eq!(fio_until(one.clone(), once, started), 1);
+    // what was written through namespace 2 is on its drive, exported again by a restart
+    usnvme_target(&[
+        "namespace",
+        "add",
+        CONFIGURED_NQN,
+        "--device",
+        &addresses[1],
+        "--nsid",
+        "2",
+    ]);
+    let two = kernel_namespaces(CONFIGURED_NQN, 2)[&2].clone();
+    let mut back = vec![0u8; data.len()];
+    std::fs::File::open(&two)
+        .expect("opens")
+        .read_exact_at(&mut back, CHECKED_OFFSET)
+        .expect("read");
+    assert!(back == data, "namespace 2's data is still on its drive");
+    drop(connected);
+    signal(&target.0, "TERM");
+    assert_eq!(target.0.wait().expect("serve exits").code(), Some(143));
 }
