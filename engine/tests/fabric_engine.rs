@@ -315,6 +315,7 @@ fn serve_sim() -> SimTarget {
             blocks: info.size_bytes / u64::from(info.block_size),
             nguid: [1; 16],
             uuid: [2; 16],
+            ana_group: 1,
             device: 0,
         }],
         listeners: vec![Listener {

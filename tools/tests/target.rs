@@ -262,6 +262,35 @@ fn save_then_restart_with_the_config_gives_hosts_the_same_identities() {
         "--nguid",
         "0123456789abcdef0123456789abcdef",
     ]);
+    // namespace 1 in ANA group 3, which is inaccessible at the port
+    first.target_ok(&["namespace", "remove", target::NQN, "1"]);
+    first.target_ok(&[
+        "namespace",
+        "add",
+        target::NQN,
+        "--device",
+        "sim:0",
+        "--nsid",
+        "1",
+        "--ana-group",
+        "3",
+    ]);
+    let port = first.addr.to_string();
+    first.target_ok(&["ana", "set", &port, "inaccessible", "--group", "3"]);
+    let (q, cntlid) = connect(&first, target::NQN, HOST).expect("connect");
+    let (mut io, _) = CommandQueue::connect(first.addr, target::NQN, 1, 32, cntlid, &host(HOST))
+        .expect("I/O queue");
+    let mut buf = vec![0u8; 4096];
+    match io.read(1, 0, 8, &mut buf) {
+        Err(HostError::Status { status, .. }) => {
+            assert_eq!(status.code(), Status::ANA_INACCESSIBLE)
+        }
+        other => panic!("group 3 is inaccessible: {other:?}"),
+    }
+    io.read(2, 0, 8, &mut buf)
+        .expect("namespace 2, in group 1, is reachable");
+    drop(io);
+    q.disconnect();
     let saved = std::env::temp_dir().join(format!("saved-{}.json", std::process::id()));
     first.target_ok(&["save", saved.to_str().expect("UTF-8")]);
     let identities = |serve: &Serve| {
@@ -304,6 +333,13 @@ fn save_then_restart_with_the_config_gives_hosts_the_same_identities() {
     // (listening where the first did: port 0 was saved as the port it was given)
     let second = Serve::with_config(&config, &[]);
     assert_eq!(identities(&second), before);
+    // and saved again, the same file: ANA groups and their states too
+    let again: Value = serde_json::from_str(&second.target_ok(&["save"])).expect("JSON");
+    assert_eq!(again, config);
+    assert_eq!(
+        config["ports"][0]["ana_groups"]["3"], "inaccessible",
+        "{config}"
+    );
 }
 
 #[test]

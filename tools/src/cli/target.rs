@@ -95,6 +95,9 @@ enum NamespaceCommand {
         /// Its NGUID, 32 hex digits (default: derived from the subsystem and device names).
         #[arg(long)]
         nguid: Option<String>,
+        /// Its ANA group, 1 to 32 (default: 1).
+        #[arg(long)]
+        ana_group: Option<u32>,
     },
     /// Take namespace NSID away from subsystem NQN (its device stays, free to export again).
     Remove { nqn: String, nsid: u32 },
@@ -122,8 +125,14 @@ enum ListenerCommand {
 
 #[derive(Debug, clap::Subcommand)]
 enum AnaCommand {
-    /// STATE: optimized, non-optimized or inaccessible.
-    Set { address: SocketAddr, state: String },
+    /// STATE: optimized, non-optimized or inaccessible; of every ANA group at the port, or
+    /// of one.
+    Set {
+        address: SocketAddr,
+        state: String,
+        #[arg(long)]
+        group: Option<u32>,
+    },
 }
 
 pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
@@ -180,6 +189,7 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
             nsid,
             uuid,
             nguid,
+            ana_group,
         }) => {
             let mut params = json!({"nqn": nqn});
             for (key, value) in [("device", device), ("uuid", uuid), ("nguid", nguid)] {
@@ -189,6 +199,9 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
             }
             if let Some(nsid) = nsid {
                 params["nsid"] = json!(nsid);
+            }
+            if let Some(group) = ana_group {
+                params["ana_group"] = json!(group);
             }
             let ns = call("namespace_add", params)?;
             writeln!(
@@ -235,9 +248,19 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
             call("listener_remove", json!({"address": address}))?;
             writeln!(out, "no longer listening on {address}")?;
         }
-        What::Ana(AnaCommand::Set { address, state }) => {
-            call("ana_set", json!({"address": address, "state": state}))?;
-            writeln!(out, "{address}: ANA state {state}")?;
+        What::Ana(AnaCommand::Set {
+            address,
+            state,
+            group,
+        }) => {
+            call(
+                "ana_set",
+                json!({"address": address, "state": state, "group": group}),
+            )?;
+            match group {
+                Some(g) => writeln!(out, "{address}: ANA group {g} {state}")?,
+                None => writeln!(out, "{address}: ANA state {state} (every group)")?,
+            }
         }
         What::BlktestsControl(b) => blktests::main(&args.socket, b, out)?,
     }

@@ -20,7 +20,9 @@ use usnvme_driver::Controller;
 
 use super::registry::Registry;
 use super::server::Inbox;
-use super::{ExportedNamespace, SubsystemInfo, Subsystems, DISCOVERY_NQN, MAX_NAMESPACES};
+use super::{
+    ExportedNamespace, SubsystemInfo, Subsystems, ANA_GROUPS, DISCOVERY_NQN, MAX_NAMESPACES,
+};
 use crate::block::BlockDevice;
 
 /// How long a change waits for each reactor (opening a device's queues takes milliseconds; a
@@ -97,7 +99,7 @@ pub struct DeviceView {
 
 /// What the operator asks of a namespace to export: the device (by name or index), and the
 /// identity to give it (what is not given is chosen: the lowest free NSID, NGUID and UUID
-/// derived from the subsystem and device names).
+/// derived from the subsystem and device names, ANA group 1).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamespaceRequest {
     /// A device's name; None: the first present device no namespace uses.
@@ -105,6 +107,8 @@ pub struct NamespaceRequest {
     pub nsid: Option<u32>,
     pub uuid: Option<[u8; 16]>,
     pub nguid: Option<[u8; 16]>,
+    /// Its ANA group; None: group 1.
+    pub ana_group: Option<u32>,
 }
 
 /// What the operator asks of a new subsystem.
@@ -258,7 +262,10 @@ impl LiveTarget {
                     .devices
                     .iter()
                     .rposition(|d| &d.name == name && present(d))
-                    .ok_or_else(|| format!("the target has no device {name}: `usnvme target status` lists its devices"))?;
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = state.devices.iter().filter(|d| present(d)).map(|d| d.name.as_str()).collect();
+                        format!("the target has no device {name} (it has {})", names.join(", "))
+                    })?;
                 if let Some((other, nsid)) = self.exported_as(&state, index) {
                     return Err(format!("{name} is namespace {nsid} of {other} already (one namespace per device)"));
                 }
@@ -292,6 +299,13 @@ impl LiveTarget {
         }
         if let Some(uuid) = request.uuid {
             ns.uuid = uuid;
+        }
+        match request.ana_group {
+            Some(group) if group == 0 || group > ANA_GROUPS => {
+                return Err(format!("ANA group {group}: give 1 to {ANA_GROUPS}"))
+            }
+            Some(group) => ns.ana_group = group,
+            None => {}
         }
         if let Some(other) = sub
             .namespaces

@@ -204,6 +204,7 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
                 blocks: 2048,
                 nguid: [nsid as u8; 16],
                 uuid: super::uuid_of_nguid(&[nsid as u8; 16]),
+                ana_group: super::DEFAULT_ANA_GROUP,
                 device: nsid as usize - 1,
             })
             .collect(),

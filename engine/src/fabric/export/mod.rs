@@ -71,6 +71,12 @@ const SUBSYSTEM_NAMESPACE: uuid::Uuid =
 /// free one.
 pub const MAX_NAMESPACES: u32 = 1024;
 
+/// Asymmetric Namespace Access groups (ANAGRPMAX, NANAGRPID): IDs 1 ..= this. Each port sets
+/// each group's state for the hosts that come through it.
+pub const ANA_GROUPS: u32 = 32;
+/// The group a namespace is in unless given another.
+pub const DEFAULT_ANA_GROUP: u32 = 1;
+
 /// One exported block device, as a namespace of the subsystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedNamespace {
@@ -85,6 +91,8 @@ pub struct ExportedNamespace {
     /// Its UUID, as stable: Linux names a namespace by it first (`uuid.…` in its wwid), as
     /// nvmet's are named. [`uuid_of_nguid`] unless given.
     pub uuid: [u8; 16],
+    /// Its ANA group (1 ..= [`ANA_GROUPS`]).
+    pub ana_group: u32,
     /// The block device behind it: its index among the reactors' devices (the one every
     /// request for this namespace names; never reused while the target runs).
     pub device: usize,
@@ -108,6 +116,7 @@ impl ExportedNamespace {
             blocks: info.size_bytes / u64::from(info.block_size),
             nguid,
             uuid: uuid_of_nguid(&nguid),
+            ana_group: DEFAULT_ANA_GROUP,
             device: index,
         }
     }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use usnvme_driver::spec::Status;
 
+use super::ANA_GROUPS;
+
 /// Controller IDs handed out: 1 ..= 0xFFEF (0xFFFF asks for a dynamic one).
 const FIRST_CNTLID: u16 = 1;
 const LAST_CNTLID: u16 = 0xffef;
@@ -19,10 +21,10 @@ const LAST_CNTLID: u16 = 0xffef;
 #[derive(Debug)]
 pub struct Registry {
     controllers: Mutex<Controllers>,
-    /// By port ID - 1: the state of the one ANA group (every namespace is in it) as the
+    /// By (port ID - 1) × ANA_GROUPS + group ID - 1: the state of each ANA group as the
     /// controllers reached through that port see it. Read by every I/O command (a relaxed
     /// load), changed at run time.
-    ana: [AtomicU8; MAX_PORTS],
+    ana: Box<[AtomicU8]>,
     /// ANA state changes so far (the ANA log's change count).
     ana_changes: AtomicU64,
     /// Keep Alive commands answered so far, over every controller.
@@ -246,7 +248,9 @@ impl Registry {
                 next: FIRST_CNTLID,
                 created: 0,
             }),
-            ana: std::array::from_fn(|_| AtomicU8::new(AnaState::Optimized as u8)),
+            ana: (0..MAX_PORTS * ANA_GROUPS as usize)
+                .map(|_| AtomicU8::new(AnaState::Optimized as u8))
+                .collect(),
             ana_changes: AtomicU64::new(0),
             keep_alives: AtomicU64::new(0),
         }
@@ -262,14 +266,31 @@ impl Registry {
         self.keep_alives.load(Ordering::Relaxed)
     }
 
-    /// The ANA state of port `port_id` (1-based; others are optimized).
-    pub fn ana_state(&self, port_id: u16) -> AnaState {
-        let slot = usize::from(port_id)
+    /// Where the state of group `group` at port `port_id` is kept (both 1-based).
+    fn ana_slot(&self, port_id: u16, group: u32) -> Option<&AtomicU8> {
+        let port = usize::from(port_id).checked_sub(1)?;
+        let group = (group as usize)
             .checked_sub(1)
-            .and_then(|i| self.ana.get(i));
-        slot.map_or(AnaState::Optimized, |s| {
-            AnaState::from_u8(s.load(Ordering::Relaxed))
-        })
+            .filter(|&g| g < ANA_GROUPS as usize)?;
+        self.ana.get(port * ANA_GROUPS as usize + group)
+    }
+
+    /// The ANA state of group `group` at port `port_id` (others are optimized).
+    pub fn ana_state(&self, port_id: u16, group: u32) -> AnaState {
+        self.ana_slot(port_id, group)
+            .map_or(AnaState::Optimized, |s| {
+                AnaState::from_u8(s.load(Ordering::Relaxed))
+            })
+    }
+
+    /// Every group's state at port `port_id`, and the changes so far: what its controllers'
+    /// ANA logs report.
+    pub fn ana_view(&self, port_id: u16) -> super::admin::AnaView {
+        let mut view = super::admin::AnaView::all(AnaState::Optimized, self.ana_changes());
+        for (group, state) in (1..).zip(view.states.iter_mut()) {
+            *state = self.ana_state(port_id, group);
+        }
+        view
     }
 
     /// ANA state changes so far.
@@ -277,17 +298,22 @@ impl Registry {
         self.ana_changes.load(Ordering::Acquire)
     }
 
-    /// Puts port `port_id` in `state`; on a change, counts it and raises the Asymmetric
-    /// Namespace Access Change notice on every controller (each reads its ANA log again).
-    /// False when nothing changed or there is no such port.
-    pub fn set_ana_state(&self, port_id: u16, state: AnaState) -> bool {
-        let Some(slot) = usize::from(port_id)
-            .checked_sub(1)
-            .and_then(|i| self.ana.get(i))
-        else {
-            return false;
+    /// Puts group `group` (None: every group) at port `port_id` in `state`; on a change,
+    /// counts it and raises the Asymmetric Namespace Access Change notice on every controller
+    /// (each reads its ANA log again). False when nothing changed or there is no such port
+    /// or group.
+    pub fn set_ana_state(&self, port_id: u16, group: Option<u32>, state: AnaState) -> bool {
+        let groups = match group {
+            Some(g) => g..=g,
+            None => 1..=ANA_GROUPS,
         };
-        if slot.swap(state as u8, Ordering::AcqRel) == state as u8 {
+        let mut changed = false;
+        for g in groups {
+            if let Some(slot) = self.ana_slot(port_id, g) {
+                changed |= slot.swap(state as u8, Ordering::AcqRel) != state as u8;
+            }
+        }
+        if !changed {
             return false;
         }
         self.ana_changes.fetch_add(1, Ordering::AcqRel);

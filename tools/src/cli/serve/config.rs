@@ -8,8 +8,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use usnvme_driver::spec::fabrics::check_nqn;
+
+use usnvme_engine::fabric::export::live::NamespaceRequest;
 use usnvme_engine::fabric::export::registry::AnaState;
+use usnvme_engine::fabric::export::ANA_GROUPS;
 
 /// The whole target.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -40,10 +44,33 @@ pub struct PortConfig {
     pub transport: String,
     /// `ADDR:PORT`.
     pub address: SocketAddr,
-    /// Its Asymmetric Namespace Access state: optimized (the default), non-optimized or
-    /// inaccessible.
+    /// Its Asymmetric Namespace Access state for every ANA group: optimized (the default),
+    /// non-optimized or inaccessible.
     #[serde(default = "optimized")]
     pub ana_state: String,
+    /// Groups in another state than `ana_state` at this port, by group ID.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ana_groups: BTreeMap<u32, String>,
+}
+
+impl PortConfig {
+    /// The states it sets: every group's (None), then each group given apart.
+    pub fn ana_states(&self) -> Result<Vec<(Option<u32>, AnaState)>, String> {
+        let mut states = vec![(None, self.ana_state.parse()?)];
+        for (&group, state) in &self.ana_groups {
+            check_ana_group(group)?;
+            states.push((Some(group), state.parse()?));
+        }
+        Ok(states)
+    }
+}
+
+/// A group ID as the target has them: 1 to 32.
+pub fn check_ana_group(group: u32) -> Result<(), String> {
+    if group == 0 || group > ANA_GROUPS {
+        return Err(format!("ANA group {group}: give 1 to {ANA_GROUPS}"));
+    }
+    Ok(())
 }
 
 fn tcp() -> String {
@@ -90,6 +117,9 @@ pub struct NamespaceConfig {
     /// Its NGUID (32 hex digits); default: derived from the subsystem and device names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nguid: Option<String>,
+    /// Its ANA group (1 to 32); default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_group: Option<u32>,
 }
 
 impl TargetConfig {
@@ -119,8 +149,7 @@ impl TargetConfig {
                     port.address, port.transport
                 ));
             }
-            port.ana_state
-                .parse::<AnaState>()
+            port.ana_states()
                 .map_err(|e| format!("port {}: {e}", port.address))?;
             if self.ports[..i].iter().any(|p| p.address == port.address) {
                 return Err(format!("port {} is given twice", port.address));
@@ -173,7 +202,7 @@ impl SubsystemConfig {
             ));
         }
         for (i, ns) in self.namespaces.iter().enumerate() {
-            ns.identity()
+            ns.request()
                 .map_err(|e| format!("subsystem {nqn}, device {}: {e}", ns.device))?;
             if let Some(nsid) = ns.nsid {
                 if self.namespaces[..i].iter().any(|o| o.nsid == Some(nsid)) {
@@ -203,18 +232,24 @@ pub fn check_subsystem_nqn(nqn: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A namespace's identity as given: NSID (checked: 1 to 1024), UUID and NGUID (parsed).
-pub type Identity = (Option<u32>, Option<[u8; 16]>, Option<[u8; 16]>);
-
 impl NamespaceConfig {
-    pub fn identity(&self) -> Result<Identity, String> {
+    /// The namespace as the target is asked for it: NSID (checked: 1 to 1024), UUID and NGUID
+    /// (parsed), ANA group (checked).
+    pub fn request(&self) -> Result<NamespaceRequest, String> {
         let most = usnvme_engine::fabric::export::MAX_NAMESPACES;
         if let Some(nsid) = self.nsid.filter(|&n| n == 0 || n > most) {
             return Err(format!("namespace ID {nsid}: give 1 to {most}"));
         }
-        let uuid = self.uuid.as_deref().map(parse_uuid).transpose()?;
-        let nguid = self.nguid.as_deref().map(parse_nguid).transpose()?;
-        Ok((self.nsid, uuid, nguid))
+        if let Some(group) = self.ana_group {
+            check_ana_group(group)?;
+        }
+        Ok(NamespaceRequest {
+            device: Some(self.device.clone()),
+            nsid: self.nsid,
+            uuid: self.uuid.as_deref().map(parse_uuid).transpose()?,
+            nguid: self.nguid.as_deref().map(parse_nguid).transpose()?,
+            ana_group: self.ana_group,
+        })
     }
 }
 
@@ -254,10 +289,10 @@ mod tests {
         serde_json::from_str(
             r#"{
                 "devices": ["sim:0-1,backend=ram"],
-                "ports": [{"address": "127.0.0.1:4420"}],
+                "ports": [{"address": "127.0.0.1:4420", "ana_groups": {"2": "inaccessible"}}],
                 "subsystems": [
                     {"nqn": "nqn.2024-01.io.example:a", "hosts": ["nqn.2024-01.io.example:host"],
-                     "namespaces": [{"nsid": 3, "device": "sim:0",
+                     "namespaces": [{"nsid": 3, "device": "sim:0", "ana_group": 2,
                                      "uuid": "91fdba0d-f87b-4c25-b80f-db7be1418b9e"}]},
                     {"nqn": "nqn.2024-01.io.example:b", "allow_any_host": true,
                      "namespaces": [{"device": "sim:1", "nguid": "0123456789abcdef0123456789abcdef"}]}
@@ -273,22 +308,33 @@ mod tests {
         assert_eq!(config.check(), Ok(()));
         assert_eq!(config.ports[0].transport, "tcp");
         assert_eq!(config.ports[0].ana_state, "optimized");
+        let states = config.ports[0].ana_states().expect("states");
+        assert_eq!(
+            states,
+            [
+                (None, AnaState::Optimized),
+                (Some(2), AnaState::Inaccessible)
+            ]
+        );
         let a = &config.subsystems[0];
         assert_eq!(
             a.allowed_hosts(),
             Some(vec!["nqn.2024-01.io.example:host".into()])
         );
         assert_eq!(config.subsystems[1].allowed_hosts(), None);
-        let (nsid, uuid, nguid) = a.namespaces[0].identity().expect("identity");
-        assert_eq!((nsid, nguid), (Some(3), None));
+        let request = a.namespaces[0].request().expect("identity");
         assert_eq!(
-            uuid_text(&uuid.expect("a UUID")),
+            (request.nsid, request.nguid, request.ana_group),
+            (Some(3), None, Some(2))
+        );
+        assert_eq!(
+            uuid_text(&request.uuid.expect("a UUID")),
             "91fdba0d-f87b-4c25-b80f-db7be1418b9e"
         );
         let nguid = config.subsystems[1].namespaces[0]
-            .identity()
+            .request()
             .expect("identity")
-            .2;
+            .nguid;
         assert_eq!(
             nguid_text(&nguid.expect("an NGUID")),
             "0123456789abcdef0123456789abcdef"
@@ -301,8 +347,14 @@ mod tests {
     #[test]
     fn each_mistake_is_named() {
         type Break = fn(&mut TargetConfig);
-        let mistakes: [(&str, Break); 9] = [
+        let mistakes: [(&str, Break); 11] = [
             ("no ports", |c| c.ports.clear()),
+            ("ANA group 33: give 1 to 32", |c| {
+                c.subsystems[0].namespaces[0].ana_group = Some(33)
+            }),
+            ("ANA group 0: give 1 to 32", |c| {
+                c.ports[0].ana_groups.insert(0, "optimized".into());
+            }),
             ("only tcp", |c| c.ports[0].transport = "rdma".into()),
             ("not an ANA state", |c| c.ports[0].ana_state = "fast".into()),
             ("given twice", |c| {

@@ -26,11 +26,13 @@ use serde_json::{json, Value};
 use usnvme_driver::spec::fabrics::check_nqn;
 use usnvme_engine::fabric::export::live::{LiveTarget, NamespaceRequest, SubsystemRequest};
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
-use usnvme_engine::fabric::export::{ExportedNamespace, Listener, SubsystemInfo};
+use usnvme_engine::fabric::export::{
+    ExportedNamespace, Listener, SubsystemInfo, ANA_GROUPS, DEFAULT_ANA_GROUP,
+};
 
 use super::config::{
-    nguid_text, parse_nguid, parse_uuid, uuid_text, NamespaceConfig, PortConfig, SubsystemConfig,
-    TargetConfig,
+    check_ana_group, nguid_text, parse_nguid, parse_uuid, uuid_text, NamespaceConfig, PortConfig,
+    SubsystemConfig, TargetConfig,
 };
 
 /// Where `usnvme serve --config` listens for `usnvme target`, unless told otherwise.
@@ -104,6 +106,8 @@ struct NamespaceAdd {
     uuid: Option<String>,
     #[serde(default)]
     nguid: Option<String>,
+    #[serde(default)]
+    ana_group: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -131,6 +135,9 @@ struct Address {
 struct AnaSet {
     address: SocketAddr,
     state: String,
+    /// None: every group.
+    #[serde(default)]
+    group: Option<u32>,
 }
 
 /// `params` as the method's parameters, or "invalid params" naming what is wrong.
@@ -168,11 +175,15 @@ impl Operator {
                 let p: NamespaceAdd = params(method, given)?;
                 let uuid = p.uuid.as_deref().map(parse_uuid).transpose().map_err(refused)?;
                 let nguid = p.nguid.as_deref().map(parse_nguid).transpose().map_err(refused)?;
+                if let Some(group) = p.ana_group {
+                    check_ana_group(group).map_err(refused)?;
+                }
                 let request = NamespaceRequest {
                     device: p.device,
                     nsid: p.nsid,
                     uuid,
                     nguid,
+                    ana_group: p.ana_group,
                 };
                 let ns = self.live.export(&p.nqn, request).map_err(refused)?;
                 log::info!("{}: {}", p.nqn, super::namespace_line(&ns));
@@ -227,11 +238,14 @@ impl Operator {
                 Ok(json!({"address": address.to_string()}))
             }
             "ana_set" => {
-                let AnaSet { address, state } = params(method, given)?;
+                let AnaSet { address, state, group } = params(method, given)?;
                 let state: AnaState = state.parse().map_err(refused)?;
+                if let Some(group) = group {
+                    check_ana_group(group).map_err(refused)?;
+                }
                 let port = self.port_id(address).map_err(refused)?;
-                self.registry.set_ana_state(port, state);
-                Ok(json!({"address": address.to_string(), "state": state.name()}))
+                self.registry.set_ana_state(port, group, state);
+                Ok(json!({"address": address.to_string(), "state": state.name(), "group": group}))
             }
             _ => Err(RpcError {
                 code: METHOD_NOT_FOUND,
@@ -298,10 +312,19 @@ impl Operator {
     /// subsystems and namespaces (NQN, serial, NSID, UUID, NGUID).
     pub fn running_config(&self) -> TargetConfig {
         let listeners = self.listeners.lock();
-        let ports = listeners.iter().map(|(_, l)| PortConfig {
-            transport: "tcp".into(),
-            address: l.address,
-            ana_state: self.registry.ana_state(l.port_id).name().into(),
+        let ports = listeners.iter().map(|(_, l)| {
+            // group 1's state for all, and the groups whose state differs from it
+            let first = self.registry.ana_state(l.port_id, 1);
+            let others = (2..=ANA_GROUPS).map(|g| (g, self.registry.ana_state(l.port_id, g)));
+            PortConfig {
+                transport: "tcp".into(),
+                address: l.address,
+                ana_state: first.name().into(),
+                ana_groups: others
+                    .filter(|(_, state)| *state != first)
+                    .map(|(g, state)| (g, state.name().to_string()))
+                    .collect(),
+            }
         });
         let subsystems = self.live.subsystems();
         let subsystems = subsystems.list.iter().map(|s| SubsystemConfig {
@@ -346,12 +369,8 @@ impl Operator {
                 self.add_listener(port.address)?;
                 changes.push(format!("listener {} added", port.address));
             }
-            let state: AnaState = port.ana_state.parse()?;
-            if self
-                .registry
-                .set_ana_state(self.port_id(port.address)?, state)
-            {
-                changes.push(format!("{}: ANA state {}", port.address, state.name()));
+            if set_ana_states(&self.registry, self.port_id(port.address)?, port)? {
+                changes.push(format!("{}: ANA states changed", port.address));
             }
         }
         for sub in &running.subsystems {
@@ -404,6 +423,7 @@ impl Operator {
                     && n.nsid.is_none_or(|id| Some(id) == ns.nsid)
                     && same_id(&n.uuid, &ns.uuid, parse_uuid)
                     && same_id(&n.nguid, &ns.nguid, parse_nguid)
+                    && n.ana_group.unwrap_or(1) == ns.ana_group.unwrap_or(1)
             })
         };
         let mut kept = Vec::new();
@@ -417,14 +437,7 @@ impl Operator {
             changes.push(format!("{nqn}: namespace {nsid} ({}) removed", ns.device));
         }
         for ns in new.namespaces.iter().filter(|n| !kept.contains(&n.device)) {
-            let (nsid, uuid, nguid) = ns.identity()?;
-            let request = NamespaceRequest {
-                device: Some(ns.device.clone()),
-                nsid,
-                uuid,
-                nguid,
-            };
-            let added = self.live.export(nqn, request)?;
+            let added = self.live.export(nqn, ns.request()?)?;
             changes.push(format!("{nqn}: {}", super::namespace_line(&added)));
         }
         Ok(changes)
@@ -444,8 +457,30 @@ fn same_id(
     }
 }
 
+/// Puts each ANA group at port `port_id` in the state `port` gives it (each group on its own:
+/// one that keeps its state sees no change); whether any changed.
+pub fn set_ana_states(
+    registry: &Registry,
+    port_id: u16,
+    port: &PortConfig,
+) -> Result<bool, String> {
+    let states = port.ana_states()?;
+    let mut changed = false;
+    for group in 1..=ANA_GROUPS {
+        let given = states
+            .iter()
+            .rev()
+            .find(|(g, _)| g.is_none_or(|g| g == group));
+        if let Some((_, state)) = given {
+            changed |= registry.set_ana_state(port_id, Some(group), *state);
+        }
+    }
+    Ok(changed)
+}
+
 fn namespace_config(ns: &ExportedNamespace) -> NamespaceConfig {
     NamespaceConfig {
+        ana_group: (ns.ana_group != DEFAULT_ANA_GROUP).then_some(ns.ana_group),
         nsid: Some(ns.nsid),
         device: ns.name.clone(),
         uuid: Some(uuid_text(&ns.uuid)),
@@ -456,7 +491,7 @@ fn namespace_config(ns: &ExportedNamespace) -> NamespaceConfig {
 fn namespace_json(ns: &ExportedNamespace) -> Value {
     json!({
         "nsid": ns.nsid, "device": ns.name, "blocks": ns.blocks, "block_size": ns.block_size,
-        "uuid": uuid_text(&ns.uuid), "nguid": nguid_text(&ns.nguid),
+        "uuid": uuid_text(&ns.uuid), "nguid": nguid_text(&ns.nguid), "ana_group": ns.ana_group,
     })
 }
 

@@ -272,7 +272,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             &base,
             &devices,
             args.config.is_none(),
-        )?));
+        )));
     }
     let subsystems = Arc::new(Subsystems {
         base: Arc::new(base),
@@ -285,9 +285,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     let smart_drives = served.clone();
     let registry = Arc::new(Registry::new());
     for (port, (_, listener)) in config.ports.iter().zip(&listeners) {
-        if let Ok(state) = port.ana_state.parse() {
-            registry.set_ana_state(listener.port_id, state);
-        }
+        control::set_ana_states(&registry, listener.port_id, port).map_err(usage)?;
     }
     let shared = Shared {
         subsystems: subsystems.clone(),
@@ -331,6 +329,13 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         inboxes.clone(),
         registry.clone(),
     ));
+    for sub in &config.subsystems {
+        for ns in &sub.namespaces {
+            let request = ns.request().map_err(usage)?;
+            live.export(&sub.nqn, request)
+                .map_err(|e| usage(format!("--config: subsystem {}: {e}", sub.nqn)))?;
+        }
+    }
     let inserts = uevents
         .zip(first_device)
         .map(|(events, like)| hotplug::Inserts {
@@ -488,6 +493,7 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
                 transport: "tcp".into(),
                 address,
                 ana_state: AnaState::Optimized.name().into(),
+                ana_groups: Default::default(),
             })
             .collect(),
         subsystems: vec![SubsystemConfig {
@@ -501,45 +507,19 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
     })
 }
 
-/// Subsystem `sub` of the config, on the target described by `base`, its namespaces on
-/// `devices` (the target's, by name) — or every device when `every_device` (the flags' form).
+/// Subsystem `sub` of the config, on the target described by `base`: every device one of its
+/// namespaces when `every_device` (the flags' form); else none yet (the config's are exported
+/// once the reactors run: [`LiveTarget::export`]).
 fn subsystem_of(
     sub: &SubsystemConfig,
     base: &SubsystemInfo,
     devices: &[Arc<dyn BlockDevice>],
     every_device: bool,
-) -> Result<SubsystemInfo> {
-    let mut namespaces = Vec::new();
-    if every_device {
-        for (i, d) in devices.iter().enumerate() {
-            namespaces.push(ExportedNamespace::of(i as u32 + 1, i, d.as_ref(), &sub.nqn));
-        }
-    }
-    for ns in &sub.namespaces {
-        let (nsid, uuid, nguid) = ns.identity().map_err(usage)?;
-        let Some(index) = devices.iter().position(|d| d.info().name == ns.device) else {
-            let names: Vec<String> = devices.iter().map(|d| d.info().name.clone()).collect();
-            return Err(usage(format!(
-                "subsystem {}: the target has no device {} (it has {})",
-                sub.nqn,
-                ns.device,
-                names.join(", ")
-            )));
-        };
-        let taken = |id: u32| namespaces.iter().any(|n: &ExportedNamespace| n.nsid == id);
-        let nsid = nsid.or_else(|| (1..).find(|&id| !taken(id))).unwrap_or(1);
-        let mut exported = ExportedNamespace::of(nsid, index, devices[index].as_ref(), &sub.nqn);
-        if let Some(nguid) = nguid {
-            exported.nguid = nguid;
-            exported.uuid = usnvme_engine::fabric::export::uuid_of_nguid(&nguid);
-        }
-        if let Some(uuid) = uuid {
-            exported.uuid = uuid;
-        }
-        namespaces.push(exported);
-    }
-    namespaces.sort_by_key(|ns| ns.nsid);
-    Ok(SubsystemInfo {
+) -> SubsystemInfo {
+    let every = devices.iter().enumerate().filter(|_| every_device);
+    let namespaces =
+        every.map(|(i, d)| ExportedNamespace::of(i as u32 + 1, i, d.as_ref(), &sub.nqn));
+    SubsystemInfo {
         serial: sub
             .serial
             .clone()
@@ -547,9 +527,9 @@ fn subsystem_of(
         model: sub.model.clone().unwrap_or_else(|| "usnvme".into()),
         allowed_hosts: sub.allowed_hosts(),
         nqn: sub.nqn.clone(),
-        namespaces,
+        namespaces: namespaces.collect(),
         ..base.clone()
-    })
+    }
 }
 
 /// A listener on `address`, port `port_id`; a port in use is refused by name.
@@ -710,7 +690,7 @@ impl AnaFile {
         {
             match parse_ana_line(line, listeners) {
                 Ok((port, state)) => {
-                    if registry.set_ana_state(port.port_id, state) {
+                    if registry.set_ana_state(port.port_id, None, state) {
                         log::info!("{}: ANA state {}", port.address, state.name());
                     }
                 }
@@ -793,6 +773,7 @@ fn status_json(
                 "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
                 "uuid": config::uuid_text(&n.uuid),
                 "nguid": config::nguid_text(&n.nguid),
+                "ana_group": n.ana_group,
             })).collect::<Vec<_>>(),
         })
     };
@@ -810,7 +791,7 @@ fn status_json(
         })).collect::<Vec<_>>(),
         "listeners": listeners.iter().map(|(_, l)| l.address.to_string()).collect::<Vec<_>>(),
         "ana_states": listeners.iter().map(|(_, l)| (l.address.to_string(),
-            serde_json::json!(registry.ana_state(l.port_id).name()))).collect::<serde_json::Map<_, _>>(),
+            serde_json::json!(registry.ana_state(l.port_id, 1).name()))).collect::<serde_json::Map<_, _>>(),
         "connections": load(&counters.connections),
         "controllers": registry.live(),
         "controllers_created": registry.created(),

@@ -48,39 +48,36 @@ enum Step {
     },
     /// Makes subsystem SUBSYSNQN, open to HOSTNQN, with one namespace (the first device no
     /// namespace uses) whose UUID is SUBSYS_UUID.
-    Setup {
-        #[arg(long)]
-        subsysnqn: String,
-        #[arg(long)]
-        subsys_uuid: String,
-        #[arg(long)]
-        hostnqn: String,
-        /// (authentication: not served)
-        #[arg(long, default_value = "")]
-        hostkey: String,
-        #[arg(long, default_value = "")]
-        ctrlkey: String,
-    },
+    Setup(TestSubsystem),
     /// More ports for a subsystem: every subsystem is on every port already.
     AddPorts {
         #[arg(long)]
         ports: u32,
-        #[arg(long)]
-        subsysnqn: String,
-        #[arg(long)]
-        subsys_uuid: String,
-        #[arg(long)]
-        hostnqn: String,
-        #[arg(long, default_value = "")]
-        hostkey: String,
-        #[arg(long, default_value = "")]
-        ctrlkey: String,
+        #[command(flatten)]
+        subsystem: TestSubsystem,
     },
     /// Removes subsystem SUBSYSNQN.
     Cleanup {
         #[arg(long)]
         subsysnqn: String,
     },
+}
+
+/// The subsystem a test asks for.
+#[derive(Debug, clap::Args)]
+struct TestSubsystem {
+    #[arg(long)]
+    subsysnqn: String,
+    #[arg(long)]
+    subsys_uuid: String,
+    #[arg(long)]
+    hostnqn: String,
+    /// (authentication: not served)
+    #[arg(long, default_value = "")]
+    hostkey: String,
+    /// (blktests passes `--ctrkey`)
+    #[arg(long, alias = "ctrkey", default_value = "")]
+    ctrlkey: String,
 }
 
 pub fn main(socket: &Path, args: &Args, out: &mut dyn Write) -> Result<()> {
@@ -127,21 +124,14 @@ pub fn main(socket: &Path, args: &Args, out: &mut dyn Write) -> Result<()> {
             };
             writeln!(out, "{value}")?;
         }
-        Step::Setup {
-            subsysnqn,
-            subsys_uuid,
-            hostnqn,
-            hostkey,
-            ctrlkey,
-        }
-        | Step::AddPorts {
-            subsysnqn,
-            subsys_uuid,
-            hostnqn,
-            hostkey,
-            ctrlkey,
-            ..
-        } => {
+        Step::Setup(subsystem) | Step::AddPorts { subsystem, .. } => {
+            let TestSubsystem {
+                subsysnqn,
+                subsys_uuid,
+                hostnqn,
+                hostkey,
+                ctrlkey,
+            } = subsystem;
             if !hostkey.is_empty() || !ctrlkey.is_empty() {
                 anyhow::bail!("NVMe in-band authentication (--hostkey, --ctrlkey) is not served");
             }

@@ -8,11 +8,10 @@ use usnvme_driver::spec::{
     put_ascii, IdentifyController, IdentifyNamespace, LbaFormat, NamespaceList, Sqe, Status,
 };
 
-use super::super::{ExportedNamespace, SubsystemInfo, MAX_NAMESPACES};
+use super::super::{ExportedNamespace, SubsystemInfo, ANA_GROUPS, MAX_NAMESPACES};
 use super::properties::{IOCQES, IOSQES};
 use super::{
-    ANA_GROUP, ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD,
-    INVALID_NAMESPACE, VERSION,
+    ASYNC_EVENT_LIMIT, ERROR_LOG_ENTRIES, IDENTIFY_BYTES, INVALID_FIELD, INVALID_NAMESPACE, VERSION,
 };
 
 /// Keep Alive Support: KATO granularity in 100 ms units. The connection times Keep Alive in
@@ -123,8 +122,8 @@ pub fn identify_controller(
     id.cmic = CMIC_MULTI_PORT | CMIC_MULTI_CONTROLLER | CMIC_ANA;
     id.anatt = ANATT_SECONDS;
     id.anacap = ANACAP;
-    id.anagrpmax = ANA_GROUP;
-    id.nanagrpid = ANA_GROUP;
+    id.anagrpmax = ANA_GROUPS;
+    id.nanagrpid = ANA_GROUPS;
     id.oaes = OAES_NAMESPACE_ATTRIBUTE | OAES_ANA_CHANGE;
     id.acl = 3; // 0's based; Abort is answered "not aborted"
     id.frmw = FRMW_ONE_READ_ONLY_SLOT;
@@ -150,7 +149,7 @@ pub fn identify_namespace(ns: &ExportedNamespace) -> IdentifyNamespace {
     id.nlbaf = 0;
     id.flbas = 0;
     id.nmic = NMIC_SHARED;
-    id.anagrpid = ANA_GROUP;
+    id.anagrpid = ns.ana_group;
     // DLFEAT 0: whether deallocated blocks read back as zeroes depends on the drives under
     // the namespace (several, for a stripe), so it is not promised.
     id.dlfeat = 0;

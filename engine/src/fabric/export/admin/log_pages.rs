@@ -9,10 +9,8 @@ use usnvme_driver::spec::fabrics::{
 use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, Sqe, Status};
 
-use super::super::{Listener, SubsystemInfo};
-use super::{
-    AnaView, Asked, ANA_GROUP, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES,
-};
+use super::super::{Listener, SubsystemInfo, ANA_GROUPS, DEFAULT_ANA_GROUP};
+use super::{AnaView, Asked, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
 use crate::fabric::export::registry::CHANGED_LIST_ENTRIES;
 
 // The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
@@ -139,12 +137,15 @@ fn rgo(sqe: &Sqe) -> bool {
     sqe.cdw10 & (1 << 8) != 0
 }
 
-/// The ANA log (NVMe Base 2.0, 5.16.1.13): the change count, one group descriptor (the one
-/// group every namespace is in, in the port's state), then the group's namespace IDs unless
-/// `groups_only`. Its length, and each part put where it falls in `out` (no allocation).
+/// The ANA log (NVMe Base 2.0, 5.16.1.13): the change count, then a group descriptor for each
+/// group listed (group 1, and every other group with namespaces of this subsystem, ascending:
+/// nvmet too lists its enabled groups, empty or not) in the port's state for it, each followed
+/// by its namespace IDs unless `groups_only`. Its length, and each part put where it falls in
+/// `out` (no allocation).
 fn ana_log_len(sub: &SubsystemInfo, groups_only: bool) -> usize {
+    let listed = listed_groups(sub).count();
     ANA_HEADER
-        + ANA_DESCRIPTOR
+        + listed * ANA_DESCRIPTOR
         + if groups_only {
             0
         } else {
@@ -155,6 +156,18 @@ fn ana_log_len(sub: &SubsystemInfo, groups_only: bool) -> usize {
 const ANA_HEADER: usize = 16;
 const ANA_DESCRIPTOR: usize = 32;
 
+/// The ANA groups the log lists, each with its namespaces' count.
+fn listed_groups(sub: &SubsystemInfo) -> impl Iterator<Item = (u32, usize)> + '_ {
+    (1..=ANA_GROUPS).filter_map(move |group| {
+        let members = sub
+            .namespaces
+            .iter()
+            .filter(|ns| ns.ana_group == group)
+            .count();
+        (group == DEFAULT_ANA_GROUP || members > 0).then_some((group, members))
+    })
+}
+
 fn put_ana_log(
     out: &mut [u8],
     offset: usize,
@@ -164,18 +177,24 @@ fn put_ana_log(
 ) {
     let mut header = [0u8; ANA_HEADER];
     header[..8].copy_from_slice(&ana.changes.to_le_bytes());
-    header[8..10].copy_from_slice(&1u16.to_le_bytes()); // one group descriptor
+    let groups = listed_groups(sub).count() as u16;
+    header[8..10].copy_from_slice(&groups.to_le_bytes());
     put_log_part(out, offset, 0, &header);
-    let listed = if groups_only { 0 } else { sub.namespaces.len() };
-    let mut group = [0u8; ANA_DESCRIPTOR];
-    group[..4].copy_from_slice(&ANA_GROUP.to_le_bytes());
-    group[4..8].copy_from_slice(&(listed as u32).to_le_bytes());
-    group[8..16].copy_from_slice(&ana.changes.to_le_bytes());
-    group[16] = ana.state as u8;
-    put_log_part(out, offset, ANA_HEADER, &group);
-    for (i, ns) in sub.namespaces.iter().take(listed).enumerate() {
-        let at = ANA_HEADER + ANA_DESCRIPTOR + 4 * i;
-        put_log_part(out, offset, at, &ns.nsid.to_le_bytes());
+    let mut at = ANA_HEADER;
+    for (group, members) in listed_groups(sub) {
+        let listed = if groups_only { 0 } else { members };
+        let mut descriptor = [0u8; ANA_DESCRIPTOR];
+        descriptor[..4].copy_from_slice(&group.to_le_bytes());
+        descriptor[4..8].copy_from_slice(&(listed as u32).to_le_bytes());
+        descriptor[8..16].copy_from_slice(&ana.changes.to_le_bytes());
+        descriptor[16] = ana.state(group) as u8;
+        put_log_part(out, offset, at, &descriptor);
+        at += ANA_DESCRIPTOR;
+        let members = sub.namespaces.iter().filter(|ns| ns.ana_group == group);
+        for ns in members.take(listed) {
+            put_log_part(out, offset, at, &ns.nsid.to_le_bytes());
+            at += 4;
+        }
     }
 }
 

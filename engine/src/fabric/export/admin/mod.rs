@@ -46,16 +46,32 @@ pub use properties::ControllerRegisters;
 /// NGUID; 1.2 or later also makes it ask for the I/O command set's Identify Controller (CNS 6).
 pub const VERSION: Vs = Vs::new(1, 3, 0);
 
-/// What a controller's ANA log reports: the state of the one ANA group (every namespace) at
-/// the controller's port, and the number of state changes so far.
+/// What a controller's ANA log reports: the state of each ANA group at the controller's port
+/// (by group ID - 1), and the number of state changes so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnaView {
-    pub state: super::registry::AnaState,
+    pub states: [super::registry::AnaState; super::ANA_GROUPS as usize],
     pub changes: u64,
 }
 
-/// The ANA group every namespace is in.
-pub const ANA_GROUP: u32 = 1;
+impl AnaView {
+    /// Every group in `state`.
+    pub fn all(state: super::registry::AnaState, changes: u64) -> AnaView {
+        AnaView {
+            states: [state; super::ANA_GROUPS as usize],
+            changes,
+        }
+    }
+
+    /// The state of group `group` (1-based).
+    pub fn state(&self, group: u32) -> super::registry::AnaState {
+        let i = (group as usize).saturating_sub(1);
+        self.states
+            .get(i)
+            .copied()
+            .unwrap_or(super::registry::AnaState::Optimized)
+    }
+}
 
 /// Asynchronous Event Requests a controller holds at once (AERL + 1).
 pub const ASYNC_EVENT_LIMIT: usize = 4;

@@ -8,7 +8,7 @@ use usnvme_driver::spec::log::LogPageId;
 use usnvme_driver::spec::{SmartLog, Sqe, Status};
 
 use super::super::admin;
-use super::super::registry::{Controller, Registry};
+use super::super::registry::Controller;
 use super::super::{Listener, Subsystems};
 use super::{Backend, Connection, Role};
 use crate::fabric::pdu::FatalError;
@@ -49,14 +49,6 @@ fn discovery_asker<'a>(
         subsystems: open,
         generation: subsystems.generation,
     })
-}
-
-/// The ANA state controllers reached through `port` see.
-fn ana_view(port: &Listener, registry: &Registry) -> admin::AnaView {
-    admin::AnaView {
-        state: registry.ana_state(port.port_id),
-        changes: registry.ana_changes(),
-    }
 }
 
 impl Connection {
@@ -118,7 +110,7 @@ impl Connection {
                 admin::Asked {
                     cntlid,
                     discovery: discovery_asker(&self.port, &self.subsystems, &open, controller),
-                    ana: ana_view(&self.port, &self.registry),
+                    ana: self.registry.ana_view(self.port.port_id),
                     changed_namespaces: &changed,
                 },
                 features,
@@ -208,7 +200,7 @@ impl Connection {
                 admin::Asked {
                     cntlid,
                     discovery: discovery_asker(&self.port, &self.subsystems, &open, controller),
-                    ana: ana_view(&self.port, &self.registry),
+                    ana: self.registry.ana_view(self.port.port_id),
                     changed_namespaces: &[],
                 },
                 features,

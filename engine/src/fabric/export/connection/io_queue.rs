@@ -106,7 +106,7 @@ impl Connection {
         let device = info.device;
         // the path this connection is: refused where its port is inaccessible (the host then
         // goes another way; no DNR, so it may come back once the state changes)
-        if self.registry.ana_state(self.port.port_id) == AnaState::Inaccessible {
+        if self.registry.ana_state(self.port.port_id, info.ana_group) == AnaState::Inaccessible {
             return Err(Status::ANA_INACCESSIBLE);
         }
         let bs = u64::from(info.block_size);
@@ -163,10 +163,13 @@ impl Connection {
             self.respond(cid, 0, Status::SUCCESS);
             return;
         }
-        if data.len() != ranges * 16 {
+        // the ranges first; more data may follow (Linux sends a 4 KiB page for one range, as
+        // nvmet takes it)
+        if data.len() < ranges * 16 {
             self.respond(cid, 0, Status::DATA_SGL_LENGTH_INVALID);
             return;
         }
+        let data = data.start..data.start + ranges * 16;
         // (checked by `check_io`: the namespace is there)
         let Some(info) = self
             .subsystem

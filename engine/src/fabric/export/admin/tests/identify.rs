@@ -25,7 +25,11 @@ fn identify_controller_bytes_where_linux_reads_them() {
         "OAES: namespace attribute and ANA change notices"
     );
     assert_eq!((b[342], b[343]), (10, 0b0100_0111), "ANATT, ANACAP");
-    assert_eq!((le32(b, 344), le32(b, 348)), (1, 1), "ANAGRPMAX, NANAGRPID");
+    assert_eq!(
+        (le32(b, 344), le32(b, 348)),
+        (32, 32),
+        "ANAGRPMAX, NANAGRPID"
+    );
     assert_eq!(le32(b, 540), le32(b, 516), "MNAN: NN");
     assert_eq!(b[77], 5, "MDTS: 2^5 4 KiB pages = 128 KiB");
     assert_eq!(le16(b, 78), 7, "CNTLID");

@@ -31,6 +31,62 @@ fn smart_logs_aggregate() {
 }
 
 #[test]
+fn the_ana_log_lists_group_1_and_each_group_with_namespaces_in_its_state_at_the_port() {
+    use crate::fabric::export::registry::AnaState;
+    let mut sub = subsystem(); // namespaces 1 and 3
+    sub.namespaces.push(namespace(4, 512, 8));
+    sub.namespaces[1].ana_group = 7;
+    sub.namespaces[2].ana_group = 7;
+    let mut ana = AnaView::all(AnaState::Optimized, 5);
+    ana.states[6] = AnaState::Inaccessible;
+    let read = |rgo: bool| {
+        let mut sqe = get_log(0x0c, 0, 4096, 0);
+        sqe.cdw10 |= u32::from(rgo) << 8;
+        let mut out = vec![0xEE; MAX_ADMIN_DATA];
+        let asked = Asked {
+            cntlid: 1,
+            discovery: None,
+            ana,
+            changed_namespaces: &[],
+        };
+        let n = super::super::log_page(&sub, asked, &sqe, &mut || smart_log(1), &mut out)
+            .expect("the ANA log");
+        out.truncate(n);
+        out
+    };
+    let log = read(false);
+    let le32 = |at: usize| u32::from_le_bytes(log[at..at + 4].try_into().expect("4 bytes"));
+    assert_eq!(
+        u64::from_le_bytes(log[..8].try_into().expect("8")),
+        5,
+        "change count"
+    );
+    assert_eq!(u16::from_le_bytes([log[8], log[9]]), 2, "groups 1 and 7");
+    // group 1: namespace 1, optimized; then group 7: namespaces 3 and 4, inaccessible
+    assert_eq!(
+        (le32(16), le32(20), log[32]),
+        (1, 1, AnaState::Optimized as u8)
+    );
+    assert_eq!(le32(48), 1);
+    assert_eq!(
+        (le32(52), le32(56), log[68]),
+        (7, 2, AnaState::Inaccessible as u8)
+    );
+    assert_eq!((le32(84), le32(88)), (3, 4));
+    assert!(
+        log[92..].iter().all(|&b| b == 0),
+        "nothing after the last group"
+    );
+    // groups only (RGO): the descriptors, no namespace lists
+    let log = read(true);
+    let le32 = |at: usize| u32::from_le_bytes(log[at..at + 4].try_into().expect("4 bytes"));
+    assert_eq!((le32(16), le32(20), le32(48), le32(52)), (1, 0, 7, 0));
+    // Identify Namespace names each one's group
+    let id = super::super::identify::identify_namespace(&sub.namespaces[2]);
+    assert_eq!(id.anagrpid, 7);
+}
+
+#[test]
 fn log_page_length_and_offset() {
     let sub = subsystem();
     let smart = smart_log(1);

@@ -44,7 +44,7 @@ fn log_page(
 
 /// An optimized path, its state never changed.
 const OPTIMIZED: AnaView = AnaView {
-    state: crate::fabric::export::registry::AnaState::Optimized,
+    states: [crate::fabric::export::registry::AnaState::Optimized; 32],
     changes: 0,
 };
 
@@ -99,6 +99,7 @@ fn namespace(nsid: u32, block_size: u32, blocks: u64) -> ExportedNamespace {
         blocks,
         nguid,
         uuid: crate::fabric::export::uuid_of_nguid(&nguid),
+        ana_group: 1,
         device: nsid as usize - 1,
     }
 }

@@ -162,6 +162,27 @@ fn deallocate_zeroes_each_range() {
     assert!(disk[4 * 512..10 * 512].iter().all(|&b| b == 0xEE));
     assert!(disk[10 * 512..12 * 512].iter().all(|&b| b == 0));
     assert_eq!(disk[12 * 512], 0xEE);
+    // as Linux sends one range: in a 4 KiB page, the rest of it not ranges
+    io.backend.namespaces[0].fill(0xEE);
+    let mut sqe = io.io(IoOpcode::DatasetManagement, 0, 1, 0);
+    sqe.cdw10 = 0; // one range
+    sqe.cdw11 = usnvme_driver::spec::command::DSM_DEALLOCATE;
+    sqe.set_sgl(SglDescriptor::in_capsule(4096));
+    let mut page = [0xffu8; 4096];
+    page[..16].fill(0);
+    page[4..8].copy_from_slice(&3u32.to_le_bytes()); // 3 blocks at LBA 0
+    io.capsule(&sqe, &page);
+    assert_eq!(io.status(), Status::SUCCESS);
+    let disk = &io.backend.namespaces[0];
+    assert!(disk[..3 * 512].iter().all(|&b| b == 0));
+    assert_eq!(disk[3 * 512], 0xEE, "what follows the range is not one");
+    // fewer bytes than the ranges: refused by name
+    let mut sqe = io.io(IoOpcode::DatasetManagement, 0, 1, 0);
+    sqe.cdw10 = 1; // two ranges
+    sqe.cdw11 = usnvme_driver::spec::command::DSM_DEALLOCATE;
+    sqe.set_sgl(SglDescriptor::in_capsule(16));
+    io.capsule(&sqe, &page[..16]);
+    assert_eq!(io.status().code(), Status::DATA_SGL_LENGTH_INVALID);
 }
 
 #[test]
@@ -389,9 +410,9 @@ fn an_inaccessible_port_refuses_io_by_ana_status_and_its_hosts_hear_of_the_chang
     io.conn.port.port_id = 2;
     assert_eq!(io.connect(1, cntlid, &nqn, HOST).status(), Status::SUCCESS);
     let registry = admin.conn.registry.clone();
-    assert!(registry.set_ana_state(2, AnaState::Inaccessible));
+    assert!(registry.set_ana_state(2, None, AnaState::Inaccessible));
     assert!(
-        !registry.set_ana_state(2, AnaState::Inaccessible),
+        !registry.set_ana_state(2, None, AnaState::Inaccessible),
         "no change"
     );
     let write = io.io(IoOpcode::Write, 0, 8, 0);
@@ -410,7 +431,21 @@ fn an_inaccessible_port_refuses_io_by_ana_status_and_its_hosts_hear_of_the_chang
     }
     assert_eq!(ana_log(&mut admin), (1, 1, vec![1, 2]));
     // back to optimized: the I/O goes through
-    assert!(registry.set_ana_state(2, AnaState::Optimized));
+    assert!(registry.set_ana_state(2, None, AnaState::Optimized));
+    io.capsule(&write, &[5; 4096]);
+    assert_eq!(io.status(), Status::SUCCESS);
+    // namespace 2 in group 2, that group inaccessible at port 2: its I/O is refused there,
+    // namespace 1's (group 1) goes on
+    let mut sub = (*io.sub).clone();
+    sub.namespaces[1].ana_group = 2;
+    io.conn
+        .set_subsystems(Subsystems::one(std::sync::Arc::new(sub)));
+    assert!(registry.set_ana_state(2, Some(2), AnaState::Inaccessible));
+    assert_eq!(registry.ana_state(2, 1), AnaState::Optimized);
+    let mut write2 = io.io(IoOpcode::Write, 0, 8, 0);
+    write2.nsid = 2;
+    io.capsule(&write2, &[6; 4096]);
+    assert_eq!(io.status().code(), Status::ANA_INACCESSIBLE);
     io.capsule(&write, &[5; 4096]);
     assert_eq!(io.status(), Status::SUCCESS);
 }
