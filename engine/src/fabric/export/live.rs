@@ -229,8 +229,10 @@ impl LiveTarget {
         self.registry.subsystem_removed(nqn);
         let list = state.subsystems.list.iter().filter(|s| s.nqn != nqn);
         let list = list.cloned().collect();
-        self.change_subsystems(&mut state, list, true)?;
-        Ok(gone)
+        let applied = self.change_subsystems(&mut state, list, true);
+        // and any a Connect made before its reactor had the change
+        self.registry.subsystem_removed(nqn);
+        applied.map(|()| gone)
     }
 
     /// Lets `hosts` (None: any host) connect to subsystem `nqn` from now on (connected hosts
