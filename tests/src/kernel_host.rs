@@ -206,6 +206,11 @@ pub fn sysfs_block(dev: &Path, attr: &str) -> String {
 
 /// fio writes `size` of `dev` at random and verifies it.
 pub fn fio_verifies(dev: &Path, size: &str) {
+    fio_verifies_at(dev, 0, size)
+}
+
+/// fio writes `size` of `dev` from byte `offset` at random and verifies it.
+pub fn fio_verifies_at(dev: &Path, offset: u64, size: &str) {
     let out = run(
         FIO,
         &[
@@ -215,6 +220,7 @@ pub fn fio_verifies(dev: &Path, size: &str) {
             "--direct=1",
             "--rw=randwrite",
             "--bsrange=4k-128k",
+            &format!("--offset={offset}"),
             &format!("--size={size}"),
             "--iodepth=8",
             "--verify=crc32c",

@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use usnvme_tests::kernel_host::{
-    block_bytes, kernel_namespaces, run, serve, serve_with, sysfs_block, Connected, Exported, FIO,
-    HOSTNQN, NVME,
+    block_bytes, fio_verifies_at, kernel_namespaces, run, serve, serve_with, sysfs_block,
+    Connected, Exported, FIO, HOSTNQN, NVME,
 };
 use usnvme_tests::{
     drive_index, expect_on_host, expect_stamps_on_host, pattern, signal, vfio_controllers,
@@ -1197,23 +1197,7 @@ fn fio_until(
 ) -> usize {
     let mut runs = 0;
     loop {
-        let out = run(
-            FIO,
-            &[
-                "--name=across-changes",
-                &format!("--filename={}", dev.display()),
-                "--ioengine=io_uring",
-                "--direct=1",
-                "--rw=randwrite",
-                "--bsrange=4k-128k",
-                &format!("--offset={FIO_OFFSET}"),
-                &format!("--size={FIO_SIZE}"),
-                "--iodepth=8",
-                "--verify=crc32c",
-                "--do_verify=1",
-            ],
-        );
-        assert!(!out.contains("verify: bad"), "{out}");
+        fio_verifies_at(&dev, FIO_OFFSET, &FIO_SIZE.to_string());
         runs += 1;
         let _ = started.send(());
         if done.load(std::sync::atomic::Ordering::Acquire) {
