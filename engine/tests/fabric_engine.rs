@@ -16,7 +16,9 @@ use usnvme_engine::block::remote::RemoteSubsystem;
 use usnvme_engine::block::{DmaTarget, NamespaceDevice};
 use usnvme_engine::fabric::address::TcpAddress;
 use usnvme_engine::fabric::export::connection::{Connection, ConnectionLimits, Receive};
-use usnvme_engine::fabric::export::live::{LiveTarget, NewDevice};
+use usnvme_engine::fabric::export::live::{
+    LiveTarget, NamespaceRequest, NewDevice, SubsystemRequest,
+};
 use usnvme_engine::fabric::export::memory::{test_subsystem, MemoryBackend};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::fabric::export::server::{
@@ -331,6 +333,7 @@ fn serve_sim() -> SimTarget {
         queue_entries: 64,
         io_queues: 8,
         allowed_hosts: None,
+        ports: None,
     });
     let subsystems = Subsystems::one(sub.clone());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -636,6 +639,75 @@ fn a_namespace_attached_to_a_served_drive_is_exported_until_it_is_detached() {
     let mut got = vec![0u8; 4096];
     io.read(2, 3, 1, &mut got).expect("read 2");
     assert!(got == twos, "namespace 2 reads back what was written");
+    // moved to a second subsystem as its namespace 9, a UUID of its own; changed on the drive
+    // (512-byte blocks): exported again there, as the same namespace, in its new shape
+    let first = "nqn.2024-01.io.usnvme:sim";
+    let second = "nqn.2024-01.io.usnvme:second";
+    let request = SubsystemRequest {
+        nqn: second.into(),
+        serial: None,
+        model: None,
+        allowed_hosts: None,
+        ports: None,
+    };
+    target
+        .live
+        .add_subsystem(request)
+        .expect("a second subsystem");
+    let moved = target
+        .live
+        .unexport(first, 2)
+        .expect("taken from the first");
+    let uuid = [7u8; 16];
+    let into_second = NamespaceRequest {
+        device: Some(moved.name.clone()),
+        nsid: Some(9),
+        uuid: Some(uuid),
+        ..NamespaceRequest::default()
+    };
+    target
+        .live
+        .export(second, into_second)
+        .expect("exported in the second");
+    // (deleted and made again between two looks: the same NSID in another shape)
+    attachment(false);
+    ctrl.admin(Sqe::namespace_delete(2)).expect("deleted");
+    (create.nsze, create.ncap, create.flbas) = (2048, 2048, 0);
+    let nsid = ctrl.admin_write(Sqe::namespace_create(), create.as_bytes());
+    assert_eq!(nsid.expect("created"), 2);
+    attachment(true);
+    let found = rescan();
+    let again: Vec<_> = found
+        .added
+        .iter()
+        .map(|n| (n.nsid, n.block_size, n.uuid))
+        .collect();
+    assert_eq!(again, [(9, 512, uuid)], "{found:?}");
+    let subsystems = target.live.subsystems();
+    let in_second = &subsystems.find(second).expect("the second").namespaces;
+    assert_eq!(
+        in_second
+            .iter()
+            .map(|n| (n.nsid, n.blocks))
+            .collect::<Vec<_>>(),
+        [(9, 2048)]
+    );
+    assert_eq!(
+        subsystems.find(first).expect("the first").namespaces.len(),
+        1,
+        "not in the first"
+    );
+    // back in the first, as namespace 2
+    let back = target
+        .live
+        .unexport(second, 9)
+        .expect("taken from the second");
+    let as_2 = NamespaceRequest {
+        device: Some(back.name),
+        nsid: Some(2),
+        ..NamespaceRequest::default()
+    };
+    target.live.export(first, as_2).expect("namespace 2 again");
     // detached on the drive: gone for the host, refused by name; namespace 1 goes on
     attachment(false);
     let found = rescan();

@@ -47,7 +47,16 @@ fn two_subsystems() -> Value {
 
 /// Connects an admin queue to `subnqn` as `host`, enabled; or the Connect's status.
 fn connect(serve: &Serve, subnqn: &str, host_nqn: &str) -> Result<(CommandQueue, u16), Status> {
-    match CommandQueue::connect(serve.addr, subnqn, 0, 32, 0xffff, &host(host_nqn)) {
+    connect_at(serve.addr, subnqn, host_nqn)
+}
+
+/// The same through the listener at `addr`.
+fn connect_at(
+    addr: std::net::SocketAddr,
+    subnqn: &str,
+    host_nqn: &str,
+) -> Result<(CommandQueue, u16), Status> {
+    match CommandQueue::connect(addr, subnqn, 0, 32, 0xffff, &host(host_nqn)) {
         Ok((mut q, cntlid)) => {
             q.property_set(0x14, false, 1 | 6 << 16 | 4 << 20)
                 .expect("CC.EN");
@@ -60,7 +69,12 @@ fn connect(serve: &Serve, subnqn: &str, host_nqn: &str) -> Result<(CommandQueue,
 
 /// The NQNs of the NVM subsystems the discovery log lists to `host_nqn`, and its GENCTR.
 fn discovered(serve: &Serve, host_nqn: &str) -> (Vec<String>, u64) {
-    let (mut disc, _) = connect(serve, DISCOVERY_NQN, host_nqn).expect("discovery");
+    discovered_at(serve.addr, host_nqn)
+}
+
+/// The same through the listener at `addr`.
+fn discovered_at(addr: std::net::SocketAddr, host_nqn: &str) -> (Vec<String>, u64) {
+    let (mut disc, _) = connect_at(addr, DISCOVERY_NQN, host_nqn).expect("discovery");
     let mut sqe = Sqe::new(0x02);
     sqe.cdw10 = 0x70 | ((4096 / 4 - 1) << 16);
     let (cqe, log) = disc.admin(sqe, 4096).expect("discovery log");
@@ -150,6 +164,46 @@ fn two_subsystems_each_with_its_own_hosts_and_a_host_allowed_later_connects_with
     );
     // A untouched throughout
     assert!(namespace_uuid(&mut a, 1).is_some());
+}
+
+#[test]
+fn a_subsystem_is_reached_through_the_ports_it_is_on_only() {
+    // A through both ports; B through the second only
+    let mut config = two_subsystems();
+    config["ports"] =
+        json!([{"address": "127.0.0.1:0", "subsystems": [A]}, {"address": "127.0.0.2:0"}]);
+    config["subsystems"][0]["hosts"] = json!([HOST, OTHER_HOST]);
+    config["subsystems"][1]["hosts"] = json!([HOST, OTHER_HOST]);
+    let serve = Serve::with_config(&config, &[]);
+    let [first, second] = serve.listeners[..] else {
+        panic!("two listeners: {:?}", serve.listeners);
+    };
+    assert_eq!(
+        connect_at(first, B, HOST).err(),
+        Some(Status::CONNECT_INVALID_PARAMETERS)
+    );
+    assert!(connect_at(second, B, HOST).is_ok());
+    assert!(connect_at(first, A, HOST).is_ok());
+    assert_eq!(discovered_at(first, HOST).0, [A]);
+    assert_eq!(discovered_at(second, HOST).0, [A, B]);
+    let saved: Value = serde_json::from_str(&serve.target_ok(&["save"])).expect("JSON");
+    assert_eq!(saved["ports"][0]["subsystems"], json!([A]));
+    assert!(
+        saved["ports"][1].get("subsystems").is_none(),
+        "every subsystem: {saved}"
+    );
+    // B on every port from now on; then on the first only
+    serve.target_ok(&["subsystem", "ports", B]);
+    assert!(connect_at(first, B, HOST).is_ok());
+    assert_eq!(discovered_at(first, HOST).0, [A, B]);
+    serve.target_ok(&["subsystem", "ports", B, &first.to_string()]);
+    assert_eq!(
+        connect_at(second, B, HOST).err(),
+        Some(Status::CONNECT_INVALID_PARAMETERS)
+    );
+    let (code, _, err) = serve.target(&["subsystem", "ports", B, "127.0.0.1:1"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("does not listen on 127.0.0.1:1"), "{err}");
 }
 
 #[test]
@@ -492,6 +546,14 @@ fn bad_requests_on_the_control_socket_get_json_rpc_errors_naming_the_problem() {
         answer["result"]["subsystems"].as_array().map(Vec::len),
         Some(2)
     );
+    // a namespace read again that did not change stays as it is
+    let unchanged = serve.target_ok(&["namespace", "rescan", A, "1"]);
+    assert!(unchanged.contains("0 removed, 0 exported"), "{unchanged}");
+    let answer = rpc(
+        &serve,
+        r#"{"jsonrpc": "2.0", "method": "namespace_rescan", "params": {"nqn": "nqn.2024-01.io.usnvme:sub-a", "nsid": 3}, "id": 1}"#,
+    );
+    assert_eq!(answer["error"]["code"], -32000, "{answer}");
     // the client says the target's message, and fails
     let (code, _, err) = serve.target(&["namespace", "remove", A, "4"]);
     assert_eq!(code, Some(1));

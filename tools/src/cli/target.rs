@@ -75,6 +75,12 @@ enum SubsystemCommand {
     },
     /// Remove a subsystem: its hosts are disconnected, its devices free for others.
     Remove { nqn: String },
+    /// Let hosts reach subsystem NQN through these listeners only (none: every listener).
+    Ports {
+        nqn: String,
+        #[arg(value_name = "ADDR:PORT")]
+        addresses: Vec<SocketAddr>,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -101,6 +107,9 @@ enum NamespaceCommand {
     },
     /// Take namespace NSID away from subsystem NQN (its device stays, free to export again).
     Remove { nqn: String, nsid: u32 },
+    /// Namespace NSID changed on its drive (resized, formatted): read it again, and export it
+    /// in its new shape as the same namespace (hosts are told).
+    Rescan { nqn: String, nsid: u32 },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -179,6 +188,17 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
                 added["serial"].as_str().unwrap_or("?")
             )?;
         }
+        What::Subsystem(SubsystemCommand::Ports { nqn, addresses }) => {
+            let ports = (!addresses.is_empty()).then_some(addresses);
+            call("subsystem_ports", json!({"nqn": nqn, "ports": ports}))?;
+            match ports {
+                Some(a) => {
+                    let list: Vec<String> = a.iter().map(|a| a.to_string()).collect();
+                    writeln!(out, "{nqn} is reached through {}", list.join(", "))?
+                }
+                None => writeln!(out, "{nqn} is reached through every listener")?,
+            }
+        }
         What::Subsystem(SubsystemCommand::Remove { nqn }) => {
             call("subsystem_remove", json!({"nqn": nqn}))?;
             writeln!(out, "subsystem {nqn} removed")?;
@@ -210,6 +230,16 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
                 ns["nsid"],
                 text(&ns["device"]),
                 text(&ns["uuid"])
+            )?;
+        }
+        What::Namespace(NamespaceCommand::Rescan { nqn, nsid }) => {
+            let found = call("namespace_rescan", json!({"nqn": nqn, "nsid": nsid}))?;
+            let count = |k: &str| found[k].as_array().map_or(0, Vec::len);
+            writeln!(
+                out,
+                "namespace {nsid} of {nqn} read again: {} removed, {} exported",
+                count("removed"),
+                count("added")
             )?;
         }
         What::Namespace(NamespaceCommand::Remove { nqn, nsid }) => {

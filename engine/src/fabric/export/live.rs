@@ -120,6 +120,8 @@ pub struct SubsystemRequest {
     pub model: Option<String>,
     /// Host NQNs that may connect; None: any host.
     pub allowed_hosts: Option<Vec<String>>,
+    /// The IDs of the ports it is reached through; None: every port.
+    pub ports: Option<Vec<u16>>,
 }
 
 /// What a device is on: its drives, and the namespace when it is one namespace of one drive.
@@ -211,6 +213,7 @@ impl LiveTarget {
             serial: request.serial.unwrap_or_else(|| super::serial_of(&nqn)),
             model: request.model.unwrap_or_else(|| "usnvme".into()),
             allowed_hosts: request.allowed_hosts,
+            ports: request.ports,
             nqn,
             ..(*state.subsystems.base).clone()
         });
@@ -242,6 +245,19 @@ impl LiveTarget {
         let sub = find(&state.subsystems, nqn)?;
         let changed = Arc::new(SubsystemInfo {
             allowed_hosts: hosts,
+            ..(**sub).clone()
+        });
+        let list = replaced(&state.subsystems, changed);
+        self.change_subsystems(&mut state, list, true)
+    }
+
+    /// Makes subsystem `nqn` reached through ports `ports` (IDs; None: every port) from now on
+    /// (connected hosts stay); the discovery controllers are told.
+    pub fn set_ports(&self, nqn: &str, ports: Option<Vec<u16>>) -> Result<(), String> {
+        let mut state = self.state.lock();
+        let sub = find(&state.subsystems, nqn)?;
+        let changed = Arc::new(SubsystemInfo {
+            ports,
             ..(**sub).clone()
         });
         let list = replaced(&state.subsystems, changed);
@@ -391,8 +407,19 @@ impl LiveTarget {
     /// the operator may export). If a reactor cannot open one, none is added, and the error
     /// says why.
     pub fn add(&self, devices: Vec<NewDevice>) -> Result<Vec<ExportedNamespace>, String> {
+        self.add_devices(devices, true)
+    }
+
+    /// [`Self::add`]; the devices exported into the first subsystem only if `into_first`.
+    fn add_devices(
+        &self,
+        devices: Vec<NewDevice>,
+        into_first: bool,
+    ) -> Result<Vec<ExportedNamespace>, String> {
         let mut state = self.state.lock();
-        let first = state.subsystems.list.first().cloned();
+        let first = into_first
+            .then(|| state.subsystems.list.first().cloned())
+            .flatten();
         let mut namespaces = first
             .as_ref()
             .map_or_else(Vec::new, |s| s.namespaces.clone());
@@ -420,7 +447,7 @@ impl LiveTarget {
                     ..(**sub).clone()
                 }),
             ),
-            None => Vec::new(),
+            None => state.subsystems.list.clone(),
         };
         let subsystems = Arc::new(Subsystems {
             list,
@@ -495,10 +522,11 @@ impl LiveTarget {
     }
 
     /// Drive `drive`'s namespaces changed (its controller, `controller`, raised Namespace
-    /// Attribute Changed): reads them again. Those detached or deleted are taken away, those
-    /// attached are exported, those formatted or resized are taken away and exported again in
-    /// their new shape; `export` makes a namespace's device (or says why it is not exported).
-    /// A namespace in a stripe is left as it was.
+    /// Attribute Changed, or the operator says so): reads them again. Those detached or deleted
+    /// are taken away, those attached are exported (into the first subsystem), those formatted
+    /// or resized are taken away and exported again in their new shape, where they were and as
+    /// what (subsystem, NSID, UUID, NGUID, ANA group); `export` makes a namespace's device (or
+    /// says why it is not exported). A namespace in a stripe is left as it was.
     pub fn rescan_drive(
         &self,
         drive: usize,
@@ -510,6 +538,8 @@ impl LiveTarget {
             .map_err(|e| format!("reading the namespaces again: {e}"))?;
         let mut rescan = Rescan::default();
         let (mut gone, mut new) = (Vec::new(), changes.added.clone());
+        // what each namespace that changes shape was exported as, to be it again
+        let mut was = Vec::new();
         {
             let state = self.state.lock();
             let origins = || state.devices.iter().map(|d| &d.origin);
@@ -518,7 +548,17 @@ impl LiveTarget {
                 let changed = changes.changed.contains(&nsid);
                 let plain = origins().position(|o| o.is(drive, nsid));
                 match plain {
-                    Some(device) => gone.push(device),
+                    Some(device) => {
+                        gone.push(device);
+                        if let (true, Some((nqn, _))) = (changed, self.exported_as(&state, device))
+                        {
+                            let sub = state.subsystems.find(&nqn).cloned();
+                            let ns = sub.and_then(|s| {
+                                s.namespaces.iter().find(|n| n.device == device).cloned()
+                            });
+                            was.extend(ns.map(|ns| (nsid, nqn, ns)));
+                        }
+                    }
                     None if in_stripe => {
                         rescan.left.push(format!("namespace {nsid} changed: it is in a stripe, which keeps its shape (restart the target to export the new one)"));
                         continue;
@@ -535,16 +575,33 @@ impl LiveTarget {
         }
         let mut devices = Vec::new();
         for nsid in new {
-            match export(nsid) {
-                Ok(device) => devices.push(NewDevice {
+            let device = match export(nsid) {
+                Ok(device) => NewDevice {
                     device,
                     controllers: vec![controller.clone()],
-                }),
-                Err(why) => rescan.left.push(format!("namespace {nsid}: {why}")),
-            }
+                },
+                Err(why) => {
+                    rescan.left.push(format!("namespace {nsid}: {why}"));
+                    continue;
+                }
+            };
+            let Some((_, nqn, ns)) = was.iter().find(|(n, _, _)| *n == nsid) else {
+                devices.push(device);
+                continue;
+            };
+            let name = device.device.info().name.clone();
+            self.add_devices(vec![device], false)?;
+            let request = NamespaceRequest {
+                device: Some(name),
+                nsid: Some(ns.nsid),
+                uuid: Some(ns.uuid),
+                nguid: Some(ns.nguid),
+                ana_group: Some(ns.ana_group),
+            };
+            rescan.added.push(self.export(nqn, request)?);
         }
         if !devices.is_empty() {
-            rescan.added = self.add(devices)?;
+            rescan.added.extend(self.add(devices)?);
         }
         Ok(rescan)
     }

@@ -217,5 +217,6 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
         queue_entries: 32,
         io_queues: 4,
         allowed_hosts: None,
+        ports: None,
     }
 }

@@ -192,6 +192,8 @@ pub struct SubsystemInfo {
     pub io_queues: u16,
     /// Host NQNs that may connect; None: any host.
     pub allowed_hosts: Option<Vec<String>>,
+    /// The IDs of the ports (listeners) it is reached through; None: every port.
+    pub ports: Option<Vec<u16>>,
 }
 
 impl SubsystemInfo {
@@ -201,12 +203,20 @@ impl SubsystemInfo {
             .is_none_or(|hosts| hosts.iter().any(|h| h == host_nqn))
     }
 
+    /// Whether hosts reach it through port `port_id`.
+    pub fn on_port(&self, port_id: u16) -> bool {
+        self.ports
+            .as_ref()
+            .is_none_or(|ports| ports.contains(&port_id))
+    }
+
     /// The target-wide part of `sub` (its limits, listeners, firmware) under the discovery NQN.
     pub fn base_of(sub: &SubsystemInfo) -> SubsystemInfo {
         SubsystemInfo {
             nqn: DISCOVERY_NQN.to_string(),
             namespaces: Vec::new(),
             allowed_hosts: None,
+            ports: None,
             ..sub.clone()
         }
     }
@@ -241,9 +251,13 @@ impl Subsystems {
         self.list.iter().find(|s| s.nqn == nqn)
     }
 
-    /// The NQNs of the subsystems host `host_nqn` may connect to (what its discovery log lists).
-    pub fn open_to(&self, host_nqn: &str) -> Vec<&str> {
-        let open = self.list.iter().filter(|s| s.host_allowed(host_nqn));
+    /// The NQNs of the subsystems host `host_nqn` may connect to through port `port_id` (what
+    /// its discovery log there lists).
+    pub fn open_to(&self, host_nqn: &str, port_id: u16) -> Vec<&str> {
+        let open = self
+            .list
+            .iter()
+            .filter(|s| s.host_allowed(host_nqn) && s.on_port(port_id));
         open.map(|s| s.nqn.as_str()).collect()
     }
 }
@@ -251,6 +265,25 @@ impl Subsystems {
 #[cfg(test)]
 mod tests {
     use super::default_nqn;
+
+    #[test]
+    fn a_discovery_log_lists_the_subsystems_a_host_may_reach_through_its_port() {
+        let sub = |nqn: &str, hosts: Option<&[&str]>, ports: Option<Vec<u16>>| {
+            std::sync::Arc::new(super::SubsystemInfo {
+                nqn: nqn.into(),
+                allowed_hosts: hosts.map(|h| h.iter().map(|s| s.to_string()).collect()),
+                ports,
+                ..super::memory::test_subsystem(0)
+            })
+        };
+        let mut target = (*super::Subsystems::one(sub("a", None, None))).clone();
+        target.list.push(sub("b", Some(&["h1"]), None));
+        target.list.push(sub("c", None, Some(vec![2])));
+        assert_eq!(target.open_to("h1", 1), ["a", "b"]);
+        assert_eq!(target.open_to("h2", 1), ["a"]);
+        assert_eq!(target.open_to("h2", 2), ["a", "c"]);
+        assert!(!target.list[2].on_port(1) && target.list[2].on_port(2));
+    }
 
     #[test]
     fn the_default_nqn_is_the_host_name_or_else_one_from_the_machine_id() {

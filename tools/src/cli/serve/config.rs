@@ -51,6 +51,9 @@ pub struct PortConfig {
     /// Groups in another state than `ana_state` at this port, by group ID.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ana_groups: BTreeMap<u32, String>,
+    /// The subsystems hosts reach through it, by NQN; absent: every subsystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subsystems: Option<Vec<String>>,
 }
 
 impl PortConfig {
@@ -155,6 +158,18 @@ impl TargetConfig {
                 return Err(format!("port {} is given twice", port.address));
             }
         }
+        for port in &self.ports {
+            let named = port.subsystems.iter().flatten();
+            if let Some(nqn) = named
+                .into_iter()
+                .find(|n| self.subsystems.iter().all(|s| &s.nqn != *n))
+            {
+                return Err(format!(
+                    "port {}: subsystem {nqn} is not in the config",
+                    port.address
+                ));
+            }
+        }
         let mut devices = Vec::new();
         for (i, sub) in self.subsystems.iter().enumerate() {
             if self.subsystems[..i].iter().any(|s| s.nqn == sub.nqn) {
@@ -172,6 +187,19 @@ impl TargetConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl TargetConfig {
+    /// The addresses of the ports subsystem `nqn` is reached through; None: every port.
+    pub fn ports_of(&self, nqn: &str) -> Option<Vec<SocketAddr>> {
+        let on = |p: &&PortConfig| {
+            p.subsystems
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|n| n == nqn))
+        };
+        let ports: Vec<SocketAddr> = self.ports.iter().filter(on).map(|p| p.address).collect();
+        (ports.len() < self.ports.len()).then_some(ports)
     }
 }
 
@@ -347,8 +375,11 @@ mod tests {
     #[test]
     fn each_mistake_is_named() {
         type Break = fn(&mut TargetConfig);
-        let mistakes: [(&str, Break); 11] = [
+        let mistakes: [(&str, Break); 12] = [
             ("no ports", |c| c.ports.clear()),
+            ("subsystem nqn.x:none is not in the config", |c| {
+                c.ports[0].subsystems = Some(vec!["nqn.x:none".into()])
+            }),
             ("ANA group 33: give 1 to 32", |c| {
                 c.subsystems[0].namespaces[0].ana_group = Some(33)
             }),

@@ -4,8 +4,10 @@
 //! take it, then the connected hosts are told (see `usnvme_engine::fabric::export::live`).
 //!
 //! Methods: `status`; `save` (the running target as a `--config` file);
-//! `subsystem_add {nqn, serial?, model?, hosts?, allow_any_host?}`, `subsystem_remove {nqn}`;
-//! `namespace_add {nqn, device?, nsid?, uuid?, nguid?}`, `namespace_remove {nqn, nsid}`;
+//! `subsystem_add {nqn, serial?, model?, hosts?, allow_any_host?}`, `subsystem_remove {nqn}`,
+//! `subsystem_ports {nqn, ports}` (listener addresses, or null: every port);
+//! `namespace_add {nqn, device?, nsid?, uuid?, nguid?, ana_group?}`, `namespace_remove {nqn,
+//! nsid}`, `namespace_rescan {nqn, nsid}` (its drive's namespace changed: resized, formatted);
 //! `host_allow {nqn, host}`, `host_deny {nqn, host}`, `allow_any_host {nqn, allow}`;
 //! `listener_add {address}`, `listener_remove {address}`; `ana_set {address, state}`.
 
@@ -56,6 +58,9 @@ pub struct Operator {
     /// The listeners the acceptor polls (it takes the lock once per turn).
     pub listeners: Arc<Mutex<Vec<(TcpListener, Listener)>>>,
     pub start: StartOptions,
+    /// The drives under it (a namespace's drive is read again when the operator says it
+    /// changed).
+    pub drives: super::hotplug::Drives,
     /// The target's status, as `--json-status` writes it.
     pub status: Box<dyn Fn() -> Value + Send + Sync>,
 }
@@ -85,6 +90,14 @@ fn refused(message: impl Into<String>) -> RpcError {
 #[serde(deny_unknown_fields)]
 struct Nqn {
     nqn: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubsystemPorts {
+    nqn: String,
+    /// The listeners' addresses; null: every port.
+    ports: Option<Vec<SocketAddr>>,
 }
 
 #[derive(Deserialize)]
@@ -162,8 +175,17 @@ impl Operator {
                     ..sub
                 };
                 sub.check().map_err(refused)?;
-                let added = self.add_subsystem(&sub).map_err(refused)?;
+                let added = self.add_subsystem(&sub, None).map_err(refused)?;
                 Ok(json!({"nqn": added.nqn, "serial": added.serial}))
+            }
+            "subsystem_ports" => {
+                let SubsystemPorts { nqn, ports } = params(method, given)?;
+                let ids = match &ports {
+                    Some(addresses) => Some(self.port_ids(addresses).map_err(refused)?),
+                    None => None,
+                };
+                self.live.set_ports(&nqn, ids).map_err(refused)?;
+                Ok(json!({"nqn": nqn, "ports": ports}))
             }
             "subsystem_remove" => {
                 let Nqn { nqn } = params(method, given)?;
@@ -188,6 +210,18 @@ impl Operator {
                 let ns = self.live.export(&p.nqn, request).map_err(refused)?;
                 log::info!("{}: {}", p.nqn, super::namespace_line(&ns));
                 Ok(namespace_json(&ns))
+            }
+            "namespace_rescan" => {
+                let NamespaceRemove { nqn, nsid } = params(method, given)?;
+                let sub = self.subsystem(&nqn)?;
+                let ns = sub.namespaces.iter().find(|n| n.nsid == nsid);
+                let ns = ns.ok_or_else(|| refused(format!("{nqn} has no namespace {nsid}")))?;
+                let Some((drive, controller)) = super::hotplug::drive_of(&self.drives, ns.device) else {
+                    return Err(refused(format!("{nqn} namespace {nsid} ({}) is not one namespace of one drive: a stripe keeps its shape", ns.name)));
+                };
+                let found = super::hotplug::rescan(&self.drives, drive, &controller, &self.live).map_err(refused)?;
+                let list = |l: &[ExportedNamespace]| l.iter().map(namespace_json).collect::<Vec<_>>();
+                Ok(json!({"removed": list(&found.removed), "added": list(&found.added), "left": found.left}))
             }
             "namespace_remove" => {
                 let NamespaceRemove { nqn, nsid } = params(method, given)?;
@@ -249,7 +283,7 @@ impl Operator {
             }
             _ => Err(RpcError {
                 code: METHOD_NOT_FOUND,
-                message: format!("no method {method:?}: status, save, subsystem_add, subsystem_remove, namespace_add, namespace_remove, host_allow, host_deny, allow_any_host, listener_add, listener_remove, ana_set"),
+                message: format!("no method {method:?}: status, save, subsystem_add, subsystem_remove, namespace_add, namespace_remove, namespace_rescan, host_allow, host_deny, allow_any_host, subsystem_ports, listener_add, listener_remove, ana_set"),
             }),
         }
     }
@@ -264,12 +298,17 @@ impl Operator {
         })
     }
 
-    fn add_subsystem(&self, sub: &SubsystemConfig) -> Result<Arc<SubsystemInfo>, String> {
+    fn add_subsystem(
+        &self,
+        sub: &SubsystemConfig,
+        ports: Option<Vec<u16>>,
+    ) -> Result<Arc<SubsystemInfo>, String> {
         let added = self.live.add_subsystem(SubsystemRequest {
             nqn: sub.nqn.clone(),
             serial: sub.serial.clone(),
             model: sub.model.clone(),
             allowed_hosts: sub.allowed_hosts(),
+            ports,
         })?;
         log::info!("subsystem {} added", sub.nqn);
         Ok(added)
@@ -301,6 +340,11 @@ impl Operator {
         Ok(())
     }
 
+    /// The IDs of the ports at `addresses`.
+    fn port_ids(&self, addresses: &[SocketAddr]) -> Result<Vec<u16>, String> {
+        addresses.iter().map(|a| self.port_id(*a)).collect()
+    }
+
     fn port_id(&self, address: SocketAddr) -> Result<u16, String> {
         let listeners = self.listeners.lock();
         let port = listeners.iter().find(|(_, l)| l.address == address);
@@ -312,6 +356,7 @@ impl Operator {
     /// subsystems and namespaces (NQN, serial, NSID, UUID, NGUID).
     pub fn running_config(&self) -> TargetConfig {
         let listeners = self.listeners.lock();
+        let subsystems = self.live.subsystems();
         let ports = listeners.iter().map(|(_, l)| {
             // group 1's state for all, and the groups whose state differs from it
             let first = self.registry.ana_state(l.port_id, 1);
@@ -324,9 +369,17 @@ impl Operator {
                     .filter(|(_, state)| *state != first)
                     .map(|(g, state)| (g, state.name().to_string()))
                     .collect(),
+                // named where not every subsystem is reached through it
+                subsystems: subsystems
+                    .list
+                    .iter()
+                    .any(|s| !s.on_port(l.port_id))
+                    .then(|| {
+                        let on = subsystems.list.iter().filter(|s| s.on_port(l.port_id));
+                        on.map(|s| s.nqn.clone()).collect()
+                    }),
             }
         });
-        let subsystems = self.live.subsystems();
         let subsystems = subsystems.list.iter().map(|s| SubsystemConfig {
             nqn: s.nqn.clone(),
             serial: Some(s.serial.clone()),
@@ -384,7 +437,11 @@ impl Operator {
             let was = match was {
                 Some(was) => was.clone(),
                 None => {
-                    self.add_subsystem(sub)?;
+                    let ports = new
+                        .ports_of(&sub.nqn)
+                        .map(|a| self.port_ids(&a))
+                        .transpose()?;
+                    self.add_subsystem(sub, ports)?;
                     changes.push(format!("subsystem {} added", sub.nqn));
                     SubsystemConfig {
                         namespaces: Vec::new(),
@@ -393,6 +450,15 @@ impl Operator {
                 }
             };
             changes.extend(self.apply_subsystem(&was, sub)?);
+            let ports = new
+                .ports_of(&sub.nqn)
+                .map(|a| self.port_ids(&a))
+                .transpose()?;
+            let running = self.live.subsystems();
+            if running.find(&sub.nqn).is_some_and(|s| s.ports != ports) {
+                self.live.set_ports(&sub.nqn, ports)?;
+                changes.push(format!("{}: ports changed", sub.nqn));
+            }
         }
         Ok(changes)
     }

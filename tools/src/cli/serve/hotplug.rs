@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use usnvme_driver::pci::PciAddress;
 use usnvme_driver::{Controller, DeviceSpec, Opener};
-use usnvme_engine::fabric::export::live::{LiveTarget, NewDevice};
+use usnvme_engine::fabric::export::live::{LiveTarget, NewDevice, Rescan};
 use usnvme_engine::fabric::export::registry::Registry;
 use usnvme_engine::{drive_namespaces, BlockDevice, NamespaceDevice};
 
@@ -195,7 +195,7 @@ fn take_events(drives: &Drives, live: &LiveTarget, registry: &Registry) {
                 log::info!("{name}: {event}: passed on to {hosts} host controller(s)");
             } else if event.is_namespace_change() {
                 log::info!("{name}: {event}: reading its namespaces again");
-                rescan(drives, index, &controller, live);
+                let _ = rescan(drives, index, &controller, live);
             } else {
                 log::info!("{name}: {event}: not passed on to the hosts");
             }
@@ -203,8 +203,23 @@ fn take_events(drives: &Drives, live: &LiveTarget, registry: &Registry) {
     }
 }
 
-/// Drive `index`'s namespaces changed: the subsystem's follow them, and what happened is said.
-fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveTarget) {
+/// The drive the reactors' device `device` is a namespace of (not a stripe), and its controller.
+pub(super) fn drive_of(drives: &Drives, device: usize) -> Option<(usize, Controller)> {
+    let all = drives.0.lock();
+    let on = all
+        .iter()
+        .filter(|d| !d.removed && d.devices.contains(&device));
+    on.map(|d| (d.index, d.controller.clone())).next()
+}
+
+/// Drive `index`'s namespaces changed: the subsystem's follow them, and what happened is said
+/// (and returned).
+pub(super) fn rescan(
+    drives: &Drives,
+    index: usize,
+    controller: &Controller,
+    live: &LiveTarget,
+) -> Result<Rescan, String> {
     let name = controller.name();
     let export = |nsid| {
         let device = NamespaceDevice::with_pi(controller.clone(), nsid, index, Some(EXPORTED_PI))
@@ -219,7 +234,7 @@ fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveTar
         Ok(rescan) => rescan,
         Err(why) => {
             eprintln!("usnvme: warning: {name}: its namespaces changed, but {why}; the target goes on exporting what it did");
-            return;
+            return Err(why);
         }
     };
     for ns in &rescan.removed {
@@ -238,6 +253,7 @@ fn rescan(drives: &Drives, index: usize, controller: &Controller, live: &LiveTar
         eprintln!("usnvme: warning: {name}: {why}");
     }
     drives.add_devices(index, rescan.added.iter().map(|ns| ns.device));
+    Ok(rescan)
 }
 
 impl Inserts {

@@ -264,14 +264,26 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
         queue_entries: QUEUE_ENTRIES,
         io_queues: engine.placement().reactors.len().max(1) as u16 * 8,
         allowed_hosts: None,
+        ports: None,
     };
     let mut list = Vec::new();
     for sub in &config.subsystems {
+        // port IDs are 1, 2, … in the config's order
+        let ports = config.ports_of(&sub.nqn).map(|addresses| {
+            let id = |a: &SocketAddr| config.ports.iter().position(|p| p.address == *a);
+            addresses
+                .iter()
+                .filter_map(id)
+                .map(|i| i as u16 + 1)
+                .collect()
+        });
+        let every_device = args.config.is_none();
         list.push(Arc::new(subsystem_of(
             sub,
             &base,
             &devices,
-            args.config.is_none(),
+            every_device,
+            ports,
         )));
     }
     let subsystems = Arc::new(Subsystems {
@@ -367,6 +379,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             stripe: config.stripe.clone(),
             cores: config.cores.clone(),
         },
+        drives: served.clone(),
         status: Box::new(status.clone()),
     });
     let control_path = args.control.clone().or_else(|| {
@@ -494,6 +507,7 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
                 address,
                 ana_state: AnaState::Optimized.name().into(),
                 ana_groups: Default::default(),
+                subsystems: None,
             })
             .collect(),
         subsystems: vec![SubsystemConfig {
@@ -507,7 +521,8 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
     })
 }
 
-/// Subsystem `sub` of the config, on the target described by `base`: every device one of its
+/// Subsystem `sub` of the config, on the target described by `base`, reached through `ports`
+/// (IDs; None: every port): every device one of its
 /// namespaces when `every_device` (the flags' form); else none yet (the config's are exported
 /// once the reactors run: [`LiveTarget::export`]).
 fn subsystem_of(
@@ -515,6 +530,7 @@ fn subsystem_of(
     base: &SubsystemInfo,
     devices: &[Arc<dyn BlockDevice>],
     every_device: bool,
+    ports: Option<Vec<u16>>,
 ) -> SubsystemInfo {
     let every = devices.iter().enumerate().filter(|_| every_device);
     let namespaces =
@@ -526,6 +542,7 @@ fn subsystem_of(
             .unwrap_or_else(|| usnvme_engine::fabric::export::serial_of(&sub.nqn)),
         model: sub.model.clone().unwrap_or_else(|| "usnvme".into()),
         allowed_hosts: sub.allowed_hosts(),
+        ports,
         nqn: sub.nqn.clone(),
         namespaces: namespaces.collect(),
         ..base.clone()
@@ -768,7 +785,7 @@ fn status_json(
     let subsystem_json = |s: &SubsystemInfo| {
         serde_json::json!({
             "nqn": s.nqn, "serial": s.serial, "model": s.model,
-            "allowed_hosts": s.allowed_hosts,
+            "allowed_hosts": s.allowed_hosts, "port_ids": s.ports,
             "namespaces": s.namespaces.iter().map(|n| serde_json::json!({
                 "nsid": n.nsid, "device": n.name, "block_size": n.block_size, "blocks": n.blocks,
                 "uuid": config::uuid_text(&n.uuid),

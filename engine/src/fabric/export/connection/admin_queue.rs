@@ -28,9 +28,13 @@ fn reads_changed_namespaces(sqe: &Sqe, opcode: u8) -> bool {
 
 /// The NVM subsystems a discovery controller's host may connect to (what its discovery log
 /// lists); none for an I/O controller.
-fn open_to<'a>(subsystems: &'a Subsystems, controller: &Controller) -> Vec<&'a str> {
+fn open_to<'a>(
+    subsystems: &'a Subsystems,
+    controller: &Controller,
+    port: &Listener,
+) -> Vec<&'a str> {
     if controller.discovery() {
-        subsystems.open_to(controller.host_nqn())
+        subsystems.open_to(controller.host_nqn(), port.port_id)
     } else {
         Vec::new()
     }
@@ -91,7 +95,7 @@ impl Connection {
         } else {
             Vec::new()
         };
-        let open = open_to(&self.subsystems, controller);
+        let open = open_to(&self.subsystems, controller, &self.port);
         let result: Result<(u32, usize), Status> = match opcode {
             KEEP_ALIVE => {
                 self.registry.note_keep_alive();
@@ -194,7 +198,7 @@ impl Connection {
                 break;
             };
             let cntlid = controller.cntlid();
-            let open = open_to(&self.subsystems, controller);
+            let open = open_to(&self.subsystems, controller, &self.port);
             let result = admin::execute(
                 &self.subsystem,
                 admin::Asked {

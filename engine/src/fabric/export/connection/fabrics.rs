@@ -105,10 +105,12 @@ impl Connection {
         let subsystem = if discovery {
             self.subsystems.base.clone()
         } else {
-            let Some(subsystem) = self.subsystems.find(subnqn) else {
+            let found = self.subsystems.find(subnqn);
+            let Some(subsystem) = found.filter(|s| s.on_port(self.port.port_id)) else {
                 log::warn!(
-                    "{}: Connect to unknown subsystem {subnqn:?} refused",
-                    self.peer
+                    "{}: Connect to unknown subsystem {subnqn:?} (at port {}) refused",
+                    self.peer,
+                    self.port.address
                 );
                 return Err(Status::CONNECT_INVALID_PARAMETERS);
             };

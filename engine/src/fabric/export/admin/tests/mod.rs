@@ -114,6 +114,7 @@ fn listener(address: &str, port_id: u16) -> Listener {
 fn subsystem() -> SubsystemInfo {
     SubsystemInfo {
         allowed_hosts: None,
+        ports: None,
         nqn: "nqn.2024-01.io.usnvme:test".into(),
         serial: "USN0001".into(),
         model: "usnvme".into(),

@@ -193,6 +193,16 @@ fn refusals_by_name() {
     assert_eq!(c.status(), Status::CONNECT_INVALID_HOST);
     let c = bed.connect(0, 0xffff, "nqn.2024-01.io.usnvme:nothing-here", HOST);
     assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
+    // a subsystem reached through port 2 only is not there at port 1 (the connection's)
+    let on_port_2 = SubsystemInfo {
+        ports: Some(vec![2]),
+        ..(*bed.sub).clone()
+    };
+    bed.conn
+        .set_subsystems(Subsystems::one(Arc::new(on_port_2)));
+    let c = bed.connect(0, 0xffff, &nqn, HOST);
+    assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
+    bed.conn.set_subsystems(Subsystems::one(bed.sub.clone()));
     // an I/O queue of a controller that does not exist
     let c = bed.connect(1, 7, &nqn, HOST);
     assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
