@@ -157,7 +157,7 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
             match file {
                 Some(path) => {
                     // whole or not at all: a reader (or the next start) never sees half of it
-                    let tmp = path.with_extension("tmp");
+                    let tmp = crate::serve::beside(path, ".tmp");
                     std::fs::write(&tmp, &config)
                         .and_then(|()| std::fs::rename(&tmp, path))
                         .map_err(|e| anyhow::anyhow!("{}: cannot write it: {e}", path.display()))?;

@@ -68,8 +68,9 @@ impl Serve {
         // a file made one target fail to write it and exit (a host then saw its connection
         // reset)
         let nth = next_target();
+        // (the status file's own name ends in .json: serve writes it through NAME.tmp)
         let name = |what: &str| {
-            std::env::temp_dir().join(format!("serve-{what}-{}-{nth}", std::process::id()))
+            std::env::temp_dir().join(format!("serve-{}-{nth}-{what}", std::process::id()))
         };
         let (status, control) = (name("status.json"), name("control.sock"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_usnvme"))

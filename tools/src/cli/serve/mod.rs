@@ -658,6 +658,14 @@ struct Reloads {
     failed: std::sync::atomic::AtomicU64,
 }
 
+/// `path` with `suffix` added to its name (`status.json` → `status.json.tmp`: two files of one
+/// folder never share it, as they would with the extension replaced).
+pub fn beside(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
 /// Tells systemd (Type=notify) that the target is ready, when it runs under it.
 fn notify_ready() {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
@@ -829,7 +837,7 @@ fn status_json(
 
 /// Replaces `path` whole (a reader never sees half a document).
 fn write_status(path: &std::path::Path, status: &serde_json::Value) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+    let tmp = beside(path, ".tmp");
     std::fs::write(&tmp, serde_json::to_string_pretty(status)? + "\n")
         .and_then(|()| std::fs::rename(&tmp, path))
         .with_context(|| format!("--json-status {}: cannot write it", path.display()))
@@ -927,4 +935,20 @@ fn namespace_line(ns: &ExportedNamespace) -> String {
         (ns.blocks * u64::from(ns.block_size)) as f64 / (1u64 << 30) as f64,
         config::uuid_text(&ns.uuid)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn two_status_files_of_one_folder_are_written_through_two_temporary_files() {
+        let (a, b) = (
+            std::path::Path::new("/tmp/status.json-1"),
+            std::path::Path::new("/tmp/status.json-2"),
+        );
+        assert_eq!(
+            super::beside(a, ".tmp"),
+            std::path::Path::new("/tmp/status.json-1.tmp")
+        );
+        assert_ne!(super::beside(a, ".tmp"), super::beside(b, ".tmp"));
+    }
 }
