@@ -111,15 +111,21 @@ impl Connected {
     /// `nvme connect` to subsystem `nqn` on 127.0.0.1:`port` as [`HOSTNQN`] (again to
     /// another port: a second path).
     pub fn to_port(nqn: &str, port: u16, extra: &[&str]) -> Connected {
+        Connected::over("tcp", "127.0.0.1", port, nqn, extra)
+    }
+
+    /// `nvme connect -t TRANSPORT` (`tcp`, `rdma`) to subsystem `nqn` at `address`:`port` as
+    /// [`HOSTNQN`].
+    pub fn over(transport: &str, address: &str, port: u16, nqn: &str, extra: &[&str]) -> Connected {
         let port = port.to_string();
         let mut connect = vec![
             "connect",
             "-t",
-            "tcp",
+            transport,
             "-n",
             nqn,
             "-a",
-            "127.0.0.1",
+            address,
             "-s",
             &port,
             "--hostnqn",

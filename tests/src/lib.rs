@@ -9,6 +9,7 @@ use std::path::PathBuf;
 pub mod fio;
 pub mod hotplug;
 pub mod kernel_host;
+pub mod rdma;
 pub mod verify;
 
 /// The test bed as `cargo xtask vm-run` describes it to the guest.

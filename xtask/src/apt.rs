@@ -67,6 +67,33 @@ pub fn candidate(package: &str) -> Result<Option<String>> {
     Ok(candidate_in(&policy).map(str::to_string))
 }
 
+/// Those of `packages` that dpkg does not have installed (`dpkg-query`; a package dpkg has never
+/// heard of is not installed either).
+pub fn not_installed<'a>(packages: &[&'a str]) -> Result<Vec<&'a str>> {
+    // exits 1 when it knows some package not at all, after listing the others
+    let out = Command::new("dpkg-query")
+        .arg("-W")
+        .arg("-f=${Package} ${db:Status-Abbrev}\n")
+        .args(packages)
+        .output()
+        .with_context(|| format!("cannot run dpkg-query. Fix: {FIX}"))?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    Ok(packages
+        .iter()
+        .copied()
+        .filter(|p| !installed_in(&listed, p))
+        .collect())
+}
+
+/// Whether `dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n'` output shows `package`
+/// installed (`ii`).
+fn installed_in(listed: &str, package: &str) -> bool {
+    listed.lines().any(|l| {
+        let mut words = l.split_whitespace();
+        words.next() == Some(package) && words.next().is_some_and(|s| s.starts_with("ii"))
+    })
+}
+
 /// The candidate in `apt-cache policy` output.
 fn candidate_in(policy: &str) -> Option<&str> {
     policy
@@ -113,6 +140,25 @@ pub fn add_source(step: &str, path: &str, why: &str, types: &str, suites: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_package_is_installed_where_dpkg_query_says_ii() {
+        let listed = "libibverbs1 ii \nrdma-core rc \nlibclang-dev iU \n";
+        assert!(installed_in(listed, "libibverbs1"));
+        assert!(
+            !installed_in(listed, "rdma-core"),
+            "removed, config files left"
+        );
+        assert!(
+            !installed_in(listed, "libclang-dev"),
+            "unpacked, not configured"
+        );
+        assert!(!installed_in(listed, "librdmacm1"), "unknown to dpkg");
+        assert!(
+            !installed_in(listed, "libibverbs"),
+            "a prefix is another package"
+        );
+    }
 
     #[test]
     fn the_candidate_and_its_major_version_come_from_apt_cache_policy() {

@@ -15,6 +15,8 @@ use crate::vm::run::{self, RunArgs};
 pub fn run() -> Result<()> {
     let root = crate::workspace_root();
     let started = Instant::now();
+    // what cargo needs besides Rust (the `rdma` feature's libclang, verbs and rdma_cm headers)
+    crate::vm::setup::install_build_packages()?;
     let steps: [(&str, &[&str], &str); 3] = [
         (
             "ci: cargo fmt --check",

@@ -21,9 +21,9 @@ KNVME=$(arg usnvme.kernel_nvme); RUN=$(arg usnvme.run); WORK=$(arg usnvme.work);
 [ -n "$KNVME" ] || KNVME=0
 
 # Modules in dependency order (insmod resolves nothing); the kernel nvme driver only when asked.
-FABRICS="nvme-fabrics.ko nvme-tcp.ko nvmet.ko nvmet-tcp.ko"
+FABRICS="nvme-fabrics.ko nvme-tcp.ko nvmet.ko nvmet-tcp.ko nvme-rdma.ko nvmet-rdma.ko"
 for m in $(cat /mods/order); do
-  case " nvme.ko nvme-core.ko $FABRICS " in *" $m "*) continue;; esac
+  case " nvme.ko nvme-core.ko dummy.ko $FABRICS " in *" $m "*) continue;; esac
   insmod /mods/$m 2>/dev/null || echo "USNVME-VM: warning: insmod $m failed"
 done
 
@@ -60,6 +60,13 @@ for m in $FABRICS; do
   [ -e /mods/$m ] && { insmod /mods/$m || echo "USNVME-VM: warning: insmod $m failed"; }
 done
 mount -t configfs none /sys/kernel/config 2>/dev/null
+# NVMe over RDMA on soft-RoCE: a dummy netdev (no wire: it sends nothing anywhere, and rxe loops
+# what goes to its own address back inside) with a link-local address, on which the tests add
+# the rxe device (tests/src/rdma.rs: RDMA_NETDEV, RDMA_ADDRESS).
+if [ -e /mods/dummy.ko ]; then
+  insmod /mods/dummy.ko numdummies=1 && ifconfig dummy0 169.254.77.1 netmask 255.255.255.0 up ||
+    echo "USNVME-VM: warning: no dummy0 for RDMA"
+fi
 
 # Host root read-only and the writable work folder, over virtio-9p.
 if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /host; then

@@ -28,6 +28,20 @@ pub const WANTED: &[&str] = &[
     "nvme_tcp",
     "nvmet",
     "nvmet_tcp",
+    // NVMe over RDMA on soft-RoCE: the RDMA core and its user-space interfaces (rdma-core's
+    // libibverbs and librdmacm in the guest), rxe with the "crc32" hash it computes each packet's
+    // ICRC with (rxe fails to add a device without it; the guest has no modprobe), the kernel's
+    // initiator and target, and `dummy`, the netdev rxe runs on (no wire: nothing leaves the guest)
+    "crc32_generic",
+    "ib_core",
+    "ib_uverbs",
+    "iw_cm",
+    "rdma_cm",
+    "rdma_ucm",
+    "rdma_rxe",
+    "dummy",
+    "nvme_rdma",
+    "nvmet_rdma",
 ];
 
 /// Modules without which the guest cannot work at all.

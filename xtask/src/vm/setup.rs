@@ -18,6 +18,28 @@ const PACKAGES: &[(&str, &str)] = &[
     ("nvme-cli", "/usr/sbin/nvme"),
 ];
 
+/// Host packages for NVMe over RDMA on soft-RoCE in the guest, which runs the host's root:
+/// libibverbs with its providers (rxe's among them), librdmacm, `ibv_devices` and friends, and
+/// iproute2's `rdma`, which adds the rxe device. Checked with dpkg: their files' paths carry the
+/// architecture or the provider ABI.
+const RDMA_PACKAGES: &[&str] = &[
+    "libibverbs1",
+    "librdmacm1",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "iproute2",
+];
+
+/// What the workspace builds with besides Rust: the `rdma` feature's `rdma-sys` runs bindgen
+/// (libclang) on the verbs and rdma_cm headers, which it finds with pkg-config. Checked with dpkg
+/// (`libclang-dev` is a dependency package with no file of its own).
+pub const BUILD_PACKAGES: &[&str] = &[
+    "libibverbs-dev",
+    "librdmacm-dev",
+    "libclang-dev",
+    "pkg-config",
+];
+
 /// The oldest QEMU the bed runs on. QEMU 7.2 (Debian 12's own) segfaults under the guest suites'
 /// load (NVMe behind the emulated Intel IOMMU, multi-threaded TCG): CI lost whole runs to it.
 const MIN_QEMU_MAJOR: u32 = 10;
@@ -39,8 +61,9 @@ pub struct Assets {
 
 #[derive(Debug, Default, clap::Args)]
 pub struct SetupArgs {
-    /// Install the host packages (QEMU, busybox, fio, nvme-cli) only: no guest kernel, no
-    /// initramfs (needs no clone of the repository).
+    /// Install the host packages (QEMU, busybox, fio, nvme-cli, RDMA user space and the
+    /// workspace's build dependencies) only: no guest kernel, no initramfs (needs no clone of
+    /// the repository).
     #[arg(long)]
     pub packages_only: bool,
 }
@@ -168,11 +191,13 @@ fn install_host_packages() -> Result<bool> {
 
 /// Installs the missing host packages with apt (never removing or downgrading one).
 fn install_packages() -> Result<bool> {
-    let missing: Vec<&str> = PACKAGES
+    let mut missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(_, file)| !Path::new(file).exists())
         .map(|(p, _)| *p)
         .collect();
+    let by_dpkg = [RDMA_PACKAGES, BUILD_PACKAGES].concat();
+    missing.extend(apt::not_installed(&by_dpkg)?);
     if missing.is_empty() {
         return Ok(false);
     }
@@ -181,7 +206,35 @@ fn install_packages() -> Result<bool> {
     if let Some((pkg, file)) = PACKAGES.iter().find(|(_, f)| !Path::new(f).exists()) {
         bail!("vm-setup: {pkg} is installed but {file} is missing. Fix: apt-get install --reinstall {pkg}");
     }
+    still_missing("vm-setup: host packages", &by_dpkg)?;
     Ok(true)
+}
+
+/// The workspace's build dependencies ([`BUILD_PACKAGES`]), installed with apt where missing
+/// (`cargo xtask ci`, before it builds); whether any was.
+pub fn install_build_packages() -> Result<bool> {
+    let step = "ci: build dependencies";
+    let missing = apt::not_installed(BUILD_PACKAGES)?;
+    if missing.is_empty() {
+        return Ok(false);
+    }
+    eprintln!("{step}: installing {}", missing.join(" "));
+    apt::install(step, &missing, None)?;
+    still_missing(step, BUILD_PACKAGES)?;
+    Ok(true)
+}
+
+/// Fails, naming them, where any of `packages` is still not installed after apt said it was done.
+fn still_missing(step: &str, packages: &[&str]) -> Result<()> {
+    let missing = apt::not_installed(packages)?;
+    if !missing.is_empty() {
+        bail!(
+            "{step}: {} still not installed after apt-get install. Fix: apt-get install {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    Ok(())
 }
 
 /// Makes sure qemu-system-x86_64 is QEMU `MIN_QEMU_MAJOR` or newer, installing it once from

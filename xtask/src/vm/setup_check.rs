@@ -3,7 +3,8 @@
 //! is given backports' `qemu-utils` 10, as a user's machine had it; then this program's own
 //! `vm-setup --packages-only` runs in it. It must install QEMU 10 once, remove and downgrade
 //! nothing (apt's history says), and leave `qemu-img` answering. Needs root and Debian's
-//! archive; not part of `cargo xtask ci` (it downloads some 150 MB).
+//! archive; not part of `cargo xtask ci` (it downloads some 150 MB, more since vm-setup installs
+//! the RDMA build packages, libclang among them).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
