@@ -44,6 +44,9 @@ pub const SGL_IN_CAPSULE: u8 = 0x01;
 /// SGL identifier of a Transport SGL Data Block (type 5h, subtype Ah): the data moves in
 /// transport PDUs (for TCP, R2T/H2CData or C2HData).
 pub const SGL_TRANSPORT: u8 = 0x5a;
+/// SGL identifier of a Keyed SGL Data Block (type 4h, subtype 0h: address): NVMe/RDMA's data
+/// in the host's memory, which the target reads or writes with RDMA under the key.
+pub const SGL_KEYED: u8 = 0x40;
 
 /// Connect CNTLID (admin queue): the target picks any controller.
 pub const CNTLID_DYNAMIC: u16 = 0xffff;
@@ -135,6 +138,28 @@ impl SglDescriptor {
         let mut d = SglDescriptor::data_block(0, length);
         d.identifier = SGL_TRANSPORT;
         d
+    }
+
+    /// A Keyed SGL Data Block: `length` bytes (at most 16 MiB - 1) at `address` of the host's
+    /// memory registered under `key`. Its bytes 8..11 are the length, 11..15 the key.
+    pub fn keyed(address: u64, length: u32, key: u32) -> SglDescriptor {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&address.to_le_bytes());
+        bytes[8..11].copy_from_slice(&length.to_le_bytes()[..3]);
+        bytes[11..15].copy_from_slice(&key.to_le_bytes());
+        bytes[15] = SGL_KEYED;
+        SglDescriptor::read_from_bytes(&bytes).unwrap_or_default()
+    }
+
+    /// A Keyed SGL Data Block's length and key (None for other descriptors).
+    pub fn keyed_parts(&self) -> Option<(u32, u32)> {
+        if self.identifier >> 4 != SGL_KEYED >> 4 {
+            return None;
+        }
+        let bytes = self.as_bytes();
+        let length = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], 0]);
+        let key = u32::from_le_bytes([bytes[11], bytes[12], bytes[13], bytes[14]]);
+        Some((length, key))
     }
 }
 
@@ -539,6 +564,18 @@ pod!(
 mod tests {
     use super::*;
     use crate::spec::Status;
+
+    #[test]
+    fn a_keyed_sgl_puts_length_and_key_where_nvme_rdma_reads_them() {
+        let d = SglDescriptor::keyed(0x1122_3344_5566_7788, 0x01_2345, 0xdead_beef);
+        let b = d.as_bytes();
+        assert_eq!(&b[..8], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&b[8..11], &[0x45, 0x23, 0x01]);
+        assert_eq!(&b[11..15], &0xdead_beefu32.to_le_bytes());
+        assert_eq!(b[15], SGL_KEYED);
+        assert_eq!(d.keyed_parts(), Some((0x01_2345, 0xdead_beef)));
+        assert_eq!(SglDescriptor::in_capsule(64).keyed_parts(), None);
+    }
 
     #[test]
     fn connect_command_fields_at_their_offsets() {

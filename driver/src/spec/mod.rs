@@ -129,6 +129,7 @@ pub mod completion;
 pub mod fabrics;
 pub mod identify;
 pub mod log;
+pub mod rdma;
 pub mod registers;
 pub mod status;
 

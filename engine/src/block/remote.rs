@@ -141,6 +141,16 @@ impl RemoteSubsystem {
                 what: "no address",
             });
         };
+        if paths.iter().any(|p| p.transport != address.transport) {
+            return Err(RemoteError::Malformed {
+                during: "attach",
+                what: "the paths of one subsystem are all over one transport (TCP or RDMA)",
+            });
+        }
+        let host = &HostOptions {
+            transport: address.transport,
+            ..host.clone()
+        };
         let subnqn = address.subnqn.clone().unwrap_or_default();
         let mut attached = Vec::with_capacity(paths.len());
         for path in paths {

@@ -1,7 +1,8 @@
-//! Addresses of NVMe/TCP targets, as users type them: SPDK's transport ID strings
-//! (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn....`, as `spdk_nvme_perf -r`
-//! takes them) and a short form, `tcp://127.0.0.1:4420/NQN` (`tcp://[::1]:4420/NQN` for IPv6;
-//! the port defaults to 4420, the NQN may be left out where a command needs none).
+//! Addresses of NVMe over Fabrics targets (NVMe/TCP and NVMe/RDMA), as users type them: SPDK's
+//! transport ID strings (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn....`,
+//! as `spdk_nvme_perf -r` takes them; `trtype:RDMA` likewise) and a short form,
+//! `tcp://127.0.0.1:4420/NQN` or `rdma://…` (`tcp://[::1]:4420/NQN` for IPv6; the port defaults
+//! to 4420, the NQN may be left out where a command needs none).
 //!
 //! Every malformed address gets an error that says what is wrong and shows a correct example.
 
@@ -18,24 +19,54 @@ const SHORT_EXAMPLE: &str = "tcp://127.0.0.1:4420/nqn.2024-01.io.usnvme:host1";
 const SPDK_EXAMPLE: &str =
     "'trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2024-01.io.usnvme:host1'";
 
-/// A target's socket address and, optionally, the subsystem wanted there.
+/// The fabric a target is reached over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Transport {
+    #[default]
+    Tcp,
+    Rdma,
+}
+
+impl Transport {
+    /// Its scheme in the short form, and its name in logs (`tcp`, `rdma`).
+    pub fn scheme(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+}
+
+/// A target's transport and socket address and, optionally, the subsystem wanted there.
+/// (Named for the transport it first had; it names RDMA targets as well.)
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TcpAddress {
+    pub transport: Transport,
     pub addr: SocketAddr,
     pub subnqn: Option<String>,
 }
 
 impl TcpAddress {
+    /// An NVMe/TCP target at `addr`.
+    pub fn tcp(addr: SocketAddr, subnqn: Option<String>) -> TcpAddress {
+        TcpAddress {
+            transport: Transport::Tcp,
+            addr,
+            subnqn,
+        }
+    }
+
     /// Whether `s` is meant as a remote address (then its parse error is the one to show):
-    /// `tcp://...`, or a transport ID with a `trtype` key.
+    /// `tcp://...`, `rdma://...`, or a transport ID with a `trtype` key.
     pub fn looks_remote(s: &str) -> bool {
         let lower = s.trim_start().to_ascii_lowercase();
-        lower.starts_with("tcp://") || is_transport_id(&lower)
+        lower.starts_with("tcp://") || lower.starts_with("rdma://") || is_transport_id(&lower)
     }
 
     /// The same target with another subsystem NQN.
     pub fn with_subnqn(&self, subnqn: &str) -> TcpAddress {
         TcpAddress {
+            transport: self.transport,
             addr: self.addr,
             subnqn: Some(subnqn.to_owned()),
         }
@@ -72,10 +103,15 @@ impl FromStr for TcpAddress {
         if s.is_empty() {
             return Err(short_error("empty NVMe/TCP address"));
         }
-        match s.get(..6) {
-            Some(scheme) if scheme.eq_ignore_ascii_case("tcp://") => parse_short(&s[6..]),
+        match (s.get(..6), s.get(..7)) {
+            (Some(scheme), _) if scheme.eq_ignore_ascii_case("tcp://") => {
+                parse_short(Transport::Tcp, &s[6..])
+            }
+            (_, Some(scheme)) if scheme.eq_ignore_ascii_case("rdma://") => {
+                parse_short(Transport::Rdma, &s[7..])
+            }
             _ if s.contains("://") => Err(short_error(format!(
-                "{s:?}: only tcp:// addresses are supported"
+                "{s:?}: only tcp:// and rdma:// addresses are supported"
             ))),
             _ if is_transport_id(s) => parse_spdk(s),
             _ => Err(short_error(format!(
@@ -97,7 +133,7 @@ fn is_transport_id(s: &str) -> bool {
 const SPDK_KEYS: [&str; 5] = ["trtype", "adrfam", "traddr", "trsvcid", "subnqn"];
 
 /// `ADDR[:PORT][/NQN]`, ADDR an IPv4 address or a bracketed IPv6 one.
-fn parse_short(rest: &str) -> Result<TcpAddress, AddressError> {
+fn parse_short(transport: Transport, rest: &str) -> Result<TcpAddress, AddressError> {
     let (host_port, nqn) = match rest.split_once('/') {
         Some((hp, nqn)) => (hp, Some(nqn)),
         None => (rest, None),
@@ -151,6 +187,7 @@ fn parse_short(rest: &str) -> Result<TcpAddress, AddressError> {
         }
     };
     Ok(TcpAddress {
+        transport,
         addr: SocketAddr::new(ip, port),
         subnqn,
     })
@@ -197,15 +234,16 @@ fn parse_spdk(s: &str) -> Result<TcpAddress, AddressError> {
         }
         *slot = Some(value);
     }
-    match trtype {
+    let transport = match trtype {
         None => return Err(spdk_error("trtype is missing")),
-        Some(t) if !t.eq_ignore_ascii_case("tcp") => {
+        Some(t) if t.eq_ignore_ascii_case("tcp") => Transport::Tcp,
+        Some(t) if t.eq_ignore_ascii_case("rdma") => Transport::Rdma,
+        Some(t) => {
             return Err(spdk_error(format!(
-                "trtype {t:?} is not supported: only TCP is"
+                "trtype {t:?} is not supported: TCP or RDMA"
             )))
         }
-        Some(_) => {}
-    }
+    };
     let traddr = traddr.ok_or_else(|| spdk_error("traddr is missing"))?;
     let ip: IpAddr = traddr.parse().map_err(|_| {
         spdk_error(format!(
@@ -236,16 +274,17 @@ fn parse_spdk(s: &str) -> Result<TcpAddress, AddressError> {
         check_nqn(nqn).map_err(|e| spdk_error(format!("subnqn: {e}")))?;
     }
     Ok(TcpAddress {
+        transport,
         addr: SocketAddr::new(ip, port),
         subnqn: subnqn.map(str::to_owned),
     })
 }
 
-/// The short form: `tcp://127.0.0.1:4420/NQN`, `tcp://[::1]:4420` (no NQN).
+/// The short form: `tcp://127.0.0.1:4420/NQN`, `tcp://[::1]:4420` (no NQN), `rdma://…`.
 impl fmt::Display for TcpAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // SocketAddr already brackets IPv6 addresses
-        write!(f, "tcp://{}", self.addr)?;
+        write!(f, "{}://{}", self.transport.scheme(), self.addr)?;
         match &self.subnqn {
             Some(nqn) => write!(f, "/{nqn}"),
             None => Ok(()),
@@ -265,10 +304,33 @@ mod tests {
     }
 
     fn at(addr: &str, nqn: Option<&str>) -> TcpAddress {
+        TcpAddress::tcp(
+            addr.parse().expect("a socket address"),
+            nqn.map(str::to_owned),
+        )
+    }
+
+    fn rdma(addr: &str, nqn: Option<&str>) -> TcpAddress {
         TcpAddress {
-            addr: addr.parse().expect("a socket address"),
-            subnqn: nqn.map(str::to_owned),
+            transport: Transport::Rdma,
+            ..at(addr, nqn)
         }
+    }
+
+    #[test]
+    fn rdma_in_both_forms() {
+        assert_eq!(
+            parse(&format!("rdma://10.0.0.2:4421/{NQN}")),
+            Ok(rdma("10.0.0.2:4421", Some(NQN)))
+        );
+        assert_eq!(
+            parse(&format!(
+                "trtype:RDMA adrfam:IPv4 traddr:10.0.0.2 subnqn:{NQN}"
+            )),
+            Ok(rdma("10.0.0.2:4420", Some(NQN)))
+        );
+        assert!(TcpAddress::looks_remote("RDMA://1.2.3.4"));
+        assert_eq!(rdma("1.2.3.4:1", None).to_string(), "rdma://1.2.3.4:1");
     }
 
     #[test]
@@ -312,7 +374,7 @@ mod tests {
     fn every_error_says_what_and_shows_an_example() {
         for (input, says) in [
             ("", "empty"),
-            ("http://1.2.3.4", "only tcp://"),
+            ("http://1.2.3.4", "only tcp:// and rdma://"),
             ("tcp://", "no host"),
             ("tcp://host.example:4420", "not an IP address"),
             ("tcp://1.2.3.4:0", "port \"0\""),
@@ -325,7 +387,7 @@ mod tests {
             ("tcp://1.2.3.4/not-an-nqn", "does not start with \"nqn.\""),
             ("trtype:TCP", "traddr is missing"),
             ("traddr:1.2.3.4 trsvcid:1", "trtype is missing"),
-            ("trtype:RDMA traddr:1.2.3.4", "only TCP"),
+            ("trtype:FC traddr:1.2.3.4", "TCP or RDMA"),
             ("trtype:TCP traddr:1.2.3.4 adrfam:IPv6", "does not match"),
             ("trtype:TCP traddr:1.2.3.4 adrfam:FC", "IPv4 or IPv6"),
             ("trtype:TCP traddr:1.2.3.4 trsvcid:http", "trsvcid"),
@@ -376,7 +438,7 @@ mod tests {
             port in 1u16..,
             subnqn in nqns(),
         ) {
-            let a = TcpAddress { addr: SocketAddr::new(ip, port), subnqn };
+            let a = TcpAddress::tcp(SocketAddr::new(ip, port), subnqn);
             prop_assert_eq!(a.to_string().parse::<TcpAddress>(), Ok(a));
         }
     }

@@ -18,10 +18,13 @@
 //! - [`DeviceName`]: the one grammar of device names, local or remote.
 
 mod controller;
+pub mod fabric_queue;
 mod io;
 mod io_queue;
 mod name;
 mod queues;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod tcp;
 
 pub use controller::{Controller, ControllerError, Reach};

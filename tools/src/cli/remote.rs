@@ -61,14 +61,18 @@ pub fn connect(
     subnqn: &str,
     opts: &HostOptions,
 ) -> anyhow::Result<RemoteController> {
-    RemoteController::connect(target.addr, subnqn, opts).map_err(|e| explain(e, target))
+    let opts = HostOptions {
+        transport: target.transport,
+        ..opts.clone()
+    };
+    RemoteController::connect(target.addr, subnqn, &opts).map_err(|e| explain(e, target))
 }
 
 /// A remote error as the user sees it: what happened, by name, and what to do about it.
 pub fn explain(e: RemoteError, target: &TcpAddress) -> anyhow::Error {
     let discover = TcpAddress {
-        addr: target.addr,
         subnqn: None,
+        ..target.clone()
     };
     let text = match &e {
         RemoteError::Refused { addr } => format!(

@@ -18,10 +18,11 @@ use usnvme_driver::spec::Status;
 use usnvme_driver::{Completion, IoBuffer, SubmitError};
 
 use super::link::{AnaState, ControllerLink, LinkState};
+use crate::transport::fabric_queue::{FabricQueue, FabricQueueSetup};
 use crate::transport::tcp::initiator::queue::Buffers;
 use crate::transport::tcp::initiator::session::MAX_ENTRIES;
 use crate::transport::tcp::initiator::{self, Failure, HostOptions, IoNamespace, Unfinished};
-use crate::transport::tcp::initiator::{HostError, IoQueue, QueueParams, QueueSetup};
+use crate::transport::tcp::initiator::{HostError, QueueParams};
 use crate::transport::QueueNamespace;
 use crate::transport::{ChannelOptions, DmaTarget, Op};
 
@@ -103,7 +104,7 @@ pub struct RemoteQueue {
 struct PathQueue {
     /// Its index in the source's paths.
     index: usize,
-    queue: IoQueue,
+    queue: FabricQueue,
     /// The association `queue` belongs to ([`ControllerLink::generation`]).
     generation: u64,
     /// `queue` ended: its unfinished I/Os are in `held` until the next association.
@@ -115,7 +116,7 @@ struct PathQueue {
     params: QueueParams,
     /// Its connection to the association `generation`, being set up (see
     /// [`PathQueue::reconnect`]).
-    connecting: Option<QueueSetup>,
+    connecting: Option<FabricQueueSetup>,
     now_ns: u64,
     reconnects: u32,
     /// The path was given up.
@@ -131,7 +132,7 @@ impl Drop for RemoteQueue {
 }
 
 impl RemoteQueue {
-    /// Queues an I/O to namespace `ns` on the next usable path (see [`IoQueue::submit_to`]);
+    /// Queues an I/O to namespace `ns` on the next usable path (see [`FabricQueue::submit_to`]);
     /// while no path is usable (reconnecting, ANA inaccessible) the queue is full.
     #[inline]
     pub fn submit(
@@ -390,7 +391,7 @@ impl PathQueue {
                 let buffers = Buffers::Space(source.dma.space.clone());
                 self.generation = generation;
                 let params = self.params.clone();
-                match QueueSetup::start(path.addr, params, &source.host, buffers) {
+                match FabricQueueSetup::start(path.addr, params, &source.host, buffers) {
                     Ok(setup) => {
                         self.connecting = Some(setup);
                         self.reconnect(source);
@@ -563,7 +564,7 @@ impl RemoteQueues {
             timeout_ns: timeout.as_nanos().min(u128::from(u64::MAX)) as u64,
         };
         let buffers = Buffers::Space(self.dma.space.clone());
-        match IoQueue::connect(path.addr, params.clone(), &self.host, buffers) {
+        match FabricQueue::connect(path.addr, params.clone(), &self.host, buffers) {
             Ok(mut queue) => {
                 queue.keep_unfinished(true);
                 if self.paths.len() > 1 {

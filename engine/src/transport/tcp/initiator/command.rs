@@ -21,8 +21,9 @@ use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::options::{HostError, HostOptions};
-use super::queue::{Buffers, IoQueue};
+use super::queue::Buffers;
 use super::session::{Data, QueueParams, ADMIN_IN_CAPSULE};
+use crate::transport::fabric_queue::FabricQueue;
 
 /// The most data one command moves here: a Discovery Log Page of 1023 records and its header.
 pub const MAX_DATA: u32 = 1 << 20;
@@ -52,7 +53,7 @@ impl Payload<'_> {
 /// One NVMe/TCP queue (admin or I/O) of a controller, connected, one command at a time.
 #[derive(Debug)]
 pub struct CommandQueue {
-    queue: IoQueue,
+    queue: FabricQueue,
     buffer: Arc<IovaMemory>,
     token: u64,
     timeout: Duration,
@@ -86,8 +87,8 @@ impl CommandQueue {
         let buffer = IovaMemory::from_ranges(&[(GuestAddress(BUFFER_IOVA), MAX_DATA as usize)])
             .map_err(std::io::Error::other)?;
         let buffer = Arc::new(buffer);
-        let queue = IoQueue::connect(addr, params, opts, Buffers::Memory(buffer.clone()))?;
-        let cntlid = queue.session().cntlid();
+        let queue = FabricQueue::connect(addr, params, opts, Buffers::Memory(buffer.clone()))?;
+        let cntlid = queue.cntlid();
         let q = CommandQueue {
             queue,
             buffer,
@@ -101,7 +102,7 @@ impl CommandQueue {
     /// Controller); larger writes wait for R2Ts.
     pub fn set_in_capsule_limit(&mut self, bytes: usize) {
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        self.queue.session_mut().set_in_capsule(bytes);
+        self.queue.set_in_capsule(bytes);
     }
 
     /// The longest one command may take from now on.
@@ -109,22 +110,22 @@ impl CommandQueue {
         if !timeout.is_zero() {
             self.timeout = timeout;
             let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-            self.queue.session_mut().set_timeout(ns);
+            self.queue.set_timeout(ns);
         }
     }
 
     pub fn qid(&self) -> u16 {
-        self.queue.session().qid()
+        self.queue.qid()
     }
 
     /// The controller (on an admin queue, the one the target granted).
     pub fn cntlid(&self) -> u16 {
-        self.queue.session().cntlid()
+        self.queue.cntlid()
     }
 
     /// The most data the target takes in one H2CData PDU.
     pub fn maxh2cdata(&self) -> u32 {
-        self.queue.session().negotiated().1
+        self.queue.maxh2cdata()
     }
 
     /// Property Get: the controller register at `offset` (CAP, VS, CC, CSTS), 4 or 8 bytes.
@@ -834,8 +835,13 @@ mod tests {
         };
         let mem = IovaMemory::from_ranges(&[(GuestAddress(BUFFER_IOVA), 4096)]).expect("memory");
         let opts = options(Digests::default());
-        let mut q =
-            IoQueue::connect(addr, params, &opts, Buffers::Memory(Arc::new(mem))).expect("connect");
+        let mut q = super::super::queue::IoQueue::connect(
+            addr,
+            params,
+            &opts,
+            Buffers::Memory(Arc::new(mem)),
+        )
+        .expect("connect");
         let mut stamps = Vec::new();
         for token in [1, 2] {
             if token == 2 {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use usnvme_driver::spec::Status;
 
 use super::session::Failure;
+use crate::fabric::address::Transport;
 use crate::fabric::pdu::{Digests, FatalError};
 
 /// Who this host is and how it talks.
@@ -21,6 +22,8 @@ pub struct HostOptions {
     pub kato_ms: u32,
     /// The longest the TCP connect, the connection set-up or one command may take.
     pub timeout: Duration,
+    /// The fabric to connect over (NVMe/TCP unless an `rdma://` address says otherwise).
+    pub transport: Transport,
 }
 
 /// A fixed host identity (a UUID NQN matching the host ID), no digests, no keep-alive.
@@ -36,6 +39,7 @@ impl Default for HostOptions {
             ],
             kato_ms: 0,
             timeout: Duration::from_secs(10),
+            transport: Transport::Tcp,
         }
     }
 }
@@ -68,6 +72,10 @@ pub enum HostError {
     },
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
+    /// An NVMe/RDMA set-up or transport failure, in words (the CM's event, a reject's status,
+    /// a failed work request).
+    #[error("NVMe/RDMA: {0}")]
+    Rdma(String),
 }
 
 impl HostError {

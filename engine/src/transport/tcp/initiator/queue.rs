@@ -34,7 +34,7 @@ pub enum Buffers {
 }
 
 impl Buffers {
-    fn snapshot(&self) -> Arc<IovaMemory> {
+    pub(crate) fn snapshot(&self) -> Arc<IovaMemory> {
         match self {
             Buffers::Space(space) => space.memory(),
             Buffers::Memory(mem) => mem.clone(),
