@@ -166,3 +166,226 @@ fn the_kernels_nvme_rdma_host_verifies_fio_through_its_nvmet_rdma_target_on_soft
         started.elapsed().as_secs_f64()
     );
 }
+
+/// usnvme's own NVMe/RDMA host against the kernel's target: its own subsystem and port, apart
+/// from the kernel host's test above.
+const HOST_NQN_SUBSYSTEM: &str = "nqn.2024-01.io.usnvme:vm-rdma-usnvme-host";
+const HOST_PORT_ID: u32 = 42;
+const HOST_TRSVCID: u16 = 4421;
+
+/// `usnvme ARGS`, which must exit 0: its standard output.
+fn usnvme_ok(bed: &usnvme_tests::VmBed, args: &[&str]) -> String {
+    let out = bed.usnvme(args);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "usnvme {args:?} ({}): {stdout}{stderr}\n{}",
+        out.status,
+        usnvme_tests::rdma::kernel_log()
+    );
+    stdout
+}
+
+/// `usnvme perf -r TARGET ARGS --json`, which must exit 0 with no failed I/O and every block
+/// it read checked: its report.
+fn perf_over_rdma(
+    bed: &usnvme_tests::VmBed,
+    target: &str,
+    tag: &str,
+    args: &[&str],
+) -> serde_json::Value {
+    let json = std::env::temp_dir().join(format!("perf-rdma-{tag}.json"));
+    let mut all = vec![
+        "perf",
+        "-r",
+        target,
+        "-c",
+        "0",
+        "--json",
+        json.to_str().expect("utf-8"),
+    ];
+    all.extend_from_slice(args);
+    let out = bed.usnvme(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "usnvme {all:?} ({}): {stderr}\n{}",
+        out.status,
+        usnvme_tests::rdma::kernel_log()
+    );
+    assert!(!stderr.contains("checked no block"), "{all:?}: {stderr}");
+    let text = std::fs::read_to_string(&json).expect("perf wrote its JSON");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("perf's JSON parses");
+    assert_eq!(doc["total"]["error"], 0, "{all:?}: {doc:#}");
+    assert_eq!(doc["total"]["failed_ios"], 0, "{all:?}: {doc:#}");
+    doc
+}
+
+fn total_ios(doc: &serde_json::Value, dir: &str) -> u64 {
+    doc["total"][dir]["total_ios"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no total.{dir}.total_ios in {doc:#}"))
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn usnvme_perf_verifies_over_rdma_through_the_kernels_nvmet_rdma_target() {
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let nvmet = or_kernel_log("nvmet-rdma port", || {
+        NvmetRdma::on_file(
+            HOST_NQN_SUBSYSTEM,
+            NAMESPACE_BYTES,
+            HOST_PORT_ID,
+            address,
+            HOST_TRSVCID,
+        )
+    });
+    let target = format!("rdma://{address}:{HOST_TRSVCID}/{HOST_NQN_SUBSYSTEM}");
+
+    // identify over RDMA: the kernel target's controller and its 64 MiB namespace
+    let identify = usnvme_ok(&bed, &["identify", &target]);
+    assert!(
+        identify.contains("Model:                  Linux"),
+        "{identify}"
+    );
+    assert!(identify.contains("16384 blocks of 4096 B"), "{identify}");
+    assert!(identify.contains("NVMe/RDMA to"), "{identify}");
+
+    // discover over RDMA lists what nvme-cli's discover lists, field by field
+    let ours = usnvme_ok(
+        &bed,
+        &[
+            "discover",
+            &format!("rdma://{address}:{HOST_TRSVCID}"),
+            "--json",
+        ],
+    );
+    let ours: serde_json::Value = serde_json::from_str(&ours).expect("discover --json parses");
+    let port = HOST_TRSVCID.to_string();
+    let theirs = run(
+        NVME,
+        &[
+            "discover",
+            "-t",
+            "rdma",
+            "-a",
+            address,
+            "-s",
+            &port,
+            "--hostnqn",
+            HOSTNQN,
+            "-o",
+            "json",
+        ],
+    );
+    let theirs: serde_json::Value = serde_json::from_str(&theirs).expect("nvme discover parses");
+    let records = |doc: &serde_json::Value| doc["records"].as_array().cloned().unwrap_or_default();
+    let (ours_records, theirs_records) = (records(&ours), records(&theirs));
+    assert_eq!(
+        ours_records.len(),
+        theirs_records.len(),
+        "{ours:#}\n{theirs:#}"
+    );
+    for (o, t) in ours_records.iter().zip(&theirs_records) {
+        for field in [
+            "trtype",
+            "adrfam",
+            "subtype",
+            "treq",
+            "portid",
+            "trsvcid",
+            "subnqn",
+            "traddr",
+            "rdma_prtype",
+            "rdma_qptype",
+            "rdma_cms",
+            "rdma_pkey",
+        ] {
+            let trimmed = |v: &serde_json::Value| match v.as_str() {
+                Some(s) => serde_json::Value::from(s.trim()),
+                None => v.clone(),
+            };
+            assert_eq!(
+                trimmed(&o[field]),
+                trimmed(&t[field]),
+                "{field}: {o:#}\n{t:#}"
+            );
+        }
+    }
+
+    // 128 KiB writes (keyed: the target reads them), each block once, then read back (the
+    // target writes them) and checked; then 4 KiB random reads and writes on two reactors
+    // (writes in the capsule)
+    let seed = 0x7264_6d61u64;
+    let size: u64 = 16 << 20;
+    let ios = size / (128 << 10);
+    let (count, seed_text, size_text) = (ios.to_string(), seed.to_string(), size.to_string());
+    for (pattern, other) in [("write", "read"), ("read", "write")] {
+        let run = perf_over_rdma(
+            &bed,
+            &target,
+            pattern,
+            &[
+                "-w",
+                pattern,
+                "-o",
+                "128k",
+                "-q",
+                "8",
+                "--io-count",
+                &count,
+                "--size",
+                &size_text,
+                "--verify",
+                "--seed",
+                &seed_text,
+            ],
+        );
+        assert_eq!(total_ios(&run, pattern), ios, "{pattern}");
+        assert_eq!(total_ios(&run, other), 0, "{pattern}");
+    }
+    // the blocks in the target's file carry the run's stamps: an independent check of what
+    // the target read from this host's memory
+    let file = std::fs::read(&nvmet.file).expect("the namespace's file");
+    let mut want = vec![0u8; 4096];
+    for offset in (0..size).step_by(4096) {
+        usnvme_stamp::stamp(&mut want, offset, seed);
+        let at = offset as usize;
+        assert!(
+            file[at..at + 4096] == want[..],
+            "block at {offset} of {} is not what perf wrote",
+            nvmet.file.display()
+        );
+    }
+    let mix = perf_over_rdma(
+        &bed,
+        &target,
+        "randrw",
+        &[
+            "-w", "randrw", "-o", "4k", "-q", "16", "-t", "2", "--offset", &size_text, "--size",
+            &size_text, "--verify", "--seed", "7",
+        ],
+    );
+    assert!(
+        total_ios(&mix, "read") > 0 && total_ios(&mix, "write") > 0,
+        "{mix:#}"
+    );
+
+    // a subsystem the target does not have: refused by name, on one line
+    let wrong = format!("rdma://{address}:{HOST_TRSVCID}/nqn.2024-01.io.usnvme:wrong");
+    let out = bed.usnvme(&["perf", "-r", &wrong, "-t", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown NQN"), "{stderr}");
+    // nothing listens on this port: said, not hung
+    let nobody = format!("rdma://{address}:4499/{HOST_NQN_SUBSYSTEM}");
+    let out = bed.usnvme(&["perf", "-r", &nobody, "-t", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("rejected"), "{stderr}");
+    drop(nvmet);
+}

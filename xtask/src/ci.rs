@@ -29,6 +29,8 @@ pub fn run() -> Result<()> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                crate::FEATURES[0],
+                crate::FEATURES[1],
                 "--",
                 "-D",
                 "warnings",
@@ -37,7 +39,12 @@ pub fn run() -> Result<()> {
         ),
         (
             "ci: cargo test",
-            &["test", "--workspace"],
+            &[
+                "test",
+                "--workspace",
+                crate::FEATURES[0],
+                crate::FEATURES[1],
+            ],
             "fix the failing tests above",
         ),
     ];
@@ -81,15 +88,9 @@ fn fio_engine_step(root: &Path) -> Result<()> {
     cmd::run(
         step,
         Command::new("cargo")
-            .args([
-                "test",
-                "-p",
-                "usnvme-tests",
-                "--test",
-                "fio_sim",
-                "--",
-                "--ignored",
-            ])
+            .args(["test", "-p", "usnvme-tests", "--test", "fio_sim"])
+            .args(crate::FEATURES)
+            .args(["--", "--ignored"])
             .env("USNVME_FIO_ENGINE", &engine.library)
             // built by the fio-plot step: the remote subsystem's target
             .env("USNVME_BIN", crate::target_dir().join("debug/usnvme"))
@@ -128,6 +129,7 @@ pub fn fio_plot_check() -> Result<()> {
         "ci: fio-plot: build usnvme",
         Command::new("cargo")
             .args(["build", "-p", "usnvme-tools"])
+            .args(crate::FEATURES)
             .current_dir(&root),
         "fix the build errors above",
     )?;
@@ -301,6 +303,7 @@ pub fn demo() -> Result<ExitCode> {
         "demo: build usnvme (release)",
         Command::new("cargo")
             .args(["build", "--release", "-p", "usnvme-tools"])
+            .args(crate::FEATURES)
             .current_dir(&root),
         "fix the build errors above",
     )?;

@@ -93,6 +93,7 @@ pub fn compile(source: &Path, accept: &str, out: &Path) -> Result<()> {
         "fio-engine: build libusnvme_fio.so",
         Command::new("cargo")
             .args(["build", "--release", "-p", "usnvme-fio"])
+            .args(crate::FEATURES)
             .env("USNVME_FIO_SOURCE", source)
             .env("USNVME_FIO_VERSION", accept)
             .current_dir(&root),

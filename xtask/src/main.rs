@@ -85,6 +85,10 @@ fn main() -> ExitCode {
 
 /// The workspace root, found at run time: a built tree that is moved or copied (a clone under
 /// /tmp, a CI cache) must use its own location, not the one it was compiled in.
+/// The features every cargo build xtask runs turns on (one set, so that builds share their
+/// artifacts): NVMe/RDMA, whose build packages xtask installs.
+pub const FEATURES: [&str; 2] = ["--features", "usnvme-engine/rdma"];
+
 pub fn workspace_root() -> PathBuf {
     // `main` refuses to run without one; "." only for code reached otherwise (unit tests).
     find_workspace().unwrap_or_else(|| PathBuf::from("."))

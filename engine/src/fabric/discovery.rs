@@ -37,6 +37,58 @@ pub struct DiscoveryEntry {
     /// For TCP, the first byte of the transport specific address subtype (TSAS): the
     /// security type.
     pub sectype: u8,
+    /// For RDMA, the TSAS: queue pair type, provider type, connection management service and
+    /// partition key.
+    pub rdma: Option<RdmaTsas>,
+}
+
+/// The RDMA transport specific address subtype of a discovery log entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RdmaTsas {
+    pub qptype: u8,
+    pub prtype: u8,
+    pub cms: u8,
+    pub pkey: u16,
+}
+
+impl RdmaTsas {
+    /// From the TSAS bytes: QPTYPE, PRTYPE, CMS, five reserved, PKEY.
+    pub fn from_tsas(tsas: &[u8]) -> RdmaTsas {
+        let byte = |i: usize| tsas.get(i).copied().unwrap_or(0);
+        RdmaTsas {
+            qptype: byte(0),
+            prtype: byte(1),
+            cms: byte(2),
+            pkey: u16::from_le_bytes([byte(8), byte(9)]),
+        }
+    }
+
+    /// Its fields in nvme-cli's words (`rdma_qptype`, `rdma_prtype`, `rdma_cms`).
+    pub fn qptype_name(&self) -> &'static str {
+        match self.qptype {
+            1 => "connected",
+            2 => "datagram",
+            _ => "unrecognized",
+        }
+    }
+
+    pub fn prtype_name(&self) -> &'static str {
+        match self.prtype {
+            1 => "not specified",
+            2 => "infiniband",
+            3 => "roce",
+            4 => "roce-v2",
+            5 => "iwarp",
+            _ => "unrecognized",
+        }
+    }
+
+    pub fn cms_name(&self) -> &'static str {
+        match self.cms {
+            1 => "rdma-cm",
+            _ => "unrecognized",
+        }
+    }
 }
 
 impl DiscoveryEntry {
@@ -148,6 +200,7 @@ pub fn parse_discovery_log(bytes: &[u8]) -> Result<DiscoveryLog, &'static str> {
             subnqn: padded_text(&e.subnqn),
             traddr: padded_text(&e.traddr),
             sectype: e.sectype(),
+            rdma: (e.trtype == f::TRTYPE_RDMA).then(|| RdmaTsas::from_tsas(&e.tsas)),
         })
         .collect();
     Ok(DiscoveryLog {

@@ -9,7 +9,7 @@ use usnvme_driver::vfio::PcieLink;
 use usnvme_driver::Namespace;
 
 use super::tcp::{RemoteController, RemoteError};
-use crate::fabric::address::TcpAddress;
+use crate::fabric::address::{TcpAddress, Transport};
 use crate::fabric::pdu::Digests;
 
 /// A controller, borrowed from whoever opened it (the engine's attach, or a remote connect).
@@ -44,7 +44,9 @@ pub enum Reach {
         max_transfer: u64,
         shadow_doorbells: bool,
     },
+    /// A fabric: NVMe/TCP or NVMe/RDMA.
     Tcp {
+        transport: Transport,
         /// `IP:PORT` of the target.
         target: String,
         digests: Digests,
@@ -121,6 +123,7 @@ impl Controller<'_> {
                 shadow_doorbells: c.shadow_doorbells(),
             },
             Controller::Tcp { ctrl, .. } => Reach::Tcp {
+                transport: ctrl.transport(),
                 target: ctrl.addr().to_string(),
                 digests: ctrl.digests(),
                 maxh2cdata: ctrl.maxh2cdata(),

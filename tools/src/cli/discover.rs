@@ -14,8 +14,8 @@ use crate::remote::{with_controller, RemoteArgs};
 /// Arguments of `usnvme discover`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The target: tcp://ADDR[:PORT] (port 4420 by default) or an SPDK transport ID
-    /// ('trtype:TCP traddr:ADDR trsvcid:PORT'); an NQN given is used as the discovery
+    /// The target: tcp://ADDR[:PORT] or rdma://ADDR[:PORT] (port 4420 by default) or an SPDK
+    /// transport ID ('trtype:TCP traddr:ADDR trsvcid:PORT'); an NQN given is used as the discovery
     /// subsystem's (default nqn.2014-08.org.nvmexpress.discovery).
     #[arg(value_name = "ADDRESS")]
     pub target: TcpAddress,
@@ -39,7 +39,17 @@ struct Record<'a> {
     subnqn: &'a str,
     traddr: &'a str,
     eflags: String,
-    sectype: &'static str,
+    /// TCP's security type (nvme-cli prints it for TCP records only)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sectype: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rdma_prtype: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rdma_qptype: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rdma_cms: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rdma_pkey: Option<u16>,
     cntlid: u16,
     asqsz: u16,
 }
@@ -88,7 +98,11 @@ fn record(e: &DiscoveryEntry) -> Record<'_> {
         subnqn: &e.subnqn,
         traddr: &e.traddr,
         eflags: e.eflags_text(),
-        sectype: e.sectype_name(),
+        sectype: e.rdma.is_none().then(|| e.sectype_name()),
+        rdma_prtype: e.rdma.map(|r| r.prtype_name()),
+        rdma_qptype: e.rdma.map(|r| r.qptype_name()),
+        rdma_cms: e.rdma.map(|r| r.cms_name()),
+        rdma_pkey: e.rdma.map(|r| r.pkey),
         cntlid: e.cntlid,
         asqsz: e.asqsz,
     }
@@ -121,7 +135,11 @@ fn table(log: &DiscoveryLog) -> String {
                 e.traddr.clone(),
                 e.trsvcid.clone(),
                 e.port_id.to_string(),
-                e.sectype_name().to_owned(),
+                if e.rdma.is_some() {
+                    "-".to_owned()
+                } else {
+                    e.sectype_name().to_owned()
+                },
                 e.treq_text(),
             ]
         })
@@ -151,6 +169,7 @@ fn table(log: &DiscoveryLog) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use usnvme_engine::fabric::discovery::RdmaTsas;
 
     fn entry(nqn: &str, port: &str) -> DiscoveryEntry {
         DiscoveryEntry {
@@ -166,7 +185,28 @@ mod tests {
             subnqn: nqn.into(),
             traddr: "127.0.0.1".into(),
             sectype: 0,
+            rdma: None,
         }
+    }
+
+    #[test]
+    fn an_rdma_record_has_nvme_clis_rdma_fields_and_no_sectype() {
+        let tsas = [1u8, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff];
+        let e = DiscoveryEntry {
+            trtype: 1,
+            rdma: Some(RdmaTsas::from_tsas(&tsas)),
+            ..entry("nqn.c", "4420")
+        };
+        let json = serde_json::to_value(record(&e)).expect("JSON");
+        assert_eq!(json["trtype"], "rdma");
+        assert_eq!(json["rdma_qptype"], "connected");
+        assert_eq!(json["rdma_prtype"], "not specified");
+        assert_eq!(json["rdma_cms"], "rdma-cm");
+        assert_eq!(json["rdma_pkey"], 0xffff);
+        assert!(json.get("sectype").is_none(), "{json}");
+        let tcp = serde_json::to_value(record(&entry("nqn.d", "4420"))).expect("JSON");
+        assert_eq!(tcp["sectype"], "none");
+        assert!(tcp.get("rdma_qptype").is_none(), "{tcp}");
     }
 
     #[test]

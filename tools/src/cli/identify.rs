@@ -147,12 +147,13 @@ pub fn report(ctrl: &mut Controller<'_>) -> Result<ControllerReport, ControllerE
             ..
         } => (max_transfer, io_queue_pairs, shadow_doorbells, None),
         Reach::Tcp {
+            transport,
             target,
             digests,
             maxh2cdata,
         } => {
             let fabric = FabricReport {
-                transport: "tcp",
+                transport: transport.scheme(),
                 target,
                 header_digest: digests.header,
                 data_digest: digests.data,
@@ -348,20 +349,25 @@ pub fn render(c: &ControllerReport) -> String {
                 header: fabric.header_digest,
                 data: fabric.data_digest,
             };
-            f.field(
-                1,
-                "Transport",
-                format!("NVMe/TCP to {}, {digests}", fabric.target),
-            );
-            f.field(
-                1,
-                "In-capsule data",
-                format!(
-                    "{} (H2CData up to {})",
-                    iec_bytes(fabric.in_capsule_bytes.into()),
-                    iec_bytes(fabric.maxh2cdata_bytes.into())
-                ),
-            );
+            let in_capsule = iec_bytes(fabric.in_capsule_bytes.into());
+            if fabric.transport == "rdma" {
+                f.field(1, "Transport", format!("NVMe/RDMA to {}", fabric.target));
+                f.field(1, "In-capsule data", in_capsule);
+            } else {
+                f.field(
+                    1,
+                    "Transport",
+                    format!("NVMe/TCP to {}, {digests}", fabric.target),
+                );
+                f.field(
+                    1,
+                    "In-capsule data",
+                    format!(
+                        "{in_capsule} (H2CData up to {})",
+                        iec_bytes(fabric.maxh2cdata_bytes.into())
+                    ),
+                );
+            }
         }
     }
     if !c.subsystem_nqn.is_empty() {

@@ -161,6 +161,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 "--bin",
                 "usnvme",
             ])
+            .args(crate::FEATURES)
             .args(["-p", "usnvme-driver", "--example", "null_bench"])
             .args(["-p", "usnvme-engine", "--example", "engine_bench"])
             .current_dir(&root),

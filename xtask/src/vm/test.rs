@@ -56,6 +56,7 @@ pub fn run(args: VmTestArgs) -> Result<()> {
                 "usnvme-tests",
                 "--bins",
             ])
+            .args(crate::FEATURES)
             .current_dir(&root),
         "fix the build errors above",
     )?;
@@ -148,6 +149,7 @@ fn guest_suites(filter: Option<&str>) -> Result<()> {
         Command::new("cargo")
             .args(["test", "--no-run", "--message-format=json"])
             .args(SUITE_PACKAGES.iter().flat_map(|p| ["-p", p]))
+            .args(crate::FEATURES)
             .current_dir(&root),
         "fix the build errors (run `cargo test -p usnvme-tests --no-run` to see them)",
     )?;

@@ -822,12 +822,7 @@ impl IoQueue {
         if self.phase == Phase::AwaitConnect && index == CONNECT_SLOT {
             let status = cqe.status();
             if !status.is_success() {
-                self.setup_error = Some(format!(
-                    "the Fabrics Connect failed: {} (SCT {:#x}, SC {:#x})",
-                    status.name(),
-                    status.sct(),
-                    status.sc()
-                ));
+                // (the caller names a refused Connect by its status: unknown NQN, host)
                 self.end(Failure::Status(status));
                 return;
             }

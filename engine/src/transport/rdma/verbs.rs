@@ -194,10 +194,8 @@ impl EventChannel {
             responder_resources: conn.responder_resources,
         };
         // SAFETY: acknowledges the event got above, once; nothing of it is used after.
-        check(
-            unsafe { sys::rdma_ack_cm_event(ev.as_ptr()) },
-            "rdma_ack_cm_event",
-        )?;
+        let rc = unsafe { sys::rdma_ack_cm_event(ev.as_ptr()) };
+        check(rc, "rdma_ack_cm_event")?;
         Ok(Some(event))
     }
 }
@@ -303,10 +301,8 @@ impl CmId {
     /// Starts resolving the route (event: RouteResolved).
     pub fn resolve_route(&self, timeout_ms: i32) -> io::Result<()> {
         // SAFETY: the ID is alive and its address resolved.
-        check(
-            unsafe { sys::rdma_resolve_route(self.ptr.as_ptr(), timeout_ms) },
-            "rdma_resolve_route",
-        )
+        let rc = unsafe { sys::rdma_resolve_route(self.ptr.as_ptr(), timeout_ms) };
+        check(rc, "rdma_resolve_route")
     }
 
     /// Binds a listener to `addr`.
@@ -324,10 +320,8 @@ impl CmId {
 
     pub fn listen(&self, backlog: i32) -> io::Result<()> {
         // SAFETY: the ID is alive and bound.
-        check(
-            unsafe { sys::rdma_listen(self.ptr.as_ptr(), backlog) },
-            "rdma_listen",
-        )
+        let rc = unsafe { sys::rdma_listen(self.ptr.as_ptr(), backlog) };
+        check(rc, "rdma_listen")
     }
 
     /// The device the ID resolved or was bound to (null before).
@@ -430,20 +424,16 @@ impl CmId {
     pub fn connect(&self, private: &[u8], depth: u8) -> io::Result<()> {
         let mut param = CmId::conn_param(private, depth);
         // SAFETY: the ID is alive with its QP; `param` and `private` outlive the call.
-        check(
-            unsafe { sys::rdma_connect(self.ptr.as_ptr(), &mut param) },
-            "rdma_connect",
-        )
+        let rc = unsafe { sys::rdma_connect(self.ptr.as_ptr(), &mut param) };
+        check(rc, "rdma_connect")
     }
 
     /// Accepts a connect request with `private` data.
     pub fn accept(&self, private: &[u8], depth: u8) -> io::Result<()> {
         let mut param = CmId::conn_param(private, depth);
         // SAFETY: as for connect.
-        check(
-            unsafe { sys::rdma_accept(self.ptr.as_ptr(), &mut param) },
-            "rdma_accept",
-        )
+        let rc = unsafe { sys::rdma_accept(self.ptr.as_ptr(), &mut param) };
+        check(rc, "rdma_accept")
     }
 
     /// Rejects a connect request with `private` data.

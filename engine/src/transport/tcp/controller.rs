@@ -26,6 +26,7 @@ use usnvme_driver::spec::{
 use usnvme_driver::Namespace;
 
 use super::link::AnaState;
+use crate::fabric::address::Transport;
 use crate::fabric::discovery::{parse_discovery_log, DiscoveryLog, DISCOVERY_RECORD};
 use crate::fabric::pdu::Digests;
 use crate::transport::tcp::initiator::{CommandQueue, HostError, HostOptions, Payload};
@@ -138,6 +139,7 @@ pub struct RemoteController {
     vs: Vs,
     cc: Cc,
     digests: Digests,
+    transport: Transport,
     /// How long the shutdown may take.
     timeout: Duration,
     /// How long one admin command may take.
@@ -165,6 +167,7 @@ impl RemoteController {
             vs,
             cc: Cc::new(),
             digests: opts.digests,
+            transport: opts.transport,
             timeout: opts.timeout,
             command_timeout: opts.timeout,
             // nothing to shut down until enabled
@@ -193,6 +196,11 @@ impl RemoteController {
             self.shut_down = false;
         }
         result.map(|_| ())
+    }
+
+    /// The fabric it is reached over.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     pub fn addr(&self) -> SocketAddr {
