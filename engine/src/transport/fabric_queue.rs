@@ -44,7 +44,7 @@ fn no_rdma() -> HostError {
     HostError::Rdma(
         "this usnvme was built without NVMe/RDMA: install rdma-core's development files \
          (Debian: apt-get install libibverbs-dev librdmacm-dev libclang-dev pkg-config) and \
-         build with `cargo build --release --features rdma`"
+         build with `cargo build --release --features usnvme-tools/rdma`"
             .to_owned(),
     )
 }
