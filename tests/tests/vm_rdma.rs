@@ -389,3 +389,123 @@ fn usnvme_perf_verifies_over_rdma_through_the_kernels_nvmet_rdma_target() {
     assert!(stderr.contains("rejected"), "{stderr}");
     drop(nvmet);
 }
+
+const RECONNECT_NQN: &str = "nqn.2024-01.io.usnvme:vm-rdma-reconnect";
+const RECONNECT_PORT_ID: u32 = 43;
+const RECONNECT_TRSVCID: u16 = 4422;
+
+/// `usnvme perf` over RDMA on the reconnect test's namespace: `workload` over its first 4 MiB,
+/// each 4 KiB block once, verified with one seed, reconnecting after 1 s for up to 60 s.
+fn reconnecting_perf(
+    bed: &usnvme_tests::VmBed,
+    target: &str,
+    workload: &str,
+    json: &Path,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = Command::new(&bed.usnvme);
+    cmd.args(["perf", "-r", target, "-c", "1", "-w", workload])
+        .args(["--verify", "--seed", "22", "-o", "4k", "-q", "8"])
+        .args(["--size", "4M", "--io-count", "1024"])
+        .args(["--reconnect-delay", "1", "--ctrl-loss-tmo", "60", "--json"])
+        .arg(json)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn usnvme_perf_over_rdma_runs_on_when_its_target_drops_the_port_and_brings_it_back() {
+    use std::io::BufRead;
+
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let nvmet = or_kernel_log("nvmet-rdma port", || {
+        NvmetRdma::on_file(
+            RECONNECT_NQN,
+            NAMESPACE_BYTES,
+            RECONNECT_PORT_ID,
+            address,
+            RECONNECT_TRSVCID,
+        )
+    });
+    let target = format!("rdma://{address}:{RECONNECT_TRSVCID}/{RECONNECT_NQN}");
+    let json = std::env::temp_dir().join("perf-rdma-reconnect.json");
+    // the write pass, slowed to ~10 s (100 IOPS) so the port can go in the middle of it
+    let mut perf = reconnecting_perf(&bed, &target, "write", &json, &["--rate", "100"])
+        .spawn()
+        .expect("usnvme perf runs");
+    // perf's log, line by line, as it comes: the test acts on what it says
+    let stderr = perf.stderr.take().expect("piped");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let mut wait_for = |what: &str, log: &mut Vec<String>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(what);
+                    log.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "perf never said {what:?}: {log:#?}\n{}",
+                    usnvme_tests::rdma::kernel_log()
+                ),
+            }
+        }
+    };
+    // I/O flows: packets through rxe beyond the connection's set-up
+    let start = counter("rcvd_pkts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter("rcvd_pkts") < start + 400 {
+        assert!(
+            Instant::now() < deadline,
+            "no I/O through {RDMA_DEVICE} in 60 s"
+        );
+        std::thread::yield_now();
+    }
+    // the port goes: nvmet deletes the controllers on it; perf sees its connections end
+    let link = nvmet.port.join("subsystems").join(RECONNECT_NQN);
+    std::fs::remove_file(&link).unwrap_or_else(|e| panic!("rm {}: {e}", link.display()));
+    wait_for("connection lost", &mut log);
+    // and comes back
+    std::os::unix::fs::symlink(&nvmet.subsystem, &link)
+        .unwrap_or_else(|e| panic!("ln -s {}: {e}", link.display()));
+    let out = perf.wait_with_output().expect("perf ends");
+    reader.join().expect("the reader");
+    log.extend(lines.try_iter());
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), log.join("\n"));
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    let total = &doc["total"];
+    assert_eq!(total["failed_ios"], 0, "{text}");
+    assert_eq!(total["reconnects"], 1, "{text}");
+    assert_eq!(total_ios(&doc, "write"), 1024, "{text}");
+
+    // every block reads back as written: none lost in the reconnect, none misplaced
+    let out = reconnecting_perf(&bed, &target, "read", &json, &[])
+        .output()
+        .expect("usnvme perf runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    assert_eq!(doc["verified_blocks"], 1024, "{text}");
+    drop(nvmet);
+}
