@@ -255,6 +255,10 @@ fn usnvme_perf_verifies_over_rdma_through_the_kernels_nvmet_rdma_target() {
     assert!(identify.contains("16384 blocks of 4096 B"), "{identify}");
     assert!(identify.contains("NVMe/RDMA to"), "{identify}");
 
+    // health over RDMA: the controller's SMART log
+    let health = usnvme_ok(&bed, &["health", &target]);
+    assert!(health.contains(&target), "{health}");
+
     // discover over RDMA lists what nvme-cli's discover lists, field by field
     let ours = usnvme_ok(
         &bed,
@@ -449,7 +453,7 @@ fn usnvme_perf_over_rdma_runs_on_when_its_target_drops_the_port_and_brings_it_ba
         }
     });
     let mut log = Vec::new();
-    let mut wait_for = |what: &str, log: &mut Vec<String>| {
+    let wait_for = |what: &str, log: &mut Vec<String>| {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -508,4 +512,33 @@ fn usnvme_perf_over_rdma_runs_on_when_its_target_drops_the_port_and_brings_it_ba
         serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
     assert_eq!(doc["verified_blocks"], 1024, "{text}");
     drop(nvmet);
+}
+
+const FIO_NQN: &str = "nqn.2024-01.io.usnvme:vm-rdma-fio";
+const FIO_PORT_ID: u32 = 44;
+const FIO_TRSVCID: u16 = 4423;
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn fio_job_files_run_through_the_engine_over_rdma_on_the_kernels_target() {
+    let address = rdma_address();
+    let _nvmet = or_kernel_log("nvmet-rdma port", || {
+        NvmetRdma::on_file(FIO_NQN, NAMESPACE_BYTES, FIO_PORT_ID, address, FIO_TRSVCID)
+    });
+    // the engine's file names in both forms (fio splits at unescaped ':')
+    let nqn = FIO_NQN.replace(':', "\\:");
+    let short = format!("rdma\\://{address}\\:{FIO_TRSVCID}/{nqn}");
+    let spdk =
+        format!("trtype=RDMA adrfam=IPv4 traddr={address} trsvcid={FIO_TRSVCID} subnqn={nqn}");
+    for (name, file) in [("short", short), ("spdk", spdk)] {
+        let job = format!(
+            "[global]\nioengine=external:{}\nthread=1\nbs=4k\noffset=0\n",
+            usnvme_tests::fio::engine().display()
+        ) + &usnvme_tests::fio::three_jobs(&file, "4m");
+        let dir = std::env::temp_dir().join(format!("fio-rdma-{name}"));
+        let run = or_kernel_log("fio through the engine over RDMA", || {
+            usnvme_tests::fio::run(&dir, name, &job, &[])
+        });
+        usnvme_tests::fio::assert_three_jobs(&run, 4 << 20);
+    }
 }

@@ -499,7 +499,7 @@ fn bad_addresses_are_usage_errors_with_an_example() {
         ),
         (&["health", "tcp://[::1:4420/nqn.a:b"], "needs its ']'"),
         (&["discover", "tcp://host.example"], "not an IP address"),
-        (&["discover", "trtype:RDMA traddr:1.2.3.4"], "only TCP"),
+        (&["discover", "trtype:FC traddr:1.2.3.4"], "TCP or RDMA"),
         (
             &["identify", "--hostnqn", "me", "sim:0"],
             "does not start with \"nqn.\"",

@@ -90,7 +90,7 @@ impl FabricQueueSetup {
         }
     }
 
-    /// Waits for the set-up to finish (its own deadline).
+    /// Sleeps until the set-up may move on (at most until its deadline).
     pub fn wait(&mut self) -> Result<(), HostError> {
         match self {
             FabricQueueSetup::Tcp(s) => s.wait(),
@@ -117,7 +117,9 @@ impl FabricQueue {
         buffers: Buffers,
     ) -> Result<FabricQueue, HostError> {
         let mut setup = FabricQueueSetup::start(addr, params, host, buffers)?;
-        setup.wait()?;
+        while !setup.step()? {
+            setup.wait()?;
+        }
         Ok(setup.into_queue())
     }
 

@@ -3,9 +3,10 @@
 //!
 //! - a local drive: `0000.01.00.0` (dots for the colons), `0000\:01\:00.0`, or `sim\:0` (a
 //!   software controller, for tests);
-//! - a remote NVMe/TCP subsystem: `tcp\://127.0.0.1\:4420/NQN`;
+//! - a remote NVMe/TCP or NVMe/RDMA subsystem: `tcp\://127.0.0.1\:4420/NQN`,
+//!   `rdma\://192.0.2.1\:4420/NQN`;
 //! - SPDK's plugin's transport IDs: `trtype=PCIe traddr=0000.01.00.0`,
-//!   `trtype=TCP adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=NQN`;
+//!   `trtype=TCP adrfam=IPv4 traddr=127.0.0.1 trsvcid=4420 subnqn=NQN` (or `trtype=RDMA`);
 //!
 //! each optionally followed by ` ns=N` (the namespace; without it, a controller must have one).
 
@@ -14,7 +15,8 @@ use std::str::FromStr;
 use usnvme_engine::transport::DeviceName;
 
 /// Shown with every error: what a file name may be.
-const FORMS: &str = "file names: 0000.01.00.0, tcp\\://ADDR\\:PORT/NQN or an SPDK transport ID \
+const FORMS: &str =
+    "file names: 0000.01.00.0, tcp\\://ADDR\\:PORT/NQN (or rdma\\://…) or an SPDK transport ID \
      ('trtype=PCIe traddr=0000.01.00.0'), then ' ns=N' for a namespace";
 
 /// One fio file: a namespace of a controller (the only one, when `nsid` is not given).
@@ -125,11 +127,11 @@ fn transport_id(words: &[&str]) -> Result<DeviceName, String> {
             let addr = traddr.ok_or("trtype=PCIe needs traddr=DDDD.BB.DD.F")?;
             controller(addr)
         }
-        Some("tcp") => pairs.join(" ").parse(),
+        Some("tcp" | "rdma") => pairs.join(" ").parse(),
         Some(other) => Err(format!(
-            "transport {other:?} is not supported (PCIe and TCP are)"
+            "transport {other:?} is not supported (PCIe, TCP and RDMA are)"
         )),
-        None => Err("a transport ID needs trtype=PCIe or trtype=TCP".into()),
+        None => Err("a transport ID needs trtype=PCIe, trtype=TCP or trtype=RDMA".into()),
     }
 }
 
@@ -177,6 +179,17 @@ mod tests {
         };
         assert_eq!(addr.subnqn.as_deref(), Some(nqn));
         assert_eq!((a.nsid, b.nsid), (None, Some(1)));
+        let rdma = format!("rdma://192.0.2.1:4420/{nqn}")
+            .parse::<FileName>()
+            .expect("rdma short form");
+        let rdma_spdk = format!("trtype=RDMA adrfam=IPv4 traddr=192.0.2.1 subnqn={nqn}")
+            .parse::<FileName>()
+            .expect("rdma transport ID");
+        assert_eq!(rdma.controller, rdma_spdk.controller);
+        assert_eq!(
+            rdma.controller.to_string(),
+            format!("rdma://192.0.2.1:4420/{nqn}")
+        );
     }
 
     #[test]
@@ -185,7 +198,7 @@ mod tests {
         // what fio leaves of an unescaped 0000:01:00.0
         assert!(err("0000").contains("fio split a name"), "{}", err("0000"));
         assert!(err("tcp://127.0.0.1:4420").contains("names no subsystem"));
-        assert!(err("trtype=RDMA traddr=1.2.3.4").contains("\"rdma\" is not supported"));
+        assert!(err("trtype=FC traddr=1.2.3.4").contains("\"fc\" is not supported"));
         assert!(err("trtype=PCIe").contains("needs traddr"));
         assert!(err("0000.01.00.0 ns=0").contains("not a namespace ID"));
         assert!(err("ns=1").contains("no controller named"));

@@ -135,6 +135,9 @@ pub struct IoQueue {
     /// The target's receive queue size (CRQSIZE), from its accept.
     crqsize: u16,
     waiter: Option<Epoll>,
+    /// Commands that finished while [`IoQueue::wait`] looked (after arming the completion
+    /// queue, before sleeping): handed over by the next poll. Sized at set-up.
+    early: Vec<Completion>,
 }
 
 fn own_layout(entries: usize) -> (u64, u64, u64, u64, usize) {
@@ -211,6 +214,7 @@ impl QueueSetup {
             rerouted: None,
             crqsize: 0,
             waiter: None,
+            early: Vec::with_capacity(entries),
             params,
         };
         Ok(QueueSetup {
@@ -245,13 +249,11 @@ impl QueueSetup {
         Ok(false)
     }
 
-    /// Waits for the set-up (on the CM's and the completion queue's descriptors).
+    /// Sleeps until the CM or the completion queue has news for [`QueueSetup::step`] (at
+    /// most until the deadline).
     pub fn wait(&mut self) -> Result<(), HostError> {
-        while !self.step()? {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            self.queue.wait(left.min(Duration::from_millis(100)))?;
-        }
-        Ok(())
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        self.queue.wait(left)
     }
 
     pub fn into_queue(self) -> IoQueue {
@@ -268,7 +270,9 @@ impl IoQueue {
         buffers: Buffers,
     ) -> Result<IoQueue, HostError> {
         let mut setup = QueueSetup::start(addr, params, host, buffers)?;
-        setup.wait()?;
+        while !setup.step()? {
+            setup.wait()?;
+        }
         Ok(setup.into_queue())
     }
 
@@ -692,6 +696,9 @@ impl IoQueue {
             count += 1;
             on_done(c);
         };
+        for c in self.early.drain(..) {
+            handler(c);
+        }
         if self.phase == Phase::Ready {
             // a disconnect shows here too (as flushed work requests), so the CM is read only
             // when the queue is idle or ended
@@ -961,14 +968,24 @@ impl IoQueue {
                 .map_err(std::io::Error::from)?;
             self.waiter = Some(epoll);
         }
-        let Some(epoll) = &self.waiter else {
-            return Ok(());
-        };
-        if let Some(cq) = self.cq.as_mut() {
+        if let (Some(cq), Some(epoll)) = (self.cq.as_mut(), self.waiter.as_ref()) {
             cq.arm().map_err(rdma_error)?;
             // (adding it again only fails with EEXIST)
             let _ = epoll.add(cq.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1));
         }
+        // what completed before the arm raises no event: take it now, sleep only if nothing
+        // moved (its completions go out with the next poll)
+        let phase = self.phase;
+        let mut early = std::mem::take(&mut self.early);
+        self.poll_completions(&mut |c| early.push(c));
+        let moved = !early.is_empty() || self.phase != phase || self.ended.is_some();
+        self.early = early;
+        if moved {
+            return Ok(());
+        }
+        let Some(epoll) = &self.waiter else {
+            return Ok(());
+        };
         let ms = timeout.as_micros().div_ceil(1000);
         let t = EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX);
         match epoll.wait(&mut [EpollEvent::empty()], t) {
