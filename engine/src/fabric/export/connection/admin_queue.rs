@@ -10,6 +10,7 @@ use usnvme_driver::spec::{SmartLog, Sqe, Status};
 use super::super::admin;
 use super::super::registry::Controller;
 use super::super::{Listener, Subsystems};
+use super::rdma::{Keyed, RdmaOp};
 use super::{Backend, Connection, Role};
 use crate::fabric::pdu::FatalError;
 
@@ -149,6 +150,17 @@ impl Connection {
     fn answer_admin(&mut self, cid: u16, sqe: &Sqe, result: Result<(u32, usize), Status>) {
         match result {
             Ok((dw0, 0)) => self.respond(cid, dw0, Status::SUCCESS),
+            Ok((dw0, len)) if self.is_rdma() => {
+                // RDMA WRITE of a copy to the host's keyed buffer (as much as fits there)
+                let remote = Keyed::of(&sqe.sgl()).filter(|k| k.length > 0);
+                let Some(remote) = remote else {
+                    self.respond(cid, 0, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                    return;
+                };
+                let data = self.admin_data[..len.min(remote.length as usize)].to_vec();
+                self.push_rdma(RdmaOp::AdminData { data, remote });
+                self.respond(cid, dw0, Status::SUCCESS);
+            }
             Ok((dw0, len)) => {
                 // The data goes in one C2HData PDU, to the buffer the host's SGL describes (a
                 // transport data block): as much of it as fits there. A host that describes

@@ -4,10 +4,11 @@
 //! room in its device's queue when it comes waits in the backend's queue, in arrival order
 //! (see [`super::super::waiting`]), its in-capsule data kept in the connection's holding area.
 
-use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_TRANSPORT};
+use usnvme_driver::spec::fabrics::{SGL_IN_CAPSULE, SGL_KEYED, SGL_TRANSPORT};
 use usnvme_driver::spec::{IoOpcode, Sqe, Status};
 
 use super::super::registry::AnaState;
+use super::rdma::{Keyed, RdmaOp};
 use super::{Backend, Connection, Refused, Request, Role, Slot};
 use crate::block::Op;
 use crate::fabric::pdu::{flags, DataHeader, FatalError, OutHeader};
@@ -38,6 +39,9 @@ impl Connection {
             return Ok(());
         }
         self.occupy(token, cid, device, op, offset, len);
+        if let Some(remote) = Keyed::of(&sqe.sgl()) {
+            self.slots[token as usize].remote = remote;
+        }
         if op == Op::Write && !data.is_empty() {
             // In-capsule data normally goes straight into a buffer (see `transfer`); it is
             // here when none could be had then: kept aside until one can.
@@ -131,6 +135,8 @@ impl Connection {
             }
             let expected_sgl = if in_capsule > 0 {
                 SGL_IN_CAPSULE
+            } else if self.is_rdma() {
+                SGL_KEYED
             } else {
                 SGL_TRANSPORT
             };
@@ -377,6 +383,15 @@ impl Connection {
     /// MAXH2CDATA at most).
     fn send_r2t(&mut self, token: u16) {
         let s = self.slots[token as usize];
+        // over RDMA, the target reads it from the host's buffer
+        let read = RdmaOp::Read {
+            token,
+            len: s.len,
+            remote: s.remote,
+        };
+        if self.push_rdma(read) {
+            return;
+        }
         let r2t = DataHeader {
             cccid: s.cid,
             ttag: token,
@@ -454,8 +469,15 @@ impl Connection {
         if status.is_success() && slot.op == Some(Op::Read) && self.closed.is_none() {
             // the data goes from the buffer, which is released once it is sent; without SQ
             // flow control its C2HData ends the command (SUCCESS), no response capsule
-            let success = !self.sq_flow;
-            self.send_read_data(token, slot.cid, slot.len as usize, success, backend);
+            let success = !self.sq_flow && !self.is_rdma();
+            let write = RdmaOp::Write {
+                token,
+                len: slot.len,
+                remote: slot.remote,
+            };
+            if !self.push_rdma(write) {
+                self.send_read_data(token, slot.cid, slot.len as usize, success, backend);
+            }
             self.slots[token as usize].sending = true;
             if !success {
                 self.respond(slot.cid, 0, status);

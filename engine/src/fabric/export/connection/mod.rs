@@ -31,6 +31,7 @@
 mod admin_queue;
 mod fabrics;
 mod io_queue;
+pub mod rdma;
 mod receive;
 mod shutdown;
 mod transmit;
@@ -196,6 +197,8 @@ struct Slot {
     failed: Option<Status>,
     /// The Flushes of a shutdown (CC.SHN), not a command of the host's.
     shutdown_flush: bool,
+    /// Over NVMe/RDMA: the host's buffer of its data (a Keyed SGL).
+    remote: rdma::Keyed,
 }
 
 /// An I/O queue's in-capsule data (write data, Dataset Management ranges) of commands that wait
@@ -277,6 +280,8 @@ pub struct Connection {
     progress: Option<(u64, Instant)>,
     /// When `tick` first saw the connection.
     opened: Option<Instant>,
+    /// Over NVMe/RDMA: what it asks of its queue pair (see [`rdma`]); None over TCP.
+    rdma: Option<rdma::RdmaLink>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -335,6 +340,7 @@ impl Connection {
             peer,
             progress: None,
             opened: None,
+            rdma: None,
         }
     }
 
@@ -386,7 +392,11 @@ impl Connection {
     /// Why the connection is over, once it is and everything queued was sent and every
     /// command drained: the caller then closes the socket and drops the connection.
     pub fn finished(&self) -> Option<&str> {
-        let drained = self.in_flight_submitted() == 0 && self.tx.is_empty();
+        // (over RDMA, a read's buffer is free once its WRITE is over, which may come after)
+        let drained = match self.rdma {
+            Some(_) => self.in_flight == 0,
+            None => self.in_flight_submitted() == 0 && self.tx.is_empty(),
+        };
         match &self.closed {
             Some(why) if drained => Some(why),
             _ => None,

@@ -334,8 +334,9 @@ fn check_flags(sqe: &Sqe) -> Result<(), Status> {
     Ok(())
 }
 
-/// A command capsule's opcode, SGL identifier and SGL length.
+/// A command capsule's opcode, SGL identifier and SGL length (a Keyed SGL's 3-byte one).
 fn capsule_fields(sqe: &Sqe) -> (u8, u8, u32) {
     let sgl = sqe.sgl();
-    (sqe.opcode(), sgl.identifier, sgl.length)
+    let length = sgl.keyed_parts().map_or(sgl.length, |(len, _)| len);
+    (sqe.opcode(), sgl.identifier, length)
 }

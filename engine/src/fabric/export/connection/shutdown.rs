@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use usnvme_driver::spec::Status;
 
+use super::rdma::RdmaOp;
 use super::transmit::Sending;
 use super::{Backend, Connection, Phase, Role, Slot};
 use crate::block::Op;
@@ -155,6 +156,8 @@ impl Connection {
         }
         self.phase = Phase::Closing;
         self.closed = Some(why);
+        // over RDMA the queue pair disconnects (its work requests then flush)
+        self.push_rdma(RdmaOp::Disconnect);
         if let Role::Admin { controller, .. } = &self.role {
             controller.go_away();
         }
@@ -186,9 +189,12 @@ impl Connection {
             error.fes(),
             error.fei()
         );
-        let bad = pdu::offending(self.rx.pending());
-        let term = pdu::TermReq::new(PduType::C2HTermReq, &error, bad);
-        self.tx.push(term.as_slice());
+        // (over RDMA there is no TermReq: the close below disconnects)
+        if !self.is_rdma() {
+            let bad = pdu::offending(self.rx.pending());
+            let term = pdu::TermReq::new(PduType::C2HTermReq, &error, bad);
+            self.tx.push(term.as_slice());
+        }
         self.rx.reset();
         self.close(format!("protocol error: {error}"), backend);
     }

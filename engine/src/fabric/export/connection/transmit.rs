@@ -8,6 +8,7 @@ use usnvme_driver::spec::fabrics::{PropertyCommand, PropertySize};
 use usnvme_driver::spec::{Cqe, Status};
 use vm_memory::VolatileSlice;
 
+use super::rdma::RdmaOp;
 use super::{Backend, Connection, Role, Slot};
 use crate::fabric::framing::socket::WriteWire;
 use crate::fabric::framing::Buffers;
@@ -42,16 +43,21 @@ impl Connection {
             _ => 0,
         };
         let cqe = Cqe::new(dw0, self.sq_head(), sqid, cid, status, false);
-        self.tx
-            .push(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
+        self.send_cqe(cqe);
+    }
+
+    fn send_cqe(&mut self, cqe: Cqe) {
+        if !self.push_rdma(RdmaOp::Respond(cqe)) {
+            self.tx
+                .push(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
+        }
     }
 
     /// A successful Property Get's response (on the admin queue, SQID 0), carrying `value`.
     pub(super) fn respond_property(&mut self, cid: u16, size: PropertySize, value: u64) {
         let mut cqe = Cqe::new(0, self.sq_head(), 0, cid, Status::SUCCESS, false);
         PropertyCommand::put_value(&mut cqe, size, value);
-        self.tx
-            .push(OutHeader::capsule_resp(&cqe, self.digests).as_slice());
+        self.send_cqe(cqe);
     }
 
     /// The SQ head a response reports: the commands taken so far, around the queue (reserved,

@@ -14,6 +14,7 @@ use crate::fabric::pdu::{
 
 mod commands;
 mod ending;
+mod rdma;
 mod stream;
 mod waiting;
 
