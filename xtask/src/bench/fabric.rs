@@ -24,7 +24,7 @@ const FIO: &str = "/usr/bin/fio";
 /// The host NQN the kernel initiator connects with (both targets admit any host).
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-62656e636866";
 /// The guest CPU the initiator (fio) runs on, and the one `usnvme serve`'s reactor gets.
-const INITIATOR_CPU: u32 = 0;
+pub(crate) const INITIATOR_CPU: u32 = 0;
 const TARGET_CPU: u32 = 1;
 /// `usnvme serve -c 1`: one reactor, which polls its core whole.
 const SERVE_REACTORS: u32 = 1;
@@ -98,7 +98,7 @@ impl Initiator {
         all
     }
 
-    fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Initiator::KernelFio => "kfio",
             Initiator::UsnvmePerf => "perf",
@@ -154,7 +154,7 @@ impl Initiator {
     /// `{stem}.after`. Everyone runs 4 KiB random reads, one second of ramp-up, QD per
     /// namespace.
     /// A run that does not finish within `limit` seconds is stopped like Ctrl-C.
-    fn command(self, case: &Case, seconds: u32, stem: &str, limit: u32) -> String {
+    pub(crate) fn command(self, case: &Case, seconds: u32, stem: &str, limit: u32) -> String {
         let (port, nqn) = (case.target.port(), case.target.nqn());
         // the polled initiators' window holds their connection and exit too (under a second)
         let between = |run: String| {
@@ -303,7 +303,7 @@ SNAP
 grep -c ^processor /proc/cpuinfo | sed 's/^/guest CPUs: /'
 "#;
 
-fn prelude(usnvme: &str, spdk: &str, out: &str) -> String {
+pub(crate) fn prelude(usnvme: &str, spdk: &str, out: &str) -> String {
     PRELUDE
         .replace("@NVME@", NVME)
         .replace("@FIO@", FIO)
@@ -434,7 +434,7 @@ fn script(cases: &[Case], usnvme: &str, spdk: &str, out: &str, seconds: u32) -> 
 
 /// One /proc/stat (and block counter) snapshot.
 #[derive(Debug, Clone, PartialEq)]
-struct Snapshot {
+pub(crate) struct Snapshot {
     uptime: f64,
     hz: f64,
     ios: u64,
@@ -444,7 +444,7 @@ struct Snapshot {
     serve: Option<(f64, f64)>,
 }
 
-fn parse_snapshot(text: &str) -> Option<Snapshot> {
+pub(crate) fn parse_snapshot(text: &str) -> Option<Snapshot> {
     let mut snap = Snapshot {
         uptime: f64::NAN,
         hz: 100.0,
@@ -497,7 +497,7 @@ pub struct Window {
     pub serve_busy_cores: Option<f64>,
 }
 
-fn window(before: &Snapshot, after: &Snapshot) -> Option<Window> {
+pub(crate) fn window(before: &Snapshot, after: &Snapshot) -> Option<Window> {
     let wall_s = after.uptime - before.uptime;
     if wall_s <= 0.0 || after.cpus.len() != before.cpus.len() {
         return None;
@@ -549,7 +549,7 @@ pub struct Figures {
     pub cpu_cores: Option<f64>,
 }
 
-fn parse_fio(json: &str) -> Option<Figures> {
+pub(crate) fn parse_fio(json: &str) -> Option<Figures> {
     // fio may print warnings before its JSON
     let doc: serde_json::Value = serde_json::from_str(&json[json.find('{')?..]).ok()?;
     let jobs = doc["jobs"].as_array()?;
@@ -576,7 +576,7 @@ fn parse_fio(json: &str) -> Option<Figures> {
 
 /// usnvme perf's JSON: fio's fields, and the CPU time of its reactors (the total's `usr_cpu` +
 /// `sys_cpu`, in % of one core).
-fn parse_perf(json: &str) -> Option<Figures> {
+pub(crate) fn parse_perf(json: &str) -> Option<Figures> {
     let doc: serde_json::Value = serde_json::from_str(json).ok()?;
     let total = &doc["total"];
     let cpu = total["usr_cpu"].as_f64()? + total["sys_cpu"].as_f64()?;

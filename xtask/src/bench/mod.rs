@@ -9,6 +9,7 @@ mod fabric;
 mod fio;
 mod host;
 mod native;
+mod rdma;
 mod scale;
 mod spdk;
 mod vm;
@@ -35,7 +36,9 @@ pub struct BenchArgs {
     /// SPDK; needs --spdk), fio (fio with usnvme's engine against usnvme perf) or
     /// fabric-native (NVMe/TCP on this machine's cores: serve against SPDK's nvmf_tgt, perf
     /// against spdk_nvme_perf; needs --spdk-target and --spdk-perf) or scale (one process on
-    /// 1, 2, 4, … cores against separate processes; serve on 1, 2, 4, 8 reactors).
+    /// 1, 2, 4, … cores against separate processes; serve on 1, 2, 4, 8 reactors) or
+    /// fabric-rdma (usnvme perf against the kernel's nvme-rdma host in front of nvmet-rdma, on
+    /// soft-RoCE: functional figures).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -44,7 +47,7 @@ pub struct BenchArgs {
     /// Seconds per VM run of the side by side with the kernel.
     #[arg(long, default_value_t = 4)]
     seconds: u32,
-    /// Seconds per run of the fabric section (default 10; 3 with --quick).
+    /// Seconds per run of the fabric sections (default 10, fabric-rdma 5; 3 with --quick).
     #[arg(long, value_name = "S")]
     fabric_seconds: Option<u32>,
     /// A `spdk_nvme_perf` binary: run issue 13's workloads with it and with usnvme perf in one
@@ -88,6 +91,7 @@ enum Section {
     Fio,
     FabricNative,
     Scale,
+    FabricRdma,
 }
 
 /// One host benchmark: what ran and what it measured.
@@ -136,6 +140,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let run_spdk = !args.no_vm && only(Section::Spdk) && spdk_binary.is_some();
     let run_fabric = !args.no_vm && only(Section::Fabric);
+    let run_rdma = !args.no_vm && only(Section::FabricRdma);
     let run_fio = !args.no_vm && only(Section::Fio);
     let run_scale = only(Section::Scale);
     let native_spdk = match (&args.spdk_target, &args.spdk_perf) {
@@ -196,6 +201,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
+    let rdma = if run_rdma {
+        println!(
+            "bench: fabric over RDMA (one boot: usnvme perf and the kernel's nvme-rdma host with \
+             fio against nvmet-rdma, on soft-RoCE)"
+        );
+        let seconds = args
+            .fabric_seconds
+            .unwrap_or(if args.quick { 3 } else { 5 });
+        Some(rdma::same_boot(&usnvme, args.quick, seconds)?)
+    } else {
+        None
+    };
     let spdk = match (&spdk_binary, run_spdk) {
         (Some(binary), true) => {
             println!("bench: same boot as SPDK ({})", binary.display());
@@ -247,6 +264,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         host,
         vm,
         fabric,
+        rdma,
         spdk,
         fio,
         native,
@@ -265,6 +283,7 @@ struct Results {
     host: Option<HostResults>,
     vm: Option<VmResults>,
     fabric: Option<FabricResults>,
+    rdma: Option<rdma::RdmaResults>,
     spdk: Option<SpdkResults>,
     fio: Option<fio::FioResults>,
     native: Option<native::NativeResults>,
@@ -727,6 +746,7 @@ fn report(r: &Results, args: &BenchArgs, p: &Provenance, out: &Path) -> Result<S
         None => writeln!(m, "\n## {VM}\n\nNot run ({why_not_vm}).")?,
     }
     fabric::section(m, r.fabric.as_ref(), why_not_vm, &companions, h)?;
+    rdma::section(m, r.rdma.as_ref(), why_not_vm, &companions, h, p)?;
     if r.spdk.is_none() && args.spdk.is_some() {
         writeln!(m, "\n## {}\n\nNot run ({why_not_vm}).", spdk::HEADING)?;
     } else {
@@ -754,8 +774,8 @@ fn report(r: &Results, args: &BenchArgs, p: &Provenance, out: &Path) -> Result<S
         report,
         "Written by `cargo xtask bench{flags}` on {}.\n\n- Machine: {}\n- Commit: {}\n- \
          Programs: `driver/examples/null_bench.rs`, `engine/examples/engine_bench.rs` and \
-         `usnvme perf` (release build) on `sim`; `usnvme perf`, fio, `usnvme serve`, nvmet-tcp and \
-         `spdk_nvme_perf` in the VM test bed.\n",
+         `usnvme perf` (release build) on `sim`; `usnvme perf`, fio, `usnvme serve`, nvmet-tcp, \
+         nvmet-rdma and `spdk_nvme_perf` in the VM test bed.\n",
         p.date, p.machine, p.commit,
     )?;
     headlines.render(&mut report, p)?;
@@ -1230,6 +1250,7 @@ mod tests {
             host: None,
             vm: Some(vm),
             fabric: None,
+            rdma: None,
             spdk: None,
             fio: None,
             native: None,
