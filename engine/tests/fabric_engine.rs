@@ -323,6 +323,7 @@ fn serve_sim() -> SimTarget {
         listeners: vec![Listener {
             address: addr,
             port_id: 1,
+            transport: usnvme_engine::fabric::address::Transport::Tcp,
         }],
         serial: "sim".into(),
         model: "usnvme".into(),

@@ -11,6 +11,13 @@ pub const RECFMT: u16 = 0;
 /// An admin queue's entries at most (the Linux target's limit, NVME_AQ_DEPTH).
 pub const ADMIN_QUEUE_MAX: u16 = 32;
 
+/// A discovery log entry's RDMA transport specific address subtype (TSAS bytes 0..3): queue
+/// pair type (reliable connected), provider type (none named), connection management (the
+/// RDMA CM).
+pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
+pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;
+pub const RDMA_CMS_RDMA_CM: u8 = 1;
+
 /// A host's RDMA_CM_REQUEST private data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmRequest {

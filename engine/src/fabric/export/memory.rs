@@ -211,6 +211,7 @@ pub fn test_subsystem(namespaces: u32) -> SubsystemInfo {
         listeners: vec![Listener {
             address: ([127, 0, 0, 1], 4420).into(),
             port_id: 1,
+            transport: crate::fabric::address::Transport::Tcp,
         }],
         in_capsule_bytes: 8192,
         max_transfer: 128 << 10,

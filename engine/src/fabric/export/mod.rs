@@ -168,6 +168,8 @@ pub struct Listener {
     pub address: std::net::SocketAddr,
     /// The port ID the discovery log reports (1, 2, ... in the order given).
     pub port_id: u16,
+    /// NVMe/TCP or NVMe/RDMA.
+    pub transport: crate::fabric::address::Transport,
 }
 
 /// The subsystem as every controller of it describes it.

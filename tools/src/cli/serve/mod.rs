@@ -26,6 +26,7 @@ use usnvme_driver::protection::PiChecks;
 use usnvme_driver::spec::fabrics::check_nqn;
 use usnvme_driver::spec::SmartLog;
 use usnvme_driver::{ControllerOptions, DeviceSpec, Opener};
+use usnvme_engine::fabric::address::Transport;
 use usnvme_engine::fabric::export::admin::aggregate_smart;
 use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::live::LiveTarget;
@@ -555,7 +556,14 @@ fn listen(address: SocketAddr, port_id: u16) -> Result<(TcpListener, Listener)> 
         .map_err(|e| usage(format!("listen on {address}: cannot listen there: {e}")))?;
     l.set_nonblocking(true)?;
     let address = l.local_addr()?;
-    Ok((l, Listener { address, port_id }))
+    Ok((
+        l,
+        Listener {
+            address,
+            port_id,
+            transport: Transport::Tcp,
+        },
+    ))
 }
 
 /// Warns of subsystems no host can reach, or any host can, beyond this machine.

@@ -4,13 +4,17 @@
 use usnvme_driver::spec::fabrics::{
     put_nqn, DiscoveryLogEntry, DiscoveryLogHeader, ADRFAM_IPV4, ADRFAM_IPV6, CNTLID_DYNAMIC,
     DISCOVERY_NQN, SUBTYPE_CURRENT_DISCOVERY, SUBTYPE_NVME, TREQ_SQ_FLOW_CONTROL_DISABLE,
-    TRTYPE_TCP,
+    TRTYPE_RDMA, TRTYPE_TCP,
 };
 use usnvme_driver::spec::log::LogPageId;
+use usnvme_driver::spec::rdma::{
+    RDMA_CMS_RDMA_CM, RDMA_PRTYPE_NOT_SPECIFIED, RDMA_QPTYPE_CONNECTED,
+};
 use usnvme_driver::spec::{put_ascii, ErrorLogEntry, FirmwareSlotLog, SmartLog, Sqe, Status};
 
 use super::super::{Listener, SubsystemInfo, ANA_GROUPS, DEFAULT_ANA_GROUP};
 use super::{AnaView, Asked, ERROR_LOG_ENTRIES, INVALID_FIELD, INVALID_LOG_PAGE, MAX_LOG_BYTES};
+use crate::fabric::address::Transport;
 use crate::fabric::export::registry::CHANGED_LIST_ENTRIES;
 
 // The discovery log (NVMe over Fabrics 1.1, Discovery Log Page): a header, then one entry
@@ -215,7 +219,10 @@ pub(super) fn discovery_log_len(records: usize) -> usize {
 /// One discovery log entry: `nqn`, of type `subtype`, at `port`.
 fn discovery_entry(subtype: u8, nqn: &str, port: &Listener) -> DiscoveryLogEntry {
     let mut entry = DiscoveryLogEntry::zeroed();
-    entry.trtype = TRTYPE_TCP;
+    entry.trtype = match port.transport {
+        Transport::Tcp => TRTYPE_TCP,
+        Transport::Rdma => TRTYPE_RDMA,
+    };
     entry.adrfam = if port.address.is_ipv4() {
         ADRFAM_IPV4
     } else {
@@ -230,7 +237,14 @@ fn discovery_entry(subtype: u8, nqn: &str, port: &Listener) -> DiscoveryLogEntry
     entry.cntlid = CNTLID_DYNAMIC;
     entry.asqsz = DISCOVERY_ASQSZ;
     // EFLAGS stay 0, as nvmet leaves them (no duplicate-information or explicit
-    // persistent-connection claims); TSAS stays 0: SECTYPE none, a port without TLS
+    // persistent-connection claims); TSAS: for TCP 0 (SECTYPE none, a port without TLS), for
+    // RDMA what nvmet writes: a reliable connected queue pair, no provider type named, the
+    // RDMA CM
+    if port.transport == Transport::Rdma {
+        entry.tsas[0] = RDMA_QPTYPE_CONNECTED;
+        entry.tsas[1] = RDMA_PRTYPE_NOT_SPECIFIED;
+        entry.tsas[2] = RDMA_CMS_RDMA_CM;
+    }
     entry.set_trsvcid(&port.address.port().to_string());
     entry.set_traddr(&port.address.ip().to_string());
     put_nqn(&mut entry.subnqn, nqn);

@@ -312,6 +312,7 @@ impl Connection {
         let port = subsystem.listeners.first().cloned().unwrap_or(Listener {
             address: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
             port_id: 1,
+            transport: crate::fabric::address::Transport::Tcp,
         });
         Connection {
             port,

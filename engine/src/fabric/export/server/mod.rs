@@ -18,6 +18,7 @@ use super::registry::Registry;
 use super::waiting::Waiting;
 use super::{Listener, Subsystems};
 use crate::engine::{Job, ReactorContext, INTERRUPT};
+use crate::fabric::address::Transport;
 
 mod backend;
 mod counters;
@@ -265,7 +266,11 @@ impl ServeJob {
                 self.shared.limits,
                 peer,
             )
-            .on_port(Listener { address, port_id });
+            .on_port(Listener {
+                address,
+                port_id,
+                transport: Transport::Tcp,
+            });
             let entries = self.shared.subsystems.base.queue_entries as usize;
             let c = Conn {
                 stream,

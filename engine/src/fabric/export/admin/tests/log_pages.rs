@@ -269,4 +269,27 @@ fn the_discovery_log_is_what_nvmet_writes_field_by_field() {
     );
 }
 
+#[test]
+fn an_rdma_ports_discovery_entries_say_rdma_and_its_tsas_as_nvmet_writes_it() {
+    let sub = subsystem();
+    let port = Listener {
+        transport: crate::fabric::address::Transport::Rdma,
+        ..sub.listeners[0].clone()
+    };
+    let asker = DiscoveryAsker {
+        port: &port,
+        subsystems: &["nqn.2024-01.io.usnvme:test"],
+        generation: 1,
+    };
+    let log = discovery_log_for(&sub, asker);
+    for i in 1..=2 {
+        let e = &log[1024 * i..1024 * (i + 1)];
+        assert_eq!(e[0], 1, "TRTYPE rdma");
+        assert_eq!(e[3], 4, "TREQ as for TCP");
+        // RDMA_QPTYPE connected, RDMA_PRTYPE not specified, RDMA_CMS rdma-cm, PKEY 0
+        assert_eq!(&e[768..771], &[1, 1, 1], "TSAS");
+        assert!(e[771..1024].iter().all(|&b| b == 0), "TSAS rest");
+    }
+}
+
 const DISCOVERY_NQN_FOR_TEST: &str = "nqn.2014-08.org.nvmexpress.discovery";

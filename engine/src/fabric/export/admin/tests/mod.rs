@@ -108,6 +108,7 @@ fn listener(address: &str, port_id: u16) -> Listener {
     Listener {
         address: address.parse::<SocketAddr>().expect("an address"),
         port_id,
+        transport: crate::fabric::address::Transport::Tcp,
     }
 }
 
