@@ -731,6 +731,7 @@ impl IoQueue {
     fn poll_completions(&mut self, on_done: &mut impl FnMut(Completion)) {
         let mut wcs = [Wc {
             wr_id: 0,
+            qp_num: 0,
             status: 0,
             opcode: WcOpcode::Send,
             byte_len: 0,

@@ -283,6 +283,20 @@ impl CmId {
         self.ptr.as_ptr() as usize
     }
 
+    /// Moves the ID's events to `channel` (a connection handed to the reactor that serves it).
+    pub fn migrate(&self, channel: &EventChannel) -> io::Result<()> {
+        // SAFETY: live ID and channel.
+        let rc = unsafe { sys::rdma_migrate_id(self.ptr.as_ptr(), channel.ptr.as_ptr()) };
+        check(rc, "rdma_migrate_id")
+    }
+
+    /// Its queue pair's number (completions name it), once made.
+    pub fn qp_num(&self) -> Option<u32> {
+        let qp = self.qp().ok()?;
+        // SAFETY: the QP is alive while the ID is.
+        Some(unsafe { (*qp).qp_num })
+    }
+
     /// Starts resolving `dst` to an RDMA device and address (event: AddrResolved).
     pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> io::Result<()> {
         let mut dst = sockaddr(dst);
@@ -654,6 +668,8 @@ pub enum WcOpcode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wc {
     pub wr_id: u64,
+    /// The queue pair it is of.
+    pub qp_num: u32,
     /// 0: success; else the verbs status (see [`wc_status_name`]).
     pub status: u32,
     pub opcode: WcOpcode,
@@ -703,6 +719,7 @@ impl CompletionQueue {
             use sys::ibv_wc_opcode as op;
             *o = Wc {
                 wr_id: w.wr_id,
+                qp_num: w.qp_num,
                 status: w.status,
                 opcode: match w.opcode {
                     op::IBV_WC_SEND => WcOpcode::Send,

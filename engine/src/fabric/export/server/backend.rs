@@ -1,7 +1,6 @@
 //! A connection's view of the reactor: the block devices its commands go to, the DMA
 //! buffers they use, the SMART reader; and the NVMe statuses of the devices' errors.
 
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use usnvme_hugepages::{BufferPool, DmaBuffer};
 use vm_memory::VolatileSlice;
 
 use super::smart::{SmartService, SmartSlot};
-use super::{Conn, Shared, TOKEN_BITS};
+use super::{Conn, Link, Shared, TOKEN_BITS};
 use crate::block::BlockError;
 use crate::engine::DeviceChannel;
 use crate::fabric::export::connection::{Backend, Connection, Refused, Request};
@@ -56,7 +55,7 @@ impl<'a> ReactorBackend<'a> {
         slot: usize,
         shared: &'a Shared,
         waiting: &'a mut Waiting,
-    ) -> (&'a mut Connection, &'a mut TcpStream, Self) {
+    ) -> (&'a mut Connection, &'a mut Link, Self) {
         let backend = ReactorBackend {
             devices,
             pools,
@@ -68,7 +67,7 @@ impl<'a> ReactorBackend<'a> {
             smart_asked: &mut c.smart_asked,
             in_use: &shared.counters.buffers_in_use,
         };
-        (&mut c.conn, &mut c.stream, backend)
+        (&mut c.conn, &mut c.link, backend)
     }
 }
 

@@ -17,6 +17,17 @@ pub struct Incoming {
     pub port_id: u16,
 }
 
+/// An NVMe/RDMA connection the acceptor hands a reactor: its CM ID (a connect request, not
+/// accepted yet), what the host asked for, the peer and the port it came in on.
+#[cfg(feature = "rdma")]
+#[derive(Debug)]
+pub struct IncomingRdma {
+    pub id: crate::transport::rdma::verbs::CmId,
+    pub request: usnvme_driver::spec::rdma::CmRequest,
+    pub peer: String,
+    pub port: crate::fabric::export::Listener,
+}
+
 /// A reactor's inbox of new connections and changes of the target: the sender's end sends and
 /// rings the reactor's eventfd (which wakes it from an idle sleep); the reactor's end takes
 /// them.
@@ -24,6 +35,10 @@ pub struct Incoming {
 pub struct Inbox {
     queue: crossbeam_channel::Sender<Incoming>,
     pub(super) rx: Receiver<Incoming>,
+    #[cfg(feature = "rdma")]
+    rdma: crossbeam_channel::Sender<IncomingRdma>,
+    #[cfg(feature = "rdma")]
+    pub(super) rdma_rx: Receiver<IncomingRdma>,
     changes: crossbeam_channel::Sender<TargetChange>,
     pub(super) changes_rx: Receiver<TargetChange>,
     pub(super) bell: Arc<EventFd>,
@@ -33,6 +48,8 @@ impl Inbox {
     pub fn new() -> std::io::Result<Inbox> {
         let (queue, rx) = crossbeam_channel::unbounded();
         let (changes, changes_rx) = crossbeam_channel::unbounded();
+        #[cfg(feature = "rdma")]
+        let (rdma, rdma_rx) = crossbeam_channel::unbounded();
         let bell =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Inbox {
@@ -40,6 +57,10 @@ impl Inbox {
             rx,
             changes,
             changes_rx,
+            #[cfg(feature = "rdma")]
+            rdma,
+            #[cfg(feature = "rdma")]
+            rdma_rx,
             bell: Arc::new(bell),
         })
     }
@@ -47,6 +68,13 @@ impl Inbox {
     /// Hands the reactor a connection, and wakes it.
     pub fn send(&self, incoming: Incoming) {
         let _ = self.queue.send(incoming);
+        self.wake();
+    }
+
+    /// Hands the reactor an NVMe/RDMA connection, and wakes it.
+    #[cfg(feature = "rdma")]
+    pub fn send_rdma(&self, incoming: IncomingRdma) {
+        let _ = self.rdma.send(incoming);
         self.wake();
     }
 
@@ -63,11 +91,15 @@ impl Inbox {
 
     /// Connections handed and not taken yet.
     pub fn len(&self) -> usize {
-        self.queue.len()
+        #[cfg(feature = "rdma")]
+        let rdma = self.rdma.len();
+        #[cfg(not(feature = "rdma"))]
+        let rdma = 0;
+        self.queue.len() + rdma
     }
 
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty() && self.changes.is_empty()
+        self.len() == 0 && self.changes.is_empty()
     }
 }
 

@@ -4,6 +4,9 @@
 //! devices, and writes their responses. Data moves between the sockets and the reactor's DMA
 //! buffers with no copy (`readv`/`writev`, see [`crate::fabric::framing::socket`]).
 
+// (without the `rdma` feature a connection's `Link` is always TCP)
+#![cfg_attr(not(feature = "rdma"), allow(irrefutable_let_patterns))]
+
 use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,13 +26,19 @@ use crate::fabric::address::Transport;
 mod backend;
 mod counters;
 mod inbox;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod smart;
 
 use backend::{Pools, ReactorBackend};
 pub use counters::Counters;
 use counters::{thread_cpu_ns, BusyClock};
+#[cfg(feature = "rdma")]
+pub use inbox::IncomingRdma;
 use inbox::BELL;
 pub use inbox::{Inbox, Incoming};
+#[cfg(feature = "rdma")]
+pub use rdma::RdmaListener;
 pub use smart::{SmartService, SmartSlot};
 
 /// How long a stopping target waits for connections to drain and flush.
@@ -83,9 +92,16 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// How a connection reaches its host.
+enum Link {
+    Tcp(TcpStream),
+    #[cfg(feature = "rdma")]
+    Rdma(rdma::QueuePair),
+}
+
 /// A connection on this reactor.
 struct Conn {
-    stream: TcpStream,
+    link: Link,
     conn: Connection,
     /// Each command slot's DMA buffer while it has one.
     buffers: Vec<Option<DmaBuffer>>,
@@ -123,6 +139,9 @@ pub struct ServeJob {
     letting_go: Vec<usize>,
     /// Commands waiting for a DMA buffer or room in their device's queue, in arrival order.
     waiting: Waiting,
+    /// The reactor's NVMe/RDMA side, from its first RDMA connection on.
+    #[cfg(feature = "rdma")]
+    rdma: Option<rdma::RdmaSide>,
 }
 
 impl std::fmt::Debug for ServeJob {
@@ -150,6 +169,8 @@ impl ServeJob {
             idle_since: None,
             letting_go: Vec::new(),
             waiting: Waiting::default(),
+            #[cfg(feature = "rdma")]
+            rdma: None,
         }
     }
 
@@ -208,7 +229,9 @@ impl ServeJob {
             && self.inbox.is_empty()
             && self.waiting.is_empty()
             && self.conns.iter().flatten().all(|c| {
-                !c.readable
+                // (a reactor with RDMA connections polls its completion queue: no sleep)
+                matches!(c.link, Link::Tcp(_))
+                    && !c.readable
                     && !c.smart_asked
                     && !c.conn.has_outgoing()
                     && (drives_wake_us || c.conn.in_flight_submitted() == 0)
@@ -273,32 +296,170 @@ impl ServeJob {
             });
             let entries = self.shared.subsystems.base.queue_entries as usize;
             let c = Conn {
-                stream,
+                link: Link::Tcp(stream),
                 conn,
                 buffers: (0..entries).map(|_| None).collect(),
                 smart: Arc::new(SmartSlot::default()),
                 smart_asked: false,
                 readable: true,
             };
-            let slot = match self.conns.iter().position(Option::is_none) {
-                Some(free) => free,
-                None => {
-                    self.conns.push(None);
-                    self.conns.len() - 1
+            let slot = self.free_slot();
+            if let Link::Tcp(stream) = &c.link {
+                if let Err(e) = ctx.watch(stream.as_fd(), slot as u64) {
+                    log::warn!("{:?}: cannot watch the socket: {e}", c.conn);
+                    continue;
+                }
+            }
+            self.add_conn(slot, c);
+        }
+        #[cfg(feature = "rdma")]
+        self.accept_rdma();
+    }
+
+    /// A free connection slot.
+    fn free_slot(&mut self) -> usize {
+        match self.conns.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        }
+    }
+
+    fn add_conn(&mut self, slot: usize, c: Conn) {
+        let entries = self.shared.subsystems.base.queue_entries as usize;
+        self.conns[slot] = Some(c);
+        // every command of every connection may have to wait: room for all of them
+        self.waiting.size_for(self.conns.len() * entries, 0);
+        self.shared
+            .counters
+            .connections
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The NVMe/RDMA connections handed to this reactor: each gets its queue pair on the
+    /// reactor's protection domain and completion queue, and is accepted.
+    #[cfg(feature = "rdma")]
+    fn accept_rdma(&mut self) {
+        while let Ok(incoming) = self.inbox.rdma_rx.try_recv() {
+            let Some(pools) = &self.pools else {
+                return;
+            };
+            if self.rdma.is_none() {
+                // a completion per send and receive of every connection the reactor may have
+                match rdma::RdmaSide::new(&incoming.id, pools, 1 << 16) {
+                    Ok(side) => self.rdma = Some(side),
+                    Err(e) => {
+                        log::warn!("{}: RDMA on this reactor: {e}", incoming.peer);
+                        continue;
+                    }
+                }
+            }
+            let slot = self.free_slot();
+            let Some(side) = &self.rdma else {
+                continue;
+            };
+            let in_capsule = self.shared.subsystems.base.in_capsule_bytes;
+            let qp = match rdma::QueuePair::accept(
+                side,
+                incoming.id,
+                incoming.request,
+                slot,
+                in_capsule,
+            ) {
+                Ok(qp) => qp,
+                Err(e) => {
+                    log::warn!("{}: cannot accept the RDMA connection: {e}", incoming.peer);
+                    continue;
                 }
             };
-            if let Err(e) = ctx.watch(c.stream.as_fd(), slot as u64) {
-                log::warn!("{:?}: cannot watch the socket: {e}", c.conn);
+            log::info!(
+                "{}: connected over RDMA (queue {})",
+                incoming.peer,
+                incoming.request.qid
+            );
+            let conn = Connection::new(
+                self.shared.subsystems.clone(),
+                self.shared.registry.clone(),
+                self.shared.limits,
+                incoming.peer,
+            )
+            .on_port(incoming.port)
+            .rdma();
+            let entries = self.shared.subsystems.base.queue_entries as usize;
+            let c = Conn {
+                link: Link::Rdma(qp),
+                conn,
+                buffers: (0..entries).map(|_| None).collect(),
+                smart: Arc::new(SmartSlot::default()),
+                smart_asked: false,
+                readable: false,
+            };
+            self.add_conn(slot, c);
+        }
+    }
+
+    /// The RDMA completions of this turn, to their connections, and the CM's news (a host
+    /// that disconnected).
+    #[cfg(feature = "rdma")]
+    fn poll_rdma(&mut self, ctx: &mut ReactorContext) -> bool {
+        let Some(side) = self.rdma.as_mut() else {
+            return false;
+        };
+        let (Some(pool), conns, waiting, shared) = (
+            self.pools.as_mut(),
+            &mut self.conns,
+            &mut self.waiting,
+            &self.shared,
+        ) else {
+            return false;
+        };
+        while let Ok(Some(ev)) = side.channel.next() {
+            if ev.kind != crate::transport::rdma::verbs::CmEventKind::Disconnected {
                 continue;
             }
-            self.conns[slot] = Some(c);
-            // every command of every connection may have to wait: room for all of them
-            self.waiting.size_for(self.conns.len() * entries, 0);
-            self.shared
-                .counters
-                .connections
-                .fetch_add(1, Ordering::Relaxed);
+            for (slot, entry) in conns.iter_mut().enumerate() {
+                let Some(c) = entry else { continue };
+                let Link::Rdma(qp) = &mut c.link else {
+                    continue;
+                };
+                if qp.cm_id() != ev.id {
+                    continue;
+                }
+                qp.disconnect();
+                let (conn, _, mut backend) =
+                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, waiting);
+                conn.peer_gone("the host disconnected", &mut backend);
+            }
         }
+        let mut busy = false;
+        loop {
+            let polled = side.poll(|side, wc| {
+                let slot = rdma::slot_of(wc.wr_id);
+                let Some(Some(c)) = conns.get_mut(slot) else {
+                    return;
+                };
+                let Link::Rdma(qp) = &mut c.link else { return };
+                if qp.qp_num() != wc.qp_num {
+                    return; // a late one of a connection gone
+                }
+                let (conn, link, mut backend) =
+                    ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, waiting);
+                if let Link::Rdma(qp) = link {
+                    qp.on_completion(wc, slot, conn, &mut backend, side);
+                }
+            });
+            match polled {
+                Ok(n) if n > 0 => busy = true,
+                Ok(_) => break,
+                Err(e) => {
+                    log::warn!("RDMA completions: {e}");
+                    break;
+                }
+            }
+        }
+        busy
     }
 }
 
@@ -339,6 +500,10 @@ impl Job for ServeJob {
         }
         let timeout = self.sleep(ctx.now());
         let mut busy = self.poll_readiness(ctx, timeout);
+        #[cfg(feature = "rdma")]
+        {
+            busy |= self.poll_rdma(ctx);
+        }
         let Some(pool) = self.pools.as_mut() else {
             return false;
         };
@@ -350,12 +515,15 @@ impl Job for ServeJob {
                 continue;
             };
             let readable = std::mem::take(&mut c.readable) || stopping;
-            let (conn, stream, mut backend) =
+            let (conn, link, mut backend) =
                 ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
             if stopping {
                 conn.shut_down(&mut backend);
             }
             conn.tick(now, &mut backend);
+            let Link::Tcp(stream) = link else {
+                continue; // (RDMA capsules come as completions)
+            };
             if !readable {
                 continue;
             }
@@ -394,6 +562,7 @@ impl Job for ServeJob {
             busy = true;
             self.waiting.gate.freed(); // room in the devices' queues
         }
+
         for &(token, result) in &self.completions {
             let slot = (token >> TOKEN_BITS) as usize;
             let command = (token & 0xffff) as u16;
@@ -437,15 +606,22 @@ impl Job for ServeJob {
                 continue;
             };
             // Send: headers and read data from the DMA buffers, gathered in one writev.
-            let (conn, stream, mut backend) =
+            // over RDMA: what the connection asked for this turn, posted
+            #[cfg(feature = "rdma")]
+            if let (Link::Rdma(qp), Some(side)) = (&mut c.link, &self.rdma) {
+                qp.carry_out(slot, &mut c.conn, &c.buffers, side);
+            }
+            let (conn, link, mut backend) =
                 ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, &mut self.waiting);
-            match conn.transmit(stream, &mut backend) {
-                Ok(0) => {}
-                Ok(n) => {
-                    busy = true;
-                    shared.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            if let Link::Tcp(stream) = link {
+                match conn.transmit(stream, &mut backend) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        busy = true;
+                        shared.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
                 }
-                Err(e) => conn.peer_gone(&format!("connection error: {e}"), &mut backend),
             }
             if let Some(why) = c.conn.finished() {
                 log::info!("{:?}: closed: {why}", c.conn);
@@ -453,8 +629,10 @@ impl Job for ServeJob {
                     .counters
                     .data_copied
                     .fetch_add(c.conn.copied(), Ordering::Relaxed);
-                ctx.unwatch(c.stream.as_fd());
-                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+                if let Link::Tcp(stream) = &c.link {
+                    ctx.unwatch(stream.as_fd());
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                }
                 *entry = None;
                 self.waiting.forget(slot as u32);
                 self.shared
