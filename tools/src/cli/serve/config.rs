@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use usnvme_engine::fabric::address::Transport;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,7 +40,7 @@ pub struct TargetConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PortConfig {
-    /// `tcp` (the only one served).
+    /// `tcp` or `rdma`.
     #[serde(default = "tcp")]
     pub transport: String,
     /// `ADDR:PORT`.
@@ -57,6 +58,15 @@ pub struct PortConfig {
 }
 
 impl PortConfig {
+    /// Its transport.
+    pub fn transport(&self) -> Result<Transport, String> {
+        match self.transport.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Transport::Tcp),
+            "rdma" => Ok(Transport::Rdma),
+            other => Err(format!("transport {other:?}: tcp or rdma")),
+        }
+    }
+
     /// The states it sets: every group's (None), then each group given apart.
     pub fn ana_states(&self) -> Result<Vec<(Option<u32>, AnaState)>, String> {
         let mut states = vec![(None, self.ana_state.parse()?)];
@@ -146,12 +156,8 @@ impl TargetConfig {
             );
         }
         for (i, port) in self.ports.iter().enumerate() {
-            if port.transport != "tcp" {
-                return Err(format!(
-                    "port {}: transport {:?}: only tcp is served",
-                    port.address, port.transport
-                ));
-            }
+            port.transport()
+                .map_err(|e| format!("port {}: {e}", port.address))?;
             port.ana_states()
                 .map_err(|e| format!("port {}: {e}", port.address))?;
             if self.ports[..i].iter().any(|p| p.address == port.address) {
@@ -386,7 +392,7 @@ mod tests {
             ("ANA group 0: give 1 to 32", |c| {
                 c.ports[0].ana_groups.insert(0, "optimized".into());
             }),
-            ("only tcp", |c| c.ports[0].transport = "rdma".into()),
+            ("tcp or rdma", |c| c.ports[0].transport = "fc".into()),
             ("not an ANA state", |c| c.ports[0].ana_state = "fast".into()),
             ("given twice", |c| {
                 c.subsystems[1].nqn = c.subsystems[0].nqn.clone()

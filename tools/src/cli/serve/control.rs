@@ -12,7 +12,7 @@
 //! `listener_add {address}`, `listener_remove {address}`; `ana_set {address, state}`.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use usnvme_driver::spec::fabrics::check_nqn;
+use usnvme_engine::fabric::address::Transport;
 use usnvme_engine::fabric::export::live::{LiveTarget, NamespaceRequest, SubsystemRequest};
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::{
@@ -56,7 +57,7 @@ pub struct Operator {
     pub live: Arc<LiveTarget>,
     pub registry: Arc<Registry>,
     /// The listeners the acceptor polls (it takes the lock once per turn).
-    pub listeners: Arc<Mutex<Vec<(TcpListener, Listener)>>>,
+    pub listeners: Arc<Mutex<Vec<(super::PortSocket, Listener)>>>,
     pub start: StartOptions,
     /// The drives under it (a namespace's drive is read again when the operator says it
     /// changed).
@@ -320,8 +321,8 @@ impl Operator {
             return Err(format!("the target listens on {address} already"));
         }
         let port_id = (1..).find(|id| listeners.iter().all(|(_, l)| l.port_id != *id));
-        let (l, listener) =
-            super::listen(address, port_id.unwrap_or(1)).map_err(|e| e.to_string())?;
+        let (l, listener) = super::listen(Transport::Tcp, address, port_id.unwrap_or(1))
+            .map_err(|e| e.to_string())?;
         let bound = listener.address;
         log::info!("listening on {bound} (port {})", listener.port_id);
         listeners.push((l, listener));
@@ -362,7 +363,7 @@ impl Operator {
             let first = self.registry.ana_state(l.port_id, 1);
             let others = (2..=ANA_GROUPS).map(|g| (g, self.registry.ana_state(l.port_id, g)));
             PortConfig {
-                transport: "tcp".into(),
+                transport: l.transport.scheme().into(),
                 address: l.address,
                 ana_state: first.name().into(),
                 ana_groups: others

@@ -32,7 +32,8 @@ use usnvme_engine::fabric::export::connection::ConnectionLimits;
 use usnvme_engine::fabric::export::live::LiveTarget;
 use usnvme_engine::fabric::export::registry::{AnaState, Registry};
 use usnvme_engine::fabric::export::server::{
-    Counters, IdleMode, Inbox, Incoming, ReactorBuffers, ServeJob, Shared, SmartService,
+    Counters, IdleMode, Inbox, Incoming, RdmaListener, ReactorBuffers, ServeJob, Shared,
+    SmartService,
 };
 use usnvme_engine::fabric::export::{
     ExportedNamespace, Listener, SubsystemInfo, Subsystems, DISCOVERY_NQN,
@@ -96,9 +97,10 @@ pub struct Args {
     /// Reactor cores: a list (0,2-3), bracketed list ([0-3]) or hex mask (0xF). Default: all.
     #[arg(short = 'c', long = "cores")]
     cores: Option<String>,
-    /// Where to listen (repeatable). Default: 127.0.0.1:4420.
-    #[arg(long = "listen", value_name = "ADDR:PORT")]
-    listen: Vec<SocketAddr>,
+    /// Where to listen (repeatable): ADDR:PORT for NVMe/TCP, rdma:ADDR:PORT for NVMe/RDMA
+    /// (the address of an RDMA device: `rdma link` lists them). Default: 127.0.0.1:4420.
+    #[arg(long = "listen", value_name = "[rdma:]ADDR:PORT", value_parser = parse_listen)]
+    listen: Vec<(Transport, SocketAddr)>,
     /// The subsystem's NQN (default: derived from the host name).
     #[arg(long = "nqn", value_name = "NQN")]
     nqn: Option<String>,
@@ -201,7 +203,11 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
     // Listen first: a port in use is refused before any drive is touched.
     let mut listeners = Vec::new();
     for (i, port) in config.ports.iter().enumerate() {
-        listeners.push(listen(port.address, i as u16 + 1)?);
+        listeners.push(listen(
+            port.transport().map_err(usage)?,
+            port.address,
+            i as u16 + 1,
+        )?);
     }
     // Drives bound to vfio-pci later are exported too: their events are watched from before
     // the drives are listed, so that none falls between. (Not under a test's sysfs tree: the
@@ -420,6 +426,7 @@ fn run(sysfs: &Sysfs, args: &Args, out: &mut dyn Write) -> Result<()> {
             &counters,
             &mut next,
             args.max_connections,
+            QUEUE_ENTRIES,
         );
         if hangups.swap(false, Ordering::AcqRel) {
             reload(args.config.as_deref(), &operator, &reloads);
@@ -493,7 +500,7 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
         check_nqn(host).map_err(|e| usage(format!("--allow-host: {e}")))?;
     }
     let listen = if args.listen.is_empty() {
-        vec![DEFAULT_LISTEN.parse()?]
+        vec![(Transport::Tcp, DEFAULT_LISTEN.parse()?)]
     } else {
         args.listen.clone()
     };
@@ -503,8 +510,8 @@ fn config_of_flags(sysfs: &Sysfs, args: &Args) -> Result<TargetConfig> {
         cores: args.cores.clone(),
         ports: listen
             .into_iter()
-            .map(|address| PortConfig {
-                transport: "tcp".into(),
+            .map(|(transport, address)| PortConfig {
+                transport: transport.scheme().into(),
                 address,
                 ana_state: AnaState::Optimized.name().into(),
                 ana_groups: Default::default(),
@@ -550,14 +557,47 @@ fn subsystem_of(
     }
 }
 
-/// A listener on `address`, port `port_id`; a port in use is refused by name.
-fn listen(address: SocketAddr, port_id: u16) -> Result<(TcpListener, Listener)> {
+/// `--listen`: `ADDR:PORT` (NVMe/TCP), `tcp:ADDR:PORT` or `rdma:ADDR:PORT`.
+fn parse_listen(s: &str) -> std::result::Result<(Transport, SocketAddr), String> {
+    let (transport, address) = match s.split_once(':') {
+        Some((t, rest)) if t.eq_ignore_ascii_case("rdma") => (Transport::Rdma, rest),
+        Some((t, rest)) if t.eq_ignore_ascii_case("tcp") => (Transport::Tcp, rest),
+        _ => (Transport::Tcp, s),
+    };
+    let address = address.parse().map_err(|_| {
+        format!("{s:?} is not [rdma:]ADDR:PORT (examples: 127.0.0.1:4420, rdma:192.0.2.1:4420, [::1]:4420)")
+    })?;
+    Ok((transport, address))
+}
+
+/// A port's socket: a TCP listener, or the RDMA CM listening.
+pub enum PortSocket {
+    Tcp(TcpListener),
+    Rdma(RdmaListener),
+}
+
+/// A listener on `address` over `transport`, port `port_id`; a port in use (or, for RDMA, an
+/// address of no RDMA device) is refused by name.
+fn listen(
+    transport: Transport,
+    address: SocketAddr,
+    port_id: u16,
+) -> Result<(PortSocket, Listener)> {
+    if transport == Transport::Rdma {
+        let l = RdmaListener::bind(address, port_id).map_err(|e| {
+            usage(format!(
+                "listen on rdma:{address}: cannot listen there: {e}"
+            ))
+        })?;
+        let port = l.port().clone();
+        return Ok((PortSocket::Rdma(l), port));
+    }
     let l = TcpListener::bind(address)
         .map_err(|e| usage(format!("listen on {address}: cannot listen there: {e}")))?;
     l.set_nonblocking(true)?;
     let address = l.local_addr()?;
     Ok((
-        l,
+        PortSocket::Tcp(l),
         Listener {
             address,
             port_id,
@@ -567,7 +607,7 @@ fn listen(address: SocketAddr, port_id: u16) -> Result<(TcpListener, Listener)> 
 }
 
 /// Warns of subsystems no host can reach, or any host can, beyond this machine.
-fn warn_of_open_doors(subsystems: &Subsystems, listeners: &[(TcpListener, Listener)]) {
+fn warn_of_open_doors(subsystems: &Subsystems, listeners: &[(PortSocket, Listener)]) {
     let loopback_only = listeners.iter().all(|(_, l)| l.address.ip().is_loopback());
     if loopback_only {
         return;
@@ -590,14 +630,22 @@ fn warn_of_open_doors(subsystems: &Subsystems, listeners: &[(TcpListener, Listen
 /// Takes the hosts knocking on `listeners`, each connection to the next reactor; whether any
 /// came.
 fn accept_hosts(
-    listeners: &[(TcpListener, Listener)],
+    listeners: &[(PortSocket, Listener)],
     inboxes: &[Inbox],
     counters: &Counters,
     next: &mut usize,
     max_connections: u64,
+    max_entries: u16,
 ) -> bool {
     let mut accepted = false;
-    for (l, listener) in listeners {
+    for (socket, listener) in listeners {
+        let l = match socket {
+            PortSocket::Tcp(l) => l,
+            PortSocket::Rdma(r) => {
+                accepted |= r.accept(max_entries, inboxes, next);
+                continue;
+            }
+        };
         match l.accept() {
             Ok((stream, peer)) => {
                 accepted = true;
@@ -755,21 +803,25 @@ fn parse_ana_line<'a>(
 const DEFAULT_LISTEN: &str = "127.0.0.1:4420";
 
 /// The ports (listeners) as the target describes them.
-fn ports(listeners: &[(TcpListener, Listener)]) -> Vec<Listener> {
+fn ports(listeners: &[(PortSocket, Listener)]) -> Vec<Listener> {
     listeners.iter().map(|(_, l)| l.clone()).collect()
 }
 
-/// The listeners' sockets to wait on (copies: the list may change while the wait goes on).
-fn listener_fds(listeners: &[(TcpListener, Listener)]) -> Vec<TcpListener> {
+/// The listeners' descriptors to wait on (copies: the list may change while the wait goes on).
+fn listener_fds(listeners: &[(PortSocket, Listener)]) -> Vec<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
     listeners
         .iter()
-        .filter_map(|(l, _)| l.try_clone().ok())
+        .filter_map(|(s, _)| match s {
+            PortSocket::Tcp(l) => l.as_fd().try_clone_to_owned().ok(),
+            PortSocket::Rdma(r) => r.as_fd().try_clone_to_owned().ok(),
+        })
         .collect()
 }
 
 /// Waits until a listener has a host knocking, at most `at_most` (a signal ends the wait at
 /// once).
-fn wait_for_hosts(listeners: &[TcpListener], at_most: Duration) {
+fn wait_for_hosts(listeners: &[std::os::fd::OwnedFd], at_most: Duration) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let mut fds: Vec<PollFd> = listeners
@@ -791,7 +843,7 @@ fn process_cpu_seconds() -> f64 {
 
 fn status_json(
     live: &LiveTarget,
-    listeners: &[(TcpListener, Listener)],
+    listeners: &[(PortSocket, Listener)],
     counters: &Counters,
     registry: &Registry,
     smart: &SmartService,
@@ -890,7 +942,7 @@ fn not_exportable(device: &dyn BlockDevice) -> Option<String> {
 fn print_exports(
     out: &mut dyn Write,
     subsystems: &Subsystems,
-    listeners: &[(TcpListener, Listener)],
+    listeners: &[(PortSocket, Listener)],
     control: Option<&std::path::Path>,
 ) -> Result<()> {
     for s in &subsystems.list {
@@ -905,8 +957,9 @@ fn print_exports(
     for (_, l) in listeners {
         writeln!(
             out,
-            "listening on {} (tcp), discovery on the same port",
-            l.address
+            "listening on {} ({}), discovery on the same port",
+            l.address,
+            l.transport.scheme()
         )?;
     }
     if let Some(path) = control {

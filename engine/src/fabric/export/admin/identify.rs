@@ -50,6 +50,8 @@ const SGLS_SUPPORTED: u32 = 1 << 0;
 /// SGLS bit 20: an SGL Data Block descriptor's address may be an offset, which is how a
 /// command points at its in-capsule data.
 const SGLS_OFFSET: u32 = 1 << 20;
+/// SGLS bit 2: Keyed SGL Data Blocks are supported (NVMe/RDMA; the Linux RDMA host requires it).
+const SGLS_KEYED: u32 = 1 << 2;
 /// OFCS bit 0: the Disconnect command is supported.
 const OFCS_DISCONNECT: u16 = 1 << 0;
 /// Namespace Identifier Types of Namespace Identification Descriptors: NGUID and UUID, 16
@@ -193,6 +195,7 @@ pub fn identify(
     sub: &SubsystemInfo,
     cntlid: u16,
     discovery: bool,
+    keyed_sgls: bool,
     sqe: &Sqe,
 ) -> Result<[u8; IDENTIFY_BYTES], Status> {
     let cns = sqe.cdw10 as u8;
@@ -202,7 +205,13 @@ pub fn identify(
     let nsid = sqe.nsid;
     let active = sub.namespaces.iter().find(|ns| ns.nsid == nsid);
     match Cns::from_raw(cns) {
-        Some(Cns::Controller) => Ok(*identify_controller(sub, cntlid, discovery).as_bytes()),
+        Some(Cns::Controller) => {
+            let mut id = identify_controller(sub, cntlid, discovery);
+            if keyed_sgls {
+                id.sgls |= SGLS_KEYED;
+            }
+            Ok(*id.as_bytes())
+        }
         Some(Cns::Namespace) => match active {
             Some(ns) => Ok(*identify_namespace(ns).as_bytes()),
             None if nsid != 0 && nsid <= MAX_NAMESPACES => Ok([0; IDENTIFY_BYTES]),

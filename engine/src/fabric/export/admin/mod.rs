@@ -132,6 +132,8 @@ pub struct Asked<'a> {
     pub discovery: Option<DiscoveryAsker<'a>>,
     pub ana: AnaView,
     pub changed_namespaces: &'a [u32],
+    /// The transport takes Keyed SGL Data Blocks (NVMe/RDMA): Identify Controller says so.
+    pub keyed_sgls: bool,
 }
 
 /// Runs an admin command of controller `asked` (a discovery controller or an I/O one);
@@ -155,7 +157,7 @@ pub fn execute(
     };
     match AdminOpcode::from_raw(sqe.opcode()) {
         Some(AdminOpcode::Identify) => {
-            let page = identify(sub, cntlid, is_discovery, sqe)?;
+            let page = identify(sub, cntlid, is_discovery, asked.keyed_sgls, sqe)?;
             let dst = out.get_mut(..IDENTIFY_BYTES).ok_or(INVALID_FIELD)?;
             dst.copy_from_slice(&page);
             Ok((0, IDENTIFY_BYTES))

@@ -133,14 +133,16 @@ impl Connection {
             if len > u64::from(self.subsystem.max_transfer) {
                 return Err(Status::INVALID_FIELD.with_dnr());
             }
-            let expected_sgl = if in_capsule > 0 {
-                SGL_IN_CAPSULE
+            // over RDMA a Keyed SGL of either subtype: address, or invalidate (the Linux host
+            // invalidates the key itself when the response does not)
+            let sgl_ok = if in_capsule > 0 {
+                sgl_type == SGL_IN_CAPSULE
             } else if self.is_rdma() {
-                SGL_KEYED
+                sgl_type >> 4 == SGL_KEYED >> 4
             } else {
-                SGL_TRANSPORT
+                sgl_type == SGL_TRANSPORT
             };
-            if sgl_type != expected_sgl || u64::from(sgl_len) != len {
+            if !sgl_ok || u64::from(sgl_len) != len {
                 return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
             }
             if op == Op::Read && in_capsule > 0 {

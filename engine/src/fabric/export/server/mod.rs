@@ -37,8 +37,45 @@ use counters::{thread_cpu_ns, BusyClock};
 pub use inbox::IncomingRdma;
 use inbox::BELL;
 pub use inbox::{Inbox, Incoming};
+#[cfg(not(feature = "rdma"))]
+pub use no_rdma::RdmaListener;
 #[cfg(feature = "rdma")]
 pub use rdma::RdmaListener;
+
+/// A build without NVMe/RDMA: an RDMA port cannot be had, and says how to get one.
+#[cfg(not(feature = "rdma"))]
+mod no_rdma {
+    use super::{Inbox, Listener};
+
+    /// An NVMe/RDMA port, which this build cannot make.
+    #[derive(Debug)]
+    pub struct RdmaListener {
+        never: std::convert::Infallible,
+    }
+
+    impl RdmaListener {
+        pub fn bind(address: std::net::SocketAddr, _port_id: u16) -> std::io::Result<RdmaListener> {
+            Err(std::io::Error::other(format!(
+                "rdma:{address}: this usnvme was built without NVMe/RDMA: install rdma-core's \
+                 development files (Debian: apt-get install libibverbs-dev librdmacm-dev \
+                 libclang-dev pkg-config) and build with `cargo build --release --features \
+                 usnvme-tools/rdma`"
+            )))
+        }
+
+        pub fn port(&self) -> &Listener {
+            match self.never {}
+        }
+
+        pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+            match self.never {}
+        }
+
+        pub fn accept(&self, _max: u16, _inboxes: &[Inbox], _next: &mut usize) -> bool {
+            match self.never {}
+        }
+    }
+}
 pub use smart::{SmartService, SmartSlot};
 
 /// How long a stopping target waits for connections to drain and flush.
@@ -348,10 +385,11 @@ impl ServeJob {
             };
             if self.rdma.is_none() {
                 // a completion per send and receive of every connection the reactor may have
-                match rdma::RdmaSide::new(&incoming.id, pools, 1 << 16) {
+                match rdma::RdmaSide::new(&incoming.id, pools, 1 << 15) {
                     Ok(side) => self.rdma = Some(side),
                     Err(e) => {
                         log::warn!("{}: RDMA on this reactor: {e}", incoming.peer);
+                        rdma::reject_no_resources(&incoming.id);
                         continue;
                     }
                 }

@@ -93,7 +93,18 @@ impl RdmaSide {
     /// domain, a completion queue of `cq_entries`, the `pools` registered.
     pub(super) fn new(first: &CmId, pools: &Pools, cq_entries: u32) -> io::Result<RdmaSide> {
         let pd = first.alloc_pd()?;
-        let cq = first.create_cq(cq_entries)?;
+        // as large as the device allows, from `cq_entries` down
+        let mut entries = cq_entries;
+        let cq = loop {
+            match first.create_cq(entries) {
+                Ok(cq) => break cq,
+                Err(e) if entries > 1024 && e.kind() == io::ErrorKind::InvalidInput => {
+                    entries /= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        log::debug!("RDMA: a completion queue of {entries} entries");
         let channel = EventChannel::new()?;
         let mut regions = Vec::new();
         for pool in std::iter::once(&pools.usual).chain(pools.large.as_ref()) {
@@ -492,10 +503,19 @@ impl QueuePair {
     }
 }
 
+/// Rejects connect request `id` for want of resources.
+pub(super) fn reject_no_resources(id: &CmId) {
+    let status = usnvme_driver::spec::rdma::CmRejectStatus::NoResources;
+    if let Err(e) = id.reject(&status.encode()) {
+        log::warn!("RDMA: reject: {e}");
+    }
+}
+
 /// An NVMe/RDMA port: the RDMA CM listening on an address; connect requests are checked
 /// (their private data) and handed to reactors, or rejected with the reason.
 pub struct RdmaListener {
-    id: CmId,
+    /// Listening while it lives (events come on `channel`).
+    _id: CmId,
     channel: EventChannel,
     port: Listener,
 }
@@ -522,7 +542,7 @@ impl RdmaListener {
         })?;
         id.listen(128)?;
         Ok(RdmaListener {
-            id,
+            _id: id,
             channel,
             port: Listener {
                 address,
@@ -542,10 +562,9 @@ impl RdmaListener {
     }
 
     /// Takes the connect requests that came: each whose private data is valid (queues of at
-    /// most `max_entries`) goes to `hand`; the others are rejected with the reason. True when
-    /// any came.
-    pub fn accept(&mut self, max_entries: u16, mut hand: impl FnMut(IncomingRdma)) -> bool {
-        let _ = &self.id;
+    /// most `max_entries`) goes to the next of `inboxes` (round robin, `next`); the others
+    /// are rejected with the reason. True when any came.
+    pub fn accept(&self, max_entries: u16, inboxes: &[super::Inbox], next: &mut usize) -> bool {
         let mut any = false;
         loop {
             let mut ev = match self.channel.next() {
@@ -562,12 +581,20 @@ impl RdmaListener {
             any = true;
             let peer = format!("rdma host on port {}", self.port.address);
             match CmRequest::decode(ev.private(), max_entries) {
-                Ok(request) => hand(IncomingRdma {
-                    id,
-                    request,
-                    peer,
-                    port: self.port.clone(),
-                }),
+                Ok(request) if !inboxes.is_empty() => {
+                    log::info!("{peer}: connected (queue {})", request.qid);
+                    inboxes[*next % inboxes.len()].send_rdma(IncomingRdma {
+                        id,
+                        request,
+                        peer,
+                        port: self.port.clone(),
+                    });
+                    *next += 1;
+                }
+                Ok(_) => {
+                    let _ =
+                        id.reject(&usnvme_driver::spec::rdma::CmRejectStatus::NoResources.encode());
+                }
                 Err(status) => {
                     log::warn!("{peer}: connect request rejected: {status}");
                     if let Err(e) = id.reject(&status.encode()) {

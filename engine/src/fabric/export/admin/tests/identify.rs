@@ -112,7 +112,7 @@ fn identify_dispatch_by_cns_and_nsid() {
         let mut sqe = Sqe::new(AdminOpcode::Identify as u8);
         sqe.cdw10 = u32::from(cns);
         sqe.nsid = nsid;
-        identify(&sub, 1, false, &sqe)
+        identify(&sub, 1, false, false, &sqe)
     };
     let code = |r: Result<[u8; IDENTIFY_BYTES], Status>| r.map(|_| ()).map_err(|s| s.code());
 
@@ -167,7 +167,7 @@ fn identify_dispatch_by_cns_and_nsid() {
     zns.cdw10 = 6;
     zns.cdw11 = 2 << 24;
     assert_eq!(
-        identify(&sub, 1, false, &zns)
+        identify(&sub, 1, false, false, &zns)
             .map_err(|s| s.code())
             .map(|_| ()),
         Err(Status::INVALID_FIELD)
@@ -179,12 +179,12 @@ fn identify_dispatch_by_cns_and_nsid() {
     // the discovery controller answers CNS 01h only
     let mut sqe = Sqe::identify(Cns::Namespace, 1);
     assert_eq!(
-        identify(&sub, 1, true, &sqe)
+        identify(&sub, 1, true, false, &sqe)
             .map(|_| ())
             .map_err(|s| s.code()),
         Err(Status::INVALID_FIELD)
     );
     sqe.cdw10 = 1;
-    let disc = identify(&sub, 1, true, &sqe).expect("discovery controller");
+    let disc = identify(&sub, 1, true, false, &sqe).expect("discovery controller");
     assert_eq!(disc[111], 2);
 }

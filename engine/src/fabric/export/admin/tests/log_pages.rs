@@ -48,6 +48,7 @@ fn the_ana_log_lists_group_1_and_each_group_with_namespaces_in_its_state_at_the_
             discovery: None,
             ana,
             changed_namespaces: &[],
+            keyed_sgls: false,
         };
         let n = super::super::log_page(&sub, asked, &sqe, &mut || smart_log(1), &mut out)
             .expect("the ANA log");

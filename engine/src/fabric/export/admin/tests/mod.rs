@@ -38,6 +38,7 @@ fn log_page(
         discovery: asker(sub, discovery),
         ana: OPTIMIZED,
         changed_namespaces: &[],
+        keyed_sgls: false,
     };
     super::log_page(sub, asked, sqe, smart, &mut out).map(|n| out[..n].to_vec())
 }
@@ -63,6 +64,7 @@ fn execute(
         discovery: asker(sub, discovery),
         ana: OPTIMIZED,
         changed_namespaces: &[],
+        keyed_sgls: false,
     };
     super::execute(sub, asked, features, sqe, smart, &mut out)
         .map(|(dw0, n)| (dw0, out[..n].to_vec()))
@@ -82,6 +84,7 @@ fn discovery_log_for(sub: &SubsystemInfo, asker: DiscoveryAsker) -> Vec<u8> {
         discovery: Some(asker),
         ana: OPTIMIZED,
         changed_namespaces: &[],
+        keyed_sgls: false,
     };
     let n = super::log_page(sub, asked, &sqe, &mut no_smart, &mut out).expect("log");
     let records = le64(&out, 8) as usize;

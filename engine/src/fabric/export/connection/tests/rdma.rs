@@ -90,6 +90,9 @@ fn over_rdma_admin_data_is_written_to_the_hosts_keyed_buffer_and_io_data_read_an
     match &admin.capsule(&identify, &[])[..] {
         [RdmaOp::AdminData { data, remote }, RdmaOp::Respond(c)] => {
             assert_eq!(data.len(), 4096);
+            // SGLS: Keyed SGL Data Blocks supported (bit 2), as the Linux RDMA host requires
+            let id = usnvme_driver::spec::IdentifyController::from_slice(data).expect("4 KiB");
+            assert_ne!(id.sgls & 4, 0, "SGLS {:#x}", id.sgls);
             assert_eq!(
                 *remote,
                 Keyed {
@@ -131,8 +134,11 @@ fn over_rdma_admin_data_is_written_to_the_hosts_keyed_buffer_and_io_data_read_an
         other => panic!("{other:?}"),
     }
 
-    // a keyed read of the same blocks: WRITE from the command's buffer, then the response
-    let ops = io_q.capsule(&io(IoOpcode::Read, 8, 16, keyed(0x20_0000, 8192)), &[]);
+    // a keyed read of the same blocks (the invalidate subtype, as the Linux host sends its
+    // reads): WRITE from the command's buffer, then the response
+    let mut invalidate = keyed(0x20_0000, 8192);
+    invalidate.identifier |= 0x0f;
+    let ops = io_q.capsule(&io(IoOpcode::Read, 8, 16, invalidate), &[]);
     let [RdmaOp::Write { token, len, remote }, RdmaOp::Respond(c)] = ops[..] else {
         panic!("a WRITE and a response expected: {ops:?}")
     };
