@@ -542,3 +542,295 @@ fn fio_job_files_run_through_the_engine_over_rdma_on_the_kernels_target() {
         usnvme_tests::fio::assert_three_jobs(&run, 4 << 20);
     }
 }
+
+/// usnvme serve over RDMA: its subsystem, its RDMA port.
+const SERVE_NQN: &str = "nqn.2024-01.io.usnvme:vm-rdma-serve";
+const SERVE_TRSVCID: u16 = 4430;
+
+/// `usnvme serve` of `devices` as [`SERVE_NQN`] on `rdma:ADDR:PORT` (and `extra`),
+/// allowing any host, running; its namespaces.
+fn serve_over_rdma(
+    bed: &usnvme_tests::VmBed,
+    address: &str,
+    port: u16,
+    devices: &[&str],
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    Vec<usnvme_tests::kernel_host::Exported>,
+) {
+    let listen = format!("rdma:{address}:{port}");
+    let mut args = vec![
+        "--nqn",
+        SERVE_NQN,
+        "--listen",
+        listen.as_str(),
+        "--allow-any-host",
+    ];
+    args.extend_from_slice(extra);
+    for d in devices {
+        args.extend(["-r", d]);
+    }
+    let (child, namespaces) = usnvme_tests::kernel_host::serve_with(bed, &args);
+    assert!(!namespaces.is_empty(), "serve over RDMA exported nothing");
+    (child, namespaces)
+}
+
+/// `usnvme discover` and `nvme discover -t rdma` of `address`:`port` list the same records,
+/// field by field (nvme-cli's JSON fields, the RDMA ones included).
+fn discovers_alike(bed: &usnvme_tests::VmBed, address: &str, port: u16) -> usize {
+    let ours = usnvme_ok(
+        bed,
+        &["discover", &format!("rdma://{address}:{port}"), "--json"],
+    );
+    let ours: serde_json::Value = serde_json::from_str(&ours).expect("discover --json parses");
+    let port = port.to_string();
+    let theirs = run(
+        NVME,
+        &[
+            "discover",
+            "-t",
+            "rdma",
+            "-a",
+            address,
+            "-s",
+            &port,
+            "--hostnqn",
+            HOSTNQN,
+            "-o",
+            "json",
+        ],
+    );
+    let theirs: serde_json::Value = serde_json::from_str(&theirs).expect("nvme discover parses");
+    let records = |doc: &serde_json::Value| doc["records"].as_array().cloned().unwrap_or_default();
+    let (ours_records, theirs_records) = (records(&ours), records(&theirs));
+    assert_eq!(
+        ours_records.len(),
+        theirs_records.len(),
+        "{ours:#}\n{theirs:#}"
+    );
+    for (o, t) in ours_records.iter().zip(&theirs_records) {
+        for field in [
+            "trtype",
+            "adrfam",
+            "subtype",
+            "treq",
+            "portid",
+            "trsvcid",
+            "subnqn",
+            "traddr",
+            "rdma_prtype",
+            "rdma_qptype",
+            "rdma_cms",
+            "rdma_pkey",
+        ] {
+            let trimmed = |v: &serde_json::Value| match v.as_str() {
+                Some(s) => serde_json::Value::from(s.trim()),
+                None => v.clone(),
+            };
+            assert_eq!(
+                trimmed(&o[field]),
+                trimmed(&t[field]),
+                "{field}: {o:#}\n{t:#}"
+            );
+        }
+    }
+    ours_records.len()
+}
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn the_kernels_nvme_rdma_host_and_usnvme_perf_verify_through_usnvme_serve_over_rdma() {
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let (mut serve, namespaces) = serve_over_rdma(
+        &bed,
+        address,
+        SERVE_TRSVCID,
+        &["sim:0-1,backend=ram,size=64M,bs=4096"],
+        &[],
+    );
+    assert_eq!(namespaces.len(), 2, "{namespaces:?}");
+    // the discovery log over RDMA, as nvme-cli reads it and as we do
+    assert_eq!(discovers_alike(&bed, address, SERVE_TRSVCID), 2);
+
+    // the kernel's host: connect-all through the discovery controller, fio verifies every
+    // namespace, disconnect
+    let port = SERVE_TRSVCID.to_string();
+    or_kernel_log("nvme connect-all -t rdma", || {
+        run(
+            NVME,
+            &[
+                "connect-all",
+                "-t",
+                "rdma",
+                "-a",
+                address,
+                "-s",
+                &port,
+                "--hostnqn",
+                HOSTNQN,
+            ],
+        )
+    });
+    let devices = or_kernel_log("the namespaces over RDMA", || {
+        kernel_namespaces(SERVE_NQN, namespaces.len())
+    });
+    for ns in &namespaces {
+        let dev = &devices[&ns.nsid];
+        assert_eq!(block_bytes(dev), ns.bytes, "{}", dev.display());
+        or_kernel_log("fio --verify=crc32c over nvme-rdma to serve", || {
+            fio_verifies(dev, "8M")
+        });
+    }
+    let out = run(NVME, &["disconnect", "-n", SERVE_NQN]);
+    assert!(out.contains("disconnected 1 controller"), "{out}");
+
+    // usnvme perf over RDMA: 128 KiB writes (keyed: serve reads them), each block once, then
+    // read back (serve writes them) and checked; then a random 4 KiB mix (in-capsule writes)
+    let target = format!("rdma://{address}:{SERVE_TRSVCID}/{SERVE_NQN}");
+    let size: u64 = 16 << 20;
+    // (--io-count is per device: each namespace's region once)
+    let per_namespace = size / (128 << 10);
+    let ios = 2 * per_namespace;
+    let (count, size_text) = (per_namespace.to_string(), size.to_string());
+    for (pattern, other) in [("write", "read"), ("read", "write")] {
+        let run = perf_over_rdma(
+            &bed,
+            &target,
+            &format!("serve-{pattern}"),
+            &[
+                "-w",
+                pattern,
+                "-o",
+                "128k",
+                "-q",
+                "8",
+                "--io-count",
+                &count,
+                "--size",
+                &size_text,
+                "--verify",
+                "--seed",
+                "31",
+            ],
+        );
+        assert_eq!(total_ios(&run, pattern), ios, "{pattern}");
+        assert_eq!(total_ios(&run, other), 0, "{pattern}");
+    }
+    let mix = perf_over_rdma(
+        &bed,
+        &target,
+        "serve-randrw",
+        &[
+            "-w", "randrw", "-o", "4k", "-q", "16", "-t", "2", "--offset", &size_text, "--size",
+            &size_text, "--verify", "--seed", "32",
+        ],
+    );
+    assert!(
+        total_ios(&mix, "read") > 0 && total_ios(&mix, "write") > 0,
+        "{mix:#}"
+    );
+    // (SIGINT: serve shuts the controllers down and says it was interrupted, 128 + 2)
+    usnvme_tests::signal(&serve, "INT");
+    assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
+}
+
+/// Where the reconnect test writes on its drive (none of the other suites' regions).
+const SERVE_RECONNECT_DRIVE: usize = 5;
+const SERVE_RECONNECT_OFFSET: &str = "960M";
+const SERVE_RECONNECT_TRSVCID: u16 = 4431;
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn usnvme_perf_over_rdma_runs_on_when_serve_is_killed_and_restarted() {
+    use std::io::BufRead;
+
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let drive = usnvme_tests::vfio_controllers()[SERVE_RECONNECT_DRIVE].to_string();
+    let (mut serve, _) = serve_over_rdma(
+        &bed,
+        address,
+        SERVE_RECONNECT_TRSVCID,
+        &[drive.as_str()],
+        &[],
+    );
+    let target = format!("rdma://{address}:{SERVE_RECONNECT_TRSVCID}/{SERVE_NQN}");
+    let json = std::env::temp_dir().join("perf-rdma-serve-reconnect.json");
+    let offset = ["--offset", SERVE_RECONNECT_OFFSET];
+    let mut perf = reconnecting_perf(
+        &bed,
+        &target,
+        "write",
+        &json,
+        &[&["--rate", "100"][..], &offset].concat(),
+    )
+    .spawn()
+    .expect("usnvme perf runs");
+    let stderr = perf.stderr.take().expect("piped");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    // I/O flows: packets through rxe beyond the connection's set-up
+    let start = counter("rcvd_pkts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter("rcvd_pkts") < start + 400 {
+        assert!(
+            Instant::now() < deadline,
+            "no I/O through {RDMA_DEVICE} in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    serve.kill().expect("SIGKILL"); // no clean shutdown: the host sees its connections go
+    serve.wait().expect("serve ends");
+    let mut log = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("perf never said the connection was lost: {log:#?}"));
+        let lost = line.contains("connection lost");
+        log.push(line);
+        if lost {
+            break;
+        }
+    }
+    let (mut serve, _) = serve_over_rdma(
+        &bed,
+        address,
+        SERVE_RECONNECT_TRSVCID,
+        &[drive.as_str()],
+        &[],
+    );
+    let out = perf.wait_with_output().expect("perf ends");
+    reader.join().expect("the reader");
+    log.extend(lines.try_iter());
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), log.join("\n"));
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    assert_eq!(doc["total"]["failed_ios"], 0, "{text}");
+    assert!(doc["total"]["reconnects"].as_u64() >= Some(1), "{text}");
+    assert_eq!(total_ios(&doc, "write"), 1024, "{text}");
+    // every block reads back as written: none lost in the reconnect, none misplaced
+    let out = reconnecting_perf(&bed, &target, "read", &json, &offset)
+        .output()
+        .expect("usnvme perf runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("perf's JSON")).expect("JSON");
+    // the bed's drives have 512-byte blocks (0-11) or 4 KiB ones (12-23): 4 MiB either way
+    let verified = doc["verified_blocks"].as_u64().unwrap_or(0);
+    assert!(verified == 8192 || verified == 1024, "{text}");
+    usnvme_tests::signal(&serve, "INT");
+    assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
+}
