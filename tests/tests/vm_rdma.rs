@@ -775,3 +775,71 @@ fn usnvme_perf_over_rdma_runs_on_when_serve_is_killed_and_restarted() {
     usnvme_tests::signal(&serve, "INT");
     assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
 }
+
+const REJECT_TRSVCID: u16 = 4432;
+
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn connect_requests_with_bad_queue_sizes_are_rejected_by_name_and_serve_goes_on() {
+    use std::sync::Arc;
+    use usnvme_engine::fabric::address::Transport;
+    use usnvme_engine::transport::fabric_queue::FabricQueue;
+    use usnvme_engine::transport::tcp::initiator::queue::Buffers;
+    use usnvme_engine::transport::tcp::initiator::{HostOptions, QueueParams};
+    use usnvme_hugepages::IovaMemory;
+    use vm_memory::GuestAddress;
+
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let (mut serve, _) = serve_over_rdma(
+        &bed,
+        address,
+        REJECT_TRSVCID,
+        &["sim:0,backend=ram,size=16M"],
+        &[],
+    );
+    let addr = format!("{address}:{REJECT_TRSVCID}")
+        .parse()
+        .expect("an address");
+    let host = HostOptions {
+        transport: Transport::Rdma,
+        ..HostOptions::default()
+    };
+    let mem =
+        Arc::new(IovaMemory::from_ranges(&[(GuestAddress(0x1000), 1 << 16)]).expect("memory"));
+    // an admin queue of 64 entries (at most 32), an I/O queue of 1024 (serve takes 128): the
+    // CM's private data says so, and the target rejects them with the reason
+    for (qid, entries) in [(0u16, 64u16), (1, 1024)] {
+        let params = QueueParams {
+            subnqn: SERVE_NQN.into(),
+            qid,
+            cntlid: 0xffff,
+            entries,
+            nsid: 1,
+            block_size: 512,
+            in_capsule: 0,
+            max_transfer: 4096,
+            timeout_ns: 10_000_000_000,
+        };
+        let err = FabricQueue::connect(addr, params, &host, Buffers::Memory(mem.clone()))
+            .expect_err("a queue too large");
+        assert!(
+            err.to_string()
+                .contains("rejected the connection: invalid host submission queue size"),
+            "queue {qid} of {entries}: {err}"
+        );
+    }
+    // and serve goes on serving
+    let target = format!("rdma://{address}:{REJECT_TRSVCID}/{SERVE_NQN}");
+    let run = perf_over_rdma(
+        &bed,
+        &target,
+        "after-rejects",
+        &[
+            "-w", "randrw", "-o", "4k", "-q", "4", "-t", "1", "--verify", "--seed", "41",
+        ],
+    );
+    assert!(total_ios(&run, "write") > 0, "{run:#}");
+    usnvme_tests::signal(&serve, "INT");
+    assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
+}
