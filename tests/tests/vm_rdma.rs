@@ -834,3 +834,293 @@ fn connect_requests_with_bad_queue_sizes_are_rejected_by_name_and_serve_goes_on(
     usnvme_tests::signal(&serve, "INT");
     assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
 }
+
+const MALFORMED_TRSVCID: u16 = 4433;
+
+/// Malformed capsules sent over RDMA to serve, each raw ([`rdma::IoQueue::submit_raw`]): a
+/// command the target can answer gets its error status by name and its connection goes on; a
+/// capsule that breaks the transport (cut short, in-capsule data the SGL does not describe,
+/// more than a receive buffer holds, a key that opens nothing) ends its connection, never with
+/// a success; and serve goes on serving.
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn malformed_capsules_over_rdma_get_errors_or_end_their_connection_and_serve_goes_on() {
+    use std::sync::Arc;
+    use usnvme_driver::spec::{SglDescriptor, Sqe, Status};
+    use usnvme_driver::IoBuffer;
+    use usnvme_engine::fabric::address::Transport;
+    use usnvme_engine::transport::fabric_queue::FabricQueue;
+    use usnvme_engine::transport::tcp::initiator::queue::Buffers;
+    use usnvme_engine::transport::tcp::initiator::{Completion, Failure, HostOptions, QueueParams};
+    use usnvme_engine::transport::RemoteController;
+    use usnvme_hugepages::IovaMemory;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const BASE: u64 = 0x10_0000;
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let (mut serve, _) = serve_over_rdma(
+        &bed,
+        address,
+        MALFORMED_TRSVCID,
+        &["sim:0,backend=ram,size=16M,bs=4096"],
+        &[],
+    );
+    let addr = format!("{address}:{MALFORMED_TRSVCID}")
+        .parse()
+        .expect("an address");
+    let host = HostOptions {
+        transport: Transport::Rdma,
+        ..HostOptions::default()
+    };
+    let mut ctrl = RemoteController::connect(addr, SERVE_NQN, &host).expect("the controller");
+    assert!(ctrl.set_io_queues(8).expect("Number of Queues") >= 5);
+    let mem = Arc::new(IovaMemory::from_ranges(&[(GuestAddress(BASE), 1 << 20)]).expect("memory"));
+    let queue = |qid: u16| {
+        let params = QueueParams {
+            subnqn: SERVE_NQN.into(),
+            qid,
+            cntlid: ctrl.cntlid(),
+            entries: 32,
+            nsid: 1,
+            block_size: 4096,
+            in_capsule: 8192,
+            max_transfer: 128 << 10,
+            timeout_ns: 30_000_000_000,
+        };
+        match FabricQueue::connect(addr, params, &host, Buffers::Memory(mem.clone())) {
+            Ok(FabricQueue::Rdma(q)) => q,
+            other => panic!("queue {qid} over RDMA: {other:?}"),
+        }
+    };
+    let buf = |at: u64, len: u32| {
+        Some(IoBuffer {
+            iova: BASE + at,
+            len,
+        })
+    };
+    // The completion of the command with `token`, or None once the queue ended without one.
+    let outcome = |q: &mut usnvme_engine::transport::rdma::IoQueue, token: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let mut got: Option<Completion> = None;
+            q.poll(|c| {
+                if c.token == token {
+                    got = Some(c);
+                }
+            });
+            if got.is_some() || q.ended().is_some() {
+                return got;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "neither an answer nor the end of the connection in 60 s"
+            );
+            let _ = q.wait(std::time::Duration::from_millis(100));
+        }
+    };
+    let with_sgl = |mut sqe: Sqe, sgl: SglDescriptor| {
+        sqe.set_sgl(sgl);
+        sqe
+    };
+
+    // answered with an error status, the connection going on
+    let mut q = queue(1);
+    let key = 0u32;
+    let mut unknown = Sqe::new(0x7e);
+    unknown.nsid = 1;
+    let answered = [
+        (
+            "an unknown opcode",
+            with_sgl(unknown, SglDescriptor::keyed(0, 0, key)),
+            Status::INVALID_OPCODE,
+        ),
+        (
+            "a Write whose SGL is a plain Data Block",
+            with_sgl(Sqe::write(1, 0, 1), SglDescriptor::data_block(BASE, 4096)),
+            Status::DATA_SGL_LENGTH_INVALID,
+        ),
+        (
+            "a Read whose keyed SGL is longer than its blocks",
+            with_sgl(Sqe::read(1, 0, 1), SglDescriptor::keyed(BASE, 8192, key)),
+            Status::DATA_SGL_LENGTH_INVALID,
+        ),
+        (
+            "a Read past the namespace's end",
+            with_sgl(
+                Sqe::read(1, 1 << 40, 1),
+                SglDescriptor::keyed(BASE, 4096, key),
+            ),
+            Status::LBA_OUT_OF_RANGE,
+        ),
+        (
+            "a Read of a namespace that is not there",
+            with_sgl(Sqe::read(99, 0, 1), SglDescriptor::keyed(BASE, 4096, key)),
+            Status::INVALID_NAMESPACE,
+        ),
+    ];
+    for (token, (what, sqe, status)) in answered.into_iter().enumerate() {
+        q.submit_raw(sqe, 64, None, token as u64).expect("sent");
+        let c = outcome(&mut q, token as u64).unwrap_or_else(|| panic!("{what}: no answer"));
+        match c.result {
+            Err(Failure::Status(s)) if s.code() == status => {}
+            other => panic!("{what}: {other:?}, not {status}"),
+        }
+    }
+    // and the connection goes on: a block written and read back
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    mem.write_slice(&block, GuestAddress(BASE)).expect("memory");
+    let ns = usnvme_engine::transport::tcp::initiator::IoNamespace {
+        nsid: 1,
+        block_size: 4096,
+    };
+    for (token, op, at) in [
+        (100, usnvme_engine::transport::Op::Write, 0),
+        (101, usnvme_engine::transport::Op::Read, 0x10000),
+    ] {
+        q.submit_to(ns, op, 7, 1, buf(at, 4096), token)
+            .expect("submitted");
+        let c = outcome(&mut q, token).expect("an answer");
+        assert!(c.result.is_ok(), "{op:?} after the errors: {:?}", c.result);
+    }
+    let mut read = vec![0u8; 4096];
+    mem.read_slice(&mut read, GuestAddress(BASE + 0x10000))
+        .expect("memory");
+    assert!(read == block, "the block read back is not the one written");
+
+    // the transport broken: each ends its own connection, none succeeds
+    let broken: [(&str, Sqe, u32, Option<IoBuffer>); 4] = [
+        ("a capsule cut to 32 bytes", Sqe::flush(1), 32, None),
+        (
+            "in-capsule data the SGL does not describe (512 bytes for 4096)",
+            with_sgl(Sqe::write(1, 0, 1), SglDescriptor::in_capsule(4096)),
+            64 + 512,
+            buf(0, 512),
+        ),
+        (
+            "more in-capsule data than a receive buffer holds (64 KiB)",
+            with_sgl(Sqe::write(1, 0, 16), SglDescriptor::in_capsule(64 << 10)),
+            64 + (64 << 10),
+            buf(0, 64 << 10),
+        ),
+        (
+            "a Write whose keyed SGL's key opens nothing",
+            with_sgl(
+                Sqe::write(1, 0, 1),
+                SglDescriptor::keyed(BASE, 4096, 0xdead_beef),
+            ),
+            64,
+            None,
+        ),
+    ];
+    for (i, (what, sqe, len, data)) in broken.into_iter().enumerate() {
+        let mut q = queue(2 + i as u16);
+        q.submit_raw(sqe, len, data, 7).expect("sent");
+        match outcome(&mut q, 7) {
+            None => {}
+            Some(c) => assert!(c.result.is_err(), "{what}: it succeeded"),
+        }
+        // (an answer by status may come before the end; the connection ends either way)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while q.ended().is_none() {
+            q.poll(|_| {});
+            let _ = q.wait(std::time::Duration::from_millis(100));
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: the connection did not end"
+            );
+        }
+    }
+    drop(q);
+    drop(ctrl);
+    // and serve goes on serving
+    let target = format!("rdma://{address}:{MALFORMED_TRSVCID}/{SERVE_NQN}");
+    let run = perf_over_rdma(
+        &bed,
+        &target,
+        "after-malformed",
+        &[
+            "-w", "randrw", "-o", "4k", "-q", "8", "-t", "1", "--verify", "--seed", "43",
+        ],
+    );
+    assert!(total_ios(&run, "write") > 0, "{run:#}");
+    usnvme_tests::signal(&serve, "INT");
+    assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
+}
+
+const CONTROL_TRSVCID: u16 = 4434;
+
+/// An NVMe/RDMA port added to a running serve through its control socket (`usnvme target
+/// listener add rdma:ADDR:PORT`) takes hosts at once: `target status` names it, perf verifies
+/// through it; removed, it takes no new connection, and serve serves on.
+#[test]
+#[ignore = "VM: run by `cargo xtask vm-test`"]
+fn an_rdma_port_added_and_removed_through_the_control_socket() {
+    use usnvme_engine::fabric::address::Transport;
+    use usnvme_engine::transport::tcp::initiator::HostOptions;
+    use usnvme_engine::transport::RemoteController;
+
+    let bed = usnvme_tests::VmBed::from_env();
+    let address = rdma_address();
+    let control = "/tmp/vm-rdma-control.sock";
+    let (mut serve, _) = usnvme_tests::kernel_host::serve_with(
+        &bed,
+        &[
+            "--nqn",
+            SERVE_NQN,
+            "--listen",
+            "127.0.0.1:4434",
+            "--allow-any-host",
+            "--control",
+            control,
+            "-r",
+            "sim:0,backend=ram,size=16M",
+        ],
+    );
+    let target = |args: &[&str]| {
+        let mut all = vec!["target", "--socket", control];
+        all.extend_from_slice(args);
+        usnvme_ok(&bed, &all)
+    };
+    let port = format!("rdma:{address}:{CONTROL_TRSVCID}");
+    let added = target(&["listener", "add", &port]);
+    assert!(added.contains(&format!("listening on {port}")), "{added}");
+    let status: serde_json::Value =
+        serde_json::from_str(&target(&["status"])).expect("status JSON");
+    let listeners = status["listeners"].as_array().cloned().unwrap_or_default();
+    assert!(
+        listeners.iter().any(|l| l.as_str() == Some(port.as_str())),
+        "{listeners:?}"
+    );
+    let url = format!("rdma://{address}:{CONTROL_TRSVCID}/{SERVE_NQN}");
+    let run = perf_over_rdma(
+        &bed,
+        &url,
+        "control-added",
+        &[
+            "-w", "randrw", "-o", "4k", "-q", "8", "-t", "1", "--verify", "--seed", "47",
+        ],
+    );
+    assert!(total_ios(&run, "write") > 0, "{run:#}");
+    target(&[
+        "listener",
+        "remove",
+        &format!("{address}:{CONTROL_TRSVCID}"),
+    ]);
+    let host = HostOptions {
+        transport: Transport::Rdma,
+        timeout: std::time::Duration::from_secs(10),
+        ..HostOptions::default()
+    };
+    let addr = format!("{address}:{CONTROL_TRSVCID}")
+        .parse()
+        .expect("an address");
+    let refused = RemoteController::connect(addr, SERVE_NQN, &host)
+        .expect_err("a port removed takes no connection");
+    assert!(
+        refused.to_string().contains("rejected") || refused.to_string().contains("listening"),
+        "{refused}"
+    );
+    usnvme_tests::signal(&serve, "INT");
+    assert_eq!(serve.wait().expect("serve ends").code(), Some(130));
+}

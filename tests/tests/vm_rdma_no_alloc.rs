@@ -12,6 +12,7 @@ use usnvme_driver::IoBuffer;
 use usnvme_engine::block::Op;
 use usnvme_engine::fabric::address::Transport;
 use usnvme_engine::transport::fabric_queue::FabricQueue;
+use usnvme_engine::transport::rdma::domain::registered_regions;
 use usnvme_engine::transport::tcp::initiator::queue::Buffers;
 use usnvme_engine::transport::tcp::initiator::{Completion, HostOptions, IoNamespace, QueueParams};
 use usnvme_engine::transport::RemoteController;
@@ -45,7 +46,7 @@ fn an_rdma_io_queue_allocates_nothing_per_command_once_warm() {
         RemoteController::connect(addr, NQN, &host).expect("the controller")
     });
     let id = ctrl.identify_controller().expect("Identify");
-    assert!(ctrl.set_io_queues(1).expect("Number of Queues") >= 1);
+    assert!(ctrl.set_io_queues(2).expect("Number of Queues") >= 2);
     let in_capsule = (id.ioccsz * 16).saturating_sub(64);
     assert!(
         in_capsule >= 4096,
@@ -64,7 +65,8 @@ fn an_rdma_io_queue_allocates_nothing_per_command_once_warm() {
         timeout_ns: 30_000_000_000,
     };
     let mut queue = or_kernel_log("I/O queue over RDMA", || {
-        FabricQueue::connect(addr, params, &host, Buffers::Memory(mem.clone())).expect("I/O queue")
+        FabricQueue::connect(addr, params.clone(), &host, Buffers::Memory(mem.clone()))
+            .expect("I/O queue")
     });
     let ns = IoNamespace {
         nsid: 1,
@@ -139,6 +141,18 @@ fn an_rdma_io_queue_allocates_nothing_per_command_once_warm() {
         done.iter().find(|c| c.result.is_err())
     );
     assert_eq!(queue.in_flight(), 0);
+    // a second queue on the same memory registers nothing again: each region once per device
+    let registered = registered_regions();
+    assert!(registered >= 1, "the data memory is registered");
+    let second = QueueParams { qid: 2, ..params };
+    let mut second = FabricQueue::connect(addr, second, &host, Buffers::Memory(mem.clone()))
+        .expect("a second I/O queue");
+    assert_eq!(
+        registered_regions(),
+        registered,
+        "a second queue registered the same memory again"
+    );
+    second.close(|_| {});
     queue.close(|_| {});
     ctrl.shutdown().expect("shutdown");
 }

@@ -526,6 +526,17 @@ fn bad_requests_on_the_control_socket_get_json_rpc_errors_naming_the_problem() {
             -32000,
             "not an ANA state",
         ),
+        (
+            r#"{"jsonrpc": "2.0", "method": "listener_add", "params": {"address": "127.0.0.1:0", "transport": "fc"}, "id": 1}"#,
+            -32602,
+            "unknown variant `fc`, expected `tcp` or `rdma`",
+        ),
+        (
+            // (no RDMA device here; without the rdma feature: how to build it in)
+            r#"{"jsonrpc": "2.0", "method": "listener_add", "params": {"address": "127.0.0.1:1", "transport": "rdma"}, "id": 1}"#,
+            -32000,
+            "listen on rdma:127.0.0.1:1: cannot listen there",
+        ),
     ] {
         let answer = rpc(&serve, request);
         assert_eq!(answer["jsonrpc"], "2.0", "{request}: {answer}");

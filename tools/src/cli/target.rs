@@ -128,8 +128,14 @@ enum HostCommand {
 
 #[derive(Debug, clap::Subcommand)]
 enum ListenerCommand {
-    Add { address: SocketAddr },
-    Remove { address: SocketAddr },
+    /// Listen on ADDR:PORT (NVMe/TCP) or rdma:ADDR:PORT (NVMe/RDMA) too.
+    Add {
+        #[arg(value_name = "[rdma:]ADDR:PORT", value_parser = crate::serve::parse_listen)]
+        address: (usnvme_engine::fabric::address::Transport, SocketAddr),
+    },
+    Remove {
+        address: SocketAddr,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -270,9 +276,19 @@ pub fn main(args: &Args, out: &mut dyn Write) -> Result<()> {
             };
             writeln!(out, "{who} may connect to {nqn}")?;
         }
-        What::Listener(ListenerCommand::Add { address }) => {
-            let added = call("listener_add", json!({"address": address}))?;
-            writeln!(out, "listening on {}", text(&added["address"]))?;
+        What::Listener(ListenerCommand::Add {
+            address: (transport, address),
+        }) => {
+            let added = call(
+                "listener_add",
+                json!({"address": address, "transport": transport.scheme()}),
+            )?;
+            writeln!(
+                out,
+                "listening on {}:{}",
+                text(&added["transport"]),
+                text(&added["address"])
+            )?;
         }
         What::Listener(ListenerCommand::Remove { address }) => {
             call("listener_remove", json!({"address": address}))?;

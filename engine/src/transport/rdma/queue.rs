@@ -17,10 +17,11 @@
 //! with NVMe/RDMA's private data (QID, HRQSIZE, HSQSIZE), then the Fabrics Connect command
 //! goes as the first SEND (its data keyed, as the Linux target wants on an admin queue).
 //!
-//! Memory: every region of the queue's IOVA space is registered on its protection domain
-//! under its IOVA (so a buffer's address is its IOVA, with no translation per I/O); the
-//! region's keys are found by a check of the last region used, then a scan of the few there
-//! are. Nothing is allocated per command.
+//! Memory: every region of the queue's IOVA space is registered under its IOVA (so a buffer's
+//! address is its IOVA, with no translation per I/O) on the device's protection domain, once
+//! for all the queues of the process ([`super::domain`]); the queue keeps the keys, found by
+//! a check of the last region used, then a scan of the few there are. Nothing is allocated
+//! per command.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,9 +35,10 @@ use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
+use super::domain::{Domain, Registration};
 use super::verbs::{
-    wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion,
-    ProtectionDomain, QpCaps, Sge, Wc, WcOpcode, POLL_BATCH,
+    wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, QpCaps, Sge,
+    Wc, WcOpcode, POLL_BATCH,
 };
 use crate::transport::tcp::initiator::queue::Buffers;
 use crate::transport::tcp::initiator::session::MAX_ENTRIES;
@@ -60,16 +62,6 @@ const DSM_RANGE: usize = DsmRange::SIZE;
 const RESOLVE_MS: i32 = 5000;
 /// RDMA READs the target may have outstanding on the queue (and we on it: none).
 const RDMA_DEPTH: u8 = 16;
-
-/// A registered region of the data memory: IOVAs `start..end` under these keys.
-#[derive(Debug)]
-struct Region {
-    start: u64,
-    end: u64,
-    lkey: u32,
-    rkey: u32,
-    _mr: MemoryRegion,
-}
 
 /// One command in flight.
 #[derive(Debug, Clone, Copy, Default)]
@@ -102,15 +94,16 @@ enum Phase {
 }
 
 /// One NVMe/RDMA queue. Field order is drop order: the queue pair (in `id`) goes before the
-/// completion queue and the memory regions, those before the protection domain, and the
+/// completion queue and the memory registrations, those before the device's domain, and the
 /// event channel last.
 #[derive(Debug)]
 pub struct IoQueue {
     id: CmId,
-    regions: Vec<Region>,
+    /// The data memory's regions as registered on the device's domain.
+    regions: Vec<Arc<Registration>>,
     own_mr: Option<MemoryRegion>,
     cq: Option<CompletionQueue>,
-    pd: Option<ProtectionDomain>,
+    domain: Option<Arc<Domain>>,
     channel: EventChannel,
     own: IovaMemory,
     buffers: Buffers,
@@ -192,7 +185,7 @@ impl QueueSetup {
             regions: Vec::new(),
             own_mr: None,
             cq: None,
-            pd: None,
+            domain: None,
             channel,
             own,
             buffers,
@@ -337,11 +330,12 @@ impl IoQueue {
         Ok(())
     }
 
-    /// The protection domain, completion queue and queue pair; the memory registered; every
-    /// receive posted.
+    /// The completion queue and the queue pair on the device's domain; the memory
+    /// registered; every receive posted.
     fn make_queue_pair(&mut self) -> Result<(), HostError> {
         let entries = u32::from(self.params.entries);
-        let pd = self.id.alloc_pd().map_err(rdma_error)?;
+        let domain = Domain::of(&self.id).map_err(rdma_error)?;
+        let pd = domain.pd();
         // a send and a receive per entry
         let cq = self.id.create_cq(2 * entries).map_err(rdma_error)?;
         let caps = QpCaps {
@@ -349,14 +343,14 @@ impl IoQueue {
             recv: entries,
             send_sge: 2,
         };
-        self.id.create_qp(&pd, &cq, caps).map_err(rdma_error)?;
+        self.id.create_qp(pd, &cq, None, caps).map_err(rdma_error)?;
         let own_ptr = host_address(&self.own, OWN_IOVA)?;
         let (.., own_len) = own_layout(entries as usize);
         self.own_mr = Some(
             pd.register(own_ptr, own_len, OWN_IOVA)
                 .map_err(rdma_error)?,
         );
-        self.pd = Some(pd);
+        self.domain = Some(domain);
         self.cq = Some(cq);
         self.register_memory()?;
         for i in 0..self.params.entries {
@@ -365,28 +359,30 @@ impl IoQueue {
         Ok(())
     }
 
-    /// Registers the regions of the data memory not registered yet.
+    /// Takes the registrations of the data memory's regions it has not yet (each region is
+    /// registered once on the device, for all queues).
     fn register_memory(&mut self) -> Result<(), HostError> {
-        let Some(pd) = &self.pd else {
+        let Some(domain) = &self.domain else {
             return Ok(());
         };
         for r in self.memory.iter() {
             let start = r.start_addr().0;
-            if self.regions.iter().any(|g| g.start == start) {
-                continue;
-            }
             let ptr = r
                 .get_host_address(MemoryRegionAddress(0))
                 .map_err(|e| rdma_error(format!("a DMA region has no host address: {e}")))?;
             let len = r.len() as usize;
-            let mr = pd.register(ptr, len, start).map_err(rdma_error)?;
-            self.regions.push(Region {
-                start,
-                end: start + len as u64,
-                lkey: mr.lkey(),
-                rkey: mr.rkey(),
-                _mr: mr,
-            });
+            let end = start + len as u64;
+            if self
+                .regions
+                .iter()
+                .any(|g| g.start == start && g.end == end)
+            {
+                continue;
+            }
+            let registration = domain
+                .register(&self.memory, start, ptr, len)
+                .map_err(rdma_error)?;
+            self.regions.push(registration);
         }
         Ok(())
     }
@@ -395,7 +391,7 @@ impl IoQueue {
     #[inline]
     fn keys(&mut self, iova: u64, len: u32) -> Option<(u32, u32)> {
         let end = iova.checked_add(u64::from(len))?;
-        let fits = |r: &Region| r.start <= iova && end <= r.end;
+        let fits = |r: &Arc<Registration>| r.start <= iova && end <= r.end;
         if let Some(r) = self.regions.get(self.last_region).filter(|r| fits(r)) {
             return Some((r.lkey, r.rkey));
         }
@@ -487,7 +483,18 @@ impl IoQueue {
     }
 
     /// Writes slot `index`'s SQE (its CID set here) and posts its SEND, with `data` after it.
-    fn send(&mut self, index: u16, mut sqe: Sqe, data: Option<Sge>) -> Result<(), SubmitError> {
+    fn send(&mut self, index: u16, sqe: Sqe, data: Option<Sge>) -> Result<(), SubmitError> {
+        self.send_capsule(index, sqe, SQE as u32, data)
+    }
+
+    /// Sends the first `sqe_len` bytes of `sqe` (with its CID), then `data`.
+    fn send_capsule(
+        &mut self,
+        index: u16,
+        mut sqe: Sqe,
+        sqe_len: u32,
+        data: Option<Sge>,
+    ) -> Result<(), SubmitError> {
         let (sqes, ..) = own_layout(self.slots.len());
         let slot = &mut self.slots[index as usize];
         sqe.set_cid(index | (slot.generation << SLOT_BITS));
@@ -504,7 +511,7 @@ impl IoQueue {
         }
         let command = Sge {
             addr: at,
-            len: SQE as u32,
+            len: sqe_len,
             lkey: self.own_lkey(),
         };
         let posted = match data {
@@ -680,6 +687,41 @@ impl IoQueue {
             ..Slot::default()
         })?;
         self.send(index, sqe, None)
+    }
+
+    /// Sends `sqe` as it is — its SGL untouched, its CID filled in — as a capsule of `len`
+    /// bytes: fewer than 64 cut the SQE short, more send the bytes of `data` after it. For
+    /// tests of a target's handling of malformed capsules; a response, if the target sends
+    /// one, completes it as any command's.
+    #[doc(hidden)]
+    pub fn submit_raw(
+        &mut self,
+        sqe: Sqe,
+        len: u32,
+        data: Option<IoBuffer>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
+        if self.phase != Phase::Ready {
+            return Err(SubmitError::Dead);
+        }
+        let trailing = len.saturating_sub(SQE as u32);
+        let data = match data {
+            Some(b) if trailing > 0 => {
+                let (lkey, _) = self.buffer_keys(b, trailing)?;
+                Some(Sge {
+                    addr: b.iova,
+                    len: trailing,
+                    lkey,
+                })
+            }
+            _ => None,
+        };
+        let index = self.take_slot(Slot {
+            token,
+            nsid: sqe.nsid,
+            ..Slot::default()
+        })?;
+        self.send_capsule(index, sqe, len.min(SQE as u32), data)
     }
 
     /// Nothing waits to be sent on RDMA: commands are posted as they are submitted.

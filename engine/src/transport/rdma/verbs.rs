@@ -344,6 +344,12 @@ impl CmId {
         unsafe { self.ptr.as_ref() }.verbs
     }
 
+    /// The ID's device, as an identity (0 before it has one): librdmacm opens each device
+    /// once, so IDs on one device name the same.
+    pub fn device(&self) -> usize {
+        self.verbs() as usize
+    }
+
     /// A protection domain on the ID's device.
     pub fn alloc_pd(&self) -> io::Result<ProtectionDomain> {
         let ctx = self.verbs();
@@ -386,12 +392,14 @@ impl CmId {
         })
     }
 
-    /// Makes the ID's RC queue pair on `pd`, completions into `cq` (both ways). Every send is
-    /// signaled: a buffer is given back only once its send completed.
+    /// Makes the ID's RC queue pair on `pd`, completions into `cq` (both ways), its receives
+    /// from `srq` when given (then `caps.recv` is not used). Every send is signaled: a buffer
+    /// is given back only once its send completed.
     pub fn create_qp(
         &mut self,
         pd: &ProtectionDomain,
         cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
         caps: QpCaps,
     ) -> io::Result<()> {
         // SAFETY: all-zero is a valid ibv_qp_init_attr (null pointers, zero counts).
@@ -399,7 +407,10 @@ impl CmId {
         attr.send_cq = cq.ptr.as_ptr();
         attr.recv_cq = cq.ptr.as_ptr();
         attr.cap.max_send_wr = caps.send;
-        attr.cap.max_recv_wr = caps.recv;
+        match srq {
+            Some(srq) => attr.srq = srq.ptr.as_ptr(),
+            None => attr.cap.max_recv_wr = caps.recv,
+        }
         attr.cap.max_send_sge = caps.send_sge;
         attr.cap.max_recv_sge = 1;
         attr.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
@@ -545,24 +556,65 @@ impl CmId {
     /// Posts a receive into `sge`.
     pub fn post_recv(&self, wr_id: u64, sge: Sge) -> io::Result<()> {
         let qp = self.qp()?;
-        let mut list = sys::ibv_sge {
-            addr: sge.addr,
-            length: sge.len,
-            lkey: sge.lkey,
-        };
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut list,
-            num_sge: 1,
-        };
-        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: a live QP; `wr` and `list` outlive the call; the buffer is registered.
-        let rc = unsafe { sys::ibv_post_recv(qp, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(())
+        post_receive(wr_id, sge, |wr, bad| {
+            // SAFETY: a live QP; the request and its list outlive the call; the buffer is
+            // registered.
+            unsafe { sys::ibv_post_recv(qp, wr, bad) }
+        })
+    }
+}
+
+/// Posts one receive of `sge` with `post` (a queue pair's or a shared receive queue's).
+fn post_receive(
+    wr_id: u64,
+    sge: Sge,
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
+) -> io::Result<()> {
+    let mut list = sys::ibv_sge {
+        addr: sge.addr,
+        length: sge.len,
+        lkey: sge.lkey,
+    };
+    let mut wr = sys::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: &mut list,
+        num_sge: 1,
+    };
+    let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+    let rc = post(&mut wr, &mut bad);
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// A shared receive queue: receive buffers any of the queue pairs made on it takes its
+/// next message into (a completion names the queue pair).
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    ptr: NonNull<sys::ibv_srq>,
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for SharedReceiveQueue {}
+
+impl SharedReceiveQueue {
+    /// Posts a receive into `sge`.
+    pub fn post_recv(&self, wr_id: u64, sge: Sge) -> io::Result<()> {
+        let srq = self.ptr.as_ptr();
+        post_receive(wr_id, sge, |wr, bad| {
+            // SAFETY: a live SRQ; the request and its list outlive the call; the buffer is
+            // registered.
+            unsafe { sys::ibv_post_srq_recv(srq, wr, bad) }
+        })
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // SAFETY: owned; destroyed once, after the queue pairs on it (owners' field order).
+        unsafe { sys::ibv_destroy_srq(self.ptr.as_ptr()) };
     }
 }
 
@@ -613,6 +665,21 @@ impl ProtectionDomain {
         };
         Ok(MemoryRegion {
             ptr: non_null(mr, "ibv_reg_mr (is RLIMIT_MEMLOCK large enough?)")?,
+        })
+    }
+}
+
+impl ProtectionDomain {
+    /// A shared receive queue of `entries` receives of one scatter entry each.
+    pub fn create_srq(&self, entries: u32) -> io::Result<SharedReceiveQueue> {
+        // SAFETY: all-zero is a valid ibv_srq_init_attr (no context, zero limit).
+        let mut attr: sys::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        attr.attr.max_wr = entries;
+        attr.attr.max_sge = 1;
+        // SAFETY: a live PD; `attr` outlives the call.
+        let srq = unsafe { sys::ibv_create_srq(self.ptr.as_ptr(), &mut attr) };
+        Ok(SharedReceiveQueue {
+            ptr: non_null(srq, "ibv_create_srq")?,
         })
     }
 }

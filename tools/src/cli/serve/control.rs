@@ -9,7 +9,8 @@
 //! `namespace_add {nqn, device?, nsid?, uuid?, nguid?, ana_group?}`, `namespace_remove {nqn,
 //! nsid}`, `namespace_rescan {nqn, nsid}` (its drive's namespace changed: resized, formatted);
 //! `host_allow {nqn, host}`, `host_deny {nqn, host}`, `allow_any_host {nqn, allow}`;
-//! `listener_add {address}`, `listener_remove {address}`; `ana_set {address, state}`.
+//! `listener_add {address, transport}` (`tcp`, the default, or `rdma`), `listener_remove
+//! {address}`; `ana_set {address, state}`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -146,6 +147,32 @@ struct Address {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct NewListener {
+    address: SocketAddr,
+    #[serde(default)]
+    transport: TransportName,
+}
+
+/// A listener's transport as the socket names it.
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum TransportName {
+    #[default]
+    Tcp,
+    Rdma,
+}
+
+impl From<TransportName> for Transport {
+    fn from(t: TransportName) -> Transport {
+        match t {
+            TransportName::Tcp => Transport::Tcp,
+            TransportName::Rdma => Transport::Rdma,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct AnaSet {
     address: SocketAddr,
     state: String,
@@ -263,9 +290,10 @@ impl Operator {
                 Ok(json!({"nqn": nqn, "allow_any_host": allow}))
             }
             "listener_add" => {
-                let Address { address } = params(method, given)?;
-                let bound = self.add_listener(address).map_err(refused)?;
-                Ok(json!({"address": bound.to_string()}))
+                let NewListener { address, transport } = params(method, given)?;
+                let transport = Transport::from(transport);
+                let bound = self.add_listener(transport, address).map_err(refused)?;
+                Ok(json!({"address": bound.to_string(), "transport": transport.scheme()}))
             }
             "listener_remove" => {
                 let Address { address } = params(method, given)?;
@@ -315,16 +343,24 @@ impl Operator {
         Ok(added)
     }
 
-    fn add_listener(&self, address: SocketAddr) -> Result<SocketAddr, String> {
+    fn add_listener(
+        &self,
+        transport: Transport,
+        address: SocketAddr,
+    ) -> Result<SocketAddr, String> {
         let mut listeners = self.listeners.lock();
         if listeners.iter().any(|(_, l)| l.address == address) {
             return Err(format!("the target listens on {address} already"));
         }
         let port_id = (1..).find(|id| listeners.iter().all(|(_, l)| l.port_id != *id));
-        let (l, listener) = super::listen(Transport::Tcp, address, port_id.unwrap_or(1))
-            .map_err(|e| e.to_string())?;
+        let (l, listener) =
+            super::listen(transport, address, port_id.unwrap_or(1)).map_err(|e| e.to_string())?;
         let bound = listener.address;
-        log::info!("listening on {bound} (port {})", listener.port_id);
+        log::info!(
+            "listening on {}:{bound} (port {})",
+            transport.scheme(),
+            listener.port_id
+        );
         listeners.push((l, listener));
         Ok(bound)
     }
@@ -412,16 +448,23 @@ impl Operator {
                     .to_string(),
             );
         }
+        // (a port whose transport changed goes, and comes back with its new one)
+        let same = |a: &PortConfig, b: &PortConfig| {
+            a.address == b.address && a.transport().ok() == b.transport().ok()
+        };
         for port in &running.ports {
-            if !new.ports.iter().any(|p| p.address == port.address) {
+            if !new.ports.iter().any(|p| same(p, port)) {
                 self.remove_listener(port.address)?;
                 changes.push(format!("listener {} removed", port.address));
             }
         }
         for port in &new.ports {
-            if !running.ports.iter().any(|p| p.address == port.address) {
-                self.add_listener(port.address)?;
-                changes.push(format!("listener {} added", port.address));
+            if !running.ports.iter().any(|p| same(p, port)) {
+                self.add_listener(port.transport()?, port.address)?;
+                changes.push(format!(
+                    "listener {}:{} added",
+                    port.transport, port.address
+                ));
             }
             if set_ana_states(&self.registry, self.port_id(port.address)?, port)? {
                 changes.push(format!("{}: ANA states changed", port.address));

@@ -558,7 +558,7 @@ fn subsystem_of(
 }
 
 /// `--listen`: `ADDR:PORT` (NVMe/TCP), `tcp:ADDR:PORT` or `rdma:ADDR:PORT`.
-fn parse_listen(s: &str) -> std::result::Result<(Transport, SocketAddr), String> {
+pub fn parse_listen(s: &str) -> std::result::Result<(Transport, SocketAddr), String> {
     let (transport, address) = match s.split_once(':') {
         Some((t, rest)) if t.eq_ignore_ascii_case("rdma") => (Transport::Rdma, rest),
         Some((t, rest)) if t.eq_ignore_ascii_case("tcp") => (Transport::Tcp, rest),
@@ -874,7 +874,11 @@ fn status_json(
             "name": d.name, "bytes": d.bytes, "present": d.present,
             "exported_as": d.exported_as.as_ref().map(|(nqn, nsid)| serde_json::json!({"nqn": nqn, "nsid": nsid})),
         })).collect::<Vec<_>>(),
-        "listeners": listeners.iter().map(|(_, l)| l.address.to_string()).collect::<Vec<_>>(),
+        // (as --listen takes them: NVMe/RDMA's named)
+        "listeners": listeners.iter().map(|(_, l)| match l.transport {
+            Transport::Tcp => l.address.to_string(),
+            Transport::Rdma => format!("rdma:{}", l.address),
+        }).collect::<Vec<_>>(),
         "ana_states": listeners.iter().map(|(_, l)| (l.address.to_string(),
             serde_json::json!(registry.ana_state(l.port_id, 1).name()))).collect::<serde_json::Map<_, _>>(),
         "connections": load(&counters.connections),

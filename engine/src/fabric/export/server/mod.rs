@@ -385,7 +385,8 @@ impl ServeJob {
             };
             if self.rdma.is_none() {
                 // a completion per send and receive of every connection the reactor may have
-                match rdma::RdmaSide::new(&incoming.id, pools, 1 << 15) {
+                let in_capsule = self.shared.subsystems.base.in_capsule_bytes;
+                match rdma::RdmaSide::new(&incoming.id, pools, 1 << 15, in_capsule) {
                     Ok(side) => self.rdma = Some(side),
                     Err(e) => {
                         log::warn!("{}: RDMA on this reactor: {e}", incoming.peer);
@@ -395,17 +396,10 @@ impl ServeJob {
                 }
             }
             let slot = self.free_slot();
-            let Some(side) = &self.rdma else {
+            let Some(side) = &mut self.rdma else {
                 continue;
             };
-            let in_capsule = self.shared.subsystems.base.in_capsule_bytes;
-            let qp = match rdma::QueuePair::accept(
-                side,
-                incoming.id,
-                incoming.request,
-                slot,
-                in_capsule,
-            ) {
+            let qp = match rdma::QueuePair::accept(side, incoming.id, incoming.request, slot) {
                 Ok(qp) => qp,
                 Err(e) => {
                     log::warn!("{}: cannot accept the RDMA connection: {e}", incoming.peer);
@@ -474,14 +468,17 @@ impl ServeJob {
         let mut busy = false;
         loop {
             let polled = side.poll(|side, wc| {
-                let slot = rdma::slot_of(wc.wr_id);
-                let Some(Some(c)) = conns.get_mut(slot) else {
+                let conn = side.slot_of(&wc).and_then(|slot| {
+                    let c = conns.get_mut(slot)?.as_mut()?;
+                    match &c.link {
+                        Link::Rdma(qp) if qp.qp_num() == wc.qp_num => Some((slot, c)),
+                        _ => None,
+                    }
+                });
+                let Some((slot, c)) = conn else {
+                    side.unclaimed(wc); // a late one of a connection gone
                     return;
                 };
-                let Link::Rdma(qp) = &mut c.link else { return };
-                if qp.qp_num() != wc.qp_num {
-                    return; // a late one of a connection gone
-                }
                 let (conn, link, mut backend) =
                     ReactorBackend::new(&mut ctx.devices, pool, c, slot, shared, waiting);
                 if let Link::Rdma(qp) = link {
@@ -671,7 +668,16 @@ impl Job for ServeJob {
                     ctx.unwatch(stream.as_fd());
                     let _ = stream.shutdown(std::net::Shutdown::Both);
                 }
-                *entry = None;
+                #[cfg(feature = "rdma")]
+                let qp_num = match &c.link {
+                    Link::Rdma(qp) => Some(qp.qp_num()),
+                    Link::Tcp(_) => None,
+                };
+                *entry = None; // (an RDMA connection's queue pair destroyed)
+                #[cfg(feature = "rdma")]
+                if let (Some(qp_num), Some(side)) = (qp_num, &mut self.rdma) {
+                    side.closed(qp_num);
+                }
                 self.waiting.forget(slot as u32);
                 self.shared
                     .counters

@@ -1,23 +1,30 @@
 //! A reactor's NVMe/RDMA side: the queue pairs of its RDMA connections, all on one protection
-//! domain and one completion queue, with the reactor's DMA buffer pools registered once under
-//! their IOVAs (so an RDMA READ or WRITE reaches a command's buffer by its IOVA, no
-//! translation per I/O), and its connections' CM events on one channel of its own.
+//! domain, one completion queue and one shared receive queue, with the reactor's DMA buffer
+//! pools registered once under their IOVAs (so an RDMA READ or WRITE reaches a command's
+//! buffer by its IOVA, no translation per I/O), and its connections' CM events on one channel
+//! of its own.
 //!
-//! Each connection posts a receive buffer per entry of the host's submission queue; a capsule
-//! that arrives goes to its [`Connection`] (as NVMe/TCP's would, see `connection::rdma`),
-//! whose asks are carried out here: a response is a SEND, a write's data an RDMA READ into the
-//! command's buffer, a read's data an RDMA WRITE from it, admin data an RDMA WRITE of a copy.
-//! A capsule whose own data (a Connect's, Dataset Management ranges, an admin command's) is
-//! keyed is read into its receive buffer first, then handed over as in-capsule data.
+//! The shared receive queue's buffers take the capsules of all the reactor's connections (a
+//! host may have up to its queue's size outstanding, and most are idle at any time: one pool
+//! for all costs far less memory than a buffer per entry of every queue; when it runs dry the
+//! host's adapter retries, RNR). A capsule that arrives goes to its [`Connection`] (as
+//! NVMe/TCP's would, see `connection::rdma`) straight from its receive buffer — its in-capsule
+//! data copied once, into its command's DMA buffer — whose asks are carried out here: a
+//! response is a SEND, a write's data an RDMA READ into the command's buffer, a read's data an
+//! RDMA WRITE from it, admin data an RDMA WRITE of a copy. A capsule whose own data (a
+//! Connect's, Dataset Management ranges, an admin command's) is keyed is read into its receive
+//! buffer first, then handed over as in-capsule data.
 //!
 //! Work request IDs say whose and what: the connection's slot (bits 32..), the kind (24..32),
-//! an index (a receive buffer, a response, a command's token); completions are also checked
-//! against the connection's queue pair number, so that a late one of a closed connection is
-//! never taken for its slot's next.
+//! an index (a receive buffer, a response, a command's token); a receive's connection is the
+//! one of the queue pair its completion names. Completions are checked against the
+//! connection's queue pair number, so that a late one of a closed connection is never taken
+//! for its slot's next.
 //!
 //! A reactor with RDMA connections polls: it does not sleep while it has any (its completion
 //! queue is read every turn, with no system call).
 
+use std::collections::HashMap;
 use std::io;
 
 use usnvme_driver::spec::fabrics::FABRICS_OPCODE;
@@ -34,7 +41,7 @@ use crate::fabric::export::connection::{Backend, Connection};
 use crate::fabric::export::Listener;
 use crate::transport::rdma::verbs::{
     wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion,
-    ProtectionDomain, QpCaps, Sge, Wc, WcOpcode, POLL_BATCH,
+    ProtectionDomain, QpCaps, Sge, SharedReceiveQueue, Wc, WcOpcode, POLL_BATCH,
 };
 
 const RECV: u64 = 1;
@@ -48,22 +55,22 @@ const PREREAD: u64 = 6;
 /// Room in front of a received capsule for the header the connection reads it with.
 const ROOM: usize = 8;
 const SQE: usize = Sqe::SIZE;
+/// Receive buffers of a reactor (fewer when the device allows fewer): as SPDK's default.
+const RECEIVES: u32 = 4096;
+/// The data a receive buffer holds at least: a Connect's.
+const MIN_CAPSULE_DATA: usize = 1024;
 /// Responses in flight per connection at most, per host queue entry.
 const RESPONSES_PER_ENTRY: usize = 4;
 /// Admin data transfers in flight per connection at most.
 const ADMIN_SLOTS: usize = 8;
 /// RDMA READs the host may have outstanding against us, and we against it.
 const RDMA_DEPTH: u8 = 16;
-/// Where a connection's own memory is addressed (its own region: any address does).
+/// Where a connection's own memory is addressed (its own region: any page-aligned address
+/// does).
 const OWN_IOVA: u64 = 0x1000;
 
 fn wr_id(slot: usize, kind: u64, index: u16) -> u64 {
     ((slot as u64) << 32) | (kind << 24) | u64::from(index)
-}
-
-/// A work request ID's connection slot, kind and index.
-pub(super) fn slot_of(wr: u64) -> usize {
-    (wr >> 32) as usize
 }
 
 fn split(wr: u64) -> (u64, u16) {
@@ -75,36 +82,49 @@ fn error(what: &str, e: impl std::fmt::Display) -> io::Error {
 }
 
 /// What a reactor's RDMA connections share. Field order is drop order: the registrations
-/// before the completion queue and the protection domain.
+/// and the shared receive queue before the completion queue and the protection domain, the
+/// receive buffers' registration before their memory.
 pub(super) struct RdmaSide {
     /// The reactor's DMA pools' regions: IOVAs `start..end` under `lkey`.
     regions: Vec<(u64, u64, u32, MemoryRegion)>,
+    receives_mr: MemoryRegion,
+    srq: SharedReceiveQueue,
     cq: CompletionQueue,
     pd: ProtectionDomain,
+    /// The receive buffers: buffer `i` at `i * stride` (IOVA `receives_iova` + that), a
+    /// capsule received at [`ROOM`] into it. The adapter writes a buffer only while it is
+    /// posted; this side reads and writes it only while it is not.
+    receives: Vec<u8>,
+    receives_iova: u64,
+    stride: usize,
+    /// The most in-capsule data a receive buffer holds.
+    capsule_data: usize,
+    /// Each receive buffer's holder while it is not posted: the queue pair whose capsule it
+    /// holds (0: posted; no RC queue pair has number 0).
+    holder: Vec<u32>,
+    /// The connections' slots, by their queue pairs' numbers.
+    slots: HashMap<u32, usize>,
     /// Where the CM events of the reactor's connections come.
     pub(super) channel: EventChannel,
-    /// A capsule, copied out of its receive buffer to be handed over.
-    scratch: Vec<u8>,
     wcs: [Wc; POLL_BATCH],
 }
 
 impl RdmaSide {
     /// The reactor's side, on the RDMA device of its first connection `first`: a protection
-    /// domain, a completion queue of `cq_entries`, the `pools` registered.
-    pub(super) fn new(first: &CmId, pools: &Pools, cq_entries: u32) -> io::Result<RdmaSide> {
+    /// domain, a completion queue of `cq_entries`, the `pools` registered, a shared receive
+    /// queue with its buffers (of a capsule with `in_capsule` bytes of data) posted.
+    pub(super) fn new(
+        first: &CmId,
+        pools: &Pools,
+        cq_entries: u32,
+        in_capsule: u32,
+    ) -> io::Result<RdmaSide> {
         let pd = first.alloc_pd()?;
-        // as large as the device allows, from `cq_entries` down
-        let mut entries = cq_entries;
-        let cq = loop {
-            match first.create_cq(entries) {
-                Ok(cq) => break cq,
-                Err(e) if entries > 1024 && e.kind() == io::ErrorKind::InvalidInput => {
-                    entries /= 2;
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        log::debug!("RDMA: a completion queue of {entries} entries");
+        let cq = largest(cq_entries, |n| first.create_cq(n))?;
+        let srq = largest(RECEIVES, |n| pd.create_srq(n))?;
+        let (cq_entries, cq) = cq;
+        let (count, srq) = srq;
+        log::debug!("RDMA: a completion queue of {cq_entries}, {count} shared receives");
         let channel = EventChannel::new()?;
         let mut regions = Vec::new();
         for pool in std::iter::once(&pools.usual).chain(pools.large.as_ref()) {
@@ -112,12 +132,25 @@ impl RdmaSide {
             let mr = pd.register(r.as_ptr(), r.len(), r.iova())?;
             regions.push((r.iova(), r.iova() + r.len() as u64, mr.lkey(), mr));
         }
-        Ok(RdmaSide {
+        let capsule_data = (in_capsule as usize).max(MIN_CAPSULE_DATA);
+        let stride = (ROOM + SQE + capsule_data).next_multiple_of(64);
+        let mut receives = vec![0u8; count as usize * stride];
+        // addressed by their own addresses (an IOVA must keep an address's page offset)
+        let receives_iova = receives.as_ptr() as u64;
+        let receives_mr = pd.register(receives.as_mut_ptr(), receives.len(), receives_iova)?;
+        let mut side = RdmaSide {
             regions,
+            receives_mr,
+            srq,
             cq,
             pd,
+            receives,
+            receives_iova,
+            stride,
+            capsule_data,
+            holder: vec![0; count as usize],
+            slots: HashMap::new(),
             channel,
-            scratch: Vec::with_capacity(64 << 10),
             wcs: [Wc {
                 wr_id: 0,
                 qp_num: 0,
@@ -125,7 +158,11 @@ impl RdmaSide {
                 opcode: WcOpcode::Send,
                 byte_len: 0,
             }; POLL_BATCH],
-        })
+        };
+        for i in 0..count as u16 {
+            side.post_receive(i)?;
+        }
+        Ok(side)
     }
 
     /// The local key of the pool buffer at `iova` (`len` bytes).
@@ -137,9 +174,68 @@ impl RdmaSide {
             .map(|r| r.2)
     }
 
+    /// Where a capsule lands in receive buffer `i`: its IOVA (after the room).
+    fn capsule_at(&self, i: u16) -> u64 {
+        self.receives_iova + (usize::from(i) * self.stride + ROOM) as u64
+    }
+
+    /// Posts receive buffer `i` (again).
+    fn post_receive(&mut self, i: u16) -> io::Result<()> {
+        self.holder[usize::from(i)] = 0;
+        let sge = Sge {
+            addr: self.capsule_at(i),
+            len: (SQE + self.capsule_data) as u32,
+            lkey: self.receives_mr.lkey(),
+        };
+        self.srq.post_recv(wr_id(0, RECV, i), sge)
+    }
+
+    /// Posts receive buffer `i` again if queue pair `qp_num` holds it.
+    fn release(&mut self, i: u16, qp_num: u32) {
+        if self.holder.get(usize::from(i)) == Some(&qp_num) {
+            if let Err(e) = self.post_receive(i) {
+                log::warn!("RDMA: posting a receive again: {e}");
+            }
+        }
+    }
+
+    /// The slot of the connection completion `wc` is for, as far as its work request says
+    /// (the caller checks the queue pair's number).
+    pub(super) fn slot_of(&self, wc: &Wc) -> Option<usize> {
+        match split(wc.wr_id).0 {
+            RECV => self.slots.get(&wc.qp_num).copied(),
+            _ => Some((wc.wr_id >> 32) as usize),
+        }
+    }
+
+    /// A completion no connection takes (its connection closed): a receive buffer it used
+    /// is posted again.
+    pub(super) fn unclaimed(&mut self, wc: Wc) {
+        let (kind, i) = split(wc.wr_id);
+        match kind {
+            RECV => {
+                self.holder[usize::from(i)] = wc.qp_num;
+                self.release(i, wc.qp_num);
+            }
+            PREREAD => self.release(i, wc.qp_num),
+            _ => {}
+        }
+    }
+
+    /// Queue pair `qp_num` is gone (destroyed: its adapter touches nothing of ours): the
+    /// receive buffers it held are posted again.
+    pub(super) fn closed(&mut self, qp_num: u32) {
+        self.slots.remove(&qp_num);
+        for i in 0..self.holder.len() {
+            self.release(i as u16, qp_num);
+        }
+    }
+
     /// Takes up to a batch of completions; hands each to `on`.
     pub(super) fn poll(&mut self, mut on: impl FnMut(&mut RdmaSide, Wc)) -> io::Result<usize> {
         let n = self.cq.poll(&mut self.wcs)?;
+        // what the adapter wrote before these completions is seen after them
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         for i in 0..n {
             let wc = self.wcs[i];
             on(self, wc);
@@ -148,17 +244,28 @@ impl RdmaSide {
     }
 }
 
-/// One connection's queue pair and its own registered memory: receive buffers, responses,
-/// admin data. Field order is drop order: the queue pair (in `id`) first.
+/// The largest of `wanted` entries, halved down to 256, that `make` makes (a device says how
+/// many it takes only by refusing more).
+fn largest<T>(wanted: u32, mut make: impl FnMut(u32) -> io::Result<T>) -> io::Result<(u32, T)> {
+    let mut entries = wanted;
+    loop {
+        match make(entries) {
+            Ok(made) => return Ok((entries, made)),
+            Err(e) if entries > 256 && e.kind() == io::ErrorKind::InvalidInput => entries /= 2,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One connection's queue pair and its own registered memory: responses and admin data.
+/// Field order is drop order: the queue pair (in `id`) first.
 pub(super) struct QueuePair {
     id: CmId,
     mr: MemoryRegion,
     own: IovaMemory,
     qp_num: u32,
-    /// Receive buffers (the host's submission queue entries) and their size.
+    /// The host's submission queue entries.
     entries: u16,
-    stride: usize,
-    in_capsule: usize,
     /// An I/O queue (its writes' keyed data goes straight into the commands' buffers).
     io: bool,
     next_response: usize,
@@ -177,13 +284,12 @@ impl std::fmt::Debug for QueuePair {
 
 impl QueuePair {
     /// Takes connection `id` (a connect request for `request`) on `side` as the reactor's
-    /// connection `slot`: its queue pair, its receive buffers posted, accepted.
+    /// connection `slot`: its queue pair on the shared receive queue, accepted.
     pub(super) fn accept(
-        side: &RdmaSide,
+        side: &mut RdmaSide,
         id: CmId,
         request: CmRequest,
         slot: usize,
-        in_capsule: u32,
     ) -> io::Result<QueuePair> {
         id.migrate(&side.channel)?;
         let entries = request.hsqsize.saturating_add(1);
@@ -192,15 +298,14 @@ impl QueuePair {
         id.create_qp(
             &side.pd,
             &side.cq,
+            Some(&side.srq),
             QpCaps {
                 send: (e * RESPONSES_PER_ENTRY + ADMIN_SLOTS) as u32,
-                recv: u32::from(entries),
+                recv: 0,
                 send_sge: 1,
             },
         )?;
-        let in_capsule = in_capsule as usize;
-        let stride = (ROOM + SQE + in_capsule).next_multiple_of(64);
-        let len = e * stride + e * RESPONSES_PER_ENTRY * Cqe::SIZE + ADMIN_SLOTS * MAX_ADMIN_DATA;
+        let len = e * RESPONSES_PER_ENTRY * Cqe::SIZE + ADMIN_SLOTS * MAX_ADMIN_DATA;
         let own =
             IovaMemory::from_ranges(&[(GuestAddress(OWN_IOVA), len)]).map_err(io::Error::other)?;
         let region = own
@@ -219,16 +324,12 @@ impl QueuePair {
             own,
             qp_num,
             entries,
-            stride,
-            in_capsule,
             io: request.qid != 0,
             next_response: 0,
             next_admin: 0,
             disconnected: false,
         };
-        for i in 0..entries {
-            qp.post_recv(slot, i)?;
-        }
+        side.slots.insert(qp_num, slot);
         qp.id.accept(&encode_accept(entries), RDMA_DEPTH)?;
         Ok(qp)
     }
@@ -242,26 +343,13 @@ impl QueuePair {
         self.id.raw()
     }
 
-    fn recv_at(&self, i: u16) -> u64 {
-        OWN_IOVA + (usize::from(i) * self.stride) as u64
-    }
-
     fn responses_at(&self) -> u64 {
-        OWN_IOVA + (usize::from(self.entries) * self.stride) as u64
+        OWN_IOVA
     }
 
     fn admin_at(&self) -> u64 {
         let responses = usize::from(self.entries) * RESPONSES_PER_ENTRY * Cqe::SIZE;
         self.responses_at() + responses as u64
-    }
-
-    fn post_recv(&self, slot: usize, i: u16) -> io::Result<()> {
-        let sge = Sge {
-            addr: self.recv_at(i) + ROOM as u64,
-            len: (SQE + self.in_capsule) as u32,
-            lkey: self.mr.lkey(),
-        };
-        self.id.post_recv(wr_id(slot, RECV, i), sge)
     }
 
     /// The connection is over: disconnect (its work requests flush).
@@ -283,8 +371,12 @@ impl QueuePair {
         side: &mut RdmaSide,
     ) {
         let (kind, index) = split(wc.wr_id);
+        if kind == RECV {
+            side.holder[usize::from(index)] = self.qp_num;
+        }
         if wc.status != 0 {
             match kind {
+                RECV | PREREAD => side.release(index, self.qp_num),
                 READ => conn.rdma_read_done(index, false, backend),
                 WRITE => conn.rdma_written(index, backend),
                 _ => {}
@@ -300,7 +392,7 @@ impl QueuePair {
         }
         match kind {
             RECV => self.on_capsule(index, wc.byte_len as usize, slot, conn, backend, side),
-            PREREAD => self.hand_over(index, None, slot, conn, backend, side),
+            PREREAD => self.hand_over(index, None, conn, backend, side),
             READ => conn.rdma_read_done(index, true, backend),
             WRITE => conn.rdma_written(index, backend),
             _ => {} // responses and admin data: their place is free again
@@ -317,37 +409,41 @@ impl QueuePair {
         backend: &mut dyn Backend,
         side: &mut RdmaSide,
     ) {
-        let at = self.recv_at(i) + ROOM as u64;
-        let mut sqe = [0u8; SQE];
-        if len < SQE || self.own.read_slice(&mut sqe, GuestAddress(at)).is_err() {
+        if len < SQE {
+            side.release(i, self.qp_num);
             self.disconnect();
             conn.peer_gone(&format!("RDMA: a capsule of {len} bytes"), backend);
             return;
         }
-        let sqe = Sqe::from_bytes(&sqe);
+        let at = usize::from(i) * side.stride + ROOM;
+        let Some(sqe) = side.receives[at..].first_chunk().map(Sqe::from_bytes) else {
+            side.release(i, self.qp_num); // (cannot be: a buffer holds an SQE)
+            return;
+        };
         // keyed data the connection keeps whole: read it in first
-        if let Some(keyed) = self.keyed_own_data(&sqe, len) {
+        if let Some(keyed) = self.keyed_own_data(&sqe, len, side.capsule_data) {
             let sge = Sge {
-                addr: at + SQE as u64,
+                addr: side.capsule_at(i) + SQE as u64,
                 len: keyed.length,
-                lkey: self.mr.lkey(),
+                lkey: side.receives_mr.lkey(),
             };
             let read = self
                 .id
                 .post_read(wr_id(slot, PREREAD, i), &[sge], keyed.address, keyed.key);
             if let Err(e) = read {
+                side.release(i, self.qp_num);
                 self.disconnect();
                 conn.peer_gone(&format!("RDMA: post READ: {e}"), backend);
             }
             return;
         }
-        self.hand_over(i, Some(len), slot, conn, backend, side);
+        self.hand_over(i, Some(len), conn, backend, side);
     }
 
     /// A capsule's keyed data the connection must have whole (not a write's, which goes into
     /// its command's buffer): host-to-controller data of a Fabrics or admin command, or of an
-    /// I/O command other than Write, no larger than a receive buffer's data.
-    fn keyed_own_data(&self, sqe: &Sqe, len: usize) -> Option<Keyed> {
+    /// I/O command other than Write, no larger than a receive buffer's `room`.
+    fn keyed_own_data(&self, sqe: &Sqe, len: usize, room: usize) -> Option<Keyed> {
         let keyed = Keyed::of(&sqe.sgl()).filter(|k| k.length > 0)?;
         let opcode = sqe.opcode();
         let to_controller = if opcode == FABRICS_OPCODE {
@@ -356,50 +452,40 @@ impl QueuePair {
             opcode & 1 == 1
         };
         let write = self.io && opcode == IoOpcode::Write as u8;
-        (len == SQE && to_controller && !write && keyed.length as usize <= self.in_capsule)
-            .then_some(keyed)
+        (len == SQE && to_controller && !write && keyed.length as usize <= room).then_some(keyed)
     }
 
-    /// Hands receive buffer `i`'s capsule to the connection (`len` bytes as received; None:
-    /// its keyed data was read in after the SQE, which now says so), posts the buffer again,
-    /// and carries out what the connection asks.
+    /// Hands receive buffer `i`'s capsule to the connection, where it lies (`len` bytes as
+    /// received; None: its keyed data was read in after the SQE, which now says so), posts
+    /// the buffer again, and carries out what the connection asks.
     fn hand_over(
         &mut self,
         i: u16,
         len: Option<usize>,
-        slot: usize,
         conn: &mut Connection,
         backend: &mut dyn Backend,
         side: &mut RdmaSide,
     ) {
-        let at = self.recv_at(i);
-        let mut sqe = [0u8; SQE];
-        let _ = self
-            .own
-            .read_slice(&mut sqe, GuestAddress(at + ROOM as u64));
-        let mut sqe = Sqe::from_bytes(&sqe);
+        let start = usize::from(i) * side.stride;
+        let buffer = &mut side.receives[start..start + side.stride];
         let data = match len {
             Some(len) => len - SQE,
             None => {
+                let Some(bytes) = buffer[ROOM..].first_chunk_mut::<SQE>() else {
+                    side.release(i, self.qp_num); // (cannot be: a buffer holds an SQE)
+                    return;
+                };
+                let mut sqe = Sqe::from_bytes(bytes);
                 let n = Keyed::of(&sqe.sgl()).map_or(0, |k| k.length);
                 sqe.set_sgl(SglDescriptor::in_capsule(n));
+                bytes.copy_from_slice(sqe.as_bytes());
                 n as usize
             }
         };
-        side.scratch.clear();
-        side.scratch.resize(ROOM + SQE + data, 0);
-        side.scratch[ROOM..ROOM + SQE].copy_from_slice(sqe.as_bytes());
-        let copied = self.own.read_slice(
-            &mut side.scratch[ROOM + SQE..],
-            GuestAddress(at + (ROOM + SQE) as u64),
-        );
-        if let Err(e) = self.post_recv(slot, i) {
-            log::warn!("RDMA: posting a receive again: {e}");
-        }
-        if copied.is_err() {
-            return;
-        }
-        conn.receive_capsule(&mut side.scratch, backend);
+        // (the adapter never writes more than a buffer takes; a READ is at most its room)
+        let end = (ROOM + SQE + data).min(buffer.len());
+        conn.receive_capsule(&mut buffer[..end], backend);
+        side.release(i, self.qp_num);
     }
 
     /// Carries out what `conn` asks of the queue pair (`buffers`: its commands' DMA buffers).
