@@ -25,7 +25,7 @@ const FIO: &str = "/usr/bin/fio";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:75736e76-6d65-4000-8000-62656e636866";
 /// The guest CPU the initiator (fio) runs on, and the one `usnvme serve`'s reactor gets.
 pub(crate) const INITIATOR_CPU: u32 = 0;
-const TARGET_CPU: u32 = 1;
+pub(crate) const TARGET_CPU: u32 = 1;
 /// `usnvme serve -c 1`: one reactor, which polls its core whole.
 const SERVE_REACTORS: u32 = 1;
 /// Where `usnvme serve` keeps its `--json-status` (reactor time and busy time), every 0.1 s:
@@ -47,7 +47,7 @@ pub enum Target {
 impl Target {
     pub const ALL: [Target; 2] = [Target::Usnvme, Target::Kernel];
 
-    fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Target::Usnvme => "serve",
             Target::Kernel => "nvmet",
@@ -314,28 +314,49 @@ pub(crate) fn prelude(usnvme: &str, spdk: &str, out: &str) -> String {
         .replace("@STATUS@", SERVE_STATUS)
 }
 
+/// Shell lines that start `usnvme serve` on the first `drives` drives bound to vfio-pci, one
+/// reactor on [`TARGET_CPU`], listening on `listen` (`ADDR:PORT`, or `rdma:ADDR:PORT`) for the
+/// subsystem `nqn`, its output in `$OUT/{tag}.log` and its PID in `$SERVE`; `$READY` = 1 once it
+/// prints that it listens. `discover` is the shell command whose output must name `nqn`
+/// (`nvme discover` over the listener's transport).
+pub(super) fn start_serve(
+    drives: u32,
+    listen: &str,
+    nqn: &str,
+    tag: &str,
+    discover: &str,
+) -> String {
+    format!(
+        "READY=0\n\
+         : > $OUT/{tag}.log\n\
+         rm -f {SERVE_STATUS}\n\
+         $USNVME serve $(first \"$VDEVS\" {drives} | sed 's/^/-r /') -c {TARGET_CPU} \
+         --listen {listen} --nqn {nqn} --allow-any-host \
+         --json-status {SERVE_STATUS} --json-status-every 0.1 > $OUT/{tag}.log 2>&1 &\n\
+         SERVE=$!\n\
+         # it prints what it serves, then \"hosts: any\", once listening\n\
+         i=0\n\
+         while [ $i -lt 120 ] && kill -0 $SERVE 2>/dev/null; do\n\
+         \x20 grep -q '^hosts:' $OUT/{tag}.log && {{ READY=1; break; }}\n\
+         \x20 sleep 0.5; i=$((i + 1))\n\
+         done\n\
+         cat $OUT/{tag}.log\n\
+         [ $READY = 1 ] && {discover} \
+         | grep -q {nqn} || {{ READY=0; echo 'FAILED: usnvme serve does not serve'; }}\n"
+    )
+}
+
 /// Shell lines that start `target` exporting `drives` drives (`$READY` = 1 once it serves).
 fn start_target(target: Target, drives: u32, tag: &str) -> String {
     let nqn = target.nqn();
     let port = target.port();
     match target {
-        Target::Usnvme => format!(
-            "READY=0\n\
-             : > $OUT/{tag}.log\n\
-             rm -f {SERVE_STATUS}\n\
-             $USNVME serve $(first \"$VDEVS\" {drives} | sed 's/^/-r /') -c {TARGET_CPU} \
-             --listen 127.0.0.1:{port} --nqn {nqn} --allow-any-host \
-             --json-status {SERVE_STATUS} --json-status-every 0.1 > $OUT/{tag}.log 2>&1 &\n\
-             SERVE=$!\n\
-             # it prints what it serves, then \"hosts: any\", once listening\n\
-             i=0\n\
-             while [ $i -lt 120 ] && kill -0 $SERVE 2>/dev/null; do\n\
-             \x20 grep -q '^hosts:' $OUT/{tag}.log && {{ READY=1; break; }}\n\
-             \x20 sleep 0.5; i=$((i + 1))\n\
-             done\n\
-             cat $OUT/{tag}.log\n\
-             [ $READY = 1 ] && $NVME discover -t tcp -a 127.0.0.1 -s {port} --hostnqn $HOSTNQN \
-             | grep -q {nqn} || {{ READY=0; echo 'FAILED: usnvme serve does not serve'; }}\n"
+        Target::Usnvme => start_serve(
+            drives,
+            &format!("127.0.0.1:{port}"),
+            nqn,
+            tag,
+            &format!("$NVME discover -t tcp -a 127.0.0.1 -s {port} --hostnqn $HOSTNQN"),
         ),
         Target::Kernel => format!(
             "READY=0\n\
@@ -357,7 +378,9 @@ fn start_target(target: Target, drives: u32, tag: &str) -> String {
     }
 }
 
-fn stop_target(target: Target, tag: &str) -> String {
+/// Shell lines that stop `target`: `usnvme serve` by SIGTERM (SIGKILL after 30 s), its exit
+/// status appended to `$OUT/{tag}.log`; nvmet's configfs entries removed.
+pub(super) fn stop_target(target: Target, tag: &str) -> String {
     let nqn = target.nqn();
     match target {
         Target::Usnvme => format!(

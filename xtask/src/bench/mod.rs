@@ -37,8 +37,8 @@ pub struct BenchArgs {
     /// fabric-native (NVMe/TCP on this machine's cores: serve against SPDK's nvmf_tgt, perf
     /// against spdk_nvme_perf; needs --spdk-target and --spdk-perf) or scale (one process on
     /// 1, 2, 4, … cores against separate processes; serve on 1, 2, 4, 8 reactors) or
-    /// fabric-rdma (usnvme perf against the kernel's nvme-rdma host in front of nvmet-rdma, on
-    /// soft-RoCE: functional figures).
+    /// fabric-rdma (usnvme perf against the kernel's nvme-rdma host in front of nvmet-rdma, and
+    /// usnvme serve against nvmet-rdma behind that host, on soft-RoCE: functional figures).
     #[arg(long, value_enum, value_name = "SECTION")]
     only: Option<Section>,
     /// Fewer I/Os, a single VM case, shorter and fewer SPDK rounds: checks that everything runs.
@@ -204,7 +204,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let rdma = if run_rdma {
         println!(
             "bench: fabric over RDMA (one boot: usnvme perf and the kernel's nvme-rdma host with \
-             fio against nvmet-rdma, on soft-RoCE)"
+             fio against nvmet-rdma, that host and fio against usnvme serve, on soft-RoCE)"
         );
         let seconds = args
             .fabric_seconds
