@@ -771,7 +771,7 @@ const REJECT_TRSVCID: u16 = 4432;
 
 #[test]
 #[ignore = "VM: run by `cargo xtask vm-test`"]
-fn connect_requests_with_bad_queue_sizes_are_rejected_by_name_and_serve_goes_on() {
+fn connect_requests_over_rdma_with_bad_queue_sizes_are_rejected_by_name_and_serve_goes_on() {
     use std::sync::Arc;
     use usnvme_engine::fabric::address::Transport;
     use usnvme_engine::transport::fabric_queue::FabricQueue;

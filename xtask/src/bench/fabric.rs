@@ -1254,19 +1254,30 @@ pub fn section(
         "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run \
          --kernel-nvme 12`): {script}."
     )?;
-    let logs = r
-        .serve_logs
+    serve_logs(m, companions, "fabric-serve", &r.serve_logs)?;
+    headlines(h, &pairs, &script);
+    Ok(())
+}
+
+/// What `usnvme serve` printed per block of runs (`(tag, text)`), kept as companion files
+/// `{prefix}-{tag}.log` and named in the section.
+pub(super) fn serve_logs(
+    m: &mut String,
+    companions: &Companions,
+    prefix: &str,
+    logs: &[(String, String)],
+) -> Result<()> {
+    let files = logs
         .iter()
-        .map(|(tag, log)| companions.file(&format!("fabric-serve-{tag}.log"), log))
+        .map(|(tag, log)| companions.file(&format!("{prefix}-{tag}.log"), log))
         .collect::<Result<Vec<_>>>()?;
-    if !logs.is_empty() {
+    if !files.is_empty() {
         writeln!(
             m,
             "\nWhat `usnvme serve` printed, per block of runs: {}.",
-            logs.join(", ")
+            files.join(", ")
         )?;
     }
-    headlines(h, &pairs, &script);
     Ok(())
 }
 

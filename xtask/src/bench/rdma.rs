@@ -685,19 +685,7 @@ pub fn section(
         "\nThe guest script (run by `cargo xtask bench` through `cargo xtask vm-run --drives 2 \
          --kernel-nvme 1`): {script}. The guest kernel's lines about rdma, rxe and nvme: {dmesg}."
     )?;
-    let logs = r
-        .serve_logs
-        .iter()
-        .map(|(tag, log)| companions.file(&format!("fabric-rdma-serve-{tag}.log"), log))
-        .collect::<Result<Vec<_>>>()?;
-    if !logs.is_empty() {
-        writeln!(
-            m,
-            "\nWhat `usnvme serve` printed, per block of runs: {}.",
-            logs.join(", ")
-        )?;
-    }
-    Ok(())
+    fabric::serve_logs(m, companions, "fabric-rdma-serve", &r.serve_logs)
 }
 
 #[cfg(test)]

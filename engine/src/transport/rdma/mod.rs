@@ -6,6 +6,7 @@
 //!
 //! Built with the `rdma` feature only (it links rdma-core's libibverbs and librdmacm).
 
+pub mod completions;
 pub mod domain;
 pub mod queue;
 pub mod verbs;

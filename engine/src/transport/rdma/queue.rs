@@ -35,10 +35,10 @@ use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::IovaMemory;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
+use super::completions::{self, Member};
 use super::domain::{Domain, Registration};
 use super::verbs::{
-    wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion, QpCaps, Sge,
-    Wc, WcOpcode, POLL_BATCH,
+    wc_status_name, CmEventKind, CmId, EventChannel, MemoryRegion, QpCaps, Sge, Wc, WcOpcode,
 };
 use crate::transport::tcp::initiator::queue::Buffers;
 use crate::transport::tcp::initiator::session::MAX_ENTRIES;
@@ -102,7 +102,10 @@ pub struct IoQueue {
     /// The data memory's regions as registered on the device's domain.
     regions: Vec<Arc<Registration>>,
     own_mr: Option<MemoryRegion>,
-    cq: Option<CompletionQueue>,
+    /// Its place on a completion queue (shared by the reactor's I/O queues).
+    cq: Option<Member>,
+    /// The tag of its work request IDs (see [`completions`]).
+    wr_tag: u64,
     domain: Option<Arc<Domain>>,
     channel: EventChannel,
     own: IovaMemory,
@@ -185,6 +188,7 @@ impl QueueSetup {
             regions: Vec::new(),
             own_mr: None,
             cq: None,
+            wr_tag: 0,
             domain: None,
             channel,
             own,
@@ -336,14 +340,23 @@ impl IoQueue {
         let entries = u32::from(self.params.entries);
         let domain = Domain::of(&self.id).map_err(rdma_error)?;
         let pd = domain.pd();
-        // a send and a receive per entry
-        let cq = self.id.create_cq(2 * entries).map_err(rdma_error)?;
+        // an I/O queue on its reactor's shared completion queue, an admin queue on its own
+        let mut cq = match self.params.qid {
+            0 => completions::own(&self.id, entries),
+            _ => completions::join(&self.id, entries),
+        }
+        .map_err(rdma_error)?;
         let caps = QpCaps {
             send: entries,
             recv: entries,
             send_sge: 2,
         };
-        self.id.create_qp(pd, &cq, None, caps).map_err(rdma_error)?;
+        self.id
+            .create_qp(pd, cq.cq(), None, caps)
+            .map_err(rdma_error)?;
+        let qp_num = self.id.qp_num().ok_or(HostError::Closed)?;
+        cq.bind(qp_num);
+        self.wr_tag = cq.tag();
         let own_ptr = host_address(&self.own, OWN_IOVA)?;
         let (.., own_len) = own_layout(entries as usize);
         self.own_mr = Some(
@@ -432,7 +445,7 @@ impl IoQueue {
             lkey: self.own_lkey(),
         };
         self.id
-            .post_recv(RECV_TAG | u64::from(i), sge)
+            .post_recv(self.wr_tag | RECV_TAG | u64::from(i), sge)
             .map_err(rdma_error)
     }
 
@@ -515,8 +528,12 @@ impl IoQueue {
             lkey: self.own_lkey(),
         };
         let posted = match data {
-            Some(d) => self.id.post_send(u64::from(index), &[command, d]),
-            None => self.id.post_send(u64::from(index), &[command]),
+            Some(d) => self
+                .id
+                .post_send(self.wr_tag | u64::from(index), &[command, d]),
+            None => self
+                .id
+                .post_send(self.wr_tag | u64::from(index), &[command]),
         };
         if let Err(e) = posted {
             log::warn!("NVMe/RDMA queue {}: post send: {e}", self.params.qid);
@@ -770,31 +787,24 @@ impl IoQueue {
         }
     }
 
-    fn poll_completions(&mut self, on_done: &mut impl FnMut(Completion)) {
-        let mut wcs = [Wc {
-            wr_id: 0,
-            qp_num: 0,
-            status: 0,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-        }; POLL_BATCH];
-        loop {
-            let Some(cq) = self.cq.as_mut() else {
-                return;
-            };
-            let n = match cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    log::warn!("NVMe/RDMA queue {}: {e}", self.params.qid);
-                    self.end(Failure::Closed);
-                    return;
-                }
-            };
-            for wc in &wcs[..n] {
+    /// Takes the queue pair's completions; whether any went to another queue pair on the
+    /// shared completion queue.
+    fn poll_completions(&mut self, on_done: &mut impl FnMut(Completion)) -> bool {
+        let Some(cq) = self.cq.take() else {
+            return false;
+        };
+        let polled = cq.poll(|wc| {
+            if cq.is_mine(wc.wr_id) {
                 self.on_completion(wc, on_done);
             }
-            if n < POLL_BATCH {
-                return;
+        });
+        self.cq = Some(cq);
+        match polled {
+            Ok((_, others)) => others,
+            Err(e) => {
+                log::warn!("NVMe/RDMA queue {}: {e}", self.params.qid);
+                self.end(Failure::Closed);
+                false
             }
         }
     }
@@ -811,7 +821,7 @@ impl IoQueue {
                 self.end(Failure::Closed);
             }
             if wc.wr_id & RECV_TAG == 0 {
-                if let Some(s) = self.slots.get_mut(wc.wr_id as usize) {
+                if let Some(s) = self.slots.get_mut(usize::from(wc.wr_id as u16)) {
                     s.sending = false;
                 }
             }
@@ -819,7 +829,7 @@ impl IoQueue {
         }
         match wc.opcode {
             WcOpcode::Recv => {
-                let i = (wc.wr_id & !RECV_TAG) as u16;
+                let i = wc.wr_id as u16;
                 self.on_response(i, wc.byte_len, on_done);
             }
             WcOpcode::Send => {
@@ -1011,17 +1021,18 @@ impl IoQueue {
                 .map_err(std::io::Error::from)?;
             self.waiter = Some(epoll);
         }
-        if let (Some(cq), Some(epoll)) = (self.cq.as_mut(), self.waiter.as_ref()) {
-            cq.arm().map_err(rdma_error)?;
+        if let (Some(cq), Some(epoll)) = (&self.cq, self.waiter.as_ref()) {
+            cq.cq().arm().map_err(rdma_error)?;
             // (adding it again only fails with EEXIST)
-            let _ = epoll.add(cq.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1));
+            let _ = epoll.add(cq.cq().as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1));
         }
         // what completed before the arm raises no event: take it now, sleep only if nothing
-        // moved (its completions go out with the next poll)
+        // moved (its completions go out with the next poll; another queue pair's, handed to
+        // it, with its owner's next poll)
         let phase = self.phase;
         let mut early = std::mem::take(&mut self.early);
-        self.poll_completions(&mut |c| early.push(c));
-        let moved = !early.is_empty() || self.phase != phase || self.ended.is_some();
+        let others = self.poll_completions(&mut |c| early.push(c));
+        let moved = !early.is_empty() || others || self.phase != phase || self.ended.is_some();
         self.early = early;
         if moved {
             return Ok(());
@@ -1035,8 +1046,8 @@ impl IoQueue {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(std::io::Error::from(e).into()),
         }
-        if let Some(cq) = self.cq.as_mut() {
-            while cq.take_event() {}
+        if let Some(cq) = &self.cq {
+            while cq.cq().take_event() {}
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdma_sys as sys;
 
@@ -388,7 +389,7 @@ impl CmId {
         Ok(CompletionQueue {
             ptr: cq,
             channel,
-            unacked: 0,
+            unacked: AtomicU32::new(0),
         })
     }
 
@@ -756,24 +757,40 @@ pub fn wc_status_name(status: u32) -> String {
         .into_owned()
 }
 
+/// The largest of `wanted` entries, halved down to 256, that `make` makes (a device says how
+/// many entries of a queue it takes only by refusing more).
+pub fn largest<T>(wanted: u32, mut make: impl FnMut(u32) -> io::Result<T>) -> io::Result<(u32, T)> {
+    let mut entries = wanted;
+    loop {
+        match make(entries) {
+            Ok(made) => return Ok((entries, made)),
+            Err(e) if entries > 256 && e.kind() == io::ErrorKind::InvalidInput => entries /= 2,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A completion queue and its completion channel.
 #[derive(Debug)]
 pub struct CompletionQueue {
     ptr: NonNull<sys::ibv_cq>,
     channel: NonNull<sys::ibv_comp_channel>,
     /// Channel events taken and not yet acknowledged.
-    unacked: u32,
+    unacked: AtomicU32,
 }
 
-// SAFETY: used by its owner's thread; verbs objects may move between threads.
+// SAFETY: verbs objects may move between threads.
 unsafe impl Send for CompletionQueue {}
+// SAFETY: libibverbs' CQ calls are thread-safe (providers lock the CQ in poll and notify); the
+// event count is atomic.
+unsafe impl Sync for CompletionQueue {}
 
 /// Completions one [`CompletionQueue::poll`] takes at most.
 pub const POLL_BATCH: usize = 32;
 
 impl CompletionQueue {
     /// Takes up to [`POLL_BATCH`] completions into `out`; how many.
-    pub fn poll(&mut self, out: &mut [Wc; POLL_BATCH]) -> io::Result<usize> {
+    pub fn poll(&self, out: &mut [Wc; POLL_BATCH]) -> io::Result<usize> {
         // SAFETY: all-zero is a valid ibv_wc.
         let mut wcs: [sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
         // SAFETY: a live CQ; `wcs` has room for POLL_BATCH entries.
@@ -815,7 +832,7 @@ impl CompletionQueue {
 
     /// Asks for a channel event on the next completion (poll once more after arming: one
     /// that came before it raises none).
-    pub fn arm(&mut self) -> io::Result<()> {
+    pub fn arm(&self) -> io::Result<()> {
         // SAFETY: a live CQ.
         let rc = unsafe { sys::ibv_req_notify_cq(self.ptr.as_ptr(), 0) };
         if rc != 0 {
@@ -825,7 +842,7 @@ impl CompletionQueue {
     }
 
     /// Takes a channel event if one is there (never blocks).
-    pub fn take_event(&mut self) -> bool {
+    pub fn take_event(&self) -> bool {
         let mut cq: *mut sys::ibv_cq = ptr::null_mut();
         let mut ctx: *mut libc::c_void = ptr::null_mut();
         // SAFETY: a live, non-blocking channel; the out-pointers receive the CQ and context.
@@ -833,18 +850,17 @@ impl CompletionQueue {
         if rc != 0 {
             return false;
         }
-        self.unacked += 1;
-        if self.unacked >= 64 {
+        if self.unacked.fetch_add(1, Ordering::Relaxed) + 1 >= 64 {
             self.ack();
         }
         true
     }
 
-    fn ack(&mut self) {
-        if self.unacked > 0 {
+    fn ack(&self) {
+        let unacked = self.unacked.swap(0, Ordering::Relaxed);
+        if unacked > 0 {
             // SAFETY: acknowledges the events taken on this CQ, once each.
-            unsafe { sys::ibv_ack_cq_events(self.ptr.as_ptr(), self.unacked) };
-            self.unacked = 0;
+            unsafe { sys::ibv_ack_cq_events(self.ptr.as_ptr(), unacked) };
         }
     }
 }

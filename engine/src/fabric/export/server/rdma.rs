@@ -40,7 +40,7 @@ use crate::fabric::export::connection::rdma::{Keyed, RdmaOp};
 use crate::fabric::export::connection::{Backend, Connection};
 use crate::fabric::export::Listener;
 use crate::transport::rdma::verbs::{
-    wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion,
+    largest, wc_status_name, CmEventKind, CmId, CompletionQueue, EventChannel, MemoryRegion,
     ProtectionDomain, QpCaps, Sge, SharedReceiveQueue, Wc, WcOpcode, POLL_BATCH,
 };
 
@@ -241,19 +241,6 @@ impl RdmaSide {
             on(self, wc);
         }
         Ok(n)
-    }
-}
-
-/// The largest of `wanted` entries, halved down to 256, that `make` makes (a device says how
-/// many it takes only by refusing more).
-fn largest<T>(wanted: u32, mut make: impl FnMut(u32) -> io::Result<T>) -> io::Result<(u32, T)> {
-    let mut entries = wanted;
-    loop {
-        match make(entries) {
-            Ok(made) => return Ok((entries, made)),
-            Err(e) if entries > 256 && e.kind() == io::ErrorKind::InvalidInput => entries /= 2,
-            Err(e) => return Err(e),
-        }
     }
 }
 
