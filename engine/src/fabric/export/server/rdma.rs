@@ -316,8 +316,8 @@ impl QueuePair {
             next_admin: 0,
             disconnected: false,
         };
-        side.slots.insert(qp_num, slot);
         qp.id.accept(&encode_accept(entries), RDMA_DEPTH)?;
+        side.slots.insert(qp_num, slot);
         Ok(qp)
     }
 
