@@ -229,9 +229,10 @@ impl Member {
 impl Drop for Member {
     fn drop(&mut self) {
         let route = &self.hub.routes[self.route];
-        route.qp_num.store(0, Ordering::Release);
-        // (one handed over meanwhile may stay: the next to join drops it by its tag)
+        // emptied before it is free (so that nothing of the next to join is emptied with it);
+        // one handed over in between stays, and the next to join drops it by its tag
         while route.inbox.pop().is_some() {}
+        route.qp_num.store(0, Ordering::Release);
         self.hub.reserved.fetch_sub(self.entries, Ordering::AcqRel);
     }
 }
