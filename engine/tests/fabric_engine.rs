@@ -857,15 +857,30 @@ fn attach_remote(
 
 #[test]
 fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
-    let options = EngineOptions {
+    // 4 namespaces of depth 8 fit the target's 32-entry queues together
+    four_remote_namespaces_on_two_cores(8, 1);
+}
+
+#[test]
+fn remote_namespaces_deeper_than_one_queue_get_another_queue() {
+    // two of depth 16 fill a 32-entry queue: the other two go on a second one, so that all
+    // their I/Os can be in flight at once (as SPDK's perf, which takes one per namespace)
+    four_remote_namespaces_on_two_cores(16, 2);
+}
+
+/// Four remote namespaces, each on both cores at `depth`: every block written reads back,
+/// each core on `queues` I/O queues of the target's (4 * depth entries do not fit one).
+fn four_remote_namespaces_on_two_cores(depth: u16, queues: usize) {
+    let mut options = EngineOptions {
         policy: Policy::AllToAll,
         ..EngineOptions::default()
     };
+    options.channel.depth = depth;
     let engine = sim_engine(2, options);
     let reactors = engine.placement().reactors.len();
-    // the target serves the admin queue and one I/O queue per core, and no more: a third I/O
-    // queue would never be answered and the run would fail
-    let connections = 1 + reactors;
+    // the target serves the admin queue and `queues` I/O queues per core, and no more: one
+    // more I/O queue would never be answered and the run would fail
+    let connections = 1 + reactors * queues;
     let (addr, sub, server) = target_of(connections, 4);
     let remote = attach_remote(addr, &sub, 4, 0);
     let devices = remote.devices(None).expect("its namespaces");
@@ -884,18 +899,14 @@ fn four_remote_namespaces_on_two_cores_use_one_io_queue_per_core() {
     assert_eq!(results.len(), reactors);
     for r in &results {
         assert_eq!(r.info.devices, [0, 1, 2, 3], "core {}", r.info.cpu);
-        let (bad, failed, queues) = r.output;
+        let (bad, failed, used) = r.output;
         assert_eq!(
             (bad, failed),
             (0, 0),
             "core {}: (read back wrong, failed)",
             r.info.cpu
         );
-        assert_eq!(
-            queues, 1,
-            "core {}: one I/O queue for the four namespaces",
-            r.info.cpu
-        );
+        assert_eq!(used, queues, "core {}: I/O queues", r.info.cpu);
         let total = r.stats.total();
         assert_eq!(total.ios(OpKind::Write), 4 * BLOCKS, "core {}", r.info.cpu);
         assert_eq!(total.ios(OpKind::Read), 4 * BLOCKS, "core {}", r.info.cpu);

@@ -11,40 +11,53 @@ use vm_memory::VolatileSlice;
 /// queue's worth of read completions (header, data, response) in one `writev`.
 pub const MAX_PARTS: usize = 64;
 
-/// Builds the iovec array of (at most [`MAX_PARTS`] of) `parts`.
-fn iovecs(parts: &[VolatileSlice<'_>]) -> ([libc::iovec; MAX_PARTS], usize) {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; MAX_PARTS];
-    let n = parts.len().min(MAX_PARTS);
-    for (v, p) in iov.iter_mut().zip(parts) {
-        *v = libc::iovec {
-            iov_base: p.ptr_guard_mut().as_ptr().cast(),
-            iov_len: p.len(),
-        };
+/// Parts most calls pass (a header and a buffer, a buffer and the receive buffer): their
+/// iovecs go in an array this long, so that a call does not clear a whole [`MAX_PARTS`] one.
+const FEW_PARTS: usize = 4;
+
+const NO_IOVEC: libc::iovec = libc::iovec {
+    iov_base: std::ptr::null_mut(),
+    iov_len: 0,
+};
+
+/// Calls `f` with the iovecs of (at most [`MAX_PARTS`] of) `parts`.
+fn with_iovecs<R>(parts: &[VolatileSlice<'_>], f: impl FnOnce(&[libc::iovec]) -> R) -> R {
+    fn fill<'a>(iov: &'a mut [libc::iovec], parts: &[VolatileSlice<'_>]) -> &'a [libc::iovec] {
+        for (v, p) in iov.iter_mut().zip(parts) {
+            *v = libc::iovec {
+                iov_base: p.ptr_guard_mut().as_ptr().cast(),
+                iov_len: p.len(),
+            };
+        }
+        &iov[..parts.len().min(iov.len())]
     }
-    (iov, n)
+    if parts.len() <= FEW_PARTS {
+        f(fill(&mut [NO_IOVEC; FEW_PARTS], parts))
+    } else {
+        f(fill(&mut [NO_IOVEC; MAX_PARTS], parts))
+    }
 }
 
 /// One `readv(2)` from `fd` into `parts`, in order; the bytes read (0: end of stream).
 pub fn readv_volatile(fd: BorrowedFd<'_>, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
-    let (iov, n) = iovecs(parts);
-    // SAFETY: the first `n` iovecs each describe the memory of one live VolatileSlice (valid for
-    // writes of its length for as long as `parts` is borrowed, which outlasts the call; without
+    // SAFETY: each iovec describes the memory of one live VolatileSlice (valid for writes of
+    // its length for as long as `parts` is borrowed, which outlasts the call; without
     // vm-memory's xen feature its pointer guard only carries the pointer); the kernel writes
     // only into them; `fd` is a valid descriptor (BorrowedFd).
-    let r = unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) };
+    let r = with_iovecs(parts, |iov| unsafe {
+        libc::readv(fd.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int)
+    });
     usize::try_from(r).map_err(|_| io::Error::last_os_error())
 }
 
 /// One `writev(2)` of `parts`, in order, to `fd`; the bytes written.
 pub fn writev_volatile(fd: BorrowedFd<'_>, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
-    let (iov, n) = iovecs(parts);
-    // SAFETY: the first `n` iovecs each describe the memory of one live VolatileSlice (valid for
-    // reads of its length while `parts` is borrowed, which outlasts the call); the kernel only
-    // reads them; `fd` is a valid descriptor (BorrowedFd).
-    let r = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), n as libc::c_int) };
+    // SAFETY: each iovec describes the memory of one live VolatileSlice (valid for reads of
+    // its length while `parts` is borrowed, which outlasts the call); the kernel only reads
+    // them; `fd` is a valid descriptor (BorrowedFd).
+    let r = with_iovecs(parts, |iov| unsafe {
+        libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int)
+    });
     usize::try_from(r).map_err(|_| io::Error::last_os_error())
 }
 

@@ -1,6 +1,9 @@
 //! A reactor's I/O queues: one per controller, shared by the channels of that controller's
 //! namespaces on the reactor (a drive with four namespaces served from two cores uses two
-//! queues, not eight). The reactor makes them ([`Queues`]) as it sets up its channels; each
+//! queues, not eight), as long as the queue holds every namespace's depth at once: a
+//! controller that grants small queues (a fabric target's 128 entries against eight
+//! namespaces at depth 32) gets another queue for the namespaces that do not fit, so that
+//! the depth asked for is in flight. The reactor makes them ([`Queues`]) as it sets up its channels; each
 //! channel holds its queue as an [`IoQueue`]: its own when no other channel uses it (the I/O
 //! path then reaches it directly), else [`IoQueue::Shared`], where a completion that comes for
 //! another namespace while one channel polls waits in that namespace's inbox.
@@ -34,6 +37,17 @@ impl QueueSource {
             (QueueSource::Tcp(a), QueueSource::Tcp(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
+    }
+
+    /// Entries one namespace's channel takes on a queue for `options`.
+    fn namespace_depth(&self, options: &ChannelOptions) -> usize {
+        let entries = match self {
+            QueueSource::Pcie { ctrl, .. } => {
+                options.queue_entries(ctrl.max_transfer(), ctrl.cap().mqes())
+            }
+            QueueSource::Tcp(remote) => remote.namespace_entries(options),
+        };
+        usize::from(entries)
     }
 
     /// The largest transfer of one command, in bytes.
@@ -106,27 +120,38 @@ impl Queues {
         }
     }
 
-    /// This reactor's queue to `source`'s controller, for namespace `ns`: the one it has,
-    /// unless a channel of `ns` is on it already (then a queue of its own), else a new one.
+    /// This reactor's queue to `source`'s controller, for namespace `ns`: one it has with
+    /// room for `ns`'s depth, unless a channel of `ns` is on it already, else a new one (or,
+    /// where the controller grants no more queues, the one with the most room).
     pub fn queue_for(
         &mut self,
         source: &QueueSource,
         ns: QueueNamespace,
         options: &ChannelOptions,
     ) -> Result<IoQueue, usnvme_driver::Error> {
-        let found = self
+        let depth = source.namespace_depth(options);
+        let mut open = self
             .queues
             .iter()
-            .find(|(s, q)| s.same_controller(source) && !q.carries(ns.nsid));
-        let queue = match found {
-            Some((_, q)) => q.clone(),
-            None => {
-                let q = SharedQueue::new(source.create(ns, options, self.at_once)?);
-                self.queues.push((source.clone(), q.clone()));
-                q
-            }
+            .filter(|(s, q)| s.same_controller(source) && !q.carries(ns.nsid))
+            .map(|(_, q)| q);
+        let roomiest = open.clone().max_by_key(|q| q.room());
+        let queue = match open.find(|q| q.room() >= depth) {
+            Some(q) => q.clone(),
+            None => match (source.create(ns, options, self.at_once), roomiest) {
+                (Ok(queue), _) => {
+                    let q = SharedQueue::new(queue);
+                    self.queues.push((source.clone(), q.clone()));
+                    q
+                }
+                (Err(e), Some(q)) => {
+                    log::debug!("another I/O queue for namespace {}: {e}; sharing", ns.nsid);
+                    q.clone()
+                }
+                (Err(e), None) => return Err(e),
+            },
         };
-        queue.add_route(ns.nsid);
+        queue.add_route(ns.nsid, depth);
         Ok(IoQueue::Shared {
             queue,
             nsid: ns.nsid,
@@ -174,6 +199,8 @@ struct Shared {
     /// the queue below keeping one (only a shared queue pays for sharing).
     slots: Vec<(u32, u64)>,
     free: Vec<u32>,
+    /// Commands the namespaces' channels may have in flight together.
+    depths: usize,
 }
 
 #[derive(Debug)]
@@ -190,15 +217,24 @@ impl SharedQueue {
             routes: Vec::new(),
             slots: vec![(0, 0); capacity],
             free: (0..capacity as u32).rev().collect(),
+            depths: 0,
         })))
+    }
+
+    /// Entries the queue has beyond its namespaces' depths (entries, as
+    /// [`QueueSource::namespace_depth`] counts them: a ring's empty one included).
+    fn room(&self) -> usize {
+        let s = self.0.borrow();
+        s.slots.len().saturating_sub(s.depths)
     }
 
     fn carries(&self, nsid: u32) -> bool {
         self.0.borrow().routes.iter().any(|r| r.nsid == nsid)
     }
 
-    fn add_route(&self, nsid: u32) {
+    fn add_route(&self, nsid: u32, depth: usize) {
         let mut s = self.0.borrow_mut();
+        s.depths += depth;
         let room = s.slots.len();
         s.routes.push(Route {
             nsid,
@@ -270,6 +306,7 @@ impl SharedQueue {
             routes,
             slots,
             free,
+            ..
         } = &mut *s;
         let mut done = 0;
         for c in routes

@@ -27,8 +27,10 @@ pub struct Rules<'a> {
 pub struct Ahead {
     /// Bytes of the next PDU's header read with the end of this one.
     pub peek: usize,
-    /// Read at least this many bytes (0: no batching). Owners batch only while no data for
-    /// a destination can come, so that it is not pulled into the receive buffer.
+    /// Read up to this many bytes into the receive buffer (0: no batching): many PDUs in one
+    /// read. Data that comes that way is copied once into its destination; an owner that
+    /// must not copy (the target, while data for its drives can come) batches only while
+    /// none can.
     pub batch: usize,
 }
 
@@ -67,6 +69,9 @@ struct Transfer<T> {
     done: usize,
     /// The PDU's header and padding, at the start of the pending bytes.
     head: usize,
+    /// Data bytes that stay in the receive buffer after the header (copied out, with more
+    /// PDUs read after them): the digest follows them.
+    kept: usize,
     digest: bool,
 }
 
@@ -164,6 +169,7 @@ impl<T: Copy> Receiver<T> {
             len: layout.data,
             done: 0,
             head: layout.header_bytes + layout.pad,
+            kept: 0,
             digest: layout.data_digest,
         });
     }
@@ -173,7 +179,7 @@ impl<T: Copy> Receiver<T> {
         match self.state {
             State::Header => {}
             State::Whole(header, _) => self.start += header.plen as usize,
-            State::Data(t) => self.start += t.head + if t.digest { DIGEST } else { 0 },
+            State::Data(t) => self.start += t.head + t.kept + if t.digest { DIGEST } else { 0 },
         }
         self.state = State::Header;
     }
@@ -225,17 +231,23 @@ impl<T: Copy> Receiver<T> {
                 Ok(Step::Whole(header, layout))
             }
             State::Data(mut t) => {
-                let own = b + t.head; // the receive buffer past the header
+                // the receive buffer past the header and the data kept
+                let own = b + t.head + t.kept;
                 let ahead = self.end - own;
                 if t.done < t.len && ahead > 0 {
-                    // data read ahead with the header: copy it over
+                    // data read into the receive buffer (with its header, or batched): copy it
                     let k = ahead.min(t.len - t.done);
                     let into = dest(&t.tag, t.len)
                         .and_then(|d| d.subslice(t.done, k).ok())
                         .ok_or(FatalError::Sequence("a transfer without its buffer"))?;
                     into.copy_from(&self.buf[own..own + k]);
-                    self.buf.copy_within(own + k..self.end, own);
-                    self.end -= k;
+                    if own + k == self.end {
+                        // nothing after it: forget it, the rest reads in after the header
+                        self.end = own;
+                    } else {
+                        // the PDUs after it stay where they are (no move)
+                        t.kept += k;
+                    }
                     t.done += k;
                     self.copied += k as u64;
                     self.state = State::Data(t);
@@ -243,6 +255,7 @@ impl<T: Copy> Receiver<T> {
                 if t.done < t.len {
                     return Ok(Step::Need(Need::Exact(t.len - t.done)));
                 }
+                let own = b + t.head + t.kept;
                 let digest = if t.digest { DIGEST } else { 0 };
                 let have = self.end - own;
                 if have < digest {
@@ -286,7 +299,7 @@ impl<T: Copy> Receiver<T> {
         let mut data = None;
         match self.state {
             State::Data(t) => {
-                want = if t.digest { DIGEST } else { 0 } + ahead.peek;
+                want = (if t.digest { DIGEST } else { 0 } + ahead.peek).max(ahead.batch);
                 if t.done < t.len {
                     let rest = dest(&t.tag, t.len)
                         .and_then(|d| d.subslice(t.done, t.len - t.done).ok())

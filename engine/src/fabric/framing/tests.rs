@@ -118,7 +118,7 @@ enum Got {
 /// kept whole), with `batch` bytes read ahead; what came, or the first error.
 fn receive_all(
     rx: &mut Receiver<usize>,
-    src: &mut Trickle<'_>,
+    src: &mut impl ReadWire,
     dst: VolatileSlice<'_>,
     digests: Digests,
     batch: usize,
@@ -210,6 +210,58 @@ fn a_stream_cut_at_every_byte_is_received_the_same() {
                 }
             }
         }
+    }
+}
+
+/// A source that counts the reads asked of it (system calls, on a socket).
+struct Counting<'a> {
+    inner: Trickle<'a>,
+    reads: usize,
+}
+
+impl ReadWire for Counting<'_> {
+    fn read_parts(&mut self, parts: &[VolatileSlice<'_>]) -> io::Result<usize> {
+        self.reads += 1;
+        self.inner.read_parts(parts)
+    }
+}
+
+#[test]
+fn batched_reads_take_many_pdus_at_once_and_copy_no_data_byte_twice() {
+    for digests in [Digests::default(), BOTH] {
+        let blocks: Vec<Vec<u8>> = (0..16).map(|i| pattern(4096, i as u8)).collect();
+        let mut stream = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            stream.extend(c2h((i * 4096) as u32, block, digests, false));
+            stream.extend(resp(i as u16, digests));
+        }
+        // the source hands out at most 10 000 bytes a read: most reads end inside a data
+        let each = 10_000;
+        let mut buf = vec![0u8; blocks.len() * 4096];
+        let mut rx = Receiver::new(64 * 1024 + pdu::MAX_HEADER + 256);
+        let mut src = Counting {
+            inner: Trickle::new(&stream, each, usize::MAX),
+            reads: 0,
+        };
+        let dst = VolatileSlice::from(&mut buf[..]);
+        let got = receive_all(&mut rx, &mut src, dst, digests, 64 * 1024).expect("good");
+        assert_eq!(got.len(), 2 * blocks.len(), "{digests:?}");
+        assert_eq!(
+            buf,
+            blocks.concat(),
+            "{digests:?}: every block where it belongs"
+        );
+        // every read took all it could (the last one finds the end)
+        assert!(
+            src.reads <= stream.len().div_ceil(each) + 1,
+            "{digests:?}: {} reads for {} bytes",
+            src.reads,
+            stream.len()
+        );
+        // a data the read ended in comes straight into its destination with the next read:
+        // what was copied from the receive buffer, it was once
+        assert!(rx.copied() < buf.len() as u64, "{digests:?}");
+        assert!(rx.copied() > 0, "{digests:?}");
     }
 }
 

@@ -9,6 +9,10 @@ use vm_memory::VolatileSlice;
 use crate::fabric::framing::socket::WriteWire;
 use crate::fabric::pdu;
 
+/// Segments most writes gather (a response, a header and its data): gathered in an array
+/// this long rather than a [`usnvme_hugepages::MAX_PARTS`] one.
+const FEW_SEGMENTS: usize = 4;
+
 /// The owner's data buffers, as data segments name them (by `D`).
 pub trait Buffers<D> {
     /// The `len` bytes segment `tag` sends.
@@ -150,35 +154,47 @@ impl<D: Copy> Transmitter<D> {
     ) -> io::Result<usize> {
         let mut total = 0;
         while !self.segments.is_empty() {
-            let written = {
-                let bytes = VolatileSlice::from(&mut self.bytes[..]);
-                let mut parts = [VolatileSlice::from(&mut [][..]); usnvme_hugepages::MAX_PARTS];
-                let mut n = 0;
-                let mut skip = self.front_sent;
-                for segment in self.segments.iter().take(parts.len()) {
-                    let part = match *segment {
-                        Segment::Bytes { at, len } => bytes.subslice(at + skip, len - skip).ok(),
-                        Segment::Data { tag, len } => buffers
-                            .data(tag, len)
-                            .and_then(|d| d.subslice(skip, len - skip).ok()),
-                    };
-                    parts[n] =
-                        part.ok_or_else(|| io::Error::other("a segment outside its buffer"))?;
-                    n += 1;
-                    skip = 0;
-                }
-                match dst.write_parts(&parts[..n]) {
-                    Ok(0) => break,
-                    Ok(w) => w,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
+            // (a short array for the usual few segments: no large one to fill per write)
+            let written = if self.segments.len() <= FEW_SEGMENTS {
+                self.write_once::<FEW_SEGMENTS, W>(dst, buffers)
+            } else {
+                self.write_once::<{ usnvme_hugepages::MAX_PARTS }, W>(dst, buffers)
+            };
+            let written = match written {
+                Ok(0) => break,
+                Ok(w) => w,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             };
             total += written;
             self.sent(written, buffers);
         }
         Ok(total)
+    }
+
+    /// One write of the first `N` segments at most; the bytes written.
+    fn write_once<const N: usize, W: WriteWire + ?Sized>(
+        &mut self,
+        dst: &mut W,
+        buffers: &impl Buffers<D>,
+    ) -> io::Result<usize> {
+        let bytes = VolatileSlice::from(&mut self.bytes[..]);
+        let mut parts = [VolatileSlice::from(&mut [][..]); N];
+        let mut n = 0;
+        let mut skip = self.front_sent;
+        for segment in self.segments.iter().take(N) {
+            let part = match *segment {
+                Segment::Bytes { at, len } => bytes.subslice(at + skip, len - skip).ok(),
+                Segment::Data { tag, len } => buffers
+                    .data(tag, len)
+                    .and_then(|d| d.subslice(skip, len - skip).ok()),
+            };
+            parts[n] = part.ok_or_else(|| io::Error::other("a segment outside its buffer"))?;
+            n += 1;
+            skip = 0;
+        }
+        dst.write_parts(&parts[..n])
     }
 
     /// `n` more bytes of the queued segments were sent.

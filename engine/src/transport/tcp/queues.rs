@@ -499,9 +499,16 @@ impl RemoteQueues {
     /// what the controller and the initiator allow.
     pub fn queue_entries(&self, options: &ChannelOptions) -> u16 {
         let most = self.max_entries.clamp(2, MAX_ENTRIES);
-        let per_namespace = options.queue_entries(u64::from(self.max_transfer), most - 1);
+        let per_namespace = self.namespace_entries(options);
         (u32::from(per_namespace) * u32::from(self.namespaces.max(1))).clamp(2, u32::from(most))
             as u16
+    }
+
+    /// Entries one namespace's channel takes on a queue: `options`' depth, within what the
+    /// controller and the initiator allow.
+    pub fn namespace_entries(&self, options: &ChannelOptions) -> u16 {
+        let most = self.max_entries.clamp(2, MAX_ENTRIES);
+        options.queue_entries(u64::from(self.max_transfer), most - 1)
     }
 
     /// Connects an I/O queue of `entries` entries on each path, on the lowest queue ID free

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// NVMe/TCP and RDMA I/O queues asked of a remote controller for each reactor (what it
+/// grants is used as needed; a reactor shares a queue among its namespaces past it).
+const QUEUES_PER_REACTOR: usize = 16;
+
 /// Attached drives, the engine and the block devices, ready to measure one run after another
 /// (`perf` measures one; `sweep` many).
 pub(crate) struct Session {
@@ -461,7 +465,9 @@ fn attach_remotes(
             page: PageSize::Small4K,
         },
     };
-    let wanted = reactors.clamp(1, usize::from(u16::MAX - 1)) as u16;
+    // a reactor takes one queue per controller, or more where the controller's queues are
+    // too small for the depth of every namespace it exports (SPDK's perf: one per namespace)
+    let wanted = (reactors.max(1) * QUEUES_PER_REACTOR).min(usize::from(u16::MAX - 1)) as u16;
     // addresses of one subsystem NQN are paths to it, as Linux's native multipath has them
     let mut subsystems: Vec<Vec<TcpAddress>> = Vec::new();
     for addr in &settings.remotes {

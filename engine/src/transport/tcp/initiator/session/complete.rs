@@ -49,9 +49,6 @@ impl Session {
         };
         self.free.push(index);
         self.in_flight -= 1;
-        if s.dir == Dir::FromController {
-            self.reads -= 1;
-        }
         if let (Some(rerouted), Err(Failure::Status(status)), Some(io)) =
             (&mut self.rerouted, result, s.io)
         {
@@ -129,9 +126,6 @@ impl Session {
             };
             self.free.push(index as u16);
             self.in_flight -= 1;
-            if s.dir == Dir::FromController {
-                self.reads -= 1;
-            }
             take(unfinished(&s, io));
         }
     }

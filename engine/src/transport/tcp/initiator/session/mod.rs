@@ -12,9 +12,12 @@
 //! allocation per command) and any other command, admin and Fabrics ones included
 //! ([`Session::submit_command`], data in a buffer of the caller's), go through it.
 //!
-//! Data moves with no copy: a write's data goes from its DMA buffer (in the capsule, or in
-//! H2CData PDUs when the target sends an R2T, MAXH2CDATA at most each), a read's C2HData is
-//! received straight into its DMA buffer (one `readv` of the data and the headers after it).
+//! Data is never copied twice: a write's data goes from its DMA buffer (in the capsule, or in
+//! H2CData PDUs when the target sends an R2T, MAXH2CDATA at most each). Received bytes come
+//! in one `readv` per turn into the receive buffer (many PDUs per system call, as SPDK's
+//! posix socket's pipe buffer): a C2HData's data found there is copied once into its DMA
+//! buffer, and the rest of a data the read ended in comes straight into the DMA buffer with
+//! the next one (`readv` of the data and then the receive buffer).
 //! The buffers are reached through the IOVA address space's vm-memory model, as volatile
 //! slices, never as `&[u8]`.
 //!
@@ -59,8 +62,10 @@ const SLOT_BITS: u32 = 10;
 pub const MAX_ENTRIES: u16 = 1 << SLOT_BITS;
 /// The Connect command's ID (it completes before any I/O is accepted).
 const CONNECT_CID: u16 = 0;
-/// Header bytes read at once while no read is in flight: many responses per `readv`.
-const RX_BATCH: usize = 4096;
+/// Bytes one `readv` takes into the receive buffer at most: many PDUs per system call (as a
+/// queue of 4 KiB reads at depth 16). What it holds of a read's data is copied once into the
+/// DMA buffer; the rest of that data is read straight in.
+const RX_BATCH: usize = 64 * 1024;
 /// Bytes one Dataset Management range takes (attributes, block count, starting LBA).
 const DSM_RANGE: usize = DsmRange::SIZE;
 
@@ -237,9 +242,6 @@ pub struct Session {
     slots: Box<[Slot]>,
     free: Vec<u16>,
     in_flight: usize,
-    /// Reads in flight: while there are any, headers are read one response ahead only, so
-    /// that C2HData lands in the DMA buffers and not in the header buffer.
-    reads: usize,
     deferred: usize,
     rx: Receiver<Transfer>,
     tx: Transmitter<Chunk>,
@@ -294,7 +296,6 @@ impl Session {
             slots: vec![Slot::default(); entries].into_boxed_slice(),
             free: (0..entries as u16).rev().collect(),
             in_flight: 0,
-            reads: 0,
             deferred: 0,
             rx: Receiver::new(RX_BATCH + pdu::MAX_HEADER + 256),
             // sized for real once ICResp tells MAXH2CDATA

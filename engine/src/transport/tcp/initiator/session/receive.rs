@@ -73,7 +73,8 @@ fn destination<'m>(
 
 impl Session {
     /// Reads from `src` and acts on what came, until it has nothing more now or the queue
-    /// ends; completions go to `on_done`. Read data goes straight into the DMA buffers.
+    /// ends; completions go to `on_done`. Read data goes into the DMA buffers (copied once
+    /// from the receive buffer, or read straight in).
     pub fn receive_from<R: ReadWire + ?Sized>(
         &mut self,
         src: &mut R,
@@ -94,12 +95,16 @@ impl Session {
                 }
             };
             let hdgst = if self.link.digests.header { DIGEST } else { 0 };
-            let batch = self.reads == 0 && self.phase == Phase::Ready;
             let ahead = Ahead {
                 // every PDU a host receives in I/O has a 24-byte header: a response and the
                 // header after it
                 peek: 2 * (SHORT_HEADER + hdgst),
-                batch: if batch { RX_BATCH } else { 0 },
+                // many PDUs per read once connected (set-up reads exactly what it waits for)
+                batch: if self.phase == Phase::Ready {
+                    RX_BATCH
+                } else {
+                    0
+                },
             };
             let dest = destination(mem, &self.slots);
             match self.rx.read(src, need, ahead, &mut budget, dest) {

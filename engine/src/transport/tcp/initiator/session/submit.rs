@@ -227,9 +227,6 @@ impl Session {
             ..command
         };
         self.in_flight += 1;
-        if command.dir == Dir::FromController {
-            self.reads += 1;
-        }
         sqe.set_cid(cid);
         let digests = self.link.digests;
         if let Some(range) = range {
