@@ -6,6 +6,11 @@
 //! null drives; SPDK null bdevs); 4 KiB random reads at QD 32 and 1 per namespace; each round
 //! runs every case, the two sides of a comparison in alternating order.
 //!
+//! Then what each initiator costs per I/O on its core, in front of each target: system calls
+//! (`perf stat` counting the syscall tracepoints) and user-space instructions (callgrind),
+//! each from two runs of N and 2N I/Os per namespace, the difference divided by 8N, so that
+//! set-up cancels.
+//!
 //! Placement follows the machine's cores. With 16 or more: targets on 1 and 4 cores with the
 //! initiator on cores 8-15, and initiators on core 8 in front of targets on cores 0-7. With
 //! fewer: target on core 0, initiator on core 1 (the version that runs anywhere: on a small
@@ -144,6 +149,31 @@ pub struct NativeResults {
     /// How `spdk_nvme_perf` got its memory.
     pub spdk_memory: String,
     pub target_commands: Vec<String>,
+    /// What each initiator costs per I/O, on one core.
+    pub costs: Vec<Cost>,
+}
+
+/// What one initiator costs per I/O on one core in front of a target, at a QD.
+#[derive(Debug, Clone)]
+pub struct Cost {
+    pub target: Target,
+    pub initiator: Initiator,
+    pub qd: u32,
+    pub syscalls: std::result::Result<Syscalls, String>,
+    /// User-space instructions (callgrind).
+    pub instructions: std::result::Result<f64, String>,
+}
+
+/// System calls per I/O, by what they do.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Syscalls {
+    pub total: f64,
+    /// `readv`, `recvmsg`, `recvfrom`, `read`.
+    pub receive: f64,
+    /// `writev`, `sendmsg`, `sendto`, `write`.
+    pub send: f64,
+    /// Readiness: `epoll_wait`, `epoll_pwait`, `poll`, `ppoll`.
+    pub wait: f64,
 }
 
 /// `a-b` / `a` as the tools take core lists.
@@ -215,8 +245,13 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
                 if round == 0 {
                     target_commands.push(command);
                 }
-                for (initiator, initiator_cores) in &initiators {
-                    for qd in [32, 1] {
+                let mut initiators = initiators.clone();
+                if round % 2 == 1 {
+                    initiators.reverse();
+                }
+                // the two initiators back to back at each QD, their order alternating
+                for qd in [32, 1] {
+                    for (initiator, initiator_cores) in &initiators {
                         let (command, result) = measure(
                             *initiator,
                             initiator_cores,
@@ -225,7 +260,6 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
                             seconds,
                             usnvme,
                             spdk,
-                            &spdk_memory,
                             &work,
                         );
                         let at = cases.iter().position(|c| {
@@ -264,12 +298,51 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
             }
         }
     }
+    let mut costs = Vec::new();
+    // on one initiator core, in front of the target on the most cores (it keeps up best)
+    if let Some((target_cores, initiators)) = plan(cores)
+        .into_iter()
+        .rfind(|(_, i)| i.iter().all(|(_, c)| c.len() == 1))
+    {
+        for target in [Target::Serve, Target::NvmfTgt] {
+            println!(
+                "bench: cost per I/O: {} on cores {}",
+                target.name(),
+                list(&target_cores)
+            );
+            let (running, _) = start(target, &target_cores, usnvme, spdk, &work)?;
+            for (initiator, initiator_cores) in &initiators {
+                for qd in [32, 1] {
+                    let run = |ios| {
+                        initiator_command(
+                            *initiator,
+                            initiator_cores,
+                            target,
+                            qd,
+                            Length::Ios(ios),
+                            usnvme,
+                            spdk,
+                        )
+                    };
+                    costs.push(Cost {
+                        target,
+                        initiator: *initiator,
+                        qd,
+                        syscalls: syscalls_per_io(run, &work),
+                        instructions: instructions_per_io(run, &work),
+                    });
+                }
+            }
+            stop(running, spdk);
+        }
+    }
     Ok(NativeResults {
         cases,
         seconds,
         rounds,
         spdk_memory,
         target_commands,
+        costs,
     })
 }
 
@@ -460,6 +533,80 @@ fn stop(mut running: Running, spdk: &Spdk) {
     }
 }
 
+/// How long an initiator runs.
+#[derive(Debug, Clone, Copy)]
+enum Length {
+    Seconds(u32),
+    /// This many I/Os per namespace.
+    Ios(u64),
+}
+
+/// An initiator's command on `cores` in front of `target` at `qd`, for `length`.
+fn initiator_command(
+    initiator: Initiator,
+    cores: &[u32],
+    target: Target,
+    qd: u32,
+    length: Length,
+    usnvme: &Path,
+    spdk: &Spdk,
+) -> Command {
+    let (port, nqn) = match target {
+        Target::Serve => (SERVE_PORT, SERVE_NQN),
+        Target::NvmfTgt => (SPDK_PORT, SPDK_NQN),
+    };
+    let (seconds, ios) = match length {
+        Length::Seconds(s) => (s, None),
+        Length::Ios(n) => (3600, Some(n)),
+    };
+    match initiator {
+        Initiator::UsnvmePerf => {
+            let mut c = Command::new(usnvme);
+            c.args(["perf", "-r", &format!("tcp://127.0.0.1:{port}/{nqn}")])
+                .args(["-c", &list(cores), "-q", &qd.to_string()])
+                .args(["-o", "4k", "-w", "randread", "-t", &seconds.to_string()]);
+            if let Some(n) = ios {
+                c.args(["--io-count", &n.to_string()]);
+            }
+            c
+        }
+        Initiator::SpdkPerf => {
+            let mut c = spdk.command(&spdk.perf);
+            c.arg("-r")
+                .arg(format!(
+                    "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+                ))
+                .args(["-q", &qd.to_string(), "-o", "4096", "-w", "randread"])
+                .args(["-t", &seconds.to_string(), "-c", &mask(cores)])
+                .args(spdk.memory.split_whitespace());
+            if let Some(n) = ios {
+                c.args(["-d", &n.to_string()]);
+            }
+            c
+        }
+    }
+}
+
+/// A command as a shell line (the SPDK transport ID quoted).
+fn shell_line(c: &Command) -> String {
+    let name = Path::new(c.get_program())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let args: Vec<String> = c
+        .get_args()
+        .map(|a| {
+            let a = a.to_string_lossy();
+            if a.contains(' ') {
+                format!("'{a}'")
+            } else {
+                a.into_owned()
+            }
+        })
+        .collect();
+    format!("{name} {}", args.join(" "))
+}
+
 /// One initiator run: its command line, and its IOPS or why there are none.
 #[allow(clippy::too_many_arguments)]
 fn measure(
@@ -470,64 +617,34 @@ fn measure(
     seconds: u32,
     usnvme: &Path,
     spdk: &Spdk,
-    spdk_memory: &str,
     work: &Path,
 ) -> (String, std::result::Result<f64, String>) {
-    let (port, nqn) = match target {
-        Target::Serve => (SERVE_PORT, SERVE_NQN),
-        Target::NvmfTgt => (SPDK_PORT, SPDK_NQN),
-    };
-    let limit = (seconds + 60).to_string();
+    let command = initiator_command(
+        initiator,
+        cores,
+        target,
+        qd,
+        Length::Seconds(seconds),
+        usnvme,
+        spdk,
+    );
+    let line = shell_line(&command);
     match initiator {
         Initiator::UsnvmePerf => {
-            let remote = format!("tcp://127.0.0.1:{port}/{nqn}");
-            let args: Vec<String> = [
-                "perf",
-                "-r",
-                &remote,
-                "-c",
-                &list(cores),
-                "-q",
-                &qd.to_string(),
-                "-o",
-                "4k",
-                "-w",
-                "randread",
-                "-t",
-                &seconds.to_string(),
-            ]
-            .map(String::from)
-            .into();
+            let args: Vec<String> = command
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
             let result = usnvme_perf(usnvme, &args, &work.join("perf.json"), seconds);
-            (format!("usnvme {}", args.join(" ")), result)
+            (line, result)
         }
         Initiator::SpdkPerf => {
-            let trid =
-                format!("trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}");
-            let mut args = vec![
-                "-r".to_string(),
-                trid.clone(),
-                "-q".into(),
-                qd.to_string(),
-                "-o".into(),
-                "4096".into(),
-                "-w".into(),
-                "randread".into(),
-                "-t".into(),
-                seconds.to_string(),
-                "-c".into(),
-                mask(cores),
-            ];
-            args.extend(spdk_memory.split_whitespace().map(String::from));
-            let out = spdk
-                .command(Path::new("timeout"))
-                .arg(&limit)
-                .arg(&spdk.perf)
-                .args(&args)
-                .output();
-            let command = format!("spdk_nvme_perf {}", args.join(" "))
-                .replace(&format!("-r {trid}"), &format!("-r '{trid}'"));
-            let result = match out {
+            let mut timed = spdk.command(Path::new("timeout"));
+            timed
+                .arg((seconds + 60).to_string())
+                .arg(command.get_program())
+                .args(command.get_args());
+            let result = match timed.output() {
                 Ok(o) => {
                     let text = String::from_utf8_lossy(&o.stdout);
                     spdk_figures(&text).map(|f| f.iops).ok_or_else(|| {
@@ -536,9 +653,120 @@ fn measure(
                 }
                 Err(e) => Err(e.to_string()),
             };
-            (command, result)
+            (line, result)
         }
     }
+}
+
+/// I/Os per namespace of the shorter cost run (the longer one does twice as many).
+const COST_IOS: u64 = 50_000;
+/// The same under callgrind (about 50 times slower).
+const CALLGRIND_IOS: u64 = 5_000;
+
+/// Where a syscall's count goes.
+type Field = fn(&mut Syscalls) -> &mut f64;
+
+/// The syscall tracepoints counted: (event, what it does).
+const SYSCALLS: &[(&str, Field)] = &[
+    ("raw_syscalls:sys_enter", |s| &mut s.total),
+    ("syscalls:sys_enter_readv", |s| &mut s.receive),
+    ("syscalls:sys_enter_recvmsg", |s| &mut s.receive),
+    ("syscalls:sys_enter_recvfrom", |s| &mut s.receive),
+    ("syscalls:sys_enter_read", |s| &mut s.receive),
+    ("syscalls:sys_enter_writev", |s| &mut s.send),
+    ("syscalls:sys_enter_sendmsg", |s| &mut s.send),
+    ("syscalls:sys_enter_sendto", |s| &mut s.send),
+    ("syscalls:sys_enter_write", |s| &mut s.send),
+    ("syscalls:sys_enter_epoll_wait", |s| &mut s.wait),
+    ("syscalls:sys_enter_epoll_pwait", |s| &mut s.wait),
+    ("syscalls:sys_enter_poll", |s| &mut s.wait),
+    ("syscalls:sys_enter_ppoll", |s| &mut s.wait),
+];
+
+/// System calls per I/O of the runs `run(ios)` makes: `perf stat` counts them in a run of
+/// [`COST_IOS`] and one of twice as many I/Os per namespace; the difference over the I/Os.
+fn syscalls_per_io(
+    run: impl Fn(u64) -> Command,
+    work: &Path,
+) -> std::result::Result<Syscalls, String> {
+    let events: Vec<&str> = SYSCALLS.iter().map(|(e, _)| *e).collect();
+    let out = work.join("perf-stat.csv");
+    let mut counts = Vec::new();
+    for ios in [COST_IOS, 2 * COST_IOS] {
+        let program = run(ios);
+        let status = Command::new("perf")
+            .args(["stat", "-x", ",", "-e", &events.join(","), "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(program.get_program())
+            .args(program.get_args())
+            .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("perf stat: {e} (apt-get install linux-perf)"))?;
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        if !status.success() {
+            return Err(format!(
+                "perf stat {}: {}",
+                shell_line(&program),
+                first_error(&text)
+            ));
+        }
+        counts.push(parse_perf_stat(&text)?);
+    }
+    let ios = (COST_IOS * u64::from(NAMESPACES)) as f64;
+    let mut per_io = Syscalls::default();
+    for (i, (_, field)) in SYSCALLS.iter().enumerate() {
+        *field(&mut per_io) += (counts[1][i] - counts[0][i]) / ios;
+    }
+    Ok(per_io)
+}
+
+/// The counts of `perf stat -x ,` output, in [`SYSCALLS`] order.
+fn parse_perf_stat(text: &str) -> std::result::Result<Vec<f64>, String> {
+    SYSCALLS
+        .iter()
+        .map(|(event, _)| {
+            text.lines()
+                .map(|l| l.split(',').collect::<Vec<_>>())
+                .find(|f| f.get(2) == Some(event))
+                .and_then(|f| f[0].parse::<f64>().ok())
+                .ok_or_else(|| format!("perf stat counted no {event} (are tracepoints readable?)"))
+        })
+        .collect()
+}
+
+/// User-space instructions per I/O of the runs `run(ios)` makes (callgrind, [`CALLGRIND_IOS`]
+/// and twice as many I/Os per namespace; the difference over the I/Os).
+fn instructions_per_io(
+    run: impl Fn(u64) -> Command,
+    work: &Path,
+) -> std::result::Result<f64, String> {
+    let mut totals = Vec::new();
+    for ios in [CALLGRIND_IOS, 2 * CALLGRIND_IOS] {
+        let program = run(ios);
+        let out = Command::new("valgrind")
+            .args(["--tool=callgrind", "--dump-instr=no"])
+            .arg(format!(
+                "--callgrind-out-file={}",
+                work.join("callgrind.initiator").display()
+            ))
+            .arg(program.get_program())
+            .args(program.get_args())
+            .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdout(Stdio::null())
+            .output()
+            .map_err(|e| format!("valgrind: {e} (apt-get install valgrind)"))?;
+        let log = String::from_utf8_lossy(&out.stderr);
+        let total = log
+            .lines()
+            .find_map(|l| l.split("Collected : ").nth(1))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("callgrind {}: {}", shell_line(&program), first_error(&log)))?;
+        totals.push(total);
+    }
+    Ok((totals[1] - totals[0]) / (CALLGRIND_IOS * u64::from(NAMESPACES)) as f64)
 }
 
 /// `usnvme serve` exporting `devices` on `cores` (polling, any host) at [`serve_address`],
@@ -715,6 +943,55 @@ fn headlines(h: &mut Headlines, r: &NativeResults) {
     }
 }
 
+/// What the initiators cost per I/O on their core.
+fn costs_table(m: &mut String, r: &NativeResults) -> Result<()> {
+    if r.costs.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        m,
+        "\n**Initiators' cost per I/O** (one core; 4 KiB random reads; system calls counted by \
+         `perf stat` on the syscall tracepoints, user-space instructions by callgrind; each the \
+         difference of a run of N and one of 2N I/Os per namespace over 8N: N = {COST_IOS}, \
+         {CALLGRIND_IOS} under callgrind. *Receive*: `readv`, `recvmsg`, `recvfrom`, `read`; \
+         *send*: `writev`, `sendmsg`, `sendto`, `write`; *readiness*: `epoll_wait`, `poll` and \
+         kin)\n\n| target | QD | initiator | system calls / I/O | receive | send | readiness \
+         | instructions / I/O |\n|---|---:|---|---:|---:|---:|---:|---:|"
+    )?;
+    let mut failures = Vec::new();
+    for c in &r.costs {
+        let calls = |f: fn(&Syscalls) -> f64| {
+            c.syscalls
+                .as_ref()
+                .map_or("-".to_string(), |s| format!("{:.2}", f(s)))
+        };
+        writeln!(
+            m,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.target.name(),
+            c.qd,
+            c.initiator.name(),
+            calls(|s| s.total),
+            calls(|s| s.receive),
+            calls(|s| s.send),
+            calls(|s| s.wait),
+            c.instructions
+                .as_ref()
+                .map_or("-".to_string(), |i| format!("{i:.0}")),
+        )?;
+        for e in [c.syscalls.as_ref().err(), c.instructions.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            failures.push(format!("{} at QD {}: {e}", c.initiator.name(), c.qd));
+        }
+    }
+    for f in failures {
+        writeln!(m, "\n- not measured: {f}")?;
+    }
+    Ok(())
+}
+
 /// The report's section.
 pub fn section(
     m: &mut String,
@@ -787,8 +1064,10 @@ pub fn section(
     if !single.is_empty() {
         writeln!(
             m,
-            "**Initiators** (one core each)\n\n| target (cores) | initiator core | QD | usnvme perf \
-             IOPS | spdk_nvme_perf IOPS | usnvme perf / spdk_nvme_perf |\n|---|---|---:|---:|---:|---:|"
+            "**Initiators** (one core each; each round runs the two back to back, so the median \
+             of the rounds' ratios is the steadier figure on a shared machine)\n\n| target \
+             (cores) | initiator core | QD | usnvme perf IOPS | spdk_nvme_perf IOPS | usnvme perf \
+             / spdk_nvme_perf | median of the rounds' ratios |\n|---|---|---:|---:|---:|---:|---:|"
         )?;
         for c in single {
             let us = median_iops(
@@ -800,19 +1079,32 @@ pub fn section(
                 c.qd,
             );
             let them = median(c.iops.clone());
+            let ours = r.cases.iter().find(|o| {
+                o.initiator == Initiator::UsnvmePerf
+                    && o.target == c.target
+                    && o.target_cores == c.target_cores
+                    && o.initiator_cores == c.initiator_cores
+                    && o.qd == c.qd
+            });
+            // (paired only where every round of both gave figures)
+            let paired = ours
+                .filter(|o| o.iops.len() == c.iops.len())
+                .and_then(|o| median(o.iops.iter().zip(&c.iops).map(|(a, b)| a / b).collect()));
             writeln!(
                 m,
-                "| {} ({}) | {} | {} | {} | {} | {} |",
+                "| {} ({}) | {} | {} | {} | {} | {} | {} |",
                 c.target.name(),
                 list(&c.target_cores),
                 list(&c.initiator_cores),
                 c.qd,
                 fmt_iops(us),
                 fmt_iops(them),
-                ratio(us, them)
+                ratio(us, them),
+                paired.map_or("-".into(), |p| format!("{p:.2}"))
             )?;
         }
     }
+    costs_table(m, r)?;
     let errors: Vec<&Case> = r.cases.iter().filter(|c| c.error.is_some()).collect();
     if !errors.is_empty() {
         writeln!(m, "\nRuns without figures:\n")?;
@@ -887,6 +1179,7 @@ mod tests {
             rounds: 1,
             spdk_memory: "--no-huge".into(),
             target_commands: vec![],
+            costs: vec![],
         };
         let mut h = Headlines::new(String::new());
         section(&mut String::new(), Some(&r), "", &mut h).expect("section");
@@ -906,6 +1199,66 @@ mod tests {
                  against 80.0 k IOPS) |"
             ),
             "{t}"
+        );
+    }
+
+    #[test]
+    fn perf_stat_counts_are_read_by_event_and_a_missing_one_is_named() {
+        let mut text = String::from("# started on Sat Dec  5\n\n");
+        for (i, (event, _)) in SYSCALLS.iter().enumerate() {
+            text.push_str(&format!("{},,{event},2955765006,100.00,,\n", i * 10));
+        }
+        let counts = parse_perf_stat(&text).expect("every event");
+        assert_eq!(counts.len(), SYSCALLS.len());
+        assert_eq!(counts[1], 10.0, "readv");
+        let without_poll = text.replace("syscalls:sys_enter_poll,", "x,");
+        let why = parse_perf_stat(&without_poll).expect_err("poll missing");
+        assert!(why.contains("syscalls:sys_enter_poll"), "{why}");
+    }
+
+    #[test]
+    fn the_cost_table_has_a_row_per_initiator_and_says_what_was_not_measured() {
+        let cost = |initiator, syscalls, instructions| Cost {
+            target: Target::NvmfTgt,
+            initiator,
+            qd: 32,
+            syscalls,
+            instructions,
+        };
+        let calls = Syscalls {
+            total: 0.55,
+            receive: 0.49,
+            send: 0.06,
+            wait: 0.0,
+        };
+        let r = NativeResults {
+            cases: vec![],
+            seconds: 3,
+            rounds: 1,
+            spdk_memory: String::new(),
+            target_commands: vec![],
+            costs: vec![
+                cost(Initiator::UsnvmePerf, Ok(calls), Ok(1902.4)),
+                cost(
+                    Initiator::SpdkPerf,
+                    Err("perf stat: no such file".into()),
+                    Ok(2622.0),
+                ),
+            ],
+        };
+        let mut m = String::new();
+        costs_table(&mut m, &r).expect("table");
+        assert!(
+            m.contains("| nvmf_tgt | 32 | usnvme perf | 0.55 | 0.49 | 0.06 | 0.00 | 1902 |"),
+            "{m}"
+        );
+        assert!(
+            m.contains("| nvmf_tgt | 32 | spdk_nvme_perf | - | - | - | - | 2622 |"),
+            "{m}"
+        );
+        assert!(
+            m.contains("- not measured: spdk_nvme_perf at QD 32: perf stat: no such file"),
+            "{m}"
         );
     }
 

@@ -5,6 +5,8 @@
 //!   socket, so tests drive it in memory against the target's connection state machine.
 //! - [`queue`]: that protocol on a non-blocking socket: `submit` queues, `poll` sends what is
 //!   queued in one `writev` and receives in `readv`s, read data straight into DMA buffers.
+//! - `readiness`: which of a thread's queue sockets have something to read, one `epoll_wait`
+//!   a turn for all of them.
 //! - [`command`]: one command at a time on such a queue, polled to completion within a
 //!   deadline (the admin queue; tests).
 //! - [`options`]: who the host is, and why a connection or a command failed.
@@ -16,6 +18,7 @@ pub mod fuzz;
 mod gated;
 pub mod options;
 pub mod queue;
+mod readiness;
 pub mod session;
 #[cfg(test)]
 pub(crate) mod testing;

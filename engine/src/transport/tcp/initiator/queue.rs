@@ -3,12 +3,14 @@
 //! callers that may), then the socket is polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
 //! sends everything queued in one `writev` (headers and write data gathered straight from the
 //! DMA buffers), receives what came (many responses per `readv`, read data straight into the
-//! DMA buffers) and hands completions to the caller. No allocation, lock or system call per
-//! I/O beyond those. [`IoQueue::wait`] sleeps until the socket has something for `poll`: the
+//! DMA buffers) and hands completions to the caller; a turn asks the socket only where the
+//! thread's readiness watch (one `epoll_wait` a turn for all its queues) says it has
+//! something. No allocation, lock or system call per I/O beyond those. [`IoQueue::wait`] sleeps until the socket has something for `poll`: the
 //! admin queue's client ([`super::command::CommandQueue`]) waits on it for one command.
 
 use std::io::ErrorKind;
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,8 +18,12 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use usnvme_driver::spec::Sqe;
 use usnvme_driver::{IoBuffer, SubmitError};
 use usnvme_hugepages::{IovaMemory, IovaSpace};
+use vm_memory::VolatileSlice;
+
+use crate::fabric::framing::socket::ReadWire;
 
 use super::options::{HostError, HostOptions};
+use super::readiness::Watched;
 use super::session::{
     Completion, Data, Failure, IoNamespace, QueueParams, Receive, Session, Unfinished,
 };
@@ -46,6 +52,12 @@ impl Buffers {
 #[derive(Debug)]
 pub struct IoQueue {
     stream: TcpStream,
+    /// The socket in its polling thread's readiness watch (joined on the first turn with the
+    /// owner's clock), and whether it tried.
+    watched: Option<Watched>,
+    watch_tried: bool,
+    /// The owner's clock reading for this turn: names the turn.
+    turn: u64,
     session: Session,
     buffers: Buffers,
     memory: Arc<IovaMemory>,
@@ -89,6 +101,9 @@ impl QueueSetup {
         let memory = buffers.snapshot();
         let queue = IoQueue {
             stream,
+            watched: None,
+            watch_tried: false,
+            turn: 0,
             session,
             buffers,
             memory,
@@ -313,9 +328,13 @@ impl IoQueue {
             on_done(c);
         };
         self.flush();
+        let mut source = Gate {
+            open: self.readable(),
+            stream: &mut self.stream,
+        };
         if self
             .session
-            .receive_from(&mut self.stream, &self.memory, &mut handler)
+            .receive_from(&mut source, &self.memory, &mut handler)
             == Receive::Drained
         {
             // R2Ts were answered: send their data now
@@ -336,7 +355,21 @@ impl IoQueue {
     /// the timeout measured against it (from then on `poll` does not read a clock itself).
     pub fn set_now(&mut self, now_ns: u64) {
         self.owner_clock = true;
+        self.turn = now_ns;
         self.session.set_now(now_ns);
+    }
+
+    /// Whether the socket may have something to read this turn: the thread's watch says, for
+    /// a queue whose owner names its turns (see [`readiness`](super::readiness)).
+    fn readable(&mut self) -> bool {
+        if !self.owner_clock {
+            return true;
+        }
+        if !self.watch_tried {
+            self.watch_tried = true;
+            self.watched = Watched::join(self.stream.as_fd());
+        }
+        self.watched.as_ref().is_none_or(|w| w.readable(self.turn))
     }
 
     /// Commands in flight.
@@ -393,7 +426,25 @@ impl IoQueue {
 
 impl Drop for IoQueue {
     fn drop(&mut self) {
+        if let Some(w) = self.watched.take() {
+            w.leave(&self.stream);
+        }
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// The socket, or nothing to read (no system call) where the watch says it has nothing.
+struct Gate<'a> {
+    stream: &'a mut TcpStream,
+    open: bool,
+}
+
+impl ReadWire for Gate<'_> {
+    fn read_parts(&mut self, parts: &[VolatileSlice<'_>]) -> std::io::Result<usize> {
+        if !self.open {
+            return Err(ErrorKind::WouldBlock.into());
+        }
+        self.stream.read_parts(parts)
     }
 }
 
