@@ -251,8 +251,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let seconds = args
                 .fabric_seconds
                 .unwrap_or(if args.quick { 3 } else { 10 });
-            let rounds = if args.quick { 1 } else { 3 };
-            Some(native::run(&usnvme, spdk, seconds, rounds)?)
+            Some(native::run(
+                &usnvme,
+                spdk,
+                seconds,
+                native::rounds(args.quick),
+            )?)
         }
         _ => None,
     };

@@ -211,6 +211,17 @@ fn plan(cores: usize) -> Vec<Session> {
     }
 }
 
+/// Rounds of a run: 1 with `--quick`; 3 on a machine of 16 cores or more, 5 on a smaller
+/// one (its two sides share two cores with whatever else runs there, so pairs vary more).
+pub fn rounds(quick: bool) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match (quick, cores >= 16) {
+        (true, _) => 1,
+        (false, true) => 3,
+        (false, false) => 5,
+    }
+}
+
 /// A running target.
 struct Running {
     child: Child,
@@ -893,6 +904,32 @@ fn median_iops(
         .and_then(|c| median(c.iops.clone()))
 }
 
+/// The median of the rounds' ratios of `usnvme perf` to `spdk_nvme_perf` on `ic` in front of
+/// `target` on `tc` at `qd` (each round runs the two back to back); only where every round of
+/// both gave figures.
+fn paired_ratio(r: &NativeResults, target: Target, tc: &[u32], ic: &[u32], qd: u32) -> Option<f64> {
+    let rounds = |initiator| {
+        r.cases.iter().find(|c| {
+            c.target == target
+                && c.target_cores == tc
+                && c.initiator == initiator
+                && c.initiator_cores == ic
+                && c.qd == qd
+        })
+    };
+    let (ours, theirs) = (rounds(Initiator::UsnvmePerf)?, rounds(Initiator::SpdkPerf)?);
+    if ours.iops.len() != theirs.iops.len() {
+        return None;
+    }
+    median(
+        ours.iops
+            .iter()
+            .zip(&theirs.iops)
+            .map(|(a, b)| a / b)
+            .collect(),
+    )
+}
+
 /// The section's headline figures at QD 32: the targets on their fewest cores with `usnvme
 /// perf` in front, and the initiators on one core in front of nvmf_tgt.
 fn headlines(h: &mut Headlines, r: &NativeResults) {
@@ -930,14 +967,23 @@ fn headlines(h: &mut Headlines, r: &NativeResults) {
             HEADING,
             format!(
                 "`usnvme perf` ÷ `spdk_nvme_perf`, IOPS on core {} in front of `nvmf_tgt` on {}, \
-                 4 KiB randread QD 32 per namespace (loopback, no VM; medians)",
+                 4 KiB randread QD 32 per namespace (loopback, no VM; the median of the rounds' \
+                 ratios, the two back to back in each; medians of the IOPS in brackets)",
                 list(ic),
                 list(tc)
             ),
-            versus(
+            match (
+                paired_ratio(r, c.target, tc, ic, 32),
                 median_iops(r, c.target, tc, Initiator::UsnvmePerf, ic, 32),
                 median(c.iops.clone()),
-            ),
+            ) {
+                (Some(p), Some(us), Some(them)) => format!(
+                    "{p:.2} × (medians {:.1} k against {:.1} k IOPS)",
+                    us / 1e3,
+                    them / 1e3
+                ),
+                _ => super::MISSING.into(),
+            },
             command,
         );
     }
@@ -1079,17 +1125,7 @@ pub fn section(
                 c.qd,
             );
             let them = median(c.iops.clone());
-            let ours = r.cases.iter().find(|o| {
-                o.initiator == Initiator::UsnvmePerf
-                    && o.target == c.target
-                    && o.target_cores == c.target_cores
-                    && o.initiator_cores == c.initiator_cores
-                    && o.qd == c.qd
-            });
-            // (paired only where every round of both gave figures)
-            let paired = ours
-                .filter(|o| o.iops.len() == c.iops.len())
-                .and_then(|o| median(o.iops.iter().zip(&c.iops).map(|(a, b)| a / b).collect()));
+            let paired = paired_ratio(r, c.target, &c.target_cores, &c.initiator_cores, c.qd);
             writeln!(
                 m,
                 "| {} ({}) | {} | {} | {} | {} | {} | {} |",
@@ -1195,8 +1231,9 @@ mod tests {
         assert!(
             t.contains(
                 "| `usnvme perf` ÷ `spdk_nvme_perf`, IOPS on core 1 in front of `nvmf_tgt` on 0, \
-                 4 KiB randread QD 32 per namespace (loopback, no VM; medians) | 1.25 × (100.0 k \
-                 against 80.0 k IOPS) |"
+                 4 KiB randread QD 32 per namespace (loopback, no VM; the median of the rounds' \
+                 ratios, the two back to back in each; medians of the IOPS in brackets) | 1.25 × \
+                 (medians 100.0 k against 80.0 k IOPS) |"
             ),
             "{t}"
         );
