@@ -3,10 +3,11 @@
 //! queues, not eight), as long as the queue holds every namespace's depth at once: a
 //! controller that grants small queues (a fabric target's 128 entries against eight
 //! namespaces at depth 32) gets another queue for the namespaces that do not fit, so that
-//! the depth asked for is in flight. The reactor makes them ([`Queues`]) as it sets up its channels; each
-//! channel holds its queue as an [`IoQueue`]: its own when no other channel uses it (the I/O
-//! path then reaches it directly), else [`IoQueue::Shared`], where a completion that comes for
-//! another namespace while one channel polls waits in that namespace's inbox.
+//! the depth asked for is in flight. The reactor makes them ([`Queues`]) as it sets up its
+//! channels; each channel holds its queue as an [`IoQueue`]: its own when no other channel
+//! uses it (the I/O path then reaches it directly), else [`IoQueue::Shared`], where a
+//! completion that comes for another namespace while one channel polls waits in that
+//! namespace's inbox.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -199,7 +200,7 @@ struct Shared {
     /// the queue below keeping one (only a shared queue pays for sharing).
     slots: Vec<(u32, u64)>,
     free: Vec<u32>,
-    /// Commands the namespaces' channels may have in flight together.
+    /// Entries the namespaces' channels take together (see [`QueueSource::namespace_depth`]).
     depths: usize,
 }
 

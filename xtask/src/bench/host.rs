@@ -438,24 +438,24 @@ fn functions_per_io(
 
 /// What callgrind_annotate's caller tree says.
 #[derive(Debug, Default)]
-struct Profile {
-    total: u64,
-    entries: Vec<Entry>,
+pub(super) struct Profile {
+    pub(super) total: u64,
+    pub(super) entries: Vec<Entry>,
 }
 
 /// One function's self cost in one source file (inlined code keeps its own file), and, on one
 /// of a function's entries, the functions that call it with the inclusive cost of their calls.
 #[derive(Debug)]
-struct Entry {
-    file: String,
-    symbol: String,
-    cost: u64,
+pub(super) struct Entry {
+    pub(super) file: String,
+    pub(super) symbol: String,
+    pub(super) cost: u64,
     callers: Vec<(String, String, u64)>,
 }
 
 /// Parses `callgrind_annotate --tree=caller` output: blocks of `  N (P%)  < file:caller (Kx)`
 /// lines, each block closed by `  N (P%)  *  file:function [object]`.
-fn parse_profile(text: &str) -> Profile {
+pub(super) fn parse_profile(text: &str) -> Profile {
     let mut profile = Profile::default();
     let mut callers = Vec::new();
     for line in text.lines() {

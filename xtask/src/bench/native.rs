@@ -151,6 +151,8 @@ pub struct NativeResults {
     pub target_commands: Vec<String>,
     /// What each initiator costs per I/O, on one core.
     pub costs: Vec<Cost>,
+    /// Where `usnvme perf`'s instructions go in front of nvmf_tgt at QD 32: (part, per I/O).
+    pub split: Option<std::result::Result<Vec<(&'static str, f64)>, String>>,
 }
 
 /// What one initiator costs per I/O on one core in front of a target, at a QD.
@@ -310,6 +312,7 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
         }
     }
     let mut costs = Vec::new();
+    let mut split = None;
     // on one initiator core, in front of the target on the most cores (it keeps up best)
     if let Some((target_cores, initiators)) = plan(cores)
         .into_iter()
@@ -335,13 +338,21 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
                             spdk,
                         )
                     };
-                    costs.push(Cost {
+                    let cost = Cost {
                         target,
                         initiator: *initiator,
                         qd,
                         syscalls: syscalls_per_io(run, &work),
                         instructions: instructions_per_io(run, &work),
-                    });
+                    };
+                    // where ours go, in front of SPDK's target (its runs' profiles are there)
+                    let split_this = target == Target::NvmfTgt
+                        && *initiator == Initiator::UsnvmePerf
+                        && qd == 32;
+                    if split_this && cost.instructions.is_ok() {
+                        split = Some(instruction_split(&work));
+                    }
+                    costs.push(cost);
                 }
             }
             stop(running, spdk);
@@ -354,6 +365,7 @@ pub fn run(usnvme: &Path, spdk: &Spdk, seconds: u32, rounds: u32) -> Result<Nati
         spdk_memory,
         target_commands,
         costs,
+        split,
     })
 }
 
@@ -761,7 +773,7 @@ fn instructions_per_io(
             .args(["--tool=callgrind", "--dump-instr=no"])
             .arg(format!(
                 "--callgrind-out-file={}",
-                work.join("callgrind.initiator").display()
+                work.join(format!("callgrind.initiator.{ios}")).display()
             ))
             .arg(program.get_program())
             .args(program.get_args())
@@ -778,6 +790,81 @@ fn instructions_per_io(
         totals.push(total);
     }
     Ok((totals[1] - totals[0]) / (CALLGRIND_IOS * u64::from(NAMESPACES)) as f64)
+}
+
+/// The parts of an NVMe/TCP read on the host, by the source file of each instruction (inlined
+/// code keeps its own): the first part whose pattern the file (or, outside our code, the
+/// function) contains.
+const PARTS: &[(&str, &[&str])] = &[
+    (
+        "receive: PDUs read, headers checked, data placed (framing, session)",
+        &["fabric/framing/receive.rs", "initiator/session/receive.rs"],
+    ),
+    (
+        "submit: capsules built and gathered for `writev` (session, framing)",
+        &["initiator/session/submit.rs", "fabric/framing/transmit.rs"],
+    ),
+    ("completion (session)", &["initiator/session/complete.rs"]),
+    ("PDU headers parsed and built", &["fabric/pdu.rs"]),
+    (
+        "queue poll, paths, readiness watch",
+        &[
+            "initiator/queue.rs",
+            "initiator/readiness.rs",
+            "tcp/queues.rs",
+        ],
+    ),
+    (
+        "memcpy: read data into its DMA buffer (one copy)",
+        &["memmove", "memcpy"],
+    ),
+    ("engine: channels, shared queues, reactor", &["engine/src/"]),
+    ("perf's workload", &["tools/src/"]),
+    ("vm-memory: IOVA to buffer", &["vm_memory::", "vm-memory"]),
+    ("libc: system call wrappers", &["libc", "sysdeps", "nptl"]),
+];
+
+/// The index in [`PARTS`] of an instruction of `symbol` from source `file` (`PARTS.len()`:
+/// the rest).
+fn part_of(file: &str, symbol: &str) -> usize {
+    PARTS
+        .iter()
+        .position(|(_, patterns)| {
+            patterns
+                .iter()
+                .any(|p| file.contains(p) || symbol.contains(p))
+        })
+        .unwrap_or(PARTS.len())
+}
+
+/// Where the instructions of the last [`instructions_per_io`] go, per I/O, by [`PARTS`] (the
+/// rest: standard library and dependency code inlined into ours).
+fn instruction_split(work: &Path) -> std::result::Result<Vec<(&'static str, f64)>, String> {
+    let mut profiles = Vec::new();
+    for ios in [CALLGRIND_IOS, 2 * CALLGRIND_IOS] {
+        let out = Command::new("callgrind_annotate")
+            .args([
+                "--inclusive=no",
+                "--tree=caller",
+                "--auto=no",
+                "--threshold=100",
+            ])
+            .arg(work.join(format!("callgrind.initiator.{ios}")))
+            .output()
+            .map_err(|e| format!("callgrind_annotate: {e}"))?;
+        profiles.push(super::host::parse_profile(&String::from_utf8_lossy(
+            &out.stdout,
+        )));
+    }
+    let ios = (CALLGRIND_IOS * u64::from(NAMESPACES)) as f64;
+    let mut parts: Vec<(&'static str, f64)> = PARTS.iter().map(|(p, _)| (*p, 0.0)).collect();
+    parts.push(("rest: standard library and dependencies inlined", 0.0));
+    for (sign, profile) in [(-1.0, &profiles[0]), (1.0, &profiles[1])] {
+        for e in &profile.entries {
+            parts[part_of(&e.file, &e.symbol)].1 += sign * e.cost as f64 / ios;
+        }
+    }
+    Ok(parts)
 }
 
 /// `usnvme serve` exporting `devices` on `cores` (polling, any host) at [`serve_address`],
@@ -1035,6 +1122,24 @@ fn costs_table(m: &mut String, r: &NativeResults) -> Result<()> {
     for f in failures {
         writeln!(m, "\n- not measured: {f}")?;
     }
+    match &r.split {
+        Some(Ok(parts)) => {
+            writeln!(
+                m,
+                "\n**Where `usnvme perf`'s instructions go** in front of nvmf_tgt at QD 32 (the \
+                 same two callgrind runs, each instruction charged by the source file it comes \
+                 from, inlined code keeping its own, as the PCIe split above does by crate)\n\n\
+                 | part | instructions / I/O |\n|---|---:|"
+            )?;
+            for (part, per_io) in parts {
+                writeln!(m, "| {part} | {per_io:.0} |")?;
+            }
+            let total: f64 = parts.iter().map(|(_, v)| v).sum();
+            writeln!(m, "| **total** | **{total:.0}** |")?;
+        }
+        Some(Err(e)) => writeln!(m, "\n- no split of the instructions: {e}")?,
+        None => {}
+    }
     Ok(())
 }
 
@@ -1216,6 +1321,7 @@ mod tests {
             spdk_memory: "--no-huge".into(),
             target_commands: vec![],
             costs: vec![],
+            split: None,
         };
         let mut h = Headlines::new(String::new());
         section(&mut String::new(), Some(&r), "", &mut h).expect("section");
@@ -1274,6 +1380,7 @@ mod tests {
             rounds: 1,
             spdk_memory: String::new(),
             target_commands: vec![],
+            split: Some(Ok(vec![("receive", 355.2), ("memcpy", 431.0)])),
             costs: vec![
                 cost(Initiator::UsnvmePerf, Ok(calls), Ok(1902.4)),
                 cost(
@@ -1297,6 +1404,28 @@ mod tests {
             m.contains("- not measured: spdk_nvme_perf at QD 32: perf stat: no such file"),
             "{m}"
         );
+        assert!(
+            m.contains("| receive | 355 |\n| memcpy | 431 |\n| **total** | **786** |"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn instructions_go_to_the_part_their_source_file_says() {
+        let name = |file, symbol| PARTS.get(part_of(file, symbol)).map_or("rest", |p| p.0);
+        assert!(name("engine/src/fabric/framing/receive.rs", "x").starts_with("receive"));
+        assert!(name("engine/src/transport/tcp/queues.rs", "x").starts_with("queue poll"));
+        assert!(name("engine/src/transport/queues.rs", "x").starts_with("engine"));
+        let memmove = "./string/../sysdeps/x86_64/multiarch/memmove-vec-unaligned-erms.S";
+        assert!(name(memmove, "__memcpy_avx_unaligned_erms").starts_with("memcpy"));
+        assert!(name("./nptl/cancellation.c", "__pthread_enable_asynccancel").starts_with("libc"));
+        let slice = "/rustc/5980/library/core/src/slice/mod.rs";
+        assert!(name(
+            slice,
+            "vm_memory::guest_memory::GuestMemoryBackend::to_region_addr"
+        )
+        .starts_with("vm-memory"));
+        assert_eq!(name(slice, "usnvme_engine::block::Channel::poll"), "rest");
     }
 
     #[test]

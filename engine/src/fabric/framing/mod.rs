@@ -5,9 +5,13 @@
 //! [`Receiver`]: bytes in. A PDU's common header is read into a receive buffer and checked
 //! (its type against what this end takes now, its layout against the limits agreed), then the
 //! rest of its header and its header digest. The owner then says where the data goes: kept
-//! whole in the receive buffer (headers, small data the owner consumes), or straight into a
-//! destination buffer (a command's DMA buffer: one `readv` of the data and the header after
-//! it), the data digest checked over it. Reads may stop anywhere; a turn has a byte budget.
+//! whole in the receive buffer (headers, small data the owner consumes), or into a
+//! destination buffer (a command's DMA buffer), the data digest checked over it: what of the
+//! data a read brought into the receive buffer is copied over once, the rest comes straight
+//! into the destination (one `readv` of the data and the receive buffer after it). An owner
+//! may read in batches (many PDUs per `readv`: the host) or only a header ahead (no data
+//! copied: the target while data for its drives can come). Reads may stop anywhere; a turn
+//! has a byte budget.
 //!
 //! [`Transmitter`]: bytes out. A queue of segments: header bytes copied into a byte buffer of
 //! fixed capacity, and data segments sent in place from the owner's buffers. One `writev`

@@ -4,7 +4,8 @@
 //! - [`session`]: one queue's protocol (set-up, commands, data, completions) without a
 //!   socket, so tests drive it in memory against the target's connection state machine.
 //! - [`queue`]: that protocol on a non-blocking socket: `submit` queues, `poll` sends what is
-//!   queued in one `writev` and receives in `readv`s, read data straight into DMA buffers.
+//!   queued in one `writev` and receives many PDUs per `readv`, read data into DMA buffers
+//!   (copied once at most).
 //! - `readiness`: which of a thread's queue sockets have something to read, one `epoll_wait`
 //!   a turn for all of them.
 //! - [`command`]: one command at a time on such a queue, polled to completion within a

@@ -2,11 +2,12 @@
 //! without waiting (TCP, ICReq/ICResp, Fabrics Connect; [`IoQueue::connect`] waits on it for
 //! callers that may), then the socket is polled: [`IoQueue::submit`] only queues, [`IoQueue::poll`]
 //! sends everything queued in one `writev` (headers and write data gathered straight from the
-//! DMA buffers), receives what came (many responses per `readv`, read data straight into the
-//! DMA buffers) and hands completions to the caller; a turn asks the socket only where the
-//! thread's readiness watch (one `epoll_wait` a turn for all its queues) says it has
-//! something. No allocation, lock or system call per I/O beyond those. [`IoQueue::wait`] sleeps until the socket has something for `poll`: the
-//! admin queue's client ([`super::command::CommandQueue`]) waits on it for one command.
+//! DMA buffers), receives what came (many PDUs per `readv`, read data into the DMA buffers,
+//! copied once at most) and hands completions to the caller; a turn asks the socket only
+//! where the thread's readiness watch (one `epoll_wait` a turn for all its queues) says it
+//! has something. No allocation, lock or system call per I/O beyond those. [`IoQueue::wait`]
+//! sleeps until the socket has something for `poll`: the admin queue's client
+//! ([`super::command::CommandQueue`]) waits on it for one command.
 
 use std::io::ErrorKind;
 use std::net::{Shutdown, SocketAddr, TcpStream};
