@@ -7,9 +7,9 @@
 //! runs every case, the two sides of a comparison in alternating order.
 //!
 //! Then what each initiator costs per I/O on its core, in front of each target: system calls
-//! (`perf stat` counting the syscall tracepoints) and user-space instructions (callgrind),
-//! each from two runs of N and 2N I/Os per namespace, the difference divided by 8N, so that
-//! set-up cancels.
+//! (`perf stat` counting the syscall tracepoints over a run) and user-space instructions
+//! (callgrind: two runs of N and 2N I/Os per namespace, the difference divided by 8N, so that
+//! set-up cancels), and where `usnvme perf`'s instructions go.
 //!
 //! Placement follows the machine's cores. With 16 or more: targets on 1 and 4 cores with the
 //! initiator on cores 8-15, and initiators on core 8 in front of targets on cores 0-7. With
@@ -681,8 +681,8 @@ fn measure(
     }
 }
 
-/// I/Os per namespace of the shorter cost run (the longer one does twice as many).
-const COST_IOS: u64 = 50_000;
+/// I/Os per namespace of the run whose system calls are counted.
+const COST_IOS: u64 = 100_000;
 /// The same under callgrind (about 50 times slower).
 const CALLGRIND_IOS: u64 = 5_000;
 
@@ -706,42 +706,41 @@ const SYSCALLS: &[(&str, Field)] = &[
     ("syscalls:sys_enter_ppoll", |s| &mut s.wait),
 ];
 
-/// System calls per I/O of the runs `run(ios)` makes: `perf stat` counts them in a run of
-/// [`COST_IOS`] and one of twice as many I/Os per namespace; the difference over the I/Os.
+/// System calls per I/O of the run `run(ios)` makes of [`COST_IOS`] I/Os per namespace,
+/// counted by `perf stat` (its set-up included: a few hundred calls, under 0.001 per I/O; not
+/// the difference of two runs, which the turns that wait make unsteady: they count as many as
+/// the initiator waits on the target).
 fn syscalls_per_io(
     run: impl Fn(u64) -> Command,
     work: &Path,
 ) -> std::result::Result<Syscalls, String> {
     let events: Vec<&str> = SYSCALLS.iter().map(|(e, _)| *e).collect();
     let out = work.join("perf-stat.csv");
-    let mut counts = Vec::new();
-    for ios in [COST_IOS, 2 * COST_IOS] {
-        let program = run(ios);
-        let status = Command::new("perf")
-            .args(["stat", "-x", ",", "-e", &events.join(","), "-o"])
-            .arg(&out)
-            .arg("--")
-            .arg(program.get_program())
-            .args(program.get_args())
-            .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("perf stat: {e} (apt-get install linux-perf)"))?;
-        let text = std::fs::read_to_string(&out).unwrap_or_default();
-        if !status.success() {
-            return Err(format!(
-                "perf stat {}: {}",
-                shell_line(&program),
-                first_error(&text)
-            ));
-        }
-        counts.push(parse_perf_stat(&text)?);
+    let program = run(COST_IOS);
+    let status = Command::new("perf")
+        .args(["stat", "-x", ",", "-e", &events.join(","), "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(program.get_program())
+        .args(program.get_args())
+        .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("perf stat: {e} (apt-get install linux-perf)"))?;
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    if !status.success() {
+        return Err(format!(
+            "perf stat {}: {}",
+            shell_line(&program),
+            first_error(&text)
+        ));
     }
+    let counts = parse_perf_stat(&text)?;
     let ios = (COST_IOS * u64::from(NAMESPACES)) as f64;
     let mut per_io = Syscalls::default();
-    for (i, (_, field)) in SYSCALLS.iter().enumerate() {
-        *field(&mut per_io) += (counts[1][i] - counts[0][i]) / ios;
+    for ((_, field), count) in SYSCALLS.iter().zip(counts) {
+        *field(&mut per_io) += count / ios;
     }
     Ok(per_io)
 }
@@ -1084,11 +1083,13 @@ fn costs_table(m: &mut String, r: &NativeResults) -> Result<()> {
     writeln!(
         m,
         "\n**Initiators' cost per I/O** (one core; 4 KiB random reads; system calls counted by \
-         `perf stat` on the syscall tracepoints, user-space instructions by callgrind; each the \
-         difference of a run of N and one of 2N I/Os per namespace over 8N: N = {COST_IOS}, \
-         {CALLGRIND_IOS} under callgrind. *Receive*: `readv`, `recvmsg`, `recvfrom`, `read`; \
-         *send*: `writev`, `sendmsg`, `sendto`, `write`; *readiness*: `epoll_wait`, `poll` and \
-         kin)\n\n| target | QD | initiator | system calls / I/O | receive | send | readiness \
+         `perf stat` on the syscall tracepoints over a run of {COST_IOS} I/Os per namespace, \
+         user-space instructions by callgrind: the difference of a run of {CALLGRIND_IOS} and \
+         one of twice as many I/Os per namespace, over the I/Os. *Receive*: `readv`, \
+         `recvmsg`, `recvfrom`, `read`; *send*: `writev`, `sendmsg`, `sendto`, `write`: the \
+         work. *Readiness*: `epoll_wait`, `poll` and kin, one per turn of a polling loop, \
+         counted also in the turns that find nothing: as many per I/O as the initiator waits on \
+         its target, so they say how busy the target was as much as what the initiator costs)\n\n| target | QD | initiator | system calls / I/O | receive | send | readiness \
          | instructions / I/O |\n|---|---:|---|---:|---:|---:|---:|---:|"
     )?;
     let mut failures = Vec::new();
