@@ -161,9 +161,14 @@ impl QueueSetup {
     }
 }
 
+/// Receive and send buffer of an I/O queue's socket, bytes.
+const SOCKET_BUFFER: usize = 2 << 20;
+
 /// A TCP socket to `addr`, non-blocking, its connect started (it completes on its own).
 fn connect_nonblocking(addr: SocketAddr) -> Result<TcpStream, HostError> {
-    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    use nix::sys::socket::{
+        connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage,
+    };
     use std::os::fd::AsRawFd;
     let family = if addr.is_ipv4() {
         AddressFamily::Inet
@@ -172,6 +177,11 @@ fn connect_nonblocking(addr: SocketAddr) -> Result<TcpStream, HostError> {
     };
     let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
     let fd = socket(family, SockType::Stream, flags, None).map_err(std::io::Error::from)?;
+    // room for a queue's worth of transfers in flight both ways (2 MiB, as SPDK's sockets),
+    // set before the connect so that the window scale covers it (best effort: the kernel caps
+    // it at net.core.rmem_max / wmem_max)
+    let _ = setsockopt(&fd, sockopt::RcvBuf, &SOCKET_BUFFER);
+    let _ = setsockopt(&fd, sockopt::SndBuf, &SOCKET_BUFFER);
     match connect(fd.as_raw_fd(), &SockaddrStorage::from(addr)) {
         Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => {}
         Err(nix::errno::Errno::ECONNREFUSED) => return Err(HostError::Refused { addr }),
