@@ -6,7 +6,9 @@
 //! A queue joins its polling thread's watch on its first turn there ([`Watched::join`]) and
 //! asks [`Watched::readable`] before it reads: the first question of a turn (the turn named
 //! by the owner's clock reading) waits on the thread's epoll without a timeout, level
-//! triggered, so a socket left with bytes in it is reported again the next turn. Where
+//! triggered, so a socket left with bytes in it is reported again the next turn; a queue that
+//! asks twice in one turn (polled in a loop) gets a new wait, so it never waits on a stale
+//! answer. Where
 //! anything is off (no epoll, a queue polled from another thread than it joined on), the
 //! answer is "readable": the queue reads as it would without the watch.
 
@@ -27,6 +29,8 @@ struct Watch {
     /// Reported readable by the last wait, and not yet asked about.
     ready: Vec<bool>,
     used: Vec<bool>,
+    /// The turn each slot last asked in.
+    asked: Vec<Option<u64>>,
     /// As many as there are slots: one wait reports every socket.
     events: Vec<EpollEvent>,
     /// The turn the last wait was for.
@@ -39,6 +43,7 @@ impl Watch {
             epoll: None,
             ready: Vec::new(),
             used: Vec::new(),
+            asked: Vec::new(),
             events: Vec::new(),
             turn: None,
         }
@@ -88,10 +93,12 @@ impl Watched {
             if slot == w.used.len() {
                 w.used.push(true);
                 w.ready.push(true);
+                w.asked.push(None);
                 w.events.push(EpollEvent::empty());
             } else {
                 w.used[slot] = true;
                 w.ready[slot] = true;
+                w.asked[slot] = None;
             }
             Some(Watched {
                 slot,
@@ -101,7 +108,9 @@ impl Watched {
     }
 
     /// Whether the socket may have something to read in turn `turn` (the owner's clock
-    /// reading for it). Each answer "yes" is given once per wait.
+    /// reading for it). Each answer "yes" is given once per wait. A queue that asks again in
+    /// the same turn (its owner polls it in a loop) gets a new wait: the turn's first answer
+    /// is never the last one it gets.
     pub fn readable(&self, turn: u64) -> bool {
         if thread::current().id() != self.thread {
             return true;
@@ -112,9 +121,13 @@ impl Watched {
                 // alone: a read asks as much as a wait would
                 return true;
             }
-            if w.turn != Some(turn) {
+            let again = w.asked.get(self.slot) == Some(&Some(turn));
+            if w.turn != Some(turn) || again {
                 w.turn = Some(turn);
                 w.wait();
+            }
+            if let Some(a) = w.asked.get_mut(self.slot) {
+                *a = Some(turn);
             }
             w.ready.get_mut(self.slot).is_none_or(std::mem::take)
         })
@@ -157,11 +170,26 @@ mod tests {
         assert!(a.readable(1) && b.readable(1));
         assert!(!a.readable(2) && !b.readable(2), "nothing sent yet");
         near.write_all(b"x").expect("write");
-        assert!(!a.readable(2), "the turn's wait came before the byte");
-        assert!(a.readable(3), "the next turn's wait sees it");
-        assert!(!a.readable(3), "once per wait");
         assert!(!b.readable(3), "the other socket has nothing");
+        assert!(a.readable(3), "the turn's wait sees the byte");
         assert!(a.readable(4), "unread bytes are reported again");
+        let (mut near3, far3) = UnixStream::pair().expect("pair");
+        let d = Watched::join(far3.as_fd()).expect("joined");
+        assert!(d.readable(5), "new: asked once whatever the wait said");
+        assert!(
+            !b.readable(5),
+            "another socket in the same turn: that turn's wait"
+        );
+        assert!(
+            !d.readable(5),
+            "asked again in its turn: a new wait, nothing there"
+        );
+        near3.write_all(b"y").expect("write");
+        assert!(
+            d.readable(5),
+            "asked again in its turn: the new wait sees the byte"
+        );
+        d.leave(far3.as_fd());
         a.leave(far.as_fd());
         let c = Watched::join(far.as_fd()).expect("joined again");
         assert!(
