@@ -610,6 +610,16 @@ fn initiator_command(
     }
 }
 
+/// `wrapper` (timeout, perf stat, valgrind) running `program`: its arguments and environment
+/// after the wrapper's own.
+fn under(mut wrapper: Command, program: &Command) -> Command {
+    wrapper
+        .arg(program.get_program())
+        .args(program.get_args())
+        .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    wrapper
+}
+
 /// A command as a shell line (the SPDK transport ID quoted).
 fn shell_line(c: &Command) -> String {
     let name = Path::new(c.get_program())
@@ -662,12 +672,9 @@ fn measure(
             (line, result)
         }
         Initiator::SpdkPerf => {
-            let mut timed = spdk.command(Path::new("timeout"));
-            timed
-                .arg((seconds + 60).to_string())
-                .arg(command.get_program())
-                .args(command.get_args());
-            let result = match timed.output() {
+            let mut timed = Command::new("timeout");
+            timed.arg((seconds + 60).to_string());
+            let result = match under(timed, &command).output() {
                 Ok(o) => {
                     let text = String::from_utf8_lossy(&o.stdout);
                     spdk_figures(&text).map(|f| f.iops).ok_or_else(|| {
@@ -717,13 +724,11 @@ fn syscalls_per_io(
     let events: Vec<&str> = SYSCALLS.iter().map(|(e, _)| *e).collect();
     let out = work.join("perf-stat.csv");
     let program = run(COST_IOS);
-    let status = Command::new("perf")
-        .args(["stat", "-x", ",", "-e", &events.join(","), "-o"])
+    let mut perf = Command::new("perf");
+    perf.args(["stat", "-x", ",", "-e", &events.join(","), "-o"])
         .arg(&out)
-        .arg("--")
-        .arg(program.get_program())
-        .args(program.get_args())
-        .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .arg("--");
+    let status = under(perf, &program)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -768,15 +773,14 @@ fn instructions_per_io(
     let mut totals = Vec::new();
     for ios in [CALLGRIND_IOS, 2 * CALLGRIND_IOS] {
         let program = run(ios);
-        let out = Command::new("valgrind")
+        let mut valgrind = Command::new("valgrind");
+        valgrind
             .args(["--tool=callgrind", "--dump-instr=no"])
             .arg(format!(
                 "--callgrind-out-file={}",
                 work.join(format!("callgrind.initiator.{ios}")).display()
-            ))
-            .arg(program.get_program())
-            .args(program.get_args())
-            .envs(program.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            ));
+        let out = under(valgrind, &program)
             .stdout(Stdio::null())
             .output()
             .map_err(|e| format!("valgrind: {e} (apt-get install valgrind)"))?;

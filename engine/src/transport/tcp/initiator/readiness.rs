@@ -8,9 +8,8 @@
 //! by the owner's clock reading) waits on the thread's epoll without a timeout, level
 //! triggered, so a socket left with bytes in it is reported again the next turn; a queue that
 //! asks twice in one turn (polled in a loop) gets a new wait, so it never waits on a stale
-//! answer. Where
-//! anything is off (no epoll, a queue polled from another thread than it joined on), the
-//! answer is "readable": the queue reads as it would without the watch.
+//! answer. Where anything is off (no epoll, a queue polled from another thread than it joined
+//! on), the answer is "readable": the queue reads as it would without the watch.
 
 use std::cell::RefCell;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -26,24 +25,31 @@ thread_local! {
 #[derive(Debug)]
 struct Watch {
     epoll: Option<Epoll>,
-    /// Reported readable by the last wait, and not yet asked about.
-    ready: Vec<bool>,
-    used: Vec<bool>,
-    /// The turn each slot last asked in.
-    asked: Vec<Option<u64>>,
+    /// None: a free slot.
+    slots: Vec<Option<Slot>>,
+    /// Sockets in the watch.
+    members: usize,
     /// As many as there are slots: one wait reports every socket.
     events: Vec<EpollEvent>,
     /// The turn the last wait was for.
     turn: Option<u64>,
 }
 
+/// One socket in the watch.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// Reported readable by the last wait, and not yet asked about.
+    ready: bool,
+    /// The turn it last asked in.
+    asked: Option<u64>,
+}
+
 impl Watch {
     const fn new() -> Watch {
         Watch {
             epoll: None,
-            ready: Vec::new(),
-            used: Vec::new(),
-            asked: Vec::new(),
+            slots: Vec::new(),
+            members: 0,
             events: Vec::new(),
             turn: None,
         }
@@ -57,13 +63,13 @@ impl Watch {
         match epoll.wait(&mut self.events, EpollTimeout::ZERO) {
             Ok(n) => {
                 for e in &self.events[..n] {
-                    if let Some(r) = self.ready.get_mut(e.data() as usize) {
-                        *r = true;
+                    if let Some(Some(slot)) = self.slots.get_mut(e.data() as usize) {
+                        slot.ready = true;
                     }
                 }
             }
             // (interrupted, or worse: every socket is asked, as without the watch)
-            Err(_) => self.ready.iter_mut().for_each(|r| *r = true),
+            Err(_) => self.slots.iter_mut().flatten().for_each(|s| s.ready = true),
         }
     }
 }
@@ -84,22 +90,25 @@ impl Watched {
             if w.epoll.is_none() {
                 w.epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).ok();
             }
-            let slot = w.used.iter().position(|u| !u).unwrap_or(w.used.len());
+            let slot = w.slots.iter().position(Option::is_none);
+            let slot = slot.unwrap_or(w.slots.len());
             let interest = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP;
             w.epoll
                 .as_ref()?
                 .add(fd, EpollEvent::new(interest, slot as u64))
                 .ok()?;
-            if slot == w.used.len() {
-                w.used.push(true);
-                w.ready.push(true);
-                w.asked.push(None);
+            // (asked once whatever the next wait says: bytes may have come before it joined)
+            let new = Some(Slot {
+                ready: true,
+                asked: None,
+            });
+            if slot == w.slots.len() {
+                w.slots.push(new);
                 w.events.push(EpollEvent::empty());
             } else {
-                w.used[slot] = true;
-                w.ready[slot] = true;
-                w.asked[slot] = None;
+                w.slots[slot] = new;
             }
+            w.members += 1;
             Some(Watched {
                 slot,
                 thread: thread::current().id(),
@@ -117,19 +126,22 @@ impl Watched {
         }
         WATCH.with(|w| {
             let mut w = w.borrow_mut();
-            if w.used.iter().filter(|&&u| u).count() < 2 {
+            if w.members < 2 {
                 // alone: a read asks as much as a wait would
                 return true;
             }
-            let again = w.asked.get(self.slot) == Some(&Some(turn));
-            if w.turn != Some(turn) || again {
+            let Some(Some(slot)) = w.slots.get(self.slot).copied() else {
+                return true;
+            };
+            if w.turn != Some(turn) || slot.asked == Some(turn) {
                 w.turn = Some(turn);
                 w.wait();
             }
-            if let Some(a) = w.asked.get_mut(self.slot) {
-                *a = Some(turn);
-            }
-            w.ready.get_mut(self.slot).is_none_or(std::mem::take)
+            let Some(Some(slot)) = w.slots.get_mut(self.slot) else {
+                return true;
+            };
+            slot.asked = Some(turn);
+            std::mem::take(&mut slot.ready)
         })
     }
 
@@ -144,11 +156,10 @@ impl Watched {
             if let Some(epoll) = &w.epoll {
                 let _ = epoll.delete(fd);
             }
-            if let Some(u) = w.used.get_mut(self.slot) {
-                *u = false;
-            }
-            if let Some(r) = w.ready.get_mut(self.slot) {
-                *r = false;
+            if let Some(slot) = w.slots.get_mut(self.slot) {
+                if slot.take().is_some() {
+                    w.members -= 1;
+                }
             }
         })
     }
